@@ -1,0 +1,751 @@
+/*
+ * moments.c -- streaming first and second moments of S layer states.
+ *
+ * An update converts its rows chunk by chunk into packed row-major buffers
+ * (one per state, rows grouped by fold), then adds, per fold: the row
+ * count, the column sums, per-row pair statistics, and the cross blocks
+ * X_i^T X_j with one BLAS call per kept pair (dsyrk on the diagonal).
+ */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "toast_blas.h"
+#include "toast_core.h"
+
+/* Workspace target for one chunk of converted rows. */
+#define CHUNK_BYTES ((size_t)32 << 20)
+#define CHUNK_MIN_ROWS 64
+#define CHUNK_MAX_ROWS 1024
+
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+
+/* ------------------------------------------------------------ sizes */
+
+static int mul_size(size_t a, size_t b, size_t *out)
+{
+    if (a != 0 && b > SIZE_MAX / a)
+        return 0;
+    *out = a * b;
+    return 1;
+}
+
+static int add_size(size_t a, size_t b, size_t *out)
+{
+    if (b > SIZE_MAX - a)
+        return 0;
+    *out = a + b;
+    return 1;
+}
+
+static int count_pairs(int S, int span)
+{
+    int n = 0;
+    for (int i = 0; i < S; i++)
+        for (int j = i; j < S && j - i <= span; j++)
+            n++;
+    return n;
+}
+
+/* Doubles in one set: count, sums, row statistics, blocks. */
+static int set_length(int S, int d, int npairs, size_t *len)
+{
+    size_t sd, ss, dd, blocks, total;
+    if (!mul_size((size_t)S, (size_t)d, &sd) ||
+        !mul_size((size_t)S, (size_t)S * TOAST_RS_COUNT, &ss) ||
+        !mul_size((size_t)d, (size_t)d, &dd) ||
+        !mul_size(dd, (size_t)npairs, &blocks) ||
+        !add_size(1, sd, &total) || !add_size(total, ss, &total) ||
+        !add_size(total, blocks, &total))
+        return 0;
+    *len = total;
+    return 1;
+}
+
+static toast_status check_shape(int S, int d, int folds, int *span,
+                                toast_error *err)
+{
+    if (S < 1)
+        return toast_set_error(err, TOAST_EINVAL, -1,
+                               "num_states must be >= 1, got %d", S);
+    if (d < 1)
+        return toast_set_error(err, TOAST_EINVAL, -1,
+                               "dim must be >= 1, got %d", d);
+    if (folds == 1 || folds < 0)
+        return toast_set_error(err, TOAST_EINVAL, -1,
+                               "folds must be 0 or >= 2, got %d", folds);
+    if (*span < 0 || *span > S - 1)
+        *span = S - 1;
+    return TOAST_OK;
+}
+
+toast_status toast_moments_nbytes(int S, int d, int folds, int span,
+                                  size_t *out, toast_error *err)
+{
+    size_t len, data_bytes, index_bytes, total;
+    toast_status st = check_shape(S, d, folds, &span, err);
+    if (st != TOAST_OK)
+        return st;
+    int nsets = folds > 0 ? folds : 1;
+    if (!set_length(S, d, count_pairs(S, span), &len) ||
+        !mul_size(len, (size_t)nsets, &len) ||
+        !mul_size(len, sizeof(double), &data_bytes) ||
+        !mul_size((size_t)S * (size_t)S, sizeof(int), &index_bytes) ||
+        !add_size(data_bytes, index_bytes, &total) ||
+        !add_size(total, sizeof(toast_moments), &total))
+        return toast_set_error(err, TOAST_EOVERFLOW, -1,
+                               "moments of %d states x %d features with %d "
+                               "folds do not fit in memory addresses",
+                               S, d, folds);
+    *out = total;
+    return TOAST_OK;
+}
+
+/* ------------------------------------------------------------ lifetime */
+
+toast_status toast_moments_new(int S, int d, int folds, int span,
+                               toast_precision precision,
+                               toast_moments **out, toast_error *err)
+{
+    size_t nbytes, len = 0, total;
+    toast_moments *m;
+
+    *out = NULL;
+    toast_status st = toast_moments_nbytes(S, d, folds, span, &nbytes, err);
+    if (st != TOAST_OK)
+        return st;
+    check_shape(S, d, folds, &span, err);
+    if (precision != TOAST_PRECISION_FLOAT64 &&
+        precision != TOAST_PRECISION_MIXED)
+        return toast_set_error(err, TOAST_EINVAL, -1, "unknown precision %d",
+                               (int)precision);
+
+    m = calloc(1, sizeof *m);
+    if (m == NULL)
+        goto nomem;
+    m->S = S;
+    m->d = d;
+    m->folds = folds;
+    m->span = span;
+    m->precision = precision;
+    m->nsets = folds > 0 ? folds : 1;
+    m->npairs = count_pairs(S, span);
+    set_length(S, d, m->npairs, &len);
+    m->set_len = len;
+    m->off_sums = 1;
+    m->off_rowstats = m->off_sums + (size_t)S * d;
+    m->off_blocks = m->off_rowstats + (size_t)TOAST_RS_COUNT * S * S;
+    total = len * (size_t)m->nsets; /* checked by toast_moments_nbytes */
+
+    m->pair_index = malloc((size_t)S * S * sizeof(int));
+    m->data = calloc(total, sizeof(double));
+    if (m->pair_index == NULL || m->data == NULL)
+        goto nomem;
+    int p = 0;
+    for (int i = 0; i < S; i++)
+        for (int j = 0; j < S; j++)
+            m->pair_index[i * S + j] = (j >= i && j - i <= span) ? p++ : -1;
+    *out = m;
+    return TOAST_OK;
+
+nomem:
+    toast_moments_free(m);
+    return toast_set_error(err, TOAST_ENOMEM, -1,
+                           "cannot allocate %zu bytes for moments", nbytes);
+}
+
+void toast_moments_free(toast_moments *m)
+{
+    if (m == NULL)
+        return;
+    free(m->pair_index);
+    free(m->data);
+    free(m);
+}
+
+int toast_moments_pair(const toast_moments *m, int i, int j)
+{
+    if (i < 0 || j < 0 || i >= m->S || j >= m->S || i > j)
+        return -1;
+    return m->pair_index[i * m->S + j];
+}
+
+/* ------------------------------------------------------------ reading input */
+
+static float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exponent = (h >> 10) & 0x1fu;
+    uint32_t mantissa = h & 0x3ffu;
+    uint32_t bits;
+    float f;
+
+    if (exponent == 0) {
+        /* zero or subnormal: mantissa * 2^-24, exact in binary32 */
+        f = (float)mantissa * 5.9604644775390625e-08f;
+        return sign ? -f : f;
+    }
+    if (exponent == 31)
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    else
+        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static float bfloat_to_float(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static const unsigned char *row_pointer(const toast_view *v, int64_t r)
+{
+    int64_t outer = r / v->inner, inner = r % v->inner;
+    return (const unsigned char *)v->data + outer * v->outer_stride +
+           inner * v->inner_stride;
+}
+
+/* Loads row r of v (d elements) into dst, converting to T. Elements are
+ * read with memcpy because array elements need not be aligned. */
+#define DEFINE_LOAD_ROW(NAME, T)                                           \
+    static void NAME(const toast_view *v, int64_t r, int d, T *dst)        \
+    {                                                                      \
+        const unsigned char *p = row_pointer(v, r);                        \
+        const int64_t cs = v->col_stride;                                  \
+        switch (v->dtype) {                                                \
+        case TOAST_FLOAT64:                                                \
+            for (int c = 0; c < d; c++, p += cs) {                         \
+                double x;                                                  \
+                memcpy(&x, p, sizeof x);                                   \
+                dst[c] = (T)x;                                             \
+            }                                                              \
+            break;                                                         \
+        case TOAST_FLOAT32:                                                \
+            for (int c = 0; c < d; c++, p += cs) {                         \
+                float x;                                                   \
+                memcpy(&x, p, sizeof x);                                   \
+                dst[c] = (T)x;                                             \
+            }                                                              \
+            break;                                                         \
+        case TOAST_FLOAT16:                                                \
+            for (int c = 0; c < d; c++, p += cs) {                         \
+                uint16_t x;                                                \
+                memcpy(&x, p, sizeof x);                                   \
+                dst[c] = (T)half_to_float(x);                              \
+            }                                                              \
+            break;                                                         \
+        case TOAST_BFLOAT16:                                               \
+            for (int c = 0; c < d; c++, p += cs) {                         \
+                uint16_t x;                                                \
+                memcpy(&x, p, sizeof x);                                   \
+                dst[c] = (T)bfloat_to_float(x);                            \
+            }                                                              \
+            break;                                                         \
+        }                                                                  \
+    }
+
+DEFINE_LOAD_ROW(load_row_f64, double)
+DEFINE_LOAD_ROW(load_row_f32, float)
+
+/* 1 when every element of row r is finite. */
+static int row_is_finite(const toast_view *v, int64_t r, int d)
+{
+    const unsigned char *p = row_pointer(v, r);
+    const int64_t cs = v->col_stride;
+    for (int c = 0; c < d; c++, p += cs) {
+        switch (v->dtype) {
+        case TOAST_FLOAT64: {
+            double x;
+            memcpy(&x, p, sizeof x);
+            if (!isfinite(x))
+                return 0;
+            break;
+        }
+        case TOAST_FLOAT32: {
+            float x;
+            memcpy(&x, p, sizeof x);
+            if (!isfinite(x))
+                return 0;
+            break;
+        }
+        case TOAST_FLOAT16: {
+            uint16_t x;
+            memcpy(&x, p, sizeof x);
+            if (((x >> 10) & 0x1fu) == 0x1fu)
+                return 0;
+            break;
+        }
+        case TOAST_BFLOAT16: {
+            uint16_t x;
+            memcpy(&x, p, sizeof x);
+            if (((x >> 7) & 0xffu) == 0xffu)
+                return 0;
+            break;
+        }
+        }
+    }
+    return 1;
+}
+
+static const char *dtype_name(toast_dtype t)
+{
+    switch (t) {
+    case TOAST_FLOAT16: return "float16";
+    case TOAST_BFLOAT16: return "bfloat16";
+    case TOAST_FLOAT32: return "float32";
+    case TOAST_FLOAT64: return "float64";
+    }
+    return "unknown";
+}
+
+/* Checks dtypes, row counts, masks, fold ids and finiteness. */
+static toast_status validate_update(const toast_moments *m,
+                                    const toast_view *views,
+                                    const uint8_t *mask,
+                                    const int64_t *fold_ids, int64_t *rows_out,
+                                    toast_error *err)
+{
+    int64_t rows = -1;
+    for (int s = 0; s < m->S; s++) {
+        const toast_view *v = &views[s];
+        if (v->dtype != TOAST_FLOAT16 && v->dtype != TOAST_BFLOAT16 &&
+            v->dtype != TOAST_FLOAT32 && v->dtype != TOAST_FLOAT64)
+            return toast_set_error(err, TOAST_ETYPE, s,
+                                   "states[%d] has an unsupported dtype", s);
+        if (v->outer < 0 || v->inner < 1 ||
+            (v->outer > 0 && v->inner > INT64_MAX / v->outer))
+            return toast_set_error(err, TOAST_ESHAPE, s,
+                                   "states[%d] has an invalid shape", s);
+        int64_t r = v->outer * v->inner;
+        if (rows >= 0 && r != rows)
+            return toast_set_error(err, TOAST_ESHAPE, s,
+                                   "states[%d] has %lld rows but states[0] "
+                                   "has %lld", s, (long long)r,
+                                   (long long)rows);
+        rows = r;
+    }
+    if (rows == 0)
+        return toast_set_error(err, TOAST_EINVAL, -1,
+                               "states have zero rows");
+    if (fold_ids != NULL && m->folds == 0)
+        return toast_set_error(err, TOAST_EINVAL, -1,
+                               "fold ids were given but the moments have "
+                               "no folds");
+    for (int64_t r = 0; fold_ids != NULL && r < rows; r++) {
+        if ((mask == NULL || mask[r]) &&
+            (fold_ids[r] < 0 || fold_ids[r] >= m->folds))
+            return toast_set_error(err, TOAST_ERANGE, -1,
+                                   "fold id %lld at row %lld is outside "
+                                   "[0, %d)", (long long)fold_ids[r],
+                                   (long long)r, m->folds);
+    }
+    for (int s = 0; s < m->S; s++) {
+        for (int64_t r = 0; r < rows; r++) {
+            if ((mask == NULL || mask[r]) &&
+                !row_is_finite(&views[s], r, m->d))
+                return toast_set_error(err, TOAST_ENONFINITE, s,
+                                       "states[%d] contains NaN or Inf (row "
+                                       "%lld, %s)", s, (long long)r,
+                                       dtype_name(views[s].dtype));
+        }
+    }
+    *rows_out = rows;
+    return TOAST_OK;
+}
+
+/* ------------------------------------------------------------ kernels */
+
+static double dot_f64(const double *a, const double *b, int n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int c = 0;
+    for (; c + 4 <= n; c += 4) {
+        s0 += a[c] * b[c];
+        s1 += a[c + 1] * b[c + 1];
+        s2 += a[c + 2] * b[c + 2];
+        s3 += a[c + 3] * b[c + 3];
+    }
+    for (; c < n; c++)
+        s0 += a[c] * b[c];
+    return (s0 + s1) + (s2 + s3);
+}
+
+static double dot_f32(const float *a, const float *b, int n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int c = 0;
+    for (; c + 4 <= n; c += 4) {
+        s0 += (double)a[c] * b[c];
+        s1 += (double)a[c + 1] * b[c + 1];
+        s2 += (double)a[c + 2] * b[c + 2];
+        s3 += (double)a[c + 3] * b[c + 3];
+    }
+    for (; c < n; c++)
+        s0 += (double)a[c] * b[c];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* Cosine with the conventions: two zero vectors agree (1), one zero
+ * vector is orthogonal to anything (0). */
+static double cosine_of(double dot, double nii, double njj)
+{
+    if (nii <= 0.0 && njj <= 0.0)
+        return 1.0;
+    if (nii <= 0.0 || njj <= 0.0)
+        return 0.0;
+    double c = dot / (sqrt(nii) * sqrt(njj));
+    return c > 1.0 ? 1.0 : (c < -1.0 ? -1.0 : c);
+}
+
+/* The packed chunk: per state, `cap` rows of d values (double or float). */
+typedef struct {
+    int S, d, cap;
+    int mixed;
+    void *buf;          /* S * cap * d elements */
+    double *norms;      /* S: squared norms of the current row */
+    float *scratch;     /* d * d, mixed precision only */
+    int64_t *row;       /* cap: input row of each packed slot */
+    int *fold;          /* cap: fold of each collected row */
+    int *slot;          /* cap: packed position of each collected row */
+    int *start;         /* nsets + 1: fold ranges after grouping */
+} chunk;
+
+static void chunk_free(chunk *c)
+{
+    free(c->buf);
+    free(c->norms);
+    free(c->scratch);
+    free(c->row);
+    free(c->fold);
+    free(c->slot);
+    free(c->start);
+}
+
+static toast_status chunk_init(chunk *c, const toast_moments *m, int64_t rows,
+                               toast_error *err)
+{
+    size_t elem = m->precision == TOAST_PRECISION_MIXED ? sizeof(float)
+                                                        : sizeof(double);
+    size_t per_row = (size_t)m->S * m->d * elem;
+    size_t cap = CHUNK_BYTES / per_row;
+
+    memset(c, 0, sizeof *c);
+    if (cap < CHUNK_MIN_ROWS)
+        cap = CHUNK_MIN_ROWS;
+    if (cap > CHUNK_MAX_ROWS)
+        cap = CHUNK_MAX_ROWS;
+    if ((int64_t)cap > rows)
+        cap = (size_t)rows;
+    c->S = m->S;
+    c->d = m->d;
+    c->cap = (int)cap;
+    c->mixed = m->precision == TOAST_PRECISION_MIXED;
+    c->buf = malloc(cap * per_row);
+    c->norms = malloc((size_t)m->S * sizeof(double));
+    c->row = malloc(cap * sizeof(int64_t));
+    c->fold = malloc(cap * sizeof(int));
+    c->slot = malloc(cap * sizeof(int));
+    c->start = malloc(((size_t)m->nsets + 1) * sizeof(int));
+    if (c->mixed)
+        c->scratch = malloc((size_t)m->d * m->d * sizeof(float));
+    if (c->buf == NULL || c->norms == NULL || c->row == NULL ||
+        c->fold == NULL || c->slot == NULL || c->start == NULL ||
+        (c->mixed && c->scratch == NULL)) {
+        chunk_free(c);
+        return toast_set_error(err, TOAST_ENOMEM, -1,
+                               "cannot allocate %zu bytes of workspace",
+                               cap * per_row);
+    }
+    return TOAST_OK;
+}
+
+/* Groups the n collected rows by fold (stable counting sort) and converts
+ * them into the packed buffers. */
+static void chunk_pack(chunk *c, const toast_view *views, int n, int nsets)
+{
+    int *start = c->start;
+    for (int f = 0; f <= nsets; f++)
+        start[f] = 0;
+    for (int k = 0; k < n; k++)
+        start[c->fold[k] + 1]++;
+    for (int f = 0; f < nsets; f++)
+        start[f + 1] += start[f];
+    /* start[f] now holds the first slot of fold f; advance a copy. */
+    for (int k = 0; k < n; k++)
+        c->slot[k] = start[c->fold[k]]++;
+    for (int f = nsets; f > 0; f--)
+        start[f] = start[f - 1];
+    start[0] = 0;
+
+    for (int s = 0; s < c->S; s++) {
+        for (int k = 0; k < n; k++) {
+            size_t at = ((size_t)s * c->cap + c->slot[k]) * c->d;
+            if (c->mixed)
+                load_row_f32(&views[s], c->row[k], c->d, (float *)c->buf + at);
+            else
+                load_row_f64(&views[s], c->row[k], c->d,
+                             (double *)c->buf + at);
+        }
+    }
+}
+
+static double packed_dot(const chunk *c, int si, int sj, int slot)
+{
+    size_t ai = ((size_t)si * c->cap + slot) * c->d;
+    size_t aj = ((size_t)sj * c->cap + slot) * c->d;
+    if (c->mixed)
+        return dot_f32((const float *)c->buf + ai, (const float *)c->buf + aj,
+                       c->d);
+    return dot_f64((const double *)c->buf + ai, (const double *)c->buf + aj,
+                   c->d);
+}
+
+static double packed_value(const chunk *c, int s, int slot, int col)
+{
+    size_t at = ((size_t)s * c->cap + slot) * c->d + col;
+    return c->mixed ? (double)((const float *)c->buf)[at]
+                    : ((const double *)c->buf)[at];
+}
+
+/* Count, sums and row statistics of slots [a, b) into one set. */
+static void add_row_stats(const toast_moments *m, const chunk *c, int a, int b,
+                          double *set)
+{
+    const int S = m->S, d = m->d;
+    double *rs = set + m->off_rowstats;
+    const size_t plane = (size_t)S * S;
+
+    set[0] += (double)(b - a);
+    for (int s = 0; s < S; s++) {
+        double *sum = set + m->off_sums + (size_t)s * d;
+        for (int k = a; k < b; k++)
+            for (int col = 0; col < d; col++)
+                sum[col] += packed_value(c, s, k, col);
+    }
+    for (int k = a; k < b; k++) {
+        for (int s = 0; s < S; s++)
+            c->norms[s] = packed_dot(c, s, s, k);
+        for (int i = 0; i < S; i++) {
+            for (int j = i + 1; j < S; j++) {
+                double dot = packed_dot(c, i, j, k);
+                double cs = cosine_of(dot, c->norms[i], c->norms[j]);
+                double sq = c->norms[i] + c->norms[j] - 2.0 * dot;
+                if (sq < 0.0)
+                    sq = 0.0;
+                size_t at = (size_t)i * S + j;
+                rs[TOAST_RS_COS * plane + at] += cs;
+                rs[TOAST_RS_ANGLE * plane + at] += acos(cs) / M_PI;
+                rs[TOAST_RS_DIST * plane + at] += sqrt(sq);
+                rs[TOAST_RS_SQDIST * plane + at] += sq;
+            }
+        }
+    }
+}
+
+/* Cross blocks of slots [a, b) into one set: one BLAS call per pair. */
+static void add_cross_blocks(const toast_moments *m, const chunk *c, int a,
+                             int b, double *set)
+{
+    const int S = m->S, d = m->d, n = b - a;
+    const size_t dd = (size_t)d * d;
+
+    for (int i = 0; i < S; i++) {
+        for (int j = i; j < S; j++) {
+            int p = m->pair_index[i * S + j];
+            if (p < 0)
+                continue;
+            double *C = set + m->off_blocks + (size_t)p * dd;
+            size_t oi = ((size_t)i * c->cap + a) * d;
+            size_t oj = ((size_t)j * c->cap + a) * d;
+            if (!c->mixed) {
+                const double *Xi = (const double *)c->buf + oi;
+                const double *Xj = (const double *)c->buf + oj;
+                if (i == j)
+                    toast_dsyrk(TOAST_CblasRowMajor, TOAST_CblasUpper,
+                                TOAST_CblasTrans, d, n, 1.0, Xi, d, 1.0, C, d);
+                else
+                    toast_dgemm(TOAST_CblasRowMajor, TOAST_CblasTrans,
+                                TOAST_CblasNoTrans, d, d, n, 1.0, Xi, d, Xj, d,
+                                1.0, C, d);
+                continue;
+            }
+            const float *Xi = (const float *)c->buf + oi;
+            const float *Xj = (const float *)c->buf + oj;
+            float *T = c->scratch;
+            if (i == j) {
+                toast_ssyrk(TOAST_CblasRowMajor, TOAST_CblasUpper,
+                            TOAST_CblasTrans, d, n, 1.0f, Xi, d, 0.0f, T, d);
+                for (int r = 0; r < d; r++)
+                    for (int col = r; col < d; col++)
+                        C[(size_t)r * d + col] += T[(size_t)r * d + col];
+            } else {
+                toast_sgemm(TOAST_CblasRowMajor, TOAST_CblasTrans,
+                            TOAST_CblasNoTrans, d, d, n, 1.0f, Xi, d, Xj, d,
+                            0.0f, T, d);
+                for (size_t e = 0; e < dd; e++)
+                    C[e] += T[e];
+            }
+        }
+    }
+}
+
+static void chunk_accumulate(toast_moments *m, const chunk *c)
+{
+    for (int f = 0; f < m->nsets; f++) {
+        int a = c->start[f], b = c->start[f + 1];
+        if (b <= a)
+            continue;
+        double *set = m->data + (size_t)f * m->set_len;
+        add_row_stats(m, c, a, b, set);
+        add_cross_blocks(m, c, a, b, set);
+    }
+}
+
+toast_status toast_moments_update(toast_moments *m, const toast_view *views,
+                                  const uint8_t *mask, const int64_t *fold_ids,
+                                  toast_error *err)
+{
+    int64_t rows = 0;
+    chunk c;
+    toast_status st = validate_update(m, views, mask, fold_ids, &rows, err);
+    if (st != TOAST_OK)
+        return st;
+    st = chunk_init(&c, m, rows, err);
+    if (st != TOAST_OK)
+        return st;
+
+    int64_t accepted = 0;
+    int n = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (mask != NULL && !mask[r])
+            continue;
+        c.row[n] = r;
+        if (fold_ids != NULL)
+            c.fold[n] = (int)fold_ids[r];
+        else if (m->folds > 0)
+            c.fold[n] = (int)((m->next_row + accepted) % m->folds);
+        else
+            c.fold[n] = 0;
+        accepted++;
+        if (++n == c.cap) {
+            chunk_pack(&c, views, n, m->nsets);
+            chunk_accumulate(m, &c);
+            n = 0;
+        }
+    }
+    if (n > 0) {
+        chunk_pack(&c, views, n, m->nsets);
+        chunk_accumulate(m, &c);
+    }
+    m->next_row += accepted;
+    chunk_free(&c);
+    return TOAST_OK;
+}
+
+toast_status toast_moments_merge(toast_moments *dst, const toast_moments *src,
+                                 toast_error *err)
+{
+    if (dst->S != src->S || dst->d != src->d || dst->folds != src->folds ||
+        dst->span != src->span)
+        return toast_set_error(err, TOAST_EINVAL, -1,
+                               "cannot merge moments of (states=%d, dim=%d, "
+                               "folds=%d, span=%d) into (states=%d, dim=%d, "
+                               "folds=%d, span=%d)", src->S, src->d,
+                               src->folds, src->span, dst->S, dst->d,
+                               dst->folds, dst->span);
+    size_t total = dst->set_len * (size_t)dst->nsets;
+    for (size_t e = 0; e < total; e++)
+        dst->data[e] += src->data[e];
+    dst->next_row += src->next_row;
+    return TOAST_OK;
+}
+
+/* ------------------------------------------------------------ queries */
+
+static int set_selected(toast_sets sel, int k, int f)
+{
+    switch (sel) {
+    case TOAST_SETS_ONLY: return f == k;
+    case TOAST_SETS_EXCEPT: return f != k;
+    default: return 1;
+    }
+}
+
+/* out[0:len] = sum over the selected sets of data[off : off + len]. */
+static void combine(const toast_moments *m, toast_sets sel, int k, size_t off,
+                    size_t len, double *out)
+{
+    memset(out, 0, len * sizeof(double));
+    for (int f = 0; f < m->nsets; f++) {
+        if (!set_selected(sel, k, f))
+            continue;
+        const double *src = m->data + (size_t)f * m->set_len + off;
+        for (size_t e = 0; e < len; e++)
+            out[e] += src[e];
+    }
+}
+
+double toast_moments_count(const toast_moments *m, toast_sets sel, int k)
+{
+    double n;
+    combine(m, sel, k, 0, 1, &n);
+    return n;
+}
+
+void toast_moments_sums(const toast_moments *m, toast_sets sel, int k, int i,
+                        double *out)
+{
+    combine(m, sel, k, m->off_sums + (size_t)i * m->d, (size_t)m->d, out);
+}
+
+double toast_moments_rowstat(const toast_moments *m, toast_sets sel, int k,
+                             int stat, int i, int j)
+{
+    double v;
+    size_t at = m->off_rowstats + (size_t)stat * m->S * m->S +
+                (size_t)i * m->S + j;
+    combine(m, sel, k, at, 1, &v);
+    return v;
+}
+
+static void transpose_square(double *a, int d)
+{
+    for (int r = 0; r < d; r++)
+        for (int c = r + 1; c < d; c++) {
+            double t = a[(size_t)r * d + c];
+            a[(size_t)r * d + c] = a[(size_t)c * d + r];
+            a[(size_t)c * d + r] = t;
+        }
+}
+
+toast_status toast_moments_cross(const toast_moments *m, toast_sets sel, int k,
+                                 int i, int j, double *out, toast_error *err)
+{
+    const int d = m->d;
+    int lo = i < j ? i : j, hi = i < j ? j : i;
+    if (i < 0 || j < 0 || i >= m->S || j >= m->S)
+        return toast_set_error(err, TOAST_ERANGE, -1,
+                               "state pair (%d, %d) is out of range for %d "
+                               "states", i, j, m->S);
+    int p = toast_moments_pair(m, lo, hi);
+    if (p < 0)
+        return toast_set_error(err, TOAST_ENOTSTORED, -1,
+                               "the cross block (%d, %d) is not kept: these "
+                               "moments keep pairs up to span %d", lo, hi,
+                               m->span);
+    combine(m, sel, k, m->off_blocks + (size_t)p * d * d, (size_t)d * d, out);
+    if (lo == hi) {
+        for (int r = 0; r < d; r++)
+            for (int c = 0; c < r; c++)
+                out[(size_t)r * d + c] = out[(size_t)c * d + r];
+    } else if (i > j) {
+        transpose_square(out, d);
+    }
+    return TOAST_OK;
+}

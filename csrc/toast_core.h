@@ -1,0 +1,310 @@
+/*
+ * toast_core.h -- the C core of toast: streaming moments of layer
+ * activations, closed-form translators solved from them, and the block
+ * error matrix.
+ *
+ * Plain C11, no Python. Every function that can fail returns a
+ * toast_status and fills a toast_error; nothing aborts, prints or exits.
+ *
+ * Conventions used throughout:
+ *   - S states (layer outputs) of width d; states are indexed 0..S-1.
+ *   - Activations are rows: a state holds n rows of d features.
+ *   - All matrices are dense, row-major, float64, with leading dimension
+ *     equal to their column count unless stated otherwise.
+ *   - Row-vector convention for maps: y = x W + b, W is d x d, b is d.
+ *   - "Cross block" (i, j) is X_i^T X_j, a d x d matrix (units: squared
+ *     activation units, summed over rows).
+ */
+#ifndef TOAST_CORE_H
+#define TOAST_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- errors */
+
+typedef enum {
+    TOAST_OK = 0,
+    TOAST_ENOMEM,      /* an allocation failed */
+    TOAST_EINVAL,      /* an argument has an invalid value */
+    TOAST_ETYPE,       /* an argument has an unsupported type or dtype */
+    TOAST_ESHAPE,      /* shapes do not agree */
+    TOAST_ENONFINITE,  /* the data contains NaN or Inf */
+    TOAST_ERANGE,      /* an index is out of range */
+    TOAST_ENOTSTORED,  /* a cross block was not kept by the moments */
+    TOAST_EOVERFLOW,   /* a size computation overflows */
+    TOAST_ELAPACK      /* LAPACK reported an internal failure */
+} toast_status;
+
+#define TOAST_ERROR_MSG_SIZE 256
+
+typedef struct {
+    toast_status code;
+    int arg;     /* index of the offending state, or -1 */
+    char msg[TOAST_ERROR_MSG_SIZE];
+} toast_error;
+
+/* Fills err (if not NULL) and returns code. printf-style message. */
+toast_status toast_set_error(toast_error *err, toast_status code, int arg,
+                             const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+/* ---------------------------------------------------------------- input */
+
+typedef enum {
+    TOAST_FLOAT16 = 0,   /* IEEE binary16 */
+    TOAST_BFLOAT16 = 1,  /* bfloat16: the top half of a binary32 */
+    TOAST_FLOAT32 = 2,
+    TOAST_FLOAT64 = 3
+} toast_dtype;
+
+/*
+ * A read-only strided view of one state: rows x d elements.
+ * Rows are enumerated as r = outer_index * inner + inner_index, so a
+ * (batch, tokens, d) array is outer = batch, inner = tokens; a (rows, d)
+ * array is outer = rows, inner = 1, inner_stride = 0. Strides are in bytes
+ * and may be zero or negative. Elements need not be aligned.
+ */
+typedef struct {
+    const void *data;
+    toast_dtype dtype;
+    int64_t outer, inner;
+    int64_t outer_stride, inner_stride, col_stride;
+} toast_view;
+
+/* ---------------------------------------------------------------- moments */
+
+/* Row statistics kept for every pair i < j, summed over rows. */
+enum {
+    TOAST_RS_COS = 0,   /* cos(x_i, x_j) */
+    TOAST_RS_ANGLE,     /* acos(cos) / pi */
+    TOAST_RS_DIST,      /* ||x_j - x_i||_2 */
+    TOAST_RS_SQDIST,    /* ||x_j - x_i||_2^2 */
+    TOAST_RS_COUNT
+};
+
+typedef enum {
+    TOAST_PRECISION_FLOAT64 = 0, /* products and sums in float64 */
+    TOAST_PRECISION_MIXED = 1    /* per-chunk float32 products, float64 sums */
+} toast_precision;
+
+/*
+ * Streaming moments. The struct is public so that bindings can expose the
+ * storage; mutate it only through the functions below.
+ *
+ * Storage: nsets = max(folds, 1) sets, each of set_len doubles, in one
+ * contiguous array `data`. Within a set (offsets in doubles):
+ *   [0]                      row count n
+ *   [off_sums, + S*d)        per-state column sums, state-major
+ *   [off_rowstats, + 4*S*S)  row statistics, TOAST_RS_* major, then i*S+j
+ *                            (only i < j is used)
+ *   [off_blocks, + npairs*d*d) cross blocks X_i^T X_j for the kept pairs
+ *                            i <= j, j - i <= span, in order i, then j.
+ *                            Diagonal blocks hold only the upper triangle.
+ * Keeping every quantity as a float64 sum makes merge an element-wise add.
+ */
+typedef struct {
+    int S, d;
+    int folds;         /* 0 (none) or >= 2 */
+    int span;          /* pairs kept: j - i <= span; span = S-1 keeps all */
+    toast_precision precision;
+    int nsets;
+    int npairs;
+    int *pair_index;   /* S*S; block index of (i, j), i <= j, or -1 */
+    size_t set_len, off_sums, off_rowstats, off_blocks;
+    double *data;      /* nsets * set_len */
+    int64_t next_row;  /* rows accepted so far: row id of the next row */
+} toast_moments;
+
+/* Bytes that toast_moments_new would allocate (storage + index), computed
+ * without allocating. Fails with TOAST_EOVERFLOW when it does not fit. */
+toast_status toast_moments_nbytes(int S, int d, int folds, int span,
+                                  size_t *out, toast_error *err);
+
+/* Creates zeroed moments; *out is NULL on failure. span < 0 means all. */
+toast_status toast_moments_new(int S, int d, int folds, int span,
+                               toast_precision precision,
+                               toast_moments **out, toast_error *err);
+
+void toast_moments_free(toast_moments *m);
+
+/* Block index of (i, j) with i <= j, or -1 when not kept / out of range. */
+int toast_moments_pair(const toast_moments *m, int i, int j);
+
+/*
+ * Adds rows to the moments. views: S views with equal row counts.
+ * mask: NULL or one byte per row, nonzero = use the row.
+ * fold_ids: NULL or one id per row in [0, folds) (only with folds >= 2);
+ * without ids, accepted row r (counting next_row) goes to fold r mod folds.
+ * The data is checked for NaN/Inf before anything is added, so a failed
+ * update leaves the moments unchanged. Zero input rows is an error; rows
+ * that are all masked out are not.
+ */
+toast_status toast_moments_update(toast_moments *m, const toast_view *views,
+                                  const uint8_t *mask, const int64_t *fold_ids,
+                                  toast_error *err);
+
+/* dst += src; the two must have the same S, d, folds and span. */
+toast_status toast_moments_merge(toast_moments *dst, const toast_moments *src,
+                                 toast_error *err);
+
+/* Which sets a query combines. */
+typedef enum {
+    TOAST_SETS_ALL = 0,   /* sum of every fold */
+    TOAST_SETS_ONLY,      /* fold k only */
+    TOAST_SETS_EXCEPT     /* every fold but k (training set of fold k) */
+} toast_sets;
+
+/* Row count over the selected sets. */
+double toast_moments_count(const toast_moments *m, toast_sets sel, int k);
+
+/* Column sums of state i over the selected sets: out has d doubles. */
+void toast_moments_sums(const toast_moments *m, toast_sets sel, int k, int i,
+                        double *out);
+
+/* Row statistic stat (TOAST_RS_*) of pair (i, j), i < j. */
+double toast_moments_rowstat(const toast_moments *m, toast_sets sel, int k,
+                             int stat, int i, int j);
+
+/* Full d x d X_i^T X_j (any order of i, j) over the selected sets.
+ * Diagonal blocks are symmetrised. */
+toast_status toast_moments_cross(const toast_moments *m, toast_sets sel, int k,
+                                 int i, int j, double *out, toast_error *err);
+
+/* ---------------------------------------------------------------- solvers */
+
+typedef enum {
+    TOAST_METHOD_NONE = 0,  /* nothing solved (identity) */
+    TOAST_METHOD_CHOLESKY,
+    TOAST_METHOD_EIGH,      /* eigendecomposition pseudo-inverse */
+    TOAST_METHOD_SVD
+} toast_method;
+
+typedef struct {
+    double condition;   /* condition number of the system; inf if singular */
+    int rank;
+    toast_method method;
+} toast_solve_info;
+
+/*
+ * Policy for symmetric positive semi-definite systems (A + ridge I) W = B:
+ * Cholesky first; it is accepted when it succeeds and LAPACK's estimate of
+ * the reciprocal 1-norm condition number is >= TOAST_CHOL_MIN_RCOND.
+ * Otherwise A is eigendecomposed, A = V diag(s) V^T, and
+ * W = V diag(1 / (s + ridge)) V^T B where eigenvalues with
+ * s + ridge <= d * DBL_EPSILON * (max(s) + ridge) count as zero: the
+ * minimum-norm solution for rank-deficient A, as numpy.linalg.lstsq gives.
+ * On the Cholesky path `condition` is 1 / rcond (1-norm estimate); on the
+ * eigen path it is (max s + ridge) / (min s + ridge), inf when any
+ * eigenvalue was cut.
+ */
+#define TOAST_CHOL_MIN_RCOND 1e-10
+
+/* A factorization reused for many right-hand sides. */
+typedef struct {
+    int d;
+    toast_method method;
+    double ridge;
+    double *a;      /* d*d: Cholesky factor U (A = U^T U) or V^T rows */
+    double *s;      /* d eigenvalues of A (ascending), eigen path */
+    double *work;   /* scratch for the eigensolver */
+    int *iwork;
+    int lwork, liwork;
+    toast_solve_info info;
+} toast_factor;
+
+toast_status toast_factor_init(toast_factor *f, int d, toast_error *err);
+void toast_factor_free(toast_factor *f);
+
+/* Factors A + ridge I. A is d x d symmetric (both triangles read).
+ * force_eigh skips Cholesky (used when eigenvalues are needed). */
+toast_status toast_factor_compute(toast_factor *f, const double *A,
+                                  double ridge, int force_eigh,
+                                  toast_error *err);
+
+/* W = (A + ridge I)^+ B for B d x m. tmp: d*m doubles of scratch. */
+toast_status toast_factor_solve(const toast_factor *f, const double *B, int m,
+                                double *W, double *tmp, toast_error *err);
+
+/* One-shot solve with the policy above. */
+toast_status toast_solve_gram(int d, const double *A, const double *B, int m,
+                              double ridge, double *W, toast_solve_info *info,
+                              toast_error *err);
+
+/* ---------------------------------------------------------------- fits */
+
+typedef enum {
+    TOAST_FIT_IDENTITY = 0,
+    TOAST_FIT_LEASTSQ,     /* full d x d least squares (ridge optional) */
+    TOAST_FIT_DIAGONAL,    /* per-feature scale */
+    TOAST_FIT_ORTHOGONAL   /* orthogonal Procrustes */
+} toast_fit_kind;
+
+typedef struct {
+    toast_fit_kind kind;
+    int center;          /* fit a bias on centered moments */
+    double ridge;        /* >= 0 */
+    int ridge_relative;  /* ridge *= trace(Gram) / d */
+    toast_sets sel;      /* rows used: all folds, or all but fold k */
+    int fold;
+} toast_fit_options;
+
+/*
+ * Fits y_j ~ x_i W + b from the moments. W: d*d, b: d (zero without
+ * center). Needs the pair (min(i,j), max(i,j)) to be kept.
+ */
+toast_status toast_fit(const toast_moments *m, int i, int j,
+                       const toast_fit_options *opt, double *W, double *b,
+                       toast_solve_info *info, toast_error *err);
+
+/*
+ * ReplaceMe's residual form: argmin_T || M T + Y - L ||, states mi, yi, li.
+ * Only TOAST_FIT_LEASTSQ (with ridge, center) is supported.
+ */
+toast_status toast_fit_residual(const toast_moments *m, int mi, int yi, int li,
+                                const toast_fit_options *opt, double *W,
+                                double *b, toast_solve_info *info,
+                                toast_error *err);
+
+/* ---------------------------------------------------------------- metrics */
+
+typedef enum {
+    TOAST_METRIC_LINEAR = 0,  /* ||Y - X W*||_F / ||Y||_F, no bias */
+    TOAST_METRIC_AFFINE,      /* same with a bias */
+    TOAST_METRIC_MSE,         /* mean over rows of ||y - x||^2 */
+    TOAST_METRIC_BR,          /* -MSE (RBA block redundancy) */
+    TOAST_METRIC_COSINE,      /* mean over rows of 1 - cos */
+    TOAST_METRIC_ANGULAR,     /* mean over rows of acos(cos) / pi */
+    TOAST_METRIC_EUCLIDEAN,   /* mean over rows of ||y - x|| */
+    TOAST_METRIC_CKA          /* linear CKA similarity */
+} toast_metric;
+
+typedef enum {
+    TOAST_EST_IN_SAMPLE = 0,
+    TOAST_EST_CV,             /* K-fold held-out, needs folds >= 2 */
+    TOAST_EST_GCV             /* generalized cross-validation */
+} toast_estimator;
+
+/*
+ * Fills E (S*S, row-major) with the metric for every i < j; entries on and
+ * below the diagonal, and pairs whose blocks are not kept (linear, affine,
+ * cka), are NaN. cond (S doubles, may be NULL) receives, for the linear
+ * metrics, the condition number of each source state's Gram matrix (the
+ * largest over folds for cv), NaN where unused.
+ */
+toast_status toast_error_matrix(const toast_moments *m, toast_metric metric,
+                                toast_estimator est, double ridge,
+                                int ridge_relative, double *E, double *cond,
+                                toast_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TOAST_CORE_H */

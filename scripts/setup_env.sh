@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Create/refresh the project virtualenv and (re)build the C extension in place.
+#
+# Sourced by scripts/test.sh, scripts/demo.sh and scripts/asan.sh; can also be run
+# directly (`bash scripts/setup_env.sh`, used by `make venv`).
+#
+# Steps (idempotent):
+#   1. python3 -m venv .venv                     (only if missing)
+#   2. pip install torch==2.13.0                 (FIRST, only if not already 2.13.0)
+#   3. pip install build deps + `-e .[test]`     (only when pyproject.toml/setup.py changed)
+#   4. python setup.py build_ext --inplace --force   (always: never run a stale _core)
+#
+# Environment: PYTHON (interpreter for the venv, default python3), TOAST_VENV (venv
+# path, default <repo>/.venv), TOAST_SANITIZE / TOAST_WERROR / TOAST_BLAS (see setup.py).
+set -euo pipefail
+
+TOAST_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TOAST_VENV="${TOAST_VENV:-$TOAST_ROOT/.venv}"
+TORCH_PIN="torch==2.13.0"
+BUILD_DEPS=("setuptools>=68" "wheel" "numpy>=1.26" "scipy-openblas32>=0.3.27")
+
+cd "$TOAST_ROOT"
+
+_log() { printf '[toast] %s\n' "$*" >&2; }
+
+if [ ! -x "$TOAST_VENV/bin/python" ]; then
+    _log "creating virtualenv $TOAST_VENV"
+    "${PYTHON:-python3}" -m venv "$TOAST_VENV"
+fi
+VPY="$TOAST_VENV/bin/python"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# 1. torch first, exactly pinned, so that nothing else ever resolves another torch.
+if ! "$VPY" - <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+sys.exit(0 if m.version("torch").split("+")[0] == "2.13.0" else 1)
+PY
+then
+    _log "installing $TORCH_PIN"
+    "$VPY" -m pip install "$TORCH_PIN"
+fi
+
+# 2. build deps + the package itself (editable, with test extras). Skipped when the
+#    packaging files are unchanged since the last successful install.
+stamp_file="$TOAST_VENV/.toast-install-stamp"
+stamp="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1) $TOAST_ROOT"
+if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp" ] \
+        || ! "$VPY" -c 'import importlib.metadata as m; m.version("toast")' 2>/dev/null; then
+    _log "installing build dependencies and toast[test] (editable)"
+    rm -f "$stamp_file"
+    "$VPY" -m pip install "${BUILD_DEPS[@]}"
+    "$VPY" -m pip install --no-build-isolation -e ".[test]"
+    printf '%s' "$stamp" > "$stamp_file"
+fi
+
+# 3. Always rebuild the extension in place (small, and avoids stale builds when
+#    csrc/ or toast/_coremodule.c changed, or after a sanitizer build).
+_log "building toast._core in place${TOAST_SANITIZE:+ (TOAST_SANITIZE=$TOAST_SANITIZE)}"
+"$VPY" setup.py -q build_ext --inplace --force
+
+compgen -G "toast/_core*.so" > /dev/null || { _log "build produced no toast/_core*.so"; exit 1; }

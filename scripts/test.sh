@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Run the test suite from a fresh clone: creates .venv if needed, installs
+# torch==2.13.0 first, then toast[test] (editable), rebuilds the C extension,
+# and runs pytest. Extra arguments are passed to pytest, e.g.
+#   bash scripts/test.sh -x -k moments
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
+exec "$TOAST_VENV/bin/python" -m pytest "$@"

@@ -1,0 +1,915 @@
+/*
+ * _coremodule.c -- the CPython binding of the toast C core (toast._core).
+ *
+ * A thin layer: parse arguments, read NumPy arrays and DLPack tensors
+ * (torch CPU tensors, bfloat16 included) in place, release the GIL around
+ * kernels, and turn core error codes into Python exceptions. The friendly
+ * API (argument names, defaults, validation messages) lives in
+ * toast/core.py on top of this module.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "toast_core.h"
+
+/* ------------------------------------------------------------ DLPack ABI */
+
+/* The stable DLPack C ABI (v0.x "dltensor" capsules). */
+typedef struct {
+    int32_t device_type;
+    int32_t device_id;
+} dl_device;
+
+typedef struct {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} dl_dtype;
+
+typedef struct {
+    void *data;
+    dl_device device;
+    int32_t ndim;
+    dl_dtype dtype;
+    int64_t *shape;
+    int64_t *strides;
+    uint64_t byte_offset;
+} dl_tensor;
+
+typedef struct dl_managed_tensor {
+    dl_tensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct dl_managed_tensor *self);
+} dl_managed_tensor;
+
+enum { DL_CPU = 1 };
+enum { DL_FLOAT = 2, DL_BFLOAT = 4 };
+
+/* ------------------------------------------------------------ errors */
+
+static PyObject *raise_core_error(const toast_error *err)
+{
+    PyObject *type;
+    switch (err->code) {
+    case TOAST_ENOMEM: return PyErr_NoMemory();
+    case TOAST_ETYPE: type = PyExc_TypeError; break;
+    case TOAST_EOVERFLOW: type = PyExc_OverflowError; break;
+    case TOAST_ELAPACK: type = PyExc_RuntimeError; break;
+    default: type = PyExc_ValueError; break;
+    }
+    PyErr_SetString(type, err->msg);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ Moments */
+
+typedef struct {
+    PyObject_HEAD
+    toast_moments *m;
+    PyThread_type_lock lock;
+} MomentsObject;
+
+static PyTypeObject Moments_Type;
+
+static int moments_ready(MomentsObject *self)
+{
+    if (self->m == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Moments object is not initialised");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *Moments_new(PyTypeObject *type, PyObject *args,
+                             PyObject *kwds)
+{
+    (void)args;
+    (void)kwds;
+    MomentsObject *self = (MomentsObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->lock = PyThread_allocate_lock();
+    if (self->lock == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+static int Moments_init(MomentsObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"num_states", "dim", "folds", "span",
+                             "precision", NULL};
+    int S, d, folds = 0, span = -1, precision = 0;
+    toast_error err = {0};
+    toast_moments *m = NULL;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ii|iii", kwlist, &S, &d,
+                                     &folds, &span, &precision))
+        return -1;
+    if (self->m != NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Moments object is already initialised");
+        return -1;
+    }
+    if (toast_moments_new(S, d, folds, span, (toast_precision)precision, &m,
+                          &err) != TOAST_OK) {
+        raise_core_error(&err);
+        return -1;
+    }
+    self->m = m;
+    return 0;
+}
+
+static void Moments_dealloc(MomentsObject *self)
+{
+    toast_moments_free(self->m);
+    if (self->lock != NULL)
+        PyThread_free_lock(self->lock);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* --- reading one state without copying */
+
+typedef struct {
+    toast_view view;
+    int ndim;          /* 2 or 3 */
+    int64_t shape[3];
+    PyObject *owner;   /* the array, or the DLPack capsule; owned */
+} state_ref;
+
+static int dtype_from_numpy(int typenum, toast_dtype *out)
+{
+    switch (typenum) {
+    case NPY_HALF: *out = TOAST_FLOAT16; return 1;
+    case NPY_FLOAT: *out = TOAST_FLOAT32; return 1;
+    case NPY_DOUBLE: *out = TOAST_FLOAT64; return 1;
+    default: return 0;
+    }
+}
+
+static int dtype_from_dlpack(dl_dtype t, toast_dtype *out, int *itemsize)
+{
+    if (t.lanes != 1)
+        return 0;
+    if (t.code == DL_FLOAT && t.bits == 16)
+        *out = TOAST_FLOAT16;
+    else if (t.code == DL_FLOAT && t.bits == 32)
+        *out = TOAST_FLOAT32;
+    else if (t.code == DL_FLOAT && t.bits == 64)
+        *out = TOAST_FLOAT64;
+    else if (t.code == DL_BFLOAT && t.bits == 16)
+        *out = TOAST_BFLOAT16;
+    else
+        return 0;
+    *itemsize = t.bits / 8;
+    return 1;
+}
+
+/* Fills view fields from a shape and byte strides (ndim 2 or 3). */
+static void set_view_layout(state_ref *ref, const int64_t *strides)
+{
+    toast_view *v = &ref->view;
+    if (ref->ndim == 2) {
+        v->outer = ref->shape[0];
+        v->inner = 1;
+        v->outer_stride = strides[0];
+        v->inner_stride = 0;
+        v->col_stride = strides[1];
+    } else {
+        v->outer = ref->shape[0];
+        v->inner = ref->shape[1];
+        v->outer_stride = strides[0];
+        v->inner_stride = strides[1];
+        v->col_stride = strides[2];
+    }
+}
+
+static int bad_ndim(const char *name, int k, int ndim)
+{
+    PyErr_Format(PyExc_ValueError,
+                 "%s[%d] must have shape (rows, dim) or (batch, tokens, dim), "
+                 "got %d dimension(s)", name, k, ndim);
+    return 0;
+}
+
+static int state_from_numpy(PyObject *obj, int k, state_ref *ref)
+{
+    PyArrayObject *a = (PyArrayObject *)obj;
+    int64_t strides[3];
+
+    if (!dtype_from_numpy(PyArray_TYPE(a), &ref->view.dtype)) {
+        PyObject *descr = PyObject_Str((PyObject *)PyArray_DESCR(a));
+        PyErr_Format(PyExc_TypeError,
+                     "states[%d] has dtype %S; expected float16, bfloat16, "
+                     "float32 or float64", k, descr ? descr : Py_None);
+        Py_XDECREF(descr);
+        return 0;
+    }
+    if (!PyArray_ISNOTSWAPPED(a)) {
+        PyErr_Format(PyExc_TypeError,
+                     "states[%d] is not in native byte order", k);
+        return 0;
+    }
+    ref->ndim = PyArray_NDIM(a);
+    if (ref->ndim != 2 && ref->ndim != 3)
+        return bad_ndim("states", k, ref->ndim);
+    for (int q = 0; q < ref->ndim; q++) {
+        ref->shape[q] = PyArray_DIM(a, q);
+        strides[q] = PyArray_STRIDE(a, q);
+    }
+    ref->view.data = PyArray_DATA(a);
+    set_view_layout(ref, strides);
+    Py_INCREF(obj);
+    ref->owner = obj;
+    return 1;
+}
+
+static int state_from_dlpack(PyObject *obj, int k, state_ref *ref)
+{
+    PyObject *capsule = PyObject_CallMethod(obj, "__dlpack__", NULL);
+    dl_managed_tensor *mt;
+    int64_t strides[3];
+    int itemsize = 0;
+
+    if (capsule == NULL)
+        return 0;
+    if (!PyCapsule_IsValid(capsule, "dltensor")) {
+        Py_DECREF(capsule);
+        PyErr_Format(PyExc_TypeError,
+                     "states[%d].__dlpack__() did not return an unused "
+                     "'dltensor' capsule", k);
+        return 0;
+    }
+    /* The capsule stays alive (and unconsumed) while we read the tensor;
+     * releasing it runs the producer's deleter. */
+    mt = (dl_managed_tensor *)PyCapsule_GetPointer(capsule, "dltensor");
+    ref->owner = capsule;
+    const dl_tensor *t = &mt->dl_tensor;
+    if (t->device.device_type != DL_CPU) {
+        PyErr_Format(PyExc_ValueError,
+                     "states[%d] is not on the CPU (DLPack device type %d); "
+                     "move it to the CPU or accumulate with the torch backend",
+                     k, (int)t->device.device_type);
+        return 0;
+    }
+    if (!dtype_from_dlpack(t->dtype, &ref->view.dtype, &itemsize)) {
+        PyErr_Format(PyExc_TypeError,
+                     "states[%d] has DLPack dtype (code %d, %d bits); expected "
+                     "float16, bfloat16, float32 or float64", k,
+                     (int)t->dtype.code, (int)t->dtype.bits);
+        return 0;
+    }
+    ref->ndim = t->ndim;
+    if (ref->ndim != 2 && ref->ndim != 3)
+        return bad_ndim("states", k, ref->ndim);
+    int64_t compact = itemsize;
+    for (int q = ref->ndim - 1; q >= 0; q--) {
+        ref->shape[q] = t->shape[q];
+        if (t->strides != NULL) {
+            if (t->strides[q] > INT64_MAX / 16 || t->strides[q] < -INT64_MAX / 16) {
+                PyErr_Format(PyExc_ValueError,
+                             "states[%d] has an out-of-range stride", k);
+                return 0;
+            }
+            strides[q] = t->strides[q] * itemsize;
+        } else {
+            strides[q] = compact;
+        }
+        if (t->shape[q] > 0 && compact > INT64_MAX / t->shape[q]) {
+            PyErr_Format(PyExc_ValueError, "states[%d] is too large", k);
+            return 0;
+        }
+        compact *= t->shape[q] > 0 ? t->shape[q] : 1;
+    }
+    ref->view.data = (const char *)t->data + t->byte_offset;
+    set_view_layout(ref, strides);
+    return 1;
+}
+
+static int get_state(PyObject *obj, int k, state_ref *ref)
+{
+    memset(ref, 0, sizeof *ref);
+    if (PyArray_Check(obj))
+        return state_from_numpy(obj, k, ref);
+    if (PyObject_HasAttrString(obj, "__dlpack__"))
+        return state_from_dlpack(obj, k, ref);
+    PyErr_Format(PyExc_TypeError,
+                 "states[%d] must be a NumPy array or a tensor supporting "
+                 "DLPack (e.g. a torch CPU tensor), got %.100s", k,
+                 Py_TYPE(obj)->tp_name);
+    return 0;
+}
+
+static void release_states(state_ref *refs, int n)
+{
+    for (int k = 0; k < n; k++)
+        Py_CLEAR(refs[k].owner);
+}
+
+/* Checks that every state has width d and the leading shape of states[0]. */
+static int check_state_shapes(const state_ref *refs, int S, int d)
+{
+    for (int k = 0; k < S; k++) {
+        const state_ref *r = &refs[k];
+        if (r->shape[r->ndim - 1] != d) {
+            PyErr_Format(PyExc_ValueError,
+                         "states[%d] has width %lld but the moments have "
+                         "dim=%d", k, (long long)r->shape[r->ndim - 1], d);
+            return 0;
+        }
+        int same = r->ndim == refs[0].ndim;
+        for (int q = 0; same && q < r->ndim - 1; q++)
+            same = r->shape[q] == refs[0].shape[q];
+        if (!same) {
+            PyErr_Format(PyExc_ValueError,
+                         "states[%d] has a different leading shape than "
+                         "states[0]", k);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* A 1-D contiguous array of `typenum` with exactly `rows` entries. */
+static PyArrayObject *row_array(PyObject *obj, int typenum, int64_t rows,
+                                const char *name)
+{
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(
+        obj, typenum, 1, 1, NPY_ARRAY_IN_ARRAY | NPY_ARRAY_FORCECAST);
+    if (a == NULL)
+        return NULL;
+    if (PyArray_DIM(a, 0) != rows) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s has %lld entries but the states have %lld rows",
+                     name, (long long)PyArray_DIM(a, 0), (long long)rows);
+        Py_DECREF(a);
+        return NULL;
+    }
+    return a;
+}
+
+static PyObject *Moments_update(MomentsObject *self, PyObject *args)
+{
+    PyObject *states, *mask_obj = Py_None, *fold_obj = Py_None;
+    PyArrayObject *mask = NULL, *fold = NULL;
+    state_ref *refs = NULL;
+    toast_view *views = NULL;
+    toast_error err = {0};
+    toast_status st = TOAST_OK;
+    PyObject *result = NULL;
+    int got = 0;
+
+    if (!PyArg_ParseTuple(args, "O|OO", &states, &mask_obj, &fold_obj))
+        return NULL;
+    if (!moments_ready(self))
+        return NULL;
+    const int S = self->m->S;
+    if (!PyList_Check(states) && !PyTuple_Check(states)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "states must be a list or tuple of arrays");
+        return NULL;
+    }
+    if (PySequence_Fast_GET_SIZE(states) != S) {
+        PyErr_Format(PyExc_ValueError,
+                     "expected %d states, got %zd", S,
+                     PySequence_Fast_GET_SIZE(states));
+        return NULL;
+    }
+    refs = PyMem_Calloc((size_t)S, sizeof *refs);
+    views = PyMem_Calloc((size_t)S, sizeof *views);
+    if (refs == NULL || views == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < S; got++) {
+        if (!get_state(PySequence_Fast_GET_ITEM(states, got), got,
+                       &refs[got])) {
+            got++; /* release the partly filled reference too */
+            goto done;
+        }
+        views[got] = refs[got].view;
+    }
+    if (!check_state_shapes(refs, S, self->m->d))
+        goto done;
+    int64_t rows = views[0].outer * views[0].inner;
+    if (mask_obj != Py_None &&
+        (mask = row_array(mask_obj, NPY_BOOL, rows, "mask")) == NULL)
+        goto done;
+    if (fold_obj != Py_None &&
+        (fold = row_array(fold_obj, NPY_INT64, rows, "fold")) == NULL)
+        goto done;
+    const uint8_t *mask_data = mask ? (const uint8_t *)PyArray_DATA(mask)
+                                    : NULL;
+    const int64_t *fold_data = fold ? (const int64_t *)PyArray_DATA(fold)
+                                    : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    st = toast_moments_update(self->m, views, mask_data, fold_data, &err);
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    if (st != TOAST_OK) {
+        raise_core_error(&err);
+        goto done;
+    }
+    result = Py_NewRef(self);
+done:
+    if (refs != NULL)
+        release_states(refs, got);
+    PyMem_Free(refs);
+    PyMem_Free(views);
+    Py_XDECREF(mask);
+    Py_XDECREF(fold);
+    return result;
+}
+
+static PyObject *Moments_merge(MomentsObject *self, PyObject *other)
+{
+    toast_error err = {0};
+    toast_status st;
+
+    if (!PyObject_TypeCheck(other, &Moments_Type)) {
+        PyErr_Format(PyExc_TypeError, "can only merge Moments, got %.100s",
+                     Py_TYPE(other)->tp_name);
+        return NULL;
+    }
+    MomentsObject *src = (MomentsObject *)other;
+    if (!moments_ready(self) || !moments_ready(src))
+        return NULL;
+    /* Lock both in address order so that a.merge(b) and b.merge(a) in two
+     * threads cannot deadlock; merging an object into itself doubles it. */
+    PyThread_type_lock first = self->lock, second = src->lock;
+    if ((uintptr_t)first > (uintptr_t)second) {
+        first = src->lock;
+        second = self->lock;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(first, WAIT_LOCK);
+    if (second != first)
+        PyThread_acquire_lock(second, WAIT_LOCK);
+    st = toast_moments_merge(self->m, src->m, &err);
+    if (second != first)
+        PyThread_release_lock(second);
+    PyThread_release_lock(first);
+    Py_END_ALLOW_THREADS
+    if (st != TOAST_OK)
+        return raise_core_error(&err);
+    return Py_NewRef(self);
+}
+
+static int parse_sets(const toast_moments *m, int sel, int k)
+{
+    if (sel < TOAST_SETS_ALL || sel > TOAST_SETS_EXCEPT) {
+        PyErr_Format(PyExc_ValueError, "unknown fold selection %d", sel);
+        return 0;
+    }
+    if (sel != TOAST_SETS_ALL && (m->folds == 0 || k < 0 || k >= m->folds)) {
+        PyErr_Format(PyExc_ValueError,
+                     "fold %d is out of range for moments with %d folds", k,
+                     m->folds);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *Moments_count(MomentsObject *self, PyObject *args)
+{
+    int sel = 0, k = 0;
+    if (!PyArg_ParseTuple(args, "|ii", &sel, &k) || !moments_ready(self) ||
+        !parse_sets(self->m, sel, k))
+        return NULL;
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    double n = toast_moments_count(self->m, (toast_sets)sel, k);
+    PyThread_release_lock(self->lock);
+    return PyLong_FromDouble(n);
+}
+
+static int check_index(const toast_moments *m, int i, const char *name)
+{
+    if (i < 0 || i >= m->S) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s=%d is out of range for %d states", name, i, m->S);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *Moments_sums(MomentsObject *self, PyObject *args)
+{
+    int i, sel = 0, k = 0;
+    if (!PyArg_ParseTuple(args, "i|ii", &i, &sel, &k) || !moments_ready(self) ||
+        !check_index(self->m, i, "i") || !parse_sets(self->m, sel, k))
+        return NULL;
+    npy_intp dims[1] = {self->m->d};
+    PyObject *out = PyArray_SimpleNew(1, dims, NPY_DOUBLE);
+    if (out == NULL)
+        return NULL;
+    double *dst = PyArray_DATA((PyArrayObject *)out);
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    toast_moments_sums(self->m, (toast_sets)sel, k, i, dst);
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    return out;
+}
+
+static PyObject *Moments_cross(MomentsObject *self, PyObject *args)
+{
+    int i, j, sel = 0, k = 0;
+    toast_error err = {0};
+    toast_status st;
+    if (!PyArg_ParseTuple(args, "ii|ii", &i, &j, &sel, &k) ||
+        !moments_ready(self) || !parse_sets(self->m, sel, k))
+        return NULL;
+    npy_intp dims[2] = {self->m->d, self->m->d};
+    PyObject *out = PyArray_SimpleNew(2, dims, NPY_DOUBLE);
+    if (out == NULL)
+        return NULL;
+    double *dst = PyArray_DATA((PyArrayObject *)out);
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    st = toast_moments_cross(self->m, (toast_sets)sel, k, i, j, dst, &err);
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    if (st != TOAST_OK) {
+        Py_DECREF(out);
+        return raise_core_error(&err);
+    }
+    return out;
+}
+
+static PyObject *Moments_has_pair(MomentsObject *self, PyObject *args)
+{
+    int i, j;
+    if (!PyArg_ParseTuple(args, "ii", &i, &j) || !moments_ready(self))
+        return NULL;
+    int lo = i < j ? i : j, hi = i < j ? j : i;
+    return PyBool_FromLong(toast_moments_pair(self->m, lo, hi) >= 0);
+}
+
+/* A copy of the whole storage as a flat float64 array (for pickling). */
+static PyObject *Moments_get_data(MomentsObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!moments_ready(self))
+        return NULL;
+    npy_intp dims[1] = {(npy_intp)(self->m->set_len * self->m->nsets)};
+    PyObject *out = PyArray_SimpleNew(1, dims, NPY_DOUBLE);
+    if (out == NULL)
+        return NULL;
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    memcpy(PyArray_DATA((PyArrayObject *)out), self->m->data,
+           (size_t)dims[0] * sizeof(double));
+    PyThread_release_lock(self->lock);
+    return out;
+}
+
+static PyObject *Moments_set_data(MomentsObject *self, PyObject *args)
+{
+    PyObject *obj;
+    long long next_row;
+    if (!PyArg_ParseTuple(args, "OL", &obj, &next_row) || !moments_ready(self))
+        return NULL;
+    size_t len = self->m->set_len * self->m->nsets;
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(
+        obj, NPY_DOUBLE, 1, 1, NPY_ARRAY_IN_ARRAY);
+    if (a == NULL)
+        return NULL;
+    if ((size_t)PyArray_DIM(a, 0) != len || next_row < 0) {
+        Py_DECREF(a);
+        PyErr_Format(PyExc_ValueError,
+                     "state has %lld values but these moments hold %zu",
+                     (long long)PyArray_DIM(a, 0), len);
+        return NULL;
+    }
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    memcpy(self->m->data, PyArray_DATA(a), len * sizeof(double));
+    self->m->next_row = next_row;
+    PyThread_release_lock(self->lock);
+    Py_DECREF(a);
+    Py_RETURN_NONE;
+}
+
+#define MOMENTS_INT_GETTER(NAME, EXPR)                                     \
+    static PyObject *Moments_get_##NAME(MomentsObject *self, void *c)      \
+    {                                                                      \
+        (void)c;                                                           \
+        if (!moments_ready(self))                                          \
+            return NULL;                                                   \
+        return PyLong_FromLongLong((long long)(EXPR));                     \
+    }
+
+MOMENTS_INT_GETTER(num_states, self->m->S)
+MOMENTS_INT_GETTER(dim, self->m->d)
+MOMENTS_INT_GETTER(folds, self->m->folds)
+MOMENTS_INT_GETTER(span, self->m->span)
+MOMENTS_INT_GETTER(precision_code, self->m->precision)
+MOMENTS_INT_GETTER(rows, self->m->next_row)
+
+static PyObject *Moments_get_nbytes(MomentsObject *self, void *c)
+{
+    size_t n;
+    (void)c;
+    if (!moments_ready(self))
+        return NULL;
+    toast_moments_nbytes(self->m->S, self->m->d, self->m->folds,
+                         self->m->span, &n, NULL);
+    return PyLong_FromSize_t(n);
+}
+
+static PyMethodDef Moments_methods[] = {
+    {"_update", (PyCFunction)Moments_update, METH_VARARGS,
+     "_update(states, mask=None, fold=None): add rows (GIL released)."},
+    {"_merge", (PyCFunction)Moments_merge, METH_O,
+     "_merge(other): add another Moments of the same shape in place."},
+    {"_count", (PyCFunction)Moments_count, METH_VARARGS,
+     "_count(sel=0, fold=0) -> rows in the selected folds."},
+    {"_sums", (PyCFunction)Moments_sums, METH_VARARGS,
+     "_sums(i, sel=0, fold=0) -> (d,) column sums of state i."},
+    {"_cross", (PyCFunction)Moments_cross, METH_VARARGS,
+     "_cross(i, j, sel=0, fold=0) -> (d, d) X_i^T X_j."},
+    {"_has_pair", (PyCFunction)Moments_has_pair, METH_VARARGS,
+     "_has_pair(i, j) -> whether the cross block is kept."},
+    {"_get_data", (PyCFunction)Moments_get_data, METH_NOARGS,
+     "_get_data() -> copy of the flat float64 storage."},
+    {"_set_data", (PyCFunction)Moments_set_data, METH_VARARGS,
+     "_set_data(data, next_row): replace the storage (unpickling)."},
+    {NULL, NULL, 0, NULL}
+};
+
+static PyGetSetDef Moments_getset[] = {
+    {"num_states", (getter)Moments_get_num_states, NULL, "number of states",
+     NULL},
+    {"dim", (getter)Moments_get_dim, NULL, "feature width d", NULL},
+    {"folds", (getter)Moments_get_folds, NULL, "number of folds (0: none)",
+     NULL},
+    {"span", (getter)Moments_get_span, NULL,
+     "largest j - i whose cross block is kept", NULL},
+    {"_precision_code", (getter)Moments_get_precision_code, NULL, NULL, NULL},
+    {"rows", (getter)Moments_get_rows, NULL, "number of accepted rows", NULL},
+    {"nbytes", (getter)Moments_get_nbytes, NULL,
+     "bytes held by the moments", NULL},
+    {NULL, NULL, NULL, NULL, NULL}
+};
+
+static PyTypeObject Moments_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "toast._core.Moments",
+    .tp_basicsize = sizeof(MomentsObject),
+    .tp_dealloc = (destructor)Moments_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Streaming moments (C storage). Use toast.Moments.",
+    .tp_methods = Moments_methods,
+    .tp_getset = Moments_getset,
+    .tp_init = (initproc)Moments_init,
+    .tp_new = Moments_new,
+};
+
+/* ------------------------------------------------------------ functions */
+
+static MomentsObject *as_moments(PyObject *obj)
+{
+    if (!PyObject_TypeCheck(obj, &Moments_Type)) {
+        PyErr_Format(PyExc_TypeError, "expected Moments, got %.100s",
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    MomentsObject *mo = (MomentsObject *)obj;
+    return moments_ready(mo) ? mo : NULL;
+}
+
+static PyObject *core_estimate_nbytes(PyObject *mod, PyObject *args)
+{
+    int S, d, folds = 0, span = -1;
+    size_t n;
+    toast_error err = {0};
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "ii|ii", &S, &d, &folds, &span))
+        return NULL;
+    if (toast_moments_nbytes(S, d, folds, span, &n, &err) != TOAST_OK)
+        return raise_core_error(&err);
+    return PyLong_FromSize_t(n);
+}
+
+static PyObject *core_error_matrix(PyObject *mod, PyObject *args)
+{
+    PyObject *obj;
+    int metric, est, ridge_rel = 0;
+    double ridge = 0.0;
+    toast_error err = {0};
+    toast_status st;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "Oii|dp", &obj, &metric, &est, &ridge,
+                          &ridge_rel))
+        return NULL;
+    MomentsObject *mo = as_moments(obj);
+    if (mo == NULL)
+        return NULL;
+    const int S = mo->m->S;
+    npy_intp dims[2] = {S, S}, cdims[1] = {S};
+    PyObject *E = PyArray_SimpleNew(2, dims, NPY_DOUBLE);
+    PyObject *cond = PyArray_SimpleNew(1, cdims, NPY_DOUBLE);
+    if (E == NULL || cond == NULL) {
+        Py_XDECREF(E);
+        Py_XDECREF(cond);
+        return NULL;
+    }
+    double *e = PyArray_DATA((PyArrayObject *)E);
+    double *c = PyArray_DATA((PyArrayObject *)cond);
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(mo->lock, WAIT_LOCK);
+    st = toast_error_matrix(mo->m, (toast_metric)metric, (toast_estimator)est,
+                            ridge, ridge_rel, e, c, &err);
+    PyThread_release_lock(mo->lock);
+    Py_END_ALLOW_THREADS
+    if (st != TOAST_OK) {
+        Py_DECREF(E);
+        Py_DECREF(cond);
+        return raise_core_error(&err);
+    }
+    return Py_BuildValue("(NN)", E, cond);
+}
+
+/* (W, b, condition, rank, method) */
+static PyObject *fit_result(PyObject *W, PyObject *b,
+                            const toast_solve_info *info)
+{
+    return Py_BuildValue("(NNdii)", W, b, info->condition, info->rank,
+                         (int)info->method);
+}
+
+static int new_fit_arrays(int d, PyObject **W, PyObject **b)
+{
+    npy_intp wd[2] = {d, d}, bd[1] = {d};
+    *W = PyArray_SimpleNew(2, wd, NPY_DOUBLE);
+    *b = PyArray_SimpleNew(1, bd, NPY_DOUBLE);
+    if (*W == NULL || *b == NULL) {
+        Py_CLEAR(*W);
+        Py_CLEAR(*b);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *core_fit(PyObject *mod, PyObject *args)
+{
+    PyObject *obj, *W, *b;
+    int i, j, kind, center = 0, ridge_rel = 0, sel = 0, fold = 0;
+    double ridge = 0.0;
+    toast_error err = {0};
+    toast_solve_info info = {0};
+    toast_status st;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "Oiii|pdpii", &obj, &i, &j, &kind, &center,
+                          &ridge, &ridge_rel, &sel, &fold))
+        return NULL;
+    MomentsObject *mo = as_moments(obj);
+    if (mo == NULL || !new_fit_arrays(mo->m->d, &W, &b))
+        return NULL;
+    toast_fit_options opt = {(toast_fit_kind)kind, center, ridge, ridge_rel,
+                             (toast_sets)sel, fold};
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(mo->lock, WAIT_LOCK);
+    st = toast_fit(mo->m, i, j, &opt, PyArray_DATA((PyArrayObject *)W),
+                   PyArray_DATA((PyArrayObject *)b), &info, &err);
+    PyThread_release_lock(mo->lock);
+    Py_END_ALLOW_THREADS
+    if (st != TOAST_OK) {
+        Py_DECREF(W);
+        Py_DECREF(b);
+        return raise_core_error(&err);
+    }
+    return fit_result(W, b, &info);
+}
+
+static PyObject *core_fit_residual(PyObject *mod, PyObject *args)
+{
+    PyObject *obj, *W, *b;
+    int mi, yi, li, center = 0, ridge_rel = 0;
+    double ridge = 0.0;
+    toast_error err = {0};
+    toast_solve_info info = {0};
+    toast_status st;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "Oiii|pdp", &obj, &mi, &yi, &li, &center,
+                          &ridge, &ridge_rel))
+        return NULL;
+    MomentsObject *mo = as_moments(obj);
+    if (mo == NULL || !new_fit_arrays(mo->m->d, &W, &b))
+        return NULL;
+    toast_fit_options opt = {TOAST_FIT_LEASTSQ, center, ridge, ridge_rel,
+                             TOAST_SETS_ALL, 0};
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(mo->lock, WAIT_LOCK);
+    st = toast_fit_residual(mo->m, mi, yi, li, &opt,
+                            PyArray_DATA((PyArrayObject *)W),
+                            PyArray_DATA((PyArrayObject *)b), &info, &err);
+    PyThread_release_lock(mo->lock);
+    Py_END_ALLOW_THREADS
+    if (st != TOAST_OK) {
+        Py_DECREF(W);
+        Py_DECREF(b);
+        return raise_core_error(&err);
+    }
+    return fit_result(W, b, &info);
+}
+
+static PyObject *core_solve_gram(PyObject *mod, PyObject *args)
+{
+    PyObject *a_obj, *b_obj, *W = NULL, *result = NULL;
+    PyArrayObject *A = NULL, *B = NULL;
+    double ridge = 0.0;
+    toast_error err = {0};
+    toast_solve_info info = {0};
+    toast_status st;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OO|d", &a_obj, &b_obj, &ridge))
+        return NULL;
+    A = (PyArrayObject *)PyArray_FROMANY(a_obj, NPY_DOUBLE, 2, 2,
+                                         NPY_ARRAY_IN_ARRAY);
+    if (A == NULL)
+        goto done;
+    B = (PyArrayObject *)PyArray_FROMANY(b_obj, NPY_DOUBLE, 2, 2,
+                                         NPY_ARRAY_IN_ARRAY);
+    if (B == NULL)
+        goto done;
+    npy_intp d = PyArray_DIM(A, 0), m = PyArray_DIM(B, 1);
+    if (PyArray_DIM(A, 1) != d || PyArray_DIM(B, 0) != d || d == 0 || m == 0 ||
+        d > INT32_MAX || m > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError,
+                     "A must be square (d, d) and B (d, m) with d, m >= 1; got "
+                     "A %lldx%lld and B %lldx%lld", (long long)PyArray_DIM(A, 0),
+                     (long long)PyArray_DIM(A, 1), (long long)PyArray_DIM(B, 0),
+                     (long long)PyArray_DIM(B, 1));
+        goto done;
+    }
+    npy_intp wd[2] = {d, m};
+    W = PyArray_SimpleNew(2, wd, NPY_DOUBLE);
+    if (W == NULL)
+        goto done;
+    const double *a = PyArray_DATA(A), *bb = PyArray_DATA(B);
+    double *w = PyArray_DATA((PyArrayObject *)W);
+    Py_BEGIN_ALLOW_THREADS
+    st = toast_solve_gram((int)d, a, bb, (int)m, ridge, w, &info, &err);
+    Py_END_ALLOW_THREADS
+    if (st != TOAST_OK) {
+        raise_core_error(&err);
+        goto done;
+    }
+    result = Py_BuildValue("(Odii)", W, info.condition, info.rank,
+                           (int)info.method);
+done:
+    Py_XDECREF(A);
+    Py_XDECREF(B);
+    Py_XDECREF(W);
+    return result;
+}
+
+static PyMethodDef core_methods[] = {
+    {"estimate_nbytes", core_estimate_nbytes, METH_VARARGS,
+     "estimate_nbytes(S, d, folds=0, span=-1) -> bytes of storage."},
+    {"error_matrix", core_error_matrix, METH_VARARGS,
+     "error_matrix(m, metric, estimator, ridge=0, ridge_relative=False) -> "
+     "(E, cond)."},
+    {"fit", core_fit, METH_VARARGS,
+     "fit(m, i, j, kind, center=False, ridge=0, ridge_relative=False, "
+     "sel=0, fold=0) -> (W, b, condition, rank, method)."},
+    {"fit_residual", core_fit_residual, METH_VARARGS,
+     "fit_residual(m, mi, yi, li, center=False, ridge=0, "
+     "ridge_relative=False) -> (W, b, condition, rank, method)."},
+    {"solve_gram", core_solve_gram, METH_VARARGS,
+     "solve_gram(A, B, ridge=0) -> (W, condition, rank, method)."},
+    {NULL, NULL, 0, NULL}
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "toast._core",
+    .m_doc = "C core of toast: moments, translators, error matrices.",
+    .m_size = -1,
+    .m_methods = core_methods,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    import_array();
+    if (PyType_Ready(&Moments_Type) < 0)
+        return NULL;
+    PyObject *mod = PyModule_Create(&core_module);
+    if (mod == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(mod, "Moments", (PyObject *)&Moments_Type) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}
