@@ -14,7 +14,7 @@ help:
 	@echo "make build  - rebuild the C extension in place"
 	@echo "make test   - full test suite (scripts/test.sh; ARGS='...' go to pytest)"
 	@echo "make demo   - run the demo (scripts/demo.sh; ARGS='...' go to the demo)"
-	@echo "make asan   - ASan+UBSan build, pytest tests -m 'not slow' (ARGS to override)"
+	@echo "make asan   - ASan+UBSan build (temp dir), pytest tests -m 'not slow' (ARGS to override)"
 	@echo "make bench  - python benchmarks/bench_core.py"
 	@echo "make lint   - ruff check (make format: ruff format)"
 	@echo "make clean  - remove build artefacts (keeps the venvs)"

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from glob import glob
 
 import numpy
@@ -183,15 +185,42 @@ def _extension() -> Extension:
 
 
 class build_ext(_build_ext):
-    """Always recompile (the extension is small): the shared build/ directory may hold
-    objects from a sanitizer build or from another environment (different rpath), and
-    distutils' timestamp check would silently reuse them. Compile files in parallel."""
+    """Always a clean, private, atomic build (the extension is small):
+
+    * every object is recompiled (``force``): a shared ``build/`` may hold objects from a
+      sanitizer build or another environment (different rpath), and distutils' timestamp
+      check would silently reuse them;
+    * objects go to a private temporary directory (and, for ``--inplace``, so does the
+      linked module), so concurrent builds in one checkout cannot mix their files;
+    * the in-place module is replaced atomically (copy + rename), so a process that
+      already loaded the old ``toast/_core*.so`` keeps running undisturbed.
+    """
 
     def finalize_options(self):
         super().finalize_options()
         self.force = True
-        if not self.parallel:
-            self.parallel = os.cpu_count() or 1
+
+    def run(self):
+        tmp = tempfile.mkdtemp(prefix="toast-build-")
+        self.build_temp = os.path.join(tmp, "temp")
+        if self.inplace and not self.editable_mode:
+            self.build_lib = os.path.join(tmp, "lib")
+        try:
+            super().run()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def copy_file(self, infile, outfile, *args, **kwargs):
+        if os.path.isdir(outfile):
+            outfile = os.path.join(outfile, os.path.basename(infile))
+        tmp = f"{outfile}.tmp-{os.getpid()}"
+        try:
+            _, copied = super().copy_file(infile, tmp, *args, **kwargs)
+            os.replace(tmp, outfile)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return outfile, copied
 
 
 os.chdir(HERE)

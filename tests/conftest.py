@@ -161,13 +161,16 @@ def assert_moments_match_data(m, states, tol=1e-12, fold_of_row=None):
     groups = [(None, np.ones(n, dtype=bool))]
     if fold_of_row is not None:
         groups += [(k, fold_of_row == k) for k in range(m.folds)]
-        assert np.array_equal(np.asarray(m.fold_rows),
-                              np.bincount(fold_of_row, minlength=m.folds))
+        assert np.array_equal(np.asarray(m.fold_rows), np.bincount(fold_of_row, minlength=m.folds))
     for f, sel in groups:
         assert m.count(fold=f) == int(sel.sum())
         for i in range(S):
             assert_rel(m.sum(i, fold=f), X[i][sel].sum(0), tol, f"sum({i}) fold={f}")
             for j in range(i, S):
                 if m.has_pair(i, j):
-                    assert_rel(m.cross(i, j, fold=f), X[i][sel].T @ X[j][sel], tol,
-                               f"cross({i},{j}) fold={f}")
+                    assert_rel(
+                        m.cross(i, j, fold=f),
+                        X[i][sel].T @ X[j][sel],
+                        tol,
+                        f"cross({i},{j}) fold={f}",
+                    )

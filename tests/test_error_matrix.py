@@ -6,9 +6,9 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import assert_rel, lstsq, lstsq_affine, make_states, ridge_ref
 
 import toast
-from conftest import assert_rel, lstsq, lstsq_affine, make_states, ridge_ref
 
 ALL_METRICS = ["linear", "affine", "mse", "br", "cosine", "angular", "euclidean", "cka"]
 CROSS_METRICS = ["linear", "affine", "cka"]
@@ -74,8 +74,9 @@ def scalar_ref(metric, X, Y):
         return np.mean(np.arccos(np.clip(cos, -1, 1)) / np.pi)
     if metric == "cka":
         Xc, Yc = X - X.mean(0), Y - Y.mean(0)
-        return (np.linalg.norm(Xc.T @ Yc) ** 2
-                / (np.linalg.norm(Xc.T @ Xc) * np.linalg.norm(Yc.T @ Yc)))
+        return np.linalg.norm(Xc.T @ Yc) ** 2 / (
+            np.linalg.norm(Xc.T @ Xc) * np.linalg.norm(Yc.T @ Yc)
+        )
     raise AssertionError(metric)
 
 
@@ -87,7 +88,7 @@ def states_and_moments(seed=1, S=4, n=600, d=12, folds=0, pairs="all", mean=1.0)
     X = make_states(seed, S, n, d, noise=0.3, mean=mean)
     m = toast.Moments(S, d, folds=folds, pairs=pairs)
     # two updates so that streaming is exercised as well
-    m.update([x[:n // 3] for x in X]).update([x[n // 3:] for x in X])
+    m.update([x[: n // 3] for x in X]).update([x[n // 3 :] for x in X])
     return X, m
 
 
@@ -101,8 +102,7 @@ def test_in_sample_equals_lstsq_residual(metric):
     X, m = states_and_moments()
     E = toast.error_matrix(m, metric=metric, estimator="in_sample")
     for i, j in upper_pairs(len(X)):
-        assert_rel(E[i, j], in_sample_ref(X[i], X[j], metric == "affine"), 1e-7,
-                   f"E[{i},{j}]")
+        assert_rel(E[i, j], in_sample_ref(X[i], X[j], metric == "affine"), 1e-7, f"E[{i},{j}]")
 
 
 @pytest.mark.parametrize("metric", ["linear", "affine"])
@@ -117,8 +117,7 @@ def test_in_sample_absolute_ridge(metric):
 def test_in_sample_relative_ridge_linear():
     X, m = states_and_moments(seed=3)
     r = 0.05
-    E = toast.error_matrix(m, metric="linear", estimator="in_sample", ridge=r,
-                           ridge_relative=True)
+    E = toast.error_matrix(m, metric="linear", estimator="in_sample", ridge=r, ridge_relative=True)
     d = X[0].shape[1]
     for i, j in upper_pairs(len(X)):
         lam = r * np.trace(X[i].T @ X[i]) / d
@@ -130,8 +129,7 @@ def test_in_sample_relative_ridge_affine_uses_centered_gram_trace():
     # λ_eff = r · trace(XcᵀXc) / d; data with a mean offset tell the two apart
     X, m = states_and_moments(seed=31, mean=3.0)
     r = 0.05
-    E = toast.error_matrix(m, metric="affine", estimator="in_sample", ridge=r,
-                           ridge_relative=True)
+    E = toast.error_matrix(m, metric="affine", estimator="in_sample", ridge=r, ridge_relative=True)
     d = X[0].shape[1]
     for i, j in upper_pairs(len(X)):
         Xc = X[i] - X[i].mean(0)
@@ -142,8 +140,7 @@ def test_in_sample_relative_ridge_affine_uses_centered_gram_trace():
 def test_gcv_relative_ridge_linear():
     X, m = states_and_moments(seed=32, n=200, d=16)
     r = 0.1
-    E = toast.error_matrix(m, metric="linear", estimator="gcv", ridge=r,
-                           ridge_relative=True)
+    E = toast.error_matrix(m, metric="linear", estimator="gcv", ridge=r, ridge_relative=True)
     d = X[0].shape[1]
     for i, j in upper_pairs(len(X)):
         lam = r * np.trace(X[i].T @ X[i]) / d
@@ -180,8 +177,7 @@ def test_gcv_equals_hat_matrix_reference(metric, lam):
     X, m = states_and_moments(seed=7, n=200, d=16)
     E = toast.error_matrix(m, metric=metric, estimator="gcv", ridge=lam)
     for i, j in upper_pairs(len(X)):
-        assert_rel(E[i, j], gcv_ref(X[i], X[j], lam, metric == "affine"), 1e-7,
-                   f"E[{i},{j}]")
+        assert_rel(E[i, j], gcv_ref(X[i], X[j], lam, metric == "affine"), 1e-7, f"E[{i},{j}]")
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

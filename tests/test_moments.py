@@ -9,18 +9,16 @@ import re
 
 import numpy as np
 import pytest
-
-import toast
 from conftest import (
     assert_moments_equal,
     assert_moments_match_data,
     assert_rel,
     make_states,
     moments_snapshot,
-    rel_err,
     stored_pairs,
 )
 
+import toast
 
 # --------------------------------------------------------------------------
 # basic statistics against NumPy
@@ -73,6 +71,17 @@ def test_results_are_float64_arrays():
     assert isinstance(m.sum(1), np.ndarray) and m.sum(1).dtype == np.float64
 
 
+def test_returned_arrays_do_not_alias_storage():
+    X = make_states(36, 2, 50, 5)
+    m = toast.Moments(2, 5).update(X)
+    m.cross(0, 1)[:] = 0
+    m.cross(1, 1)[:] = 0
+    m.sum(0)[:] = 0
+    assert_rel(m.cross(0, 1), X[0].T @ X[1], 1e-12)
+    assert_rel(m.cross(1, 1), X[1].T @ X[1], 1e-12)
+    assert_rel(m.sum(0), X[0].sum(0), 1e-12)
+
+
 def test_attributes_reflect_constructor():
     m = toast.Moments(4, 7, folds=3, pairs=2)
     assert (m.num_states, m.dim, m.folds, m.pairs, m.span) == (4, 7, 3, 2, 2)
@@ -113,7 +122,7 @@ def test_streaming_batches_equal_one_shot(dtype, folds):
     start = 0
     while start < n:
         size = int(rng.integers(1, 80))
-        streamed.update([x[start:start + size] for x in X])
+        streamed.update([x[start : start + size] for x in X])
         start += size
     whole = toast.Moments(S, d, folds=folds).update(X)
     assert_moments_equal(streamed, whole, tol=1e-12)
@@ -173,8 +182,12 @@ def test_merge_with_folds_equals_whole(split_kind):
 )
 def test_merge_rejects_incompatible(other_args):
     m = toast.Moments(3, 8, folds=0, pairs="all")
-    other = toast.Moments(other_args["num_states"], other_args["dim"],
-                          folds=other_args["folds"], pairs=other_args["pairs"])
+    other = toast.Moments(
+        other_args["num_states"],
+        other_args["dim"],
+        folds=other_args["folds"],
+        pairs=other_args["pairs"],
+    )
     with pytest.raises(ValueError):
         m.merge(other)
 
@@ -262,8 +275,7 @@ def test_mask_3d_input():
     ref = toast.Moments(S, d, folds=K).update([x[mask.ravel()] for x in X2])
     assert_moments_equal(m, ref, tol=1e-12)
     kept = [x[mask.ravel()] for x in X2]
-    assert_moments_match_data(m, kept, tol=1e-12,
-                              fold_of_row=np.arange(int(mask.sum())) % K)
+    assert_moments_match_data(m, kept, tol=1e-12, fold_of_row=np.arange(int(mask.sum())) % K)
 
 
 def test_all_true_mask_equals_no_mask():
@@ -271,6 +283,20 @@ def test_all_true_mask_equals_no_mask():
     a = toast.Moments(2, 5, folds=2).update(X, mask=np.ones(90, dtype=bool))
     b = toast.Moments(2, 5, folds=2).update(X)
     assert_moments_equal(a, b, tol=1e-14)
+
+
+def test_all_false_mask_adds_nothing():
+    # every row skipped: either a no-op or a clean ValueError, never a change
+    X = make_states(35, 2, 30, 5)
+    m = toast.Moments(2, 5, folds=2).update(X)
+    before = moments_snapshot(m)
+    try:
+        m.update(X, mask=np.zeros(30, dtype=bool))
+    except ValueError:
+        pass
+    after = moments_snapshot(m)
+    for key in before:
+        assert np.array_equal(np.asarray(before[key]), np.asarray(after[key])), key
 
 
 def test_3d_input_equals_2d_reshape():
@@ -379,7 +405,7 @@ def test_estimate_nbytes_scales_with_folds(K):
 def test_estimate_nbytes_huge_does_not_allocate():
     est = toast.Moments.estimate_nbytes(100, 100_000)
     assert isinstance(est, int)
-    assert est >= 5050 * 100_000 ** 2 * 8
+    assert est >= 5050 * 100_000**2 * 8
 
 
 def test_estimate_nbytes_absurd_sizes_return_or_raise_cleanly():
@@ -407,7 +433,12 @@ def test_pickle_roundtrip_exact():
     r = pickle.loads(pickle.dumps(m))
     assert isinstance(r, toast.Moments)
     assert (r.num_states, r.dim, r.folds, r.pairs, r.span) == (
-        m.num_states, m.dim, m.folds, m.pairs, m.span)
+        m.num_states,
+        m.dim,
+        m.folds,
+        m.pairs,
+        m.span,
+    )
     assert_moments_equal(r, m, exact=True)
 
 
@@ -446,6 +477,7 @@ def _np_cast(dtype):
     def make(X):
         q = X.astype(dtype)
         return q, q.astype(np.float64)
+
     return make
 
 
@@ -460,8 +492,8 @@ def _np_layout(kind):
             v = np.ascontiguousarray(X[::-1])[::-1]
         elif kind == "column_slice":
             big = np.full((n, d + 7), 1e6)
-            big[:, 3:3 + d] = X
-            v = big[:, 3:3 + d]
+            big[:, 3 : 3 + d] = X
+            v = big[:, 3 : 3 + d]
         elif kind == "fortran":
             v = np.asfortranarray(X)
         elif kind == "transposed_view":
@@ -473,6 +505,7 @@ def _np_layout(kind):
         if kind != "fortran":
             assert not v.flags.c_contiguous
         return v, np.array(v, dtype=np.float64)
+
     return make
 
 
@@ -496,17 +529,18 @@ def _torch_case(kind):
             assert not t.is_contiguous()
         elif kind == "column_slice":
             big = torch.full((n, d + 5), 1e6, dtype=torch.float64)
-            big[:, 2:2 + d] = base
-            t = big[:, 2:2 + d]
+            big[:, 2 : 2 + d] = base
+            t = big[:, 2 : 2 + d]
             assert not t.is_contiguous()
         elif kind == "bfloat16_column_slice":
             big = torch.full((n, d + 5), 1e6, dtype=torch.bfloat16)
-            big[:, 2:2 + d] = base.to(torch.bfloat16)
-            t = big[:, 2:2 + d]
+            big[:, 2 : 2 + d] = base.to(torch.bfloat16)
+            t = big[:, 2 : 2 + d]
         else:  # pragma: no cover
             raise AssertionError(kind)
         ref = t.detach().to(torch.float64).numpy().copy()
         return t, ref
+
     return make
 
 
@@ -536,21 +570,21 @@ LAYOUT_CASES = [
 def _layout_run(maker):
     S, n, d = 3, 301, 12
     X = make_states(28, S, n, d)
-    inputs, refs = zip(*(maker(x) for x in X))
+    inputs, refs = zip(*(maker(x) for x in X), strict=True)
     m = toast.Moments(S, d, folds=2).update(list(inputs))
     return m, X, list(refs)
 
 
-@pytest.mark.parametrize("maker", [c[1] for c in LAYOUT_CASES],
-                         ids=[c[0] for c in LAYOUT_CASES])
+@pytest.mark.parametrize("maker", [c[1] for c in LAYOUT_CASES], ids=[c[0] for c in LAYOUT_CASES])
 def test_layout_matches_quantized_reference(maker):
     m, _, refs = _layout_run(maker)
     n = refs[0].shape[0]
     assert_moments_match_data(m, refs, tol=1e-12, fold_of_row=np.arange(n) % 2)
 
 
-@pytest.mark.parametrize("maker,tol", [(c[1], c[2]) for c in LAYOUT_CASES],
-                         ids=[c[0] for c in LAYOUT_CASES])
+@pytest.mark.parametrize(
+    "maker,tol", [(c[1], c[2]) for c in LAYOUT_CASES], ids=[c[0] for c in LAYOUT_CASES]
+)
 def test_layout_close_to_unquantized_data(maker, tol):
     m, X, _ = _layout_run(maker)
     S = len(X)
@@ -597,6 +631,7 @@ def _replace(k, value):
         X = _good()
         X[k] = value(X[k]) if callable(value) else value
         return X, {}
+
     return build
 
 
@@ -605,12 +640,14 @@ def _with_nonfinite(value, dtype=np.float64):
         X = [x.astype(dtype) for x in _good()]
         X[2][5, 3] = value
         return X, {}
+
     return build
 
 
 def _kw(**kwargs):
     def build():
         return _good(), {k: (v() if callable(v) else v) for k, v in kwargs.items()}
+
     return build
 
 
@@ -622,48 +659,74 @@ BAD_UPDATES = [
     ("list_of_lists", _replace(0, lambda x: x.tolist()), 0, TypeError, r"states\[0\]"),
     ("string", _replace(0, "abc"), 0, TypeError, r"states\[0\]"),
     ("none", _replace(0, None), 0, TypeError, r"states\[0\]"),
-    ("int32", _replace(1, lambda x: x.astype(np.int32)), 0, TypeError,
-     r"(?s)(?=.*states\[1\])(?=.*(dtype|int32))"),
+    (
+        "int32",
+        _replace(1, lambda x: x.astype(np.int32)),
+        0,
+        TypeError,
+        r"(?s)(?=.*states\[1\])(?=.*(dtype|int32))",
+    ),
     ("int64", _replace(1, lambda x: x.astype(np.int64)), 0, TypeError, r"states\[1\]"),
     ("bool", _replace(1, lambda x: x > 0), 0, TypeError, r"states\[1\]"),
-    ("complex", _replace(1, lambda x: x.astype(np.complex128)), 0, TypeError,
-     r"states\[1\]"),
+    ("complex", _replace(1, lambda x: x.astype(np.complex128)), 0, TypeError, r"states\[1\]"),
     ("object", _replace(1, lambda x: x.astype(object)), 0, TypeError, r"states\[1\]"),
     ("row_mismatch", _replace(2, lambda x: np.vstack([x, x[:1]])), 0, ValueError, LOOSE),
-    ("leading_shape_mismatch",
-     _replace(2, lambda x: x.reshape(4, 5, D_BAD)), 0, ValueError, LOOSE),
-    ("width_mismatch_one_state",
-     _replace(1, lambda x: np.hstack([x, x[:, :1]])), 0, ValueError, LOOSE),
-    ("width_not_dim", lambda: ([np.hstack([x, x[:, :2]]) for x in _good()], {}), 0,
-     ValueError, LOOSE),
-    ("one_dimensional", lambda: ([x[:, 0].copy() for x in _good()], {}), 0,
-     ValueError, LOOSE),
-    ("four_dimensional", lambda: ([x.reshape(2, 2, 5, D_BAD) for x in _good()], {}), 0,
-     ValueError, LOOSE),
+    ("leading_shape_mismatch", _replace(2, lambda x: x.reshape(4, 5, D_BAD)), 0, ValueError, LOOSE),
+    (
+        "width_mismatch_one_state",
+        _replace(1, lambda x: np.hstack([x, x[:, :1]])),
+        0,
+        ValueError,
+        LOOSE,
+    ),
+    (
+        "width_not_dim",
+        lambda: ([np.hstack([x, x[:, :2]]) for x in _good()], {}),
+        0,
+        ValueError,
+        LOOSE,
+    ),
+    ("one_dimensional", lambda: ([x[:, 0].copy() for x in _good()], {}), 0, ValueError, LOOSE),
+    (
+        "four_dimensional",
+        lambda: ([x.reshape(2, 2, 5, D_BAD) for x in _good()], {}),
+        0,
+        ValueError,
+        LOOSE,
+    ),
     ("nan", _with_nonfinite(np.nan), 0, ValueError, NAN_MSG),
     ("inf", _with_nonfinite(np.inf), 0, ValueError, NAN_MSG),
     ("neg_inf", _with_nonfinite(-np.inf), 0, ValueError, NAN_MSG),
     ("nan_float32", _with_nonfinite(np.nan, np.float32), 0, ValueError, NAN_MSG),
     ("inf_float16", _with_nonfinite(np.inf, np.float16), 0, ValueError, NAN_MSG),
     ("zero_rows", lambda: ([x[:0] for x in _good()], {}), 0, ValueError, r"(?i)rows"),
-    ("mask_wrong_length", _kw(mask=lambda: np.ones(N_BAD + 1, dtype=bool)), 0,
-     ValueError, r"mask"),
-    ("mask_wrong_ndim", _kw(mask=lambda: np.ones((N_BAD, 1), dtype=bool)), 0,
-     ValueError, r"mask"),
+    ("mask_wrong_length", _kw(mask=lambda: np.ones(N_BAD + 1, dtype=bool)), 0, ValueError, r"mask"),
+    ("mask_wrong_ndim", _kw(mask=lambda: np.ones((N_BAD, 1), dtype=bool)), 0, ValueError, r"mask"),
     ("mask_float", _kw(mask=lambda: np.ones(N_BAD)), 0, TypeError, r"mask"),
     ("mask_int", _kw(mask=lambda: np.ones(N_BAD, dtype=np.int64)), 0, TypeError, r"mask"),
     ("fold_too_large", _kw(fold=lambda: np.full(N_BAD, 3)), 3, ValueError, r"fold"),
     ("fold_negative", _kw(fold=lambda: np.full(N_BAD, -1)), 3, ValueError, r"fold"),
-    ("fold_without_folds", _kw(fold=lambda: np.zeros(N_BAD, dtype=np.int64)), 0,
-     ValueError, r"fold"),
+    (
+        "fold_without_folds",
+        _kw(fold=lambda: np.zeros(N_BAD, dtype=np.int64)),
+        0,
+        ValueError,
+        r"fold",
+    ),
     ("fold_float", _kw(fold=lambda: np.zeros(N_BAD)), 3, TypeError, r"fold"),
-    ("fold_wrong_length", _kw(fold=lambda: np.zeros(N_BAD - 1, dtype=np.int64)), 3,
-     ValueError, r"fold"),
+    (
+        "fold_wrong_length",
+        _kw(fold=lambda: np.zeros(N_BAD - 1, dtype=np.int64)),
+        3,
+        ValueError,
+        r"fold",
+    ),
 ]
 
 
-@pytest.mark.parametrize("build,folds,exc,match",
-                         [c[1:] for c in BAD_UPDATES], ids=[c[0] for c in BAD_UPDATES])
+@pytest.mark.parametrize(
+    "build,folds,exc,match", [c[1:] for c in BAD_UPDATES], ids=[c[0] for c in BAD_UPDATES]
+)
 def test_update_rejects_bad_input(build, folds, exc, match):
     m = toast.Moments(S_BAD, D_BAD, folds=folds)
     states, kwargs = build()
@@ -703,8 +766,9 @@ BAD_CONSTRUCTORS = [
 ]
 
 
-@pytest.mark.parametrize("args,kwargs,match", [c[1:] for c in BAD_CONSTRUCTORS],
-                         ids=[c[0] for c in BAD_CONSTRUCTORS])
+@pytest.mark.parametrize(
+    "args,kwargs,match", [c[1:] for c in BAD_CONSTRUCTORS], ids=[c[0] for c in BAD_CONSTRUCTORS]
+)
 def test_constructor_rejects_bad_arguments(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         toast.Moments(*args, **kwargs)
@@ -741,10 +805,13 @@ def _mask_wrong_shape(X):
 
 @pytest.mark.parametrize(
     "corrupt",
-    [_nan_last_state, _shape_mismatch_last_state, _fold_out_of_range_last_row,
-     _mask_wrong_shape],
-    ids=["nan_last_state", "shape_mismatch_last_state", "fold_out_of_range_last_row",
-         "mask_wrong_shape"],
+    [_nan_last_state, _shape_mismatch_last_state, _fold_out_of_range_last_row, _mask_wrong_shape],
+    ids=[
+        "nan_last_state",
+        "shape_mismatch_last_state",
+        "fold_out_of_range_last_row",
+        "mask_wrong_shape",
+    ],
 )
 def test_failed_update_leaves_object_unchanged(corrupt):
     S, d, K = 3, 8, 3

@@ -6,16 +6,15 @@ import dataclasses
 import numpy as np
 import pytest
 import scipy.linalg
-
-import toast
 from conftest import (
     assert_rel,
     lstsq,
     lstsq_affine,
     pinv_sym,
-    rel_err,
     ridge_ref,
 )
+
+import toast
 
 TOL = 1e-8
 METHODS = {"cholesky", "eigh", "svd", "none"}
@@ -188,8 +187,9 @@ def test_identity_gives_identity_and_zero_bias():
     assert np.array_equal(t.bias, np.zeros(X.shape[1]))
 
 
-@pytest.mark.parametrize("kind", ["identity", "linear", "affine", "ridge", "diagonal",
-                                  "orthogonal"])
+@pytest.mark.parametrize(
+    "kind", ["identity", "linear", "affine", "ridge", "diagonal", "orthogonal"]
+)
 def test_translator_fields(kind):
     X, Y = pair_data(17)
     d = X.shape[1]
@@ -227,6 +227,19 @@ def test_translator_between_non_adjacent_states_of_many():
     m = toast.Moments(4, d).update(states)
     t = toast.fit_translator(m, 1, 3, kind="affine")
     W, b = lstsq_affine(states[1], states[3])
+    assert_rel(t.weight, W, TOL)
+    assert_rel(t.bias, b, TOL)
+
+
+def test_translator_from_later_to_earlier_state():
+    # nothing in the API restricts i < j: fit_translator(m, 3, 1) predicts
+    # state 1 from state 3
+    rng = np.random.default_rng(41)
+    d = 10
+    states = [rng.standard_normal((300, d)) for _ in range(4)]
+    m = toast.Moments(4, d).update(states)
+    t = toast.fit_translator(m, 3, 1, kind="affine")
+    W, b = lstsq_affine(states[3], states[1])
     assert_rel(t.weight, W, TOL)
     assert_rel(t.bias, b, TOL)
 
@@ -462,9 +475,9 @@ def test_solve_gram_does_not_modify_inputs():
 @pytest.mark.parametrize(
     "make",
     [
-        lambda A, B: (A[:, :-1], B),            # A not square
-        lambda A, B: (A, B[:-1]),               # B rows != d
-        lambda A, B: (A.ravel(), B),            # A 1-D
+        lambda A, B: (A[:, :-1], B),  # A not square
+        lambda A, B: (A, B[:-1]),  # B rows != d
+        lambda A, B: (A.ravel(), B),  # A 1-D
     ],
     ids=["a_not_square", "b_rows_mismatch", "a_one_dimensional"],
 )
@@ -507,8 +520,9 @@ BAD_FITS = [
 ]
 
 
-@pytest.mark.parametrize("mkw,args,kwargs,match", [c[1:] for c in BAD_FITS],
-                         ids=[c[0] for c in BAD_FITS])
+@pytest.mark.parametrize(
+    "mkw,args,kwargs,match", [c[1:] for c in BAD_FITS], ids=[c[0] for c in BAD_FITS]
+)
 def test_fit_translator_rejects_bad_arguments(mkw, args, kwargs, match):
     m = _moments_for_errors(**mkw)
     with pytest.raises(ValueError, match=match):

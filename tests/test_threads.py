@@ -4,17 +4,16 @@ serializes updates on one object, so the result equals sequential updates."""
 import threading
 
 import numpy as np
+from conftest import assert_moments_equal, make_states
 
 import toast
-from conftest import assert_moments_equal, make_states
 
 S, D, N_THREADS, BATCHES, ROWS = 3, 48, 4, 6, 1000
 JOIN_TIMEOUT = 60.0
 
 
 def _batches():
-    return [make_states(100 + b, S, ROWS, D, dtype=np.float32)
-            for b in range(N_THREADS * BATCHES)]
+    return [make_states(100 + b, S, ROWS, D, dtype=np.float32) for b in range(N_THREADS * BATCHES)]
 
 
 def _run_threads(target, args_per_thread):
@@ -26,8 +25,7 @@ def _run_threads(target, args_per_thread):
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=wrapped, args=a, daemon=True)
-               for a in args_per_thread]
+    threads = [threading.Thread(target=wrapped, args=a, daemon=True) for a in args_per_thread]
     for t in threads:
         t.start()
     for t in threads:
@@ -65,7 +63,7 @@ def test_threaded_updates_with_explicit_folds_equal_sequential():
 
     _run_threads(work, [(t,) for t in range(N_THREADS)])
     sequential = toast.Moments(S, D, folds=K)
-    for batch, fold in zip(batches, folds):
+    for batch, fold in zip(batches, folds, strict=True):
         sequential.update(batch, fold=fold)
     assert_moments_equal(shared, sequential, tol=1e-12)
 
@@ -106,8 +104,7 @@ def test_concurrent_failing_and_good_updates():
             except ValueError:
                 failures.append(1)
 
-    _run_threads(lambda tid: good(tid) if tid < 2 else failing(tid),
-                 [(t,) for t in range(4)])
+    _run_threads(lambda tid: good(tid) if tid < 2 else failing(tid), [(t,) for t in range(4)])
     assert len(failures) == 20
     sequential = toast.Moments(S, D)
     for batch in batches:

@@ -1,0 +1,5 @@
+import sys
+
+from toast.cli import main
+
+sys.exit(main())
