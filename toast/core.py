@@ -116,9 +116,7 @@ def _as_row_array(
         raise TypeError(f"{name} must be an integer array, got dtype {arr.dtype}")
     rows = int(np.prod(lead))
     if arr.shape != lead and arr.shape != (rows,):
-        raise ValueError(
-            f"{name} has shape {arr.shape} but the states have leading shape {lead}"
-        )
+        raise ValueError(f"{name} has shape {arr.shape} but the states have leading shape {lead}")
     return np.ascontiguousarray(arr.reshape(rows), dtype=np.bool_ if kind == "bool" else np.int64)
 
 
@@ -181,9 +179,7 @@ class Moments(_core.Moments):
         return int(folds)
 
     @staticmethod
-    def estimate_nbytes(
-        num_states: int, dim: int, folds: int = 0, pairs: Pairs = "all"
-    ) -> int:
+    def estimate_nbytes(num_states: int, dim: int, folds: int = 0, pairs: Pairs = "all") -> int:
         """Bytes the moments would hold, computed without allocating."""
         num_states = _check_count("num_states", num_states, 1)
         dim = _check_count("dim", dim, 1)
@@ -220,8 +216,7 @@ class Moments(_core.Moments):
             first = states[0]
             if not hasattr(first, "shape"):
                 raise TypeError(
-                    f"states[0] must be a NumPy array or a torch tensor, "
-                    f"got {type(first).__name__}"
+                    f"states[0] must be a NumPy array or a torch tensor, got {type(first).__name__}"
                 )
             lead = _leading_shape(first)
         if mask is not None:

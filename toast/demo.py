@@ -43,7 +43,7 @@ class ToyStream:
         """States 0..L for one batch of inputs (rows, dim), float32."""
         out = [batch.astype(np.float32)]
         x = batch
-        for lin, nonlin, s in zip(self.linear, self.nonlinear, self.strength):
+        for lin, nonlin, s in zip(self.linear, self.nonlinear, self.strength, strict=True):
             x = x + (1 - s) * (x @ lin) + s * np.tanh(x @ nonlin) * 2.0
             out.append(x.astype(np.float32))
         return out
@@ -84,8 +84,10 @@ def run_demo(
     E = error_matrix(moments, metric="linear", estimator="cv")
     matrix_s = time.perf_counter() - start
 
-    print(f"\nHeld-out linear error E[i, j] (state i -> state j; replaces blocks i..j-1), "
-          f"{accumulate_s:.2f} s to accumulate, {matrix_s:.2f} s to solve:")
+    print(
+        f"\nHeld-out linear error E[i, j] (state i -> state j; replaces blocks i..j-1), "
+        f"{accumulate_s:.2f} s to accumulate, {matrix_s:.2f} s to solve:"
+    )
     print(format_matrix(E))
 
     iu = np.triu_indices(num_states, k=2)  # spans of >= 2 blocks
@@ -120,8 +122,6 @@ def format_matrix(E: np.ndarray) -> str:
     n = E.shape[0]
     lines = ["      " + "".join(f"{j:>7d}" for j in range(1, n))]
     for i in range(n - 1):
-        cells = "".join(
-            "      ." if j <= i else f"{E[i, j]:7.3f}" for j in range(1, n)
-        )
+        cells = "".join("      ." if j <= i else f"{E[i, j]:7.3f}" for j in range(1, n))
         lines.append(f"{i:>5d} {cells}")
     return "\n".join(lines)
