@@ -237,6 +237,22 @@ def _reset_hwm() -> bool:
     return True
 
 
+def usage_start() -> tuple[float, float]:
+    """Wall clock and process CPU time (all threads) now."""
+    return time.perf_counter(), time.process_time()
+
+
+def usage_stop(start: tuple[float, float]) -> dict[str, float]:
+    """Average busy cores since ``start`` and the 1-minute load average now.
+
+    A load average above the core count means other processes competed for the
+    CPU during the phase, so its timings are pessimistic.
+    """
+    wall = time.perf_counter() - start[0]
+    cpu = time.process_time() - start[1]
+    return {"wall_s": wall, "cpu_util": cpu / max(wall, 1e-9), "loadavg_1m": os.getloadavg()[0]}
+
+
 def release_memory() -> None:
     """Collect garbage and hand freed heap pages back to the OS."""
     gc.collect()
@@ -253,6 +269,8 @@ class PeakRSS:
         self.baseline = 0
         self.peak = 0
         self.hwm: int | None = None
+        self.usage: dict[str, float] = {}
+        self._usage = (0.0, 0.0)
         self._hwm_ok = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -265,12 +283,14 @@ class PeakRSS:
         release_memory()
         self._hwm_ok = _reset_hwm()
         self.baseline = self.peak = rss_bytes()
+        self._usage = usage_start()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self.usage = usage_stop(self._usage)
         self.peak = max(self.peak, rss_bytes())
         hwm_kib = _status_kib("VmHWM") if self._hwm_ok else None
         self.hwm = None if hwm_kib is None else hwm_kib * 1024
@@ -288,17 +308,35 @@ class PeakRSS:
             "peak_mib": self.peak_mib,
             "vmhwm_peak_mib": self.hwm_mib,
             "baseline_mib": self.baseline / MIB,
+            **self.usage,
         }
 
 
 def check_sampler(label: str, mem: PeakRSS) -> None:
-    """Warn when the sampled peak and the kernel's VmHWM disagree by > 10 %."""
+    """Log the phase; warn when the sampled peak and VmHWM disagree by > 10 %."""
+    u = mem.usage
+    print(
+        f"  [{label}] {u['wall_s']:.1f} s wall, peak +{mem.peak_mib:.0f} MiB, "
+        f"{u['cpu_util']:.2f} cores busy, load {u['loadavg_1m']:.2f}",
+        flush=True,
+    )
+    warn_load(label, u)
     hwm = mem.hwm_mib
     if hwm is not None and abs(hwm - mem.peak_mib) > 0.1 * max(hwm, 1.0):
         print(
             f"  note [{label}]: sampled peak {mem.peak_mib:.0f} MiB vs VmHWM {hwm:.0f} MiB"
             " (a C call may hold the GIL)",
             file=sys.stderr,
+        )
+
+
+def warn_load(label: str, usage: dict[str, float]) -> None:
+    if usage["loadavg_1m"] > THREADS + 0.5:
+        print(
+            f"  note [{label}]: load average {usage['loadavg_1m']:.2f} > {THREADS} cores: "
+            "other processes competed for the CPU, timings are pessimistic",
+            file=sys.stderr,
+            flush=True,
         )
 
 
@@ -440,6 +478,7 @@ def bench_throughput(
     x = np.empty((cfg.batch_rows, width), np.float32)
     gram = np.zeros((width, width), np.float32)
     tmp = np.empty_like(gram)
+    start = usage_start()
     for _, n in batches(synth, rows, f"(a) {rows} rows"):
         states = synth.states(n)
         for name, m in objs.items():
@@ -450,11 +489,16 @@ def bench_throughput(
         np.matmul(xb.T, xb, out=tmp)
         gram += tmp
         seconds["numpy syrk"] += time.perf_counter() - t0
+    usage = usage_stop(start)  # includes the untimed data generation
+    warn_load("(a) throughput", usage)
     result: dict[str, Any] = {
         "rows": rows,
+        "usage": usage,
         "methods": {k: {"seconds": v, "rows_per_s": rows / v} for k, v in seconds.items()},
         "cross_check_rel_diff": cross_check(cfg, objs, gram),
     }
+    for k, v in seconds.items():
+        print(f"  [(a) {k}] {v:.1f} s = {rows / v:,.0f} rows/s", flush=True)
     first_all = next(k for k in objs if k.startswith("toast all"))
     result["ratio_ours_over_ref"] = seconds["numpy syrk"] / seconds[first_all]
     result["ratio_method"] = first_all
@@ -515,6 +559,7 @@ def run_ours(
     for est in extra:
         with PeakRSS() as mem_e:
             e, t = error_matrix(m, est)
+        check_sampler(f"toast folds={folds} {est}", mem_e)
         result["extra"][est] = {"seconds": t, "E": e, **mem_e.as_dict()}
     del m
     release_memory()
@@ -698,13 +743,29 @@ def info_table(results: Sequence[dict[str, Any]], folds: int) -> str:
 
 def checks_table(results: Sequence[dict[str, Any]]) -> str:
     keys = sorted({k for r in results for k in r["error_matrix"]["checks"]})
-    header = ["rows", *keys, "moments rel diff vs syrk Gram"]
+    header = ["rows", *keys, "moments rel diff vs syrk Gram", f"max load avg ({THREADS} cores)"]
     body = []
     for r in results:
         c = r["error_matrix"]["checks"]
         cross = max(r["throughput"]["cross_check_rel_diff"].values())
-        body.append([f"{r['rows']:,}", *(fmt(c.get(k), ".2e") for k in keys), fmt(cross, ".2e")])
+        load = max(u["loadavg_1m"] for u in phase_usages(r))
+        body.append(
+            [
+                f"{r['rows']:,}",
+                *(fmt(c.get(k), ".2e") for k in keys),
+                fmt(cross, ".2e"),
+                f"{load:.2f}",
+            ]
+        )
     return table(header, body)
+
+
+def phase_usages(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every phase record of one size that carries a load average."""
+    e = r["error_matrix"]
+    runs = [*e["ours"], e["cv"], e.get("reference", {})]
+    runs += [x for run in runs for x in run.get("extra", {}).values()]
+    return [r["throughput"]["usage"], *(x for x in runs if "loadavg_1m" in x)]
 
 
 def report(cfg: Config, results: Sequence[dict[str, Any]]) -> str:
@@ -799,8 +860,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"max abs diff {err['max_abs_diff']:.2e}",
                 flush=True,
             )
-    md = report(cfg, results)
-    print("\n" + md)
+        write_outputs(cfg, info, precisions, results)  # after every size: partial results survive
+    print("\n" + report(cfg, results))
+    print(f"\nwrote {cfg.out} and {cfg.out.with_suffix('.md')}")
+    return 0
+
+
+def write_outputs(
+    cfg: Config, info: dict[str, Any], precisions: list[str], results: list[dict[str, Any]]
+) -> None:
+    """Write the JSON (everything) and the Markdown tables."""
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "config": {**{k: v for k, v in vars(cfg).items() if k != "out"}, "sizes": list(cfg.sizes)},
@@ -809,9 +878,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": results,
     }
     cfg.out.write_text(json.dumps(payload, indent=1, default=float))
-    cfg.out.with_suffix(".md").write_text(md + "\n")
-    print(f"\nwrote {cfg.out} and {cfg.out.with_suffix('.md')}")
-    return 0
+    cfg.out.with_suffix(".md").write_text(report(cfg, results) + "\n")
 
 
 if __name__ == "__main__":

@@ -15,9 +15,9 @@
 #include "toast_core.h"
 
 /* Workspace target for one chunk of converted rows. */
-#define CHUNK_BYTES ((size_t)32 << 20)
+#define CHUNK_BYTES ((size_t)64 << 20)
 #define CHUNK_MIN_ROWS 64
-#define CHUNK_MAX_ROWS 1024
+#define CHUNK_MAX_ROWS 2048
 
 #ifndef M_PI
 #define M_PI 3.14159265358979323846
@@ -77,6 +77,10 @@ static toast_status check_shape(int S, int d, int folds, int *span,
     if (folds == 1 || folds < 0)
         return toast_set_error(err, TOAST_EINVAL, -1,
                                "folds must be 0 or >= 2, got %d", folds);
+    if ((int64_t)S * d > INT32_MAX)
+        return toast_set_error(err, TOAST_EOVERFLOW, -1,
+                               "num_states * dim = %lld exceeds the BLAS "
+                               "index range", (long long)S * d);
     if (*span < 0 || *span > S - 1)
         *span = S - 1;
     return TOAST_OK;
@@ -93,7 +97,9 @@ toast_status toast_moments_nbytes(int S, int d, int folds, int span,
     if (!set_length(S, d, count_pairs(S, span), &len) ||
         !mul_size(len, (size_t)nsets, &len) ||
         !mul_size(len, sizeof(double), &data_bytes) ||
-        !mul_size((size_t)S * (size_t)S, sizeof(int), &index_bytes) ||
+        !mul_size((size_t)S * (size_t)S + (size_t)S,
+                  sizeof(int), &index_bytes) ||
+        !add_size(index_bytes, (size_t)S * sizeof(size_t), &index_bytes) ||
         !add_size(data_bytes, index_bytes, &total) ||
         !add_size(total, sizeof(toast_moments), &total))
         return toast_set_error(err, TOAST_EOVERFLOW, -1,
@@ -141,13 +147,21 @@ toast_status toast_moments_new(int S, int d, int folds, int span,
     total = len * (size_t)m->nsets; /* checked by toast_moments_nbytes */
 
     m->pair_index = malloc((size_t)S * S * sizeof(int));
+    m->panel_blocks = malloc((size_t)S * sizeof(int));
+    m->panel_off = malloc((size_t)S * sizeof(size_t));
     m->data = calloc(total, sizeof(double));
-    if (m->pair_index == NULL || m->data == NULL)
+    if (m->pair_index == NULL || m->panel_blocks == NULL ||
+        m->panel_off == NULL || m->data == NULL)
         goto nomem;
     int p = 0;
-    for (int i = 0; i < S; i++)
+    size_t off = m->off_blocks;
+    for (int i = 0; i < S; i++) {
         for (int j = 0; j < S; j++)
             m->pair_index[i * S + j] = (j >= i && j - i <= span) ? p++ : -1;
+        m->panel_blocks[i] = (span < S - 1 - i ? span : S - 1 - i) + 1;
+        m->panel_off[i] = off;
+        off += (size_t)m->panel_blocks[i] * d * d;
+    }
     *out = m;
     return TOAST_OK;
 
@@ -162,6 +176,8 @@ void toast_moments_free(toast_moments *m)
     if (m == NULL)
         return;
     free(m->pair_index);
+    free(m->panel_blocks);
+    free(m->panel_off);
     free(m->data);
     free(m);
 }
@@ -409,7 +425,7 @@ typedef struct {
     int mixed;
     void *buf;          /* S * cap * d elements */
     double *norms;      /* S: squared norms of the current row */
-    float *scratch;     /* d * d, mixed precision only */
+    float *scratch;     /* d x (widest panel), mixed precision only */
     int64_t *row;       /* cap: input row of each packed slot */
     int *fold;          /* cap: fold of each collected row */
     int *slot;          /* cap: packed position of each collected row */
@@ -453,7 +469,8 @@ static toast_status chunk_init(chunk *c, const toast_moments *m, int64_t rows,
     c->slot = malloc(cap * sizeof(int));
     c->start = malloc(((size_t)m->nsets + 1) * sizeof(int));
     if (c->mixed)
-        c->scratch = malloc((size_t)m->d * m->d * sizeof(float));
+        c->scratch = malloc((size_t)m->d * m->d * m->panel_blocks[0] *
+                            sizeof(float));
     if (c->buf == NULL || c->norms == NULL || c->row == NULL ||
         c->fold == NULL || c->slot == NULL || c->start == NULL ||
         (c->mixed && c->scratch == NULL)) {
@@ -463,6 +480,14 @@ static toast_status chunk_init(chunk *c, const toast_moments *m, int64_t rows,
                                cap * per_row);
     }
     return TOAST_OK;
+}
+
+/* Element offset of state s in packed row `slot`: rows are stored whole,
+ * [x_0 | x_1 | ... | x_{S-1}], so the states i..j of a range of rows form
+ * one matrix with leading dimension S*d. */
+static size_t packed_offset(const chunk *c, int s, int slot)
+{
+    return ((size_t)slot * c->S + s) * c->d;
 }
 
 /* Groups the n collected rows by fold (stable counting sort) and converts
@@ -485,7 +510,7 @@ static void chunk_pack(chunk *c, const toast_view *views, int n, int nsets)
 
     for (int s = 0; s < c->S; s++) {
         for (int k = 0; k < n; k++) {
-            size_t at = ((size_t)s * c->cap + c->slot[k]) * c->d;
+            size_t at = packed_offset(c, s, c->slot[k]);
             if (c->mixed)
                 load_row_f32(&views[s], c->row[k], c->d, (float *)c->buf + at);
             else
@@ -497,8 +522,8 @@ static void chunk_pack(chunk *c, const toast_view *views, int n, int nsets)
 
 static double packed_dot(const chunk *c, int si, int sj, int slot)
 {
-    size_t ai = ((size_t)si * c->cap + slot) * c->d;
-    size_t aj = ((size_t)sj * c->cap + slot) * c->d;
+    size_t ai = packed_offset(c, si, slot);
+    size_t aj = packed_offset(c, sj, slot);
     if (c->mixed)
         return dot_f32((const float *)c->buf + ai, (const float *)c->buf + aj,
                        c->d);
@@ -508,7 +533,7 @@ static double packed_dot(const chunk *c, int si, int sj, int slot)
 
 static double packed_value(const chunk *c, int s, int slot, int col)
 {
-    size_t at = ((size_t)s * c->cap + slot) * c->d + col;
+    size_t at = packed_offset(c, s, slot) + col;
     return c->mixed ? (double)((const float *)c->buf)[at]
                     : ((const double *)c->buf)[at];
 }
@@ -548,50 +573,30 @@ static void add_row_stats(const toast_moments *m, const chunk *c, int a, int b,
     }
 }
 
-/* Cross blocks of slots [a, b) into one set: one BLAS call per pair. */
+/* Cross blocks of slots [a, b) into one set: one GEMM per row panel,
+ * X_i^T [X_i | X_i+1 | ... ], which keeps BLAS calls few and large. */
 static void add_cross_blocks(const toast_moments *m, const chunk *c, int a,
                              int b, double *set)
 {
-    const int S = m->S, d = m->d, n = b - a;
-    const size_t dd = (size_t)d * d;
+    const int d = m->d, n = b - a, ld = m->S * m->d;
 
-    for (int i = 0; i < S; i++) {
-        for (int j = i; j < S; j++) {
-            int p = m->pair_index[i * S + j];
-            if (p < 0)
-                continue;
-            double *C = set + m->off_blocks + (size_t)p * dd;
-            size_t oi = ((size_t)i * c->cap + a) * d;
-            size_t oj = ((size_t)j * c->cap + a) * d;
-            if (!c->mixed) {
-                const double *Xi = (const double *)c->buf + oi;
-                const double *Xj = (const double *)c->buf + oj;
-                if (i == j)
-                    toast_dsyrk(TOAST_CblasRowMajor, TOAST_CblasUpper,
-                                TOAST_CblasTrans, d, n, 1.0, Xi, d, 1.0, C, d);
-                else
-                    toast_dgemm(TOAST_CblasRowMajor, TOAST_CblasTrans,
-                                TOAST_CblasNoTrans, d, d, n, 1.0, Xi, d, Xj, d,
-                                1.0, C, d);
-                continue;
-            }
-            const float *Xi = (const float *)c->buf + oi;
-            const float *Xj = (const float *)c->buf + oj;
-            float *T = c->scratch;
-            if (i == j) {
-                toast_ssyrk(TOAST_CblasRowMajor, TOAST_CblasUpper,
-                            TOAST_CblasTrans, d, n, 1.0f, Xi, d, 0.0f, T, d);
-                for (int r = 0; r < d; r++)
-                    for (int col = r; col < d; col++)
-                        C[(size_t)r * d + col] += T[(size_t)r * d + col];
-            } else {
-                toast_sgemm(TOAST_CblasRowMajor, TOAST_CblasTrans,
-                            TOAST_CblasNoTrans, d, d, n, 1.0f, Xi, d, Xj, d,
-                            0.0f, T, d);
-                for (size_t e = 0; e < dd; e++)
-                    C[e] += T[e];
-            }
+    for (int i = 0; i < m->S; i++) {
+        const int width = m->panel_blocks[i] * d;
+        double *P = set + m->panel_off[i];
+        size_t oi = packed_offset(c, i, a);
+        if (!c->mixed) {
+            const double *X = (const double *)c->buf + oi;
+            toast_dgemm(TOAST_CblasRowMajor, TOAST_CblasTrans,
+                        TOAST_CblasNoTrans, d, width, n, 1.0, X, ld, X, ld,
+                        1.0, P, width);
+            continue;
         }
+        const float *X = (const float *)c->buf + oi;
+        float *T = c->scratch;
+        toast_sgemm(TOAST_CblasRowMajor, TOAST_CblasTrans, TOAST_CblasNoTrans,
+                    d, width, n, 1.0f, X, ld, X, ld, 0.0f, T, width);
+        for (size_t e = 0; e < (size_t)d * width; e++)
+            P[e] += T[e];
     }
 }
 
@@ -714,6 +719,28 @@ double toast_moments_rowstat(const toast_moments *m, toast_sets sel, int k,
     return v;
 }
 
+/* out (d x d) = sum over the selected sets of block (i, j), i <= j, read
+ * from the row panel of state i. */
+static void combine_block(const toast_moments *m, toast_sets sel, int k,
+                          int i, int j, double *out)
+{
+    const int d = m->d;
+    const size_t width = (size_t)m->panel_blocks[i] * d;
+    const size_t first = m->panel_off[i] + (size_t)(j - i) * d;
+    memset(out, 0, (size_t)d * d * sizeof(double));
+    for (int f = 0; f < m->nsets; f++) {
+        if (!set_selected(sel, k, f))
+            continue;
+        const double *panel = m->data + (size_t)f * m->set_len + first;
+        for (int r = 0; r < d; r++) {
+            const double *src = panel + (size_t)r * width;
+            double *dst = out + (size_t)r * d;
+            for (int c = 0; c < d; c++)
+                dst[c] += src[c];
+        }
+    }
+}
+
 static void transpose_square(double *a, int d)
 {
     for (int r = 0; r < d; r++)
@@ -739,7 +766,7 @@ toast_status toast_moments_cross(const toast_moments *m, toast_sets sel, int k,
                                "the cross block (%d, %d) is not kept: these "
                                "moments keep pairs up to span %d", lo, hi,
                                m->span);
-    combine(m, sel, k, m->off_blocks + (size_t)p * d * d, (size_t)d * d, out);
+    combine_block(m, sel, k, lo, hi, out);
     if (lo == hi) {
         for (int r = 0; r < d; r++)
             for (int c = 0; c < r; c++)

@@ -105,9 +105,13 @@ typedef enum {
  *   [off_sums, + S*d)        per-state column sums, state-major
  *   [off_rowstats, + 4*S*S)  row statistics, TOAST_RS_* major, then i*S+j
  *                            (only i < j is used)
- *   [off_blocks, + npairs*d*d) cross blocks X_i^T X_j for the kept pairs
- *                            i <= j, j - i <= span, in order i, then j.
- *                            Diagonal blocks hold only the upper triangle.
+ *   [off_blocks, ...)        cross blocks as one row panel per state i:
+ *                            a d x (panel_blocks[i] * d) row-major matrix
+ *                            [X_i^T X_i | X_i^T X_i+1 | ...] starting at
+ *                            panel_off[i], panel_blocks[i] =
+ *                            min(span, S-1-i) + 1. Each symmetric pair is
+ *                            stored once (j >= i); diagonal blocks are full
+ *                            and symmetric up to rounding.
  * Keeping every quantity as a float64 sum makes merge an element-wise add.
  */
 typedef struct {
@@ -118,6 +122,8 @@ typedef struct {
     int nsets;
     int npairs;
     int *pair_index;   /* S*S; block index of (i, j), i <= j, or -1 */
+    int *panel_blocks; /* S: blocks in the row panel of state i */
+    size_t *panel_off; /* S: offset of that panel within a set */
     size_t set_len, off_sums, off_rowstats, off_blocks;
     double *data;      /* nsets * set_len */
     int64_t next_row;  /* rows accepted so far: row id of the next row */

@@ -359,6 +359,20 @@ def test_unstored_pair_cross_raises(pairs):
         m.cross(span + 1, 0)
 
 
+@pytest.mark.parametrize("i,j", [(0, 3), (3, 0), (-1, 0), (0, 99)])
+def test_cross_out_of_range_raises(i, j):
+    m = toast.Moments(3, 4).update(make_states(37, 3, 20, 4))
+    with pytest.raises((KeyError, ValueError)):
+        m.cross(i, j)
+
+
+@pytest.mark.parametrize("i", [3, -1])
+def test_sum_out_of_range_raises(i):
+    m = toast.Moments(3, 4).update(make_states(38, 3, 20, 4))
+    with pytest.raises((KeyError, ValueError, IndexError)):
+        m.sum(i)
+
+
 def test_nbytes_shrinks_with_fewer_pairs():
     S, d = 6, 32
     sizes = [toast.Moments(S, d, pairs=p).nbytes for p in ("consecutive", 2, 3, "all")]

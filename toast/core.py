@@ -144,7 +144,7 @@ class Moments(_core.Moments):
         always kept. Row statistics are kept for every pair regardless.
     precision:
         ``"float64"`` (default): products and sums in float64, so streaming
-        equals one-shot to rounding. ``"mixed"``: each chunk of up to 1024
+        equals one-shot to rounding. ``"mixed"``: each chunk of up to 2048
         rows is multiplied in float32 and added to float64 sums; about twice
         as fast, with relative errors around 1e-6.
 
