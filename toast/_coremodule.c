@@ -145,6 +145,7 @@ typedef struct {
     int ndim;          /* 2 or 3 */
     int64_t shape[3];
     PyObject *owner;   /* the array, or the DLPack capsule; owned */
+    dl_managed_tensor *consumed; /* a capsule we consumed: we delete it */
 } state_ref;
 
 static int dtype_from_numpy(int typenum, toast_dtype *out)
@@ -234,26 +235,31 @@ static int state_from_numpy(PyObject *obj, int k, state_ref *ref)
     return 1;
 }
 
-static int state_from_dlpack(PyObject *obj, int k, state_ref *ref)
+/* Reads a "dltensor" capsule. A capsule produced by calling __dlpack__
+ * stays unconsumed (releasing it runs the producer's deleter); a capsule the
+ * caller passed in is consumed, as the protocol asks: renamed and deleted
+ * by us when the update is done. */
+static int state_from_capsule(PyObject *capsule, int k, int consume,
+                              state_ref *ref)
 {
-    PyObject *capsule = PyObject_CallMethod(obj, "__dlpack__", NULL);
     dl_managed_tensor *mt;
     int64_t strides[3];
     int itemsize = 0;
 
-    if (capsule == NULL)
-        return 0;
     if (!PyCapsule_IsValid(capsule, "dltensor")) {
-        Py_DECREF(capsule);
         PyErr_Format(PyExc_TypeError,
-                     "states[%d].__dlpack__() did not return an unused "
-                     "'dltensor' capsule", k);
+                     "states[%d] is not an unused 'dltensor' DLPack capsule",
+                     k);
         return 0;
     }
-    /* The capsule stays alive (and unconsumed) while we read the tensor;
-     * releasing it runs the producer's deleter. */
     mt = (dl_managed_tensor *)PyCapsule_GetPointer(capsule, "dltensor");
+    Py_INCREF(capsule);
     ref->owner = capsule;
+    if (consume) {
+        if (PyCapsule_SetName(capsule, "used_dltensor") < 0)
+            return 0;
+        ref->consumed = mt;
+    }
     const dl_tensor *t = &mt->dl_tensor;
     if (t->device.device_type != DL_CPU) {
         PyErr_Format(PyExc_ValueError,
@@ -296,24 +302,40 @@ static int state_from_dlpack(PyObject *obj, int k, state_ref *ref)
     return 1;
 }
 
+static int state_from_dlpack(PyObject *obj, int k, state_ref *ref)
+{
+    PyObject *capsule = PyObject_CallMethod(obj, "__dlpack__", NULL);
+    if (capsule == NULL)
+        return 0;
+    int ok = state_from_capsule(capsule, k, 0, ref);
+    Py_DECREF(capsule);
+    return ok;
+}
+
 static int get_state(PyObject *obj, int k, state_ref *ref)
 {
     memset(ref, 0, sizeof *ref);
     if (PyArray_Check(obj))
         return state_from_numpy(obj, k, ref);
+    if (PyCapsule_CheckExact(obj))
+        return state_from_capsule(obj, k, 1, ref);
     if (PyObject_HasAttrString(obj, "__dlpack__"))
         return state_from_dlpack(obj, k, ref);
     PyErr_Format(PyExc_TypeError,
                  "states[%d] must be a NumPy array or a tensor supporting "
-                 "DLPack (e.g. a torch CPU tensor), got %.100s", k,
+                 "DLPack (e.g. a torch CPU tensor) or a DLPack capsule, got %.100s", k,
                  Py_TYPE(obj)->tp_name);
     return 0;
 }
 
 static void release_states(state_ref *refs, int n)
 {
-    for (int k = 0; k < n; k++)
+    for (int k = 0; k < n; k++) {
+        if (refs[k].consumed != NULL && refs[k].consumed->deleter != NULL)
+            refs[k].consumed->deleter(refs[k].consumed);
+        refs[k].consumed = NULL;
         Py_CLEAR(refs[k].owner);
+    }
 }
 
 /* Checks that every state has width d and the leading shape of states[0]. */
