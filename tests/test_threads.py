@@ -8,7 +8,7 @@ from conftest import assert_moments_equal, make_states
 
 import toast
 
-S, D, N_THREADS, BATCHES, ROWS = 3, 48, 4, 6, 1000
+S, D, N_THREADS, BATCHES, ROWS = 3, 48, 4, 4, 500
 JOIN_TIMEOUT = 60.0
 
 
