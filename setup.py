@@ -153,7 +153,7 @@ def _blas_config() -> dict:
 
 def _extension() -> Extension:
     blas = _blas_config()
-    compile_args = ["-std=c11", "-O3", "-Wall", "-Wextra"]
+    compile_args = ["-std=c11", "-O3", "-fopenmp-simd", "-Wall", "-Wextra"]
     link_args: list[str] = []
     if _flag("TOAST_WERROR"):
         compile_args.append("-Werror")

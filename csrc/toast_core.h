@@ -127,6 +127,7 @@ typedef struct {
     size_t set_len, off_sums, off_rowstats, off_blocks;
     double *data;      /* nsets * set_len */
     int64_t next_row;  /* rows accepted so far: row id of the next row */
+    void *workspace;   /* update scratch kept between updates, or NULL */
 } toast_moments;
 
 /* Bytes that toast_moments_new would allocate (storage + index), computed
@@ -150,12 +151,18 @@ int toast_moments_pair(const toast_moments *m, int i, int j);
  * fold_ids: NULL or one id per row in [0, folds) (only with folds >= 2);
  * without ids, accepted row r (counting next_row) goes to fold r mod folds.
  * The data is checked for NaN/Inf before anything is added, so a failed
- * update leaves the moments unchanged. Zero input rows is an error; rows
+ * update leaves the moments unchanged. Not reentrant: one update (or merge)
+ * at a time per object; the binding serialises them. Zero input rows is an error; rows
  * that are all masked out are not.
  */
 toast_status toast_moments_update(toast_moments *m, const toast_view *views,
                                   const uint8_t *mask, const int64_t *fold_ids,
                                   toast_error *err);
+
+/* Frees the update workspace (up to ~100 MB plus, in mixed precision, a
+ * d x S*d float32 panel) that updates keep between calls. The next update
+ * allocates it again. */
+void toast_moments_release_workspace(toast_moments *m);
 
 /* dst += src; the two must have the same S, d, folds and span. */
 toast_status toast_moments_merge(toast_moments *dst, const toast_moments *src,

@@ -58,3 +58,12 @@ def test_mixed_precision_survives_pickle():
 def test_unknown_precision_raises():
     with pytest.raises(ValueError, match="precision"):
         toast.Moments(2, 4, precision="float16")
+
+
+def test_release_workspace_keeps_the_moments_and_updates_continue():
+    states = make_states(11, 2, 400, 8)
+    whole = toast.Moments(2, 8).update(states)
+    split = toast.Moments(2, 8).update([s[:150] for s in states])
+    split.release_workspace()
+    split.update([s[150:] for s in states])
+    assert_rel(split.cross(0, 1), whole.cross(0, 1), 1e-12, "cross after release")

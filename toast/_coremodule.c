@@ -454,6 +454,20 @@ done:
     return result;
 }
 
+static PyObject *Moments_release_workspace(MomentsObject *self,
+                                           PyObject *unused)
+{
+    (void)unused;
+    if (!moments_ready(self))
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    toast_moments_release_workspace(self->m);
+    PyThread_release_lock(self->lock);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyObject *Moments_merge(MomentsObject *self, PyObject *other)
 {
     toast_error err = {0};
@@ -651,6 +665,9 @@ static PyObject *Moments_get_nbytes(MomentsObject *self, void *c)
 static PyMethodDef Moments_methods[] = {
     {"_update", (PyCFunction)Moments_update, METH_VARARGS,
      "_update(states, mask=None, fold=None): add rows (GIL released)."},
+    {"release_workspace", (PyCFunction)Moments_release_workspace, METH_NOARGS,
+     "release_workspace(): free the scratch memory updates keep between "
+     "batches (up to ~100 MB); the next update allocates it again."},
     {"_merge", (PyCFunction)Moments_merge, METH_O,
      "_merge(other): add another Moments of the same shape in place."},
     {"_count", (PyCFunction)Moments_count, METH_VARARGS,

@@ -148,6 +148,10 @@ class Moments(_core.Moments):
         rows is multiplied in float32 and added to float64 sums; about twice
         as fast, with relative errors around 1e-6.
 
+    Memory: :attr:`nbytes` is the storage; an update also keeps a scratch
+    workspace of up to ~100 MB between batches (so that many small batches do
+    not allocate it again); :meth:`release_workspace` frees it.
+
     Thread safety: every method may be called from several threads; updates
     of one object are serialised (the GIL is released while they run).
     """
