@@ -7,6 +7,7 @@
  * X_i^T X_j with one BLAS call per kept pair (dsyrk on the diagonal).
  */
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,13 +42,14 @@ static int add_size(size_t a, size_t b, size_t *out)
     return 1;
 }
 
+/* Kept pairs (i, j), i <= j, j - i <= span (0 <= span <= S - 1), in closed
+ * form: sum over i of min(span, S-1-i) + 1. -1 when it exceeds INT_MAX
+ * (counting them one by one took O(S * span) steps for absurd S). */
 static int count_pairs(int S, int span)
 {
-    int n = 0;
-    for (int i = 0; i < S; i++)
-        for (int j = i; j < S && j - i <= span; j++)
-            n++;
-    return n;
+    const int64_t s = span;
+    const int64_t n = (int64_t)S * (s + 1) - s * (s + 1) / 2;
+    return n > INT_MAX ? -1 : (int)n;
 }
 
 /* Doubles in one set: count, sums, row statistics, blocks. */
@@ -94,7 +96,8 @@ toast_status toast_moments_nbytes(int S, int d, int folds, int span,
     if (st != TOAST_OK)
         return st;
     int nsets = folds > 0 ? folds : 1;
-    if (!set_length(S, d, count_pairs(S, span), &len) ||
+    int npairs = count_pairs(S, span);
+    if (npairs < 0 || !set_length(S, d, npairs, &len) ||
         !mul_size(len, (size_t)nsets, &len) ||
         !mul_size(len, sizeof(double), &data_bytes) ||
         !mul_size((size_t)S * (size_t)S + (size_t)S,
@@ -526,7 +529,8 @@ static void chunk_pack(chunk *c, const toast_view *views, int n, int nsets)
         start[c->fold[k] + 1]++;
     for (int f = 0; f < nsets; f++)
         start[f + 1] += start[f];
-    /* start[f] now holds the first slot of fold f; advance a copy. */
+    /* start[f] is the first slot of fold f; handing out slots advances it
+     * to the end of fold f, so shift it back by one fold afterwards. */
     for (int k = 0; k < n; k++)
         c->slot[k] = start[c->fold[k]]++;
     for (int f = nsets; f > 0; f--)

@@ -19,8 +19,37 @@ from toast.core import (
 
 __version__ = "0.1.0"
 
+# The Hugging Face glue needs torch; load it on first use so that the core
+# (NumPy only) imports without it.
+_LAZY = {
+    "Analysis": "toast.analysis",
+    "Span": "toast.analysis",
+    "analyze": "toast.analysis",
+    "capture_moments": "toast.capture",
+    "find_blocks": "toast.hf",
+    "BlockStack": "toast.hf",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'toast' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "METRICS",
+    "Analysis",
+    "BlockStack",
+    "Span",
+    "analyze",
+    "capture_moments",
+    "find_blocks",
     "IllConditionedWarning",
     "InSampleWarning",
     "Moments",

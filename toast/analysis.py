@@ -1,0 +1,280 @@
+"""``toast.analyze``: the block error matrix of a model and the spans it suggests.
+
+Index conventions: states ``0..L`` (state 0 is the embedding output, state
+``i`` the output of block ``i - 1``); ``errors[i, j]`` scores replacing the
+blocks ``range(i, j)`` by a map from state ``i`` to state ``j``. The papers
+write that span as ``s → e`` with ``s = i - 1`` and ``e = j - 1`` (the
+output of block ``s`` predicts the output of block ``e``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from torch import nn
+
+from toast.capture import Tokens, capture_moments
+from toast.core import METRICS, Moments, Pairs, error_matrix
+
+__all__ = ["Analysis", "Span", "analyze"]
+
+
+@dataclass(frozen=True, order=True)
+class Span:
+    """Blocks ``range(start, stop)`` replaced by a map from state ``start``
+    to state ``stop``, with the predicted error of that map."""
+
+    start: int
+    stop: int
+    error: float = field(compare=False)
+
+    @property
+    def blocks(self) -> range:
+        return range(self.start, self.stop)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def paper(self) -> str:
+        """The papers' notation ``s→e`` (output of block s predicts block e)."""
+        return f"{self.start - 1}→{self.stop - 1}"
+
+    def __str__(self) -> str:
+        return f"blocks[{self.start}:{self.stop}] ({self.paper}, error {self.error:.4g})"
+
+
+@dataclass
+class Analysis:
+    """Moments of a model's states and the error matrix derived from them."""
+
+    moments: Moments
+    errors: np.ndarray
+    metric: str
+    estimator: str
+    tokens: str
+    block_path: str
+    ridge: float = 0.0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.errors.shape[0] - 1
+
+    @property
+    def rows(self) -> int:
+        return self.moments.rows
+
+    def error_matrix(
+        self, metric: str | None = None, estimator: str | None = None, ridge: float | None = None
+    ) -> np.ndarray:
+        """Another metric from the same moments (no new pass over the data)."""
+        return error_matrix(
+            self.moments,
+            metric=metric or self.metric,
+            estimator=estimator or self.estimator,
+            ridge=self.ridge if ridge is None else ridge,
+        )
+
+    def _candidates(self, include_first_block: bool) -> list[Span]:
+        first = 0 if include_first_block else 1
+        n = self.errors.shape[0]
+        return [
+            Span(i, j, float(self.errors[i, j]))
+            for i in range(first, n)
+            for j in range(i + 1, n)
+            if np.isfinite(self.errors[i, j])
+        ]
+
+    def top_spans(
+        self, k: int = 5, budget: int | None = None, include_first_block: bool = False
+    ) -> list[Span]:
+        """TOAST Algorithm 1: the ``k`` most redundant single spans.
+
+        Ranked by the metric's redundant direction (ascending error for
+        ``linear``). ``budget`` keeps only spans of exactly that many blocks.
+        Block 0 is never removed unless ``include_first_block`` (the papers
+        always keep it).
+        """
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        spans = self._candidates(include_first_block)
+        if budget is not None:
+            if budget < 1:
+                raise ValueError(f"budget must be >= 1, got {budget}")
+            spans = [s for s in spans if s.num_blocks == budget]
+        descending = METRICS[self.metric] == "higher"
+        spans.sort(key=lambda s: (-s.error if descending else s.error, s.start, s.stop))
+        return spans[:k]
+
+    def plan(
+        self,
+        max_blocks: int | None = None,
+        max_error: float | None = None,
+        allow_adjacent: bool = False,
+        include_first_block: bool = False,
+    ) -> list[Span]:
+        """Non-overlapping spans to replace, chosen exactly by dynamic programming.
+
+        Among sets of spans with a kept block between consecutive spans (the
+        papers' ``e_i < s_j``; ``allow_adjacent=True`` drops that gap) and,
+        with ``max_error``, each span's error at most ``max_error``: the most
+        blocks removed, up to ``max_blocks``, and among those the smallest
+        total predicted error. Needs a metric where lower means redundant.
+        """
+        if METRICS[self.metric] != "lower":
+            raise ValueError(
+                f"plan() needs a metric where lower means redundant; {self.metric!r} is not "
+                "one (use metric='linear', 'affine', 'mse', 'cosine', 'angular' or 'euclidean')"
+            )
+        if max_blocks is None and max_error is None:
+            raise ValueError("give max_blocks=..., max_error=..., or both")
+        if max_blocks is not None and max_blocks < 1:
+            raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
+        n = self.errors.shape[0]  # states 0..L
+        limit = self.num_blocks if max_blocks is None else min(max_blocks, self.num_blocks)
+        gap = 0 if allow_adjacent else 1
+        first = 0 if include_first_block else 1
+        allowed = np.isfinite(self.errors)
+        if max_error is not None:
+            allowed &= self.errors <= max_error
+        inf = float("inf")
+        # best[p][b]: least total error of spans starting at states >= p that
+        # remove exactly b blocks; choice[p][b]: the span taken at p, if any.
+        best = [[inf] * (limit + 1) for _ in range(n + 2)]
+        choice: list[list[int | None]] = [[None] * (limit + 1) for _ in range(n + 2)]
+        for p in range(n + 1):
+            best[p][0] = 0.0
+        best[n + 1][0] = 0.0
+        for p in range(n - 1, first - 1, -1):
+            for b in range(1, limit + 1):
+                value, taken = best[p + 1][b], None
+                for j in range(p + 1, min(n, p + b + 1)):
+                    width = j - p
+                    if not allowed[p, j] or width > b:
+                        continue
+                    rest = best[min(j + gap, n + 1)][b - width]
+                    if self.errors[p, j] + rest < value:
+                        value, taken = self.errors[p, j] + rest, j
+                best[p][b], choice[p][b] = value, taken
+        removed = max((b for b in range(limit + 1) if best[first][b] < inf), default=0)
+        spans, p, b = [], first, removed
+        while b > 0 and p < n:
+            j = choice[p][b]
+            if j is None:
+                p += 1
+                continue
+            spans.append(Span(p, j, float(self.errors[p, j])))
+            b -= j - p
+            p = j + gap
+        return spans
+
+    def heatmap(self, spans: Iterable[Span] = (), ax: Any = None, title: str | None = None):
+        """A matplotlib figure of the error matrix in the papers' s→e axes.
+
+        Rows are the source block ``s`` (``-1`` is the embedding output), columns
+        the target block ``e``; ``spans`` are outlined.
+        """
+        import matplotlib
+
+        if ax is None:
+            matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Rectangle
+
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(6, 5))
+        else:
+            fig = ax.figure
+        image = ax.imshow(
+            np.ma.masked_invalid(self.errors),
+            cmap="viridis_r" if METRICS[self.metric] == "lower" else "viridis",
+        )
+        labels = [str(s - 1) for s in range(self.errors.shape[0])]
+        labels[0] = "emb"
+        ticks = np.arange(self.errors.shape[0])
+        ax.set_xticks(ticks, labels, fontsize=7)
+        ax.set_yticks(ticks, labels, fontsize=7)
+        ax.set_xlabel("target: output of block e")
+        ax.set_ylabel("source: output of block s")
+        for span in spans:
+            ax.add_patch(
+                Rectangle(
+                    (span.stop - 0.5, span.start - 0.5), 1, 1, fill=False, edgecolor="red", lw=2
+                )
+            )
+        fig.colorbar(image, ax=ax, label=f"{self.metric} ({self.estimator})")
+        ax.set_title(title or f"{self.metric} error, {self.rows} rows ({self.tokens} tokens)")
+        return fig
+
+    def to_dataframe(self):
+        """One row per span ``i < j`` with both notations and several metrics."""
+        try:
+            import pandas as pd
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError("to_dataframe() needs pandas: pip install pandas") from exc
+        extra = {m: error_matrix(self.moments, metric=m) for m in ("mse", "cosine", "cka")}
+        records = []
+        n = self.errors.shape[0]
+        for i in range(n):
+            for j in range(i + 1, n):
+                records.append(
+                    {
+                        "start": i,
+                        "stop": j,
+                        "s": i - 1,
+                        "e": j - 1,
+                        "blocks": j - i,
+                        self.metric: self.errors[i, j],
+                        **{m: e[i, j] for m, e in extra.items() if m != self.metric},
+                    }
+                )
+        return pd.DataFrame.from_records(records)
+
+
+def analyze(
+    model: nn.Module,
+    loader: Iterable,
+    *,
+    metric: str = "linear",
+    estimator: Literal["cv", "gcv", "in_sample"] = "cv",
+    folds: int = 5,
+    ridge: float = 0.0,
+    tokens: Tokens = "all",
+    pairs: Pairs = "all",
+    blocks: str | None = None,
+    max_batches: int | None = None,
+    max_samples: int | None = None,
+    sample: Literal["first", "random"] = "first",
+    seed: int = 0,
+    precision: Literal["float64", "mixed"] = "float64",
+    progress: bool = True,
+) -> Analysis:
+    """One pass of ``model`` over ``loader`` → the block error matrix.
+
+    Every metric of :func:`toast.error_matrix` is then available from
+    :meth:`Analysis.error_matrix` without another pass. With ``estimator="cv"``
+    the moments keep ``folds`` fold sets (memory grows accordingly: see
+    ``toast.Moments.estimate_nbytes``); ``estimator="gcv"`` needs none.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
+    moments, stack = capture_moments(
+        model,
+        loader,
+        blocks=blocks,
+        tokens=tokens,
+        folds=folds if estimator == "cv" else 0,
+        pairs=pairs,
+        precision=precision,
+        max_batches=max_batches,
+        max_samples=max_samples,
+        sample=sample,
+        seed=seed,
+        progress=progress,
+    )
+    errors = error_matrix(moments, metric=metric, estimator=estimator, ridge=ridge)
+    return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge)

@@ -1,0 +1,284 @@
+"""Streaming block outputs of a Hugging Face model into :class:`toast.Moments`.
+
+Hooks record, for one batch at a time, the input of the first block (state
+0, the embedding output) and the output of every block (state ``i`` = output
+of block ``i - 1``, after its residual adds and before the model's final
+norm). The chosen tokens of each batch are added to the moments and the
+batch is dropped, so activations are never all held.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from toast.core import Moments, Pairs
+from toast.hf import BlockStack, find_blocks
+
+__all__ = ["Tokens", "capture_moments"]
+
+Tokens = Literal["all", "cls", "mean", "last"]
+_TOKENS = ("all", "cls", "mean", "last")
+# Keys of a batch that describe targets, not model inputs.
+_TARGET_KEYS = frozenset({"labels", "label", "targets"})
+
+
+class _StateRecorder:
+    """Forward hooks that keep the last batch's states 0..L."""
+
+    def __init__(self, stack: BlockStack) -> None:
+        self.states: list[torch.Tensor | None] = [None] * (stack.num_blocks + 1)
+        self._handles = [
+            stack.blocks[0].register_forward_pre_hook(self._record_input, with_kwargs=True)
+        ]
+        for index, block in enumerate(stack.blocks):
+            self._handles.append(block.register_forward_hook(self._output_hook(index + 1)))
+
+    def _record_input(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if not isinstance(hidden, torch.Tensor):
+            raise TypeError(
+                f"cannot find the hidden states entering {type(module).__name__}: expected "
+                "the first positional argument or hidden_states=..."
+            )
+        self.states[0] = hidden
+
+    def _output_hook(self, state: int):
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            hidden = output[0] if isinstance(output, (tuple, list)) else output
+            if not isinstance(hidden, torch.Tensor):
+                raise TypeError(
+                    f"block {state - 1} ({type(module).__name__}) returned "
+                    f"{type(output).__name__}; expected a tensor or a tuple starting with one"
+                )
+            self.states[state] = hidden
+
+        return hook
+
+    def take(self) -> list[torch.Tensor]:
+        missing = [k for k, s in enumerate(self.states) if s is None]
+        if missing:
+            raise RuntimeError(
+                f"the forward pass did not run through every block (no state {missing}); "
+                "does the model skip blocks or exit early?"
+            )
+        states, self.states = self.states, [None] * len(self.states)
+        return states  # type: ignore[return-value]
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _forward_inputs(model: nn.Module, batch: Any) -> tuple[tuple, dict]:
+    """Positional and keyword inputs of one batch, on the model's device."""
+    device = _model_device(model)
+    if isinstance(batch, (tuple, list)) and batch:
+        batch = batch[0]  # (inputs, labels) pairs
+    if isinstance(batch, torch.Tensor):
+        return (batch.to(device),), {}
+    if isinstance(batch, Mapping):
+        accepted = inspect.signature(model.forward).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+        kwargs = {
+            k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+            for k, v in batch.items()
+            if k not in _TARGET_KEYS and (takes_any or k in accepted)
+        }
+        return (), kwargs
+    raise TypeError(
+        "each batch must be a tensor, a dict of model inputs (e.g. a tokenizer's output), "
+        f"or an (inputs, labels) pair; got {type(batch).__name__}"
+    )
+
+
+def _batch_size(args: tuple, kwargs: dict) -> int:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    raise ValueError("cannot tell the batch size: the batch holds no tensor")
+
+
+def _truncate(args: tuple, kwargs: dict, n: int) -> tuple[tuple, dict]:
+    def cut(v: Any) -> Any:
+        return v[:n] if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+
+    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+
+def _select_tokens(
+    states: list[torch.Tensor], mask: torch.Tensor | None, tokens: str
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """Rows to accumulate for one batch and the mask of valid rows."""
+    first = states[0]
+    if first.dim() != 3:
+        raise ValueError(
+            f"block outputs have shape {tuple(first.shape)}; expected (batch, tokens, dim)"
+        )
+    if mask is not None:
+        mask = mask.to(first.device).bool()
+        if mask.shape != first.shape[:2]:
+            raise ValueError(
+                f"attention_mask has shape {tuple(mask.shape)} but the hidden states have "
+                f"(batch, tokens) = {tuple(first.shape[:2])}"
+            )
+    if tokens == "all":
+        return [s.detach().cpu() for s in states], (None if mask is None else mask.cpu())
+    if tokens == "cls":
+        return [s[:, 0].detach().cpu() for s in states], None
+    if tokens == "mean":
+        if mask is None:
+            return [s.float().mean(dim=1).cpu() for s in states], None
+        weights = mask.to(torch.float32).unsqueeze(-1)
+        count = weights.sum(dim=1).clamp_min(1.0)
+        return [((s.float() * weights).sum(dim=1) / count).cpu() for s in states], None
+    # "last": the last valid token of each sequence, whatever side is padded.
+    if mask is None:
+        return [s[:, -1].detach().cpu() for s in states], None
+    length = mask.shape[1]
+    last = length - 1 - torch.flip(mask, dims=[1]).to(torch.int64).argmax(dim=1)
+    rows = torch.arange(first.shape[0], device=first.device)
+    return [s[rows, last].detach().cpu() for s in states], None
+
+
+def _rss_mib() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def _limited(
+    loader: Iterable, max_batches: int | None, sample: str, max_samples: int | None, seed: int
+) -> Iterable:
+    """The loader, restricted to a seeded random subset when asked."""
+    if sample == "random" and max_samples is not None:
+        dataset = getattr(loader, "dataset", None)
+        if not isinstance(loader, torch.utils.data.DataLoader) or dataset is None:
+            raise ValueError(
+                "sample='random' needs a torch DataLoader over a map-style dataset; "
+                "use sample='first' for other iterables"
+            )
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))
+        subset = torch.utils.data.Subset(dataset, order[:max_samples].tolist())
+        return torch.utils.data.DataLoader(
+            subset,
+            batch_size=loader.batch_size,
+            collate_fn=loader.collate_fn,
+            num_workers=loader.num_workers,
+        )
+    if sample not in ("first", "random"):
+        raise ValueError(f"sample must be 'first' or 'random', got {sample!r}")
+    return loader
+
+
+def _iterate(loader: Iterable, max_batches: int | None) -> Iterator[tuple[int, Any]]:
+    for index, batch in enumerate(loader):
+        if max_batches is not None and index >= max_batches:
+            return
+        yield index, batch
+
+
+def capture_moments(
+    model: nn.Module,
+    loader: Iterable,
+    *,
+    blocks: str | None = None,
+    tokens: Tokens = "all",
+    folds: int = 5,
+    pairs: Pairs = "all",
+    precision: Literal["float64", "mixed"] = "float64",
+    max_batches: int | None = None,
+    max_samples: int | None = None,
+    sample: Literal["first", "random"] = "first",
+    seed: int = 0,
+    progress: bool = True,
+) -> tuple[Moments, BlockStack]:
+    """Runs ``model`` over ``loader`` and returns the moments of its states.
+
+    ``loader`` yields tensors (e.g. ``pixel_values``), dicts of model inputs
+    (a tokenizer's output, whose ``attention_mask`` keeps padding out of the
+    statistics) or ``(inputs, labels)`` pairs. ``tokens`` chooses the rows:
+    every valid token, the first (CLS) token, the masked mean, or the last
+    valid token. ``max_batches`` / ``max_samples`` bound the work;
+    ``sample="random"`` draws a seeded random subset of a DataLoader's
+    dataset. The model runs in eval mode under ``torch.inference_mode`` and
+    is left as it was found.
+    """
+    if tokens not in _TOKENS:
+        raise ValueError(f"tokens must be one of {_TOKENS}, got {tokens!r}")
+    for name, value in (("max_batches", max_batches), ("max_samples", max_samples)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    stack = find_blocks(model, blocks)
+    source = _limited(loader, max_batches, sample, max_samples, seed)
+    recorder = _StateRecorder(stack)
+    was_training = model.training
+    moments: Moments | None = None
+    samples = 0
+    bar = None
+    try:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc="capturing", unit="batch", disable=not progress, leave=False)
+        model.eval()
+        with torch.inference_mode():
+            for _, batch in _iterate(source, max_batches):
+                args, kwargs = _forward_inputs(model, batch)
+                if max_samples is not None:
+                    remaining = max_samples - samples
+                    if remaining <= 0:
+                        break
+                    if _batch_size(args, kwargs) > remaining:
+                        args, kwargs = _truncate(args, kwargs, remaining)
+                samples += _batch_size(args, kwargs)
+                model(*args, **kwargs)
+                states, row_mask = _select_tokens(
+                    recorder.take(), kwargs.get("attention_mask"), tokens
+                )
+                if moments is None:
+                    moments = Moments(
+                        len(states),
+                        int(states[0].shape[-1]),
+                        folds=folds,
+                        pairs=pairs,
+                        precision=precision,
+                    )
+                _update(moments, states, row_mask)
+                bar.update(1)
+                bar.set_postfix(rows=moments.rows, rss=f"{_rss_mib():.0f}MiB")
+    finally:
+        recorder.remove()
+        model.train(was_training)
+        if bar is not None:
+            bar.close()
+    if moments is None or moments.rows == 0:
+        raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
+    return moments, stack
+
+
+def _update(moments: Moments, states: list[torch.Tensor], mask: torch.Tensor | None) -> None:
+    try:
+        moments.update(states, mask=mask)
+    except ValueError as exc:
+        message = str(exc)
+        if "NaN or Inf" in message and message.startswith("states["):
+            state = int(message[len("states[") : message.index("]")])
+            where = "the embedding output" if state == 0 else f"the output of block {state - 1}"
+            raise ValueError(
+                f"{where} (state {state}) contains NaN or Inf; in float16 this is usually "
+                "an overflow: run the model in bfloat16 or float32"
+            ) from exc
+        raise

@@ -1,0 +1,130 @@
+"""Finding the parts of a Hugging Face transformer that toast works on.
+
+:func:`find_blocks` locates the stack of repeated transformer blocks (the
+``nn.ModuleList`` whose children are all instances of one class); the final
+norm is looked up next to it. Every family in ``transformers`` that keeps its
+blocks in one list works without an adapter: ViT, DeiT, DINOv2, the CLIP
+vision tower, BERT, ModernBERT, Llama, Qwen2, GPT-2 and their task heads.
+Where discovery is ambiguous or fails, pass the dotted path of the list,
+e.g. ``blocks="encoder.layer"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+__all__ = ["BlockStack", "find_blocks"]
+
+# Attribute names of the norm applied after the last block, by family.
+_FINAL_NORM_NAMES = (
+    "layernorm",  # ViT, DeiT, DINOv2
+    "post_layernorm",  # CLIP vision
+    "final_norm",  # ModernBERT
+    "final_layer_norm",  # OPT
+    "norm",  # Llama, Qwen2, Mistral
+    "ln_f",  # GPT-2
+)
+
+
+@dataclass(frozen=True)
+class BlockStack:
+    """Where the blocks of a model live.
+
+    ``path`` is the dotted attribute path of the ``nn.ModuleList`` inside the
+    model, ``blocks`` the list itself, ``final_norm`` the norm applied to the
+    last block's output (or None) and ``final_norm_path`` its path.
+    """
+
+    path: str
+    blocks: nn.ModuleList
+    final_norm: nn.Module | None
+    final_norm_path: str | None
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+
+def _is_block_list(module: nn.Module) -> bool:
+    if not isinstance(module, nn.ModuleList) or len(module) == 0:
+        return False
+    kinds = {type(child) for child in module}
+    if len(kinds) != 1:
+        return False
+    # A transformer block has several parameterised submodules; a list of
+    # bare Linear or Dropout layers does not qualify.
+    first = module[0]
+    with_params = [m for m in first.children() if any(True for _ in m.parameters())]
+    return len(with_params) >= 2
+
+
+def _get(model: nn.Module, path: str) -> nn.Module:
+    module = model
+    for part in path.split("."):
+        if not hasattr(module, part):
+            raise ValueError(
+                f"{type(model).__name__} has no attribute path {path!r} "
+                f"(stopped at {part!r}); pass blocks='a.b.c' naming its block list"
+            )
+        module = getattr(module, part)
+    return module
+
+
+def _parent_path(path: str) -> str:
+    return path.rpartition(".")[0]
+
+
+def _find_final_norm(model: nn.Module, block_path: str) -> tuple[nn.Module | None, str | None]:
+    # Walk up from the list's parent: the norm sits beside the block list
+    # (ViT, Llama, GPT-2) or beside the encoder that holds it (DINOv2, CLIP).
+    parent = _parent_path(block_path)
+    while True:
+        holder = _get(model, parent) if parent else model
+        for name in _FINAL_NORM_NAMES:
+            norm = getattr(holder, name, None)
+            if isinstance(norm, nn.Module) and not isinstance(norm, nn.ModuleList):
+                return norm, f"{parent}.{name}" if parent else name
+        if not parent:
+            return None, None
+        parent = _parent_path(parent)
+
+
+def find_blocks(model: nn.Module, blocks: str | None = None) -> BlockStack:
+    """Locates the transformer blocks of ``model``.
+
+    ``blocks`` names the ``nn.ModuleList`` explicitly (a dotted path such as
+    ``"encoder.layer"``); without it the longest list of identical,
+    multi-part modules is taken. Raises ``ValueError`` when nothing (or more
+    than one equally good candidate) is found.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if blocks is not None:
+        found = _get(model, blocks)
+        if not isinstance(found, nn.ModuleList) or len(found) == 0:
+            raise ValueError(
+                f"blocks={blocks!r} is a {type(found).__name__}, not a non-empty nn.ModuleList"
+            )
+        path = blocks
+    else:
+        candidates = [(name, m) for name, m in model.named_modules() if _is_block_list(m)]
+        if not candidates:
+            raise ValueError(
+                f"cannot find the transformer blocks of {type(model).__name__}: no "
+                "nn.ModuleList of identical blocks; pass blocks='...' with the dotted path "
+                "of the block list (e.g. blocks='encoder.layer')"
+            )
+        longest = max(len(m) for _, m in candidates)
+        best = [(name, m) for name, m in candidates if len(m) == longest]
+        if len(best) > 1:
+            names = ", ".join(repr(name) for name, _ in best)
+            raise ValueError(
+                f"{type(model).__name__} has several block lists of length {longest} "
+                f"({names}); pass blocks='...' to choose one"
+            )
+        path = best[0][0]
+    block_list = _get(model, path)
+    norm, norm_path = _find_final_norm(model, path)
+    return BlockStack(path, block_list, norm, norm_path)
