@@ -28,6 +28,9 @@ _LAZY = {
     "capture_moments": "toast.capture",
     "find_blocks": "toast.hf",
     "BlockStack": "toast.hf",
+    "TranslatorBlock": "toast.patch",
+    "replace_spans": "toast.patch",
+    "translator_module": "toast.patch",
 }
 
 
@@ -47,6 +50,7 @@ __all__ = [
     "Analysis",
     "BlockStack",
     "Span",
+    "TranslatorBlock",
     "analyze",
     "capture_moments",
     "find_blocks",
@@ -58,5 +62,7 @@ __all__ = [
     "error_matrix",
     "fit_residual",
     "fit_translator",
+    "replace_spans",
     "solve_gram",
+    "translator_module",
 ]

@@ -330,12 +330,17 @@ static int get_state(PyObject *obj, int k, state_ref *ref)
 
 static void release_states(state_ref *refs, int n)
 {
+    /* Deleters and capsule destructors may run Python code (numpy's and
+     * ctypes-made ones do): never with the update's exception pending. */
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
     for (int k = 0; k < n; k++) {
         if (refs[k].consumed != NULL && refs[k].consumed->deleter != NULL)
             refs[k].consumed->deleter(refs[k].consumed);
         refs[k].consumed = NULL;
         Py_CLEAR(refs[k].owner);
     }
+    PyErr_Restore(type, value, traceback);
 }
 
 /* Checks that every state has width d and the leading shape of states[0]. */

@@ -239,6 +239,13 @@ class Moments(_core.Moments):
         self._merge(other)
         return self
 
+    def all_reduce(self, group: Any = None) -> Moments:
+        """Sums these moments over the ranks of a torch.distributed process group,
+        in place (collective; see :func:`toast.distributed.all_reduce_moments`)."""
+        from toast.distributed import all_reduce_moments
+
+        return all_reduce_moments(self, group=group)
+
     # -- reading ----------------------------------------------------------
 
     @property

@@ -50,12 +50,13 @@ class BlockStack:
 def _is_block_list(module: nn.Module) -> bool:
     if not isinstance(module, nn.ModuleList) or len(module) == 0:
         return False
-    kinds = {type(child) for child in module}
-    if len(kinds) != 1:
+    # Translator blocks put in by toast.replace_spans do not count.
+    blocks = [child for child in module if not getattr(child, "_toast_translator", False)]
+    if not blocks or len({type(child) for child in blocks}) != 1:
         return False
     # A transformer block has several parameterised submodules; a list of
     # bare Linear or Dropout layers does not qualify.
-    first = module[0]
+    first = blocks[0]
     with_params = [m for m in first.children() if any(True for _ in m.parameters())]
     return len(with_params) >= 2
 

@@ -1,0 +1,127 @@
+"""Moments across processes: sum :class:`toast.Moments` over torch.distributed ranks.
+
+Every quantity a :class:`~toast.Moments` keeps is a float64 sum (row counts,
+column sums, row statistics, cross blocks), so combining the moments of
+several processes is one element-wise sum: each rank accumulates its shard of
+the rows, then :func:`all_reduce_moments` (or ``moments.all_reduce()``)
+replaces every rank's moments by the sum over all ranks, after which every
+rank computes the same error matrices and translators.
+
+::
+
+    import torch.distributed as dist, toast
+
+    dist.init_process_group("gloo")              # or "nccl", see below
+    m = toast.Moments(S, d, folds=5)
+    for batch in my_shard_of_the_data:           # e.g. rows rank::world_size
+        m.update(states_of(batch), fold=global_row_ids % 5)
+    m.all_reduce()                               # every rank: moments of all rows
+    E = toast.error_matrix(m, "linear", "cv")
+
+Notes:
+
+* All ranks must hold moments of the same layout: ``num_states``, ``dim``,
+  ``folds``, ``span`` (from ``pairs``) and ``precision``. This is checked
+  first (one all_gather of five int64 values); on a mismatch every rank raises
+  the same :class:`ValueError`, which names the field and the ranks' values,
+  and nothing is summed.
+* Folds: without explicit ``fold=`` ids, rows are dealt to folds by each
+  process's own row counter, so a sharded run gets a valid K-fold split but
+  not the one a single process would have made. Pass ``fold=`` ids computed
+  from global row numbers to reproduce the single-process split exactly.
+* The reduction is in place: after it, each rank holds the total. Calling it
+  again (after more updates) would count the earlier rows ``world_size``
+  times; to keep streaming, all_reduce fresh per-step moments and
+  :meth:`~toast.Moments.merge` them into a running total.
+* The storage (``Moments.nbytes``) is copied once into a torch tensor and
+  reduced with one ``all_reduce(SUM)`` in float64; the row counter travels in
+  the same buffer (exact up to 2**53 rows). Results are identical on every
+  rank (the collective delivers the same sum everywhere), and equal a
+  single-process run to rounding (the order of the additions differs).
+* Backends: with ``gloo`` (or ``mpi``/``ucc``) the tensors stay on the CPU.
+  With ``nccl`` they are moved to the current CUDA device
+  (``torch.cuda.current_device()``: call ``torch.cuda.set_device(local_rank)``
+  first, as usual with NCCL) and copied back afterwards; NCCL supports
+  float64 sums. The moments themselves always live in host memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from toast import _core
+
+__all__ = ["all_reduce_moments"]
+
+# Layout fields that must agree on every rank, in the order they are gathered.
+_FIELDS = ("num_states", "dim", "folds", "span", "precision")
+
+
+def _layout(moments: _core.Moments) -> list[int]:
+    return [
+        moments.num_states,
+        moments.dim,
+        moments.folds,
+        moments.span,
+        moments._precision_code,
+    ]
+
+
+def _device_for(dist: Any, group: Any) -> Any:
+    import torch
+
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_moments(moments: Any, group: Any = None) -> Any:
+    """Sums ``moments`` over the ranks of ``group`` in place; returns ``moments``.
+
+    Collective: every rank of ``group`` (default: the default process group)
+    must call it. Raises :class:`ValueError` (on every rank) when the ranks'
+    moments differ in num_states, dim, folds, span or precision, and
+    :class:`RuntimeError` when torch.distributed is not initialised.
+    """
+    if not isinstance(moments, _core.Moments):
+        raise TypeError(f"moments must be a toast.Moments, got {type(moments).__name__}")
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "torch.distributed is not initialised: call torch.distributed.init_process_group() "
+            "on every rank before all_reduce"
+        )
+    device = _device_for(dist, group)
+    world = dist.get_world_size(group)
+
+    # 1. Same layout everywhere? Every rank sees every layout, so all raise together.
+    mine = torch.tensor(_layout(moments), dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine, group=group)
+    layouts = [[int(v) for v in t.cpu().tolist()] for t in gathered]
+    for k, name in enumerate(_FIELDS):
+        seen = [layout[k] for layout in layouts]
+        if len(set(seen)) > 1:
+            if name == "precision":
+                codes = {0: "float64", 1: "mixed"}
+                seen = [codes.get(v, v) for v in seen]
+            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(seen))
+            raise ValueError(
+                f"all_reduce: the ranks' moments differ in {name} ({per_rank}); every rank "
+                "must build Moments with the same num_states, dim, folds, pairs and precision"
+            )
+
+    # 2. One float64 SUM of [storage..., rows].
+    data = moments._get_data()
+    buf = np.empty(len(data) + 1, dtype=np.float64)
+    buf[:-1] = data
+    buf[-1] = float(moments.rows)
+    tensor = torch.from_numpy(buf).to(device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    total = tensor.cpu().numpy() if tensor.device.type != "cpu" else tensor.numpy()
+    moments._set_data(np.ascontiguousarray(total[:-1]), int(round(float(total[-1]))))
+    return moments

@@ -1,0 +1,176 @@
+"""Translators as ``nn.Module``s and replacing spans of blocks in place.
+
+A fitted :class:`toast.Translator` (float64, ``y = x W + b``) becomes a
+module in the model's dtype and device; :func:`replace_spans` removes the
+blocks of each span from the model's block list and puts one translator
+block in their place, so parameters of removed blocks are freed and
+``state_dict``, ``.to()`` and ``.eval()`` reach the translators.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from toast.core import Translator
+from toast.hf import find_blocks
+
+__all__ = ["TranslatorBlock", "replace_spans", "translator_module", "validate_spans"]
+
+
+class DiagonalMap(nn.Module):
+    """``y = x * scale + bias`` (a per-feature translator)."""
+
+    def __init__(self, scale: torch.Tensor, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(scale)
+        self.bias = nn.Parameter(bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.bias
+
+
+def translator_module(
+    translator: Translator, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> nn.Module:
+    """The module computing ``x @ weight + bias`` of a fitted translator.
+
+    Identity becomes ``nn.Identity``; diagonal a per-feature scale; every
+    other kind an ``nn.Linear`` whose weight is ``weightᵀ`` (torch's
+    ``(out, in)`` layout), without a bias when the fitted bias is zero.
+    """
+    if translator.kind == "identity":
+        return nn.Identity()
+    weight = torch.as_tensor(translator.weight, dtype=torch.float64)
+    bias = torch.as_tensor(translator.bias, dtype=torch.float64)
+    if translator.kind == "diagonal":
+        module: nn.Module = DiagonalMap(torch.diagonal(weight).clone(), bias)
+        return module.to(dtype=dtype, device=device)
+    has_bias = bool(torch.any(bias != 0))
+    linear = nn.Linear(weight.shape[0], weight.shape[1], bias=has_bias, dtype=torch.float64)
+    with torch.no_grad():
+        linear.weight.copy_(weight.T)
+        if has_bias:
+            linear.bias.copy_(bias)
+    return linear.to(dtype=dtype, device=device)
+
+
+class TranslatorBlock(nn.Module):
+    """Stands in the block list for a removed span of blocks.
+
+    Takes the block call signature (hidden states first, positionally or as
+    ``hidden_states=``; everything else is ignored) and returns the
+    translated hidden states, as a block does.
+    """
+
+    _toast_translator = True  # lets find_blocks recognise a patched block list
+
+    def __init__(
+        self, translator: nn.Module, span: tuple[int, int], like: nn.Module | None = None
+    ) -> None:
+        super().__init__()
+        self.translator = translator
+        self.span = tuple(span)
+        if like is not None:
+            # Models read plain per-layer attributes of their blocks (e.g.
+            # ModernBERT's attention_type); keep those of the first block.
+            for name, value in vars(like).items():
+                if not name.startswith("_") and isinstance(value, (str, int, float, bool)):
+                    setattr(self, name, value)
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        return self.translator(hidden_states)
+
+    def extra_repr(self) -> str:
+        return f"replaces blocks[{self.span[0]}:{self.span[1]}]"
+
+
+def validate_spans(spans: Sequence[tuple[int, int]], num_blocks: int) -> list[tuple[int, int]]:
+    """Sorted spans ``(start, stop)`` of blocks, checked to lie in
+    ``[0, num_blocks]`` and not to overlap."""
+    checked = []
+    for span in spans:
+        start, stop = (int(v) for v in span)
+        if not 0 <= start < stop <= num_blocks:
+            raise ValueError(
+                f"span {tuple(span)} must satisfy 0 <= start < stop <= {num_blocks} "
+                f"(blocks[start:stop] of a model with {num_blocks} blocks)"
+            )
+        checked.append((start, stop))
+    checked.sort()
+    for a, b in zip(checked, checked[1:], strict=False):
+        if a[1] > b[0]:
+            raise ValueError(f"spans {a} and {b} overlap")
+    return checked
+
+
+def _renumber_layers(blocks: nn.ModuleList) -> None:
+    # Attention modules index the KV cache by layer_idx; keep it equal to
+    # the block's new position.
+    for position, block in enumerate(blocks):
+        for module in block.modules():
+            if isinstance(getattr(module, "layer_idx", None), int):
+                module.layer_idx = position
+
+
+def _update_config(model: nn.Module, kept: list[int | tuple[int, int]], total: int) -> None:
+    config = getattr(model, "config", None)
+    if config is None:
+        return
+    for name in ("num_hidden_layers", "n_layer", "num_layers"):
+        if isinstance(getattr(config, name, None), int) and getattr(config, name) == total:
+            setattr(config, name, len(kept))
+    layer_types = getattr(config, "layer_types", None)
+    if isinstance(layer_types, list) and len(layer_types) == total:
+        # a translator takes the type of the first block it replaces
+        config.layer_types = [layer_types[k if isinstance(k, int) else k[0]] for k in kept]
+
+
+def replace_spans(
+    model: nn.Module,
+    spans: Sequence[tuple[int, int]],
+    translators: Sequence[Translator | nn.Module],
+    blocks: str | None = None,
+) -> nn.Module:
+    """Replaces ``blocks[start:stop]`` of each span by its translator, in place.
+
+    ``translators`` are fitted :class:`toast.Translator` objects (converted
+    to modules in the dtype and device of the first removed block) or ready
+    modules. The block list is rebuilt, ``layer_idx`` attributes are
+    renumbered and ``config.num_hidden_layers`` (and ``config.layer_types``)
+    follow. Returns the model.
+    """
+    if len(spans) != len(translators):
+        raise ValueError(f"got {len(spans)} spans but {len(translators)} translators")
+    stack = find_blocks(model, blocks)
+    total = stack.num_blocks
+    order = sorted(range(len(spans)), key=lambda k: tuple(spans[k]))
+    checked = validate_spans(spans, total)
+    old = list(stack.blocks)
+    new_blocks: list[nn.Module] = []
+    kept: list[int | tuple[int, int]] = []
+    position = 0
+    for (start, stop), k in zip(checked, order, strict=True):
+        new_blocks.extend(old[position:start])
+        kept.extend(range(position, start))
+        reference = next(old[start].parameters(), None)
+        module = translators[k]
+        if isinstance(module, Translator):
+            module = translator_module(
+                module,
+                dtype=reference.dtype if reference is not None else torch.float32,
+                device=reference.device if reference is not None else "cpu",
+            )
+        new_blocks.append(TranslatorBlock(module, (start, stop), like=old[start]))
+        kept.append((start, stop))
+        position = stop
+    new_blocks.extend(old[position:])
+    kept.extend(range(position, total))
+    holder_path, _, attr = stack.path.rpartition(".")
+    holder = model.get_submodule(holder_path) if holder_path else model
+    setattr(holder, attr, nn.ModuleList(new_blocks))
+    _renumber_layers(getattr(holder, attr))
+    _update_config(model, kept, total)
+    return model
