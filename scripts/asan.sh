@@ -45,7 +45,7 @@ print(f"asan: testing {toast._core.__file__}")
 PY
 
 if [ "$#" -eq 0 ]; then
-    set -- tests -m "not slow"
+    set -- tests -m "not slow and not hf"
 fi
 
 _log "running pytest under ASan+UBSan: $*"

@@ -8,6 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 hf_models = pytest.importorskip("hf_models")
 
+pytestmark = pytest.mark.hf
+
 import toast  # noqa: E402
 from toast.analysis import Analysis, Span  # noqa: E402
 

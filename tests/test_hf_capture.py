@@ -7,6 +7,8 @@ from conftest import assert_rel
 torch = pytest.importorskip("torch")
 hf_models = pytest.importorskip("hf_models")
 
+pytestmark = pytest.mark.hf
+
 import toast  # noqa: E402
 
 FAMILIES = hf_models.FAMILIES

@@ -6,6 +6,8 @@ from conftest import rel_err
 torch = pytest.importorskip("torch")
 hf_models = pytest.importorskip("hf_models")
 
+pytestmark = pytest.mark.hf
+
 import toast  # noqa: E402
 
 FAMILIES = hf_models.FAMILIES
