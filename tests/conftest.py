@@ -174,3 +174,14 @@ def assert_moments_match_data(m, states, tol=1e-12, fold_of_row=None):
                         tol,
                         f"cross({i},{j}) fold={f}",
                     )
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Runs a test with one torch thread: tiny models are faster that way and
+    results do not depend on the machine's core count."""
+    torch = pytest.importorskip("torch")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

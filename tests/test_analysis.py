@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 hf_models = pytest.importorskip("hf_models")
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 import toast  # noqa: E402
 from toast.analysis import Analysis, Span  # noqa: E402
@@ -76,9 +76,7 @@ def test_plan_keeps_a_block_between_spans_and_never_removes_block_zero():
 def test_top_spans_ranks_ascending_and_filters_by_budget():
     E = _random_errors(3)
     spans = _analysis_of(E).top_spans(k=4, budget=2)
-    expected = sorted(
-        (E[i, i + 2], i) for i in range(1, E.shape[0] - 2)
-    )[:4]
+    expected = sorted((E[i, i + 2], i) for i in range(1, E.shape[0] - 2))[:4]
     assert [(s.error, s.start) for s in spans] == expected
     assert all(s.num_blocks == 2 for s in spans)
 
@@ -103,7 +101,6 @@ def test_plan_rejects_similarity_metrics():
 
 @pytest.fixture(scope="module")
 def vit_analysis():
-    torch.set_num_threads(1)
     family = hf_models.FAMILIES[0]
     model = hf_models.build(family)
     batches = hf_models.loader(family, 40, batch_size=8)

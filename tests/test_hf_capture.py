@@ -7,20 +7,12 @@ from conftest import assert_rel
 torch = pytest.importorskip("torch")
 hf_models = pytest.importorskip("hf_models")
 
-pytestmark = pytest.mark.hf
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 import toast  # noqa: E402
 
 FAMILIES = hf_models.FAMILIES
 IDS = [f.name for f in FAMILIES]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=IDS)

@@ -804,27 +804,28 @@ static int new_fit_arrays(int d, PyObject **W, PyObject **b)
     return 1;
 }
 
-static PyObject *core_fit(PyObject *mod, PyObject *args)
+/* Runs toast_fit (states idx[0] -> idx[1]) or, with `residual`,
+ * toast_fit_residual (states idx[0], idx[1], idx[2]) with the GIL released;
+ * returns (W, b, condition, rank, method). */
+static PyObject *run_fit(PyObject *obj, const int idx[3], int residual,
+                         const toast_fit_options *opt)
 {
-    PyObject *obj, *W, *b;
-    int i, j, kind, center = 0, ridge_rel = 0, sel = 0, fold = 0;
-    double ridge = 0.0;
+    PyObject *W, *b;
     toast_error err = {0};
     toast_solve_info info = {0};
     toast_status st;
-    (void)mod;
-    if (!PyArg_ParseTuple(args, "Oiii|pdpii", &obj, &i, &j, &kind, &center,
-                          &ridge, &ridge_rel, &sel, &fold))
-        return NULL;
     MomentsObject *mo = as_moments(obj);
     if (mo == NULL || !new_fit_arrays(mo->m->d, &W, &b))
         return NULL;
-    toast_fit_options opt = {(toast_fit_kind)kind, center, ridge, ridge_rel,
-                             (toast_sets)sel, fold};
+    double *w = PyArray_DATA((PyArrayObject *)W);
+    double *bias = PyArray_DATA((PyArrayObject *)b);
     Py_BEGIN_ALLOW_THREADS
     PyThread_acquire_lock(mo->lock, WAIT_LOCK);
-    st = toast_fit(mo->m, i, j, &opt, PyArray_DATA((PyArrayObject *)W),
-                   PyArray_DATA((PyArrayObject *)b), &info, &err);
+    if (residual)
+        st = toast_fit_residual(mo->m, idx[0], idx[1], idx[2], opt, w, bias,
+                                &info, &err);
+    else
+        st = toast_fit(mo->m, idx[0], idx[1], opt, w, bias, &info, &err);
     PyThread_release_lock(mo->lock);
     Py_END_ALLOW_THREADS
     if (st != TOAST_OK) {
@@ -835,36 +836,32 @@ static PyObject *core_fit(PyObject *mod, PyObject *args)
     return fit_result(W, b, &info);
 }
 
+static PyObject *core_fit(PyObject *mod, PyObject *args)
+{
+    PyObject *obj;
+    int idx[3] = {0, 0, 0}, kind, center = 0, ridge_rel = 0, sel = 0, fold = 0;
+    double ridge = 0.0;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "Oiii|pdpii", &obj, &idx[0], &idx[1], &kind,
+                          &center, &ridge, &ridge_rel, &sel, &fold))
+        return NULL;
+    toast_fit_options opt = {(toast_fit_kind)kind, center, ridge, ridge_rel,
+                             (toast_sets)sel, fold};
+    return run_fit(obj, idx, 0, &opt);
+}
+
 static PyObject *core_fit_residual(PyObject *mod, PyObject *args)
 {
-    PyObject *obj, *W, *b;
-    int mi, yi, li, center = 0, ridge_rel = 0;
+    PyObject *obj;
+    int idx[3], center = 0, ridge_rel = 0;
     double ridge = 0.0;
-    toast_error err = {0};
-    toast_solve_info info = {0};
-    toast_status st;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "Oiii|pdp", &obj, &mi, &yi, &li, &center,
-                          &ridge, &ridge_rel))
-        return NULL;
-    MomentsObject *mo = as_moments(obj);
-    if (mo == NULL || !new_fit_arrays(mo->m->d, &W, &b))
+    if (!PyArg_ParseTuple(args, "Oiii|pdp", &obj, &idx[0], &idx[1], &idx[2],
+                          &center, &ridge, &ridge_rel))
         return NULL;
     toast_fit_options opt = {TOAST_FIT_LEASTSQ, center, ridge, ridge_rel,
                              TOAST_SETS_ALL, 0};
-    Py_BEGIN_ALLOW_THREADS
-    PyThread_acquire_lock(mo->lock, WAIT_LOCK);
-    st = toast_fit_residual(mo->m, mi, yi, li, &opt,
-                            PyArray_DATA((PyArrayObject *)W),
-                            PyArray_DATA((PyArrayObject *)b), &info, &err);
-    PyThread_release_lock(mo->lock);
-    Py_END_ALLOW_THREADS
-    if (st != TOAST_OK) {
-        Py_DECREF(W);
-        Py_DECREF(b);
-        return raise_core_error(&err);
-    }
-    return fit_result(W, b, &info);
+    return run_fit(obj, idx, 1, &opt);
 }
 
 static PyObject *core_solve_gram(PyObject *mod, PyObject *args)
