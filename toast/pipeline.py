@@ -101,7 +101,7 @@ def compress(
     model and a :class:`CompressionReport`.
     """
     if method != "toast":
-        raise ValueError(f"method must be 'toast' (others arrive with their issues), got {method!r}")
+        raise ValueError(f"method must be 'toast', got {method!r}")
     if budget is None and max_error is None:
         raise ValueError("give budget=<blocks to remove>, max_error=..., or both")
     analysis = analyze(
