@@ -651,6 +651,10 @@ toast_status toast_moments_update(toast_moments *m, const toast_view *views,
     toast_status st = validate_update(m, views, mask, fold_ids, &rows, err);
     if (st != TOAST_OK)
         return st;
+    if (m->next_row > INT64_MAX - rows)
+        return toast_set_error(err, TOAST_EOVERFLOW, -1,
+                               "the row counter (%lld) would overflow",
+                               (long long)m->next_row);
     st = chunk_get(m, rows, &c, err);
     if (st != TOAST_OK)
         return st;
@@ -693,6 +697,11 @@ toast_status toast_moments_merge(toast_moments *dst, const toast_moments *src,
                                "folds=%d, span=%d)", src->S, src->d,
                                src->folds, src->span, dst->S, dst->d,
                                dst->folds, dst->span);
+    if (src->next_row > INT64_MAX - dst->next_row)
+        return toast_set_error(err, TOAST_EOVERFLOW, -1,
+                               "the merged row counter (%lld + %lld) would "
+                               "overflow", (long long)dst->next_row,
+                               (long long)src->next_row);
     size_t total = dst->set_len * (size_t)dst->nsets;
     for (size_t e = 0; e < total; e++)
         dst->data[e] += src->data[e];
