@@ -1,0 +1,167 @@
+"""Moments.all_reduce across processes (torch.distributed, gloo on loopback).
+
+Two worker processes each accumulate half of a deterministic dataset, sum
+their moments with ``Moments.all_reduce`` and write what they then compute;
+the test compares that with a single-process run of the whole dataset.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import assert_rel, make_states, moments_from
+
+import toast
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+S, N, D, FOLDS = 4, 240, 6, 3
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+WORKER = textwrap.dedent(
+    """
+    import datetime, json, sys
+    import numpy as np
+    import torch.distributed as dist
+
+    tests_dir, rank, world, port, out = sys.argv[1:6]
+    rank, world = int(rank), int(world)
+    sys.path.insert(0, tests_dir)
+    import toast
+    from conftest import make_states
+
+    S, N, D, FOLDS = {S}, {N}, {D}, {FOLDS}
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    states = make_states(7, S, N, D, mean=0.5)
+    lo, hi = rank * N // world, (rank + 1) * N // world
+    rows = np.arange(lo, hi)
+    result = {{}}
+    for pairs in ("all", "consecutive"):
+        m = toast.Moments(S, D, folds=FOLDS, pairs=pairs)
+        # this rank's shard in two batches, with the folds of the global row numbers
+        mid = (lo + hi) // 2
+        for a, b in ((lo, mid), (mid, hi)):
+            m.update([s[a:b] for s in states], fold=np.arange(a, b) % FOLDS)
+        assert m.rows == hi - lo
+        assert m.all_reduce() is m
+        result[pairs + "/data"] = m._get_data()
+        result[pairs + "/rows"] = np.array(m.rows)
+        result[pairs + "/E_cv"] = toast.error_matrix(m, "linear", "cv")
+        result[pairs + "/E_gcv"] = toast.error_matrix(m, "affine", "gcv")
+        result[pairs + "/E_mse"] = toast.error_matrix(m, "mse")
+        for i in range(S):
+            for j in range(i, S):
+                if m.has_pair(i, j):
+                    result[f"{{pairs}}/cross/{{i}}/{{j}}"] = m.cross(i, j)
+    # moments of another layout on one rank: every rank raises the same ValueError
+    bad = toast.Moments(S, D + rank, folds=FOLDS)
+    bad.update([np.ones((2, D + rank))] * S)
+    try:
+        bad.all_reduce()
+        result["mismatch"] = np.array("no error")
+    except ValueError as exc:
+        result["mismatch"] = np.array(str(exc))
+    assert bad.rows == 2  # untouched
+    np.savez(f"{{out}}/rank{{rank}}.npz", **result)
+    dist.destroy_process_group()
+    """
+).format(S=S, N=N, D=D, FOLDS=FOLDS)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_workers(tmp_path, world=2):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), TESTS_DIR, str(r), str(world), port, str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=120)
+            outputs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for r, (p, out) in enumerate(zip(procs, outputs, strict=True)):
+        assert p.returncode == 0, f"rank {r} failed:\n{out}"
+    return [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory):
+    return _run_workers(tmp_path_factory.mktemp("dist"))
+
+
+@pytest.mark.parametrize("pairs", ["all", "consecutive"])
+def test_all_reduce_equals_single_process(worker_results, pairs):
+    states = make_states(7, S, N, D, mean=0.5)
+    # single process: default folds (row r -> r % FOLDS) = the workers' explicit ids
+    ref = moments_from(states, folds=FOLDS, pairs=pairs)
+    expected = {
+        "E_cv": toast.error_matrix(ref, "linear", "cv"),
+        "E_gcv": toast.error_matrix(ref, "affine", "gcv"),
+        "E_mse": toast.error_matrix(ref, "mse"),
+    }
+    for rank, res in enumerate(worker_results):
+        assert int(res[f"{pairs}/rows"]) == N
+        assert_rel(res[f"{pairs}/data"], ref._get_data(), 1e-12, f"rank {rank} storage")
+        for name, E in expected.items():
+            got = res[f"{pairs}/{name}"]
+            assert np.array_equal(np.isnan(got), np.isnan(E)), (rank, name)
+            ok = ~np.isnan(E)
+            assert_rel(got[ok], E[ok], 1e-12, f"rank {rank} {name}")
+        for i in range(S):
+            for j in range(i, S):
+                key = f"{pairs}/cross/{i}/{j}"
+                assert (key in res) == ref.has_pair(i, j)
+                if key in res:
+                    assert_rel(res[key], ref.cross(i, j), 1e-12, f"rank {rank} {key}")
+    # every rank holds bit-identical moments
+    first = worker_results[0][f"{pairs}/data"]
+    for res in worker_results[1:]:
+        assert np.array_equal(res[f"{pairs}/data"], first)
+
+
+def test_all_reduce_rejects_mismatched_layouts(worker_results):
+    for res in worker_results:
+        msg = str(res["mismatch"])
+        assert "differ in dim" in msg, msg
+        assert f"rank 0: {D}" in msg and f"rank 1: {D + 1}" in msg, msg
+
+
+def test_all_reduce_needs_an_initialised_group():
+    m = toast.Moments(2, 3)
+    if dist.is_initialized():  # pragma: no cover - not in this test suite
+        pytest.skip("a process group is initialised in this process")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        m.all_reduce()
+    from toast.distributed import all_reduce_moments
+
+    with pytest.raises(TypeError, match="toast.Moments"):
+        all_reduce_moments(np.zeros(3))
