@@ -319,6 +319,22 @@ static toast_status load_system(const toast_moments *m, int i, int yp, int ym,
         center_block(w->A, w->mx, w->mx, w->n, d);
         center_block(w->B, w->mx, w->my, w->n, d);
     }
+    /* Finite activations can still overflow the float64 sums (|x| ~ 1e154
+     * and up); every kind needs a finite system (the SVD of the orthogonal
+     * fit reported such input as a LAPACK failure, the diagonal fit
+     * returned zeros). */
+    for (size_t e = 0; e < (size_t)d * d; e++)
+        if (!isfinite(w->A[e]) || !isfinite(w->B[e]))
+            return toast_set_error(err, TOAST_ENONFINITE, -1,
+                                   "the moments of states %d and %d contain "
+                                   "Inf or NaN (float64 sums overflowed: "
+                                   "the activations are too large)", i, yp);
+    for (int c = 0; c < d; c++)
+        if (!isfinite(w->mx[c]) || !isfinite(w->my[c]))
+            return toast_set_error(err, TOAST_ENONFINITE, -1,
+                                   "the column sums of states %d and %d "
+                                   "contain Inf or NaN (float64 sums "
+                                   "overflowed)", i, yp);
     return TOAST_OK;
 }
 

@@ -153,3 +153,18 @@ def test_row_counter_overflow_is_an_error():
     np.testing.assert_array_equal(m._get_data(), before)
     m.update([np.ones((1, 2))])  # exactly fits
     assert m.rows == 2**63 - 1
+
+
+@pytest.mark.parametrize("kind", ["orthogonal", "diagonal", "linear", "affine", "ridge"])
+@pytest.mark.parametrize("center", [None, True, False])
+def test_fits_of_overflowing_moments_raise_value_error(kind, center):
+    # Found by fuzzing: finite activations whose float64 products overflow
+    # gave RuntimeError from the SVD (orthogonal, centered) or silent garbage
+    # (diagonal, orthogonal); every kind now raises ValueError.
+    if kind in ("affine", "ridge") and center is False:
+        return
+    X = np.array([[1e200, 1.0], [1.0, 2.0], [3.0, -1.0]])
+    m = toast.Moments(2, 2)
+    m.update([X, 2 * X])
+    with pytest.raises(ValueError, match="Inf or NaN"):
+        toast.fit_translator(m, 0, 1, kind=kind, center=center)

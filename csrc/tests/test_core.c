@@ -992,6 +992,39 @@ static void test_bad_arguments(void)
     toast_factor_free(&f);
 }
 
+/* Finite activations whose float64 sums overflow: every fit kind reports
+ * TOAST_ENONFINITE (found by fuzzing: the orthogonal fit's SVD failed with
+ * TOAST_ELAPACK, the diagonal fit returned zeros). */
+static void test_overflowing_moments(void)
+{
+    static const double X[] = {1e200, 1.0, 1.0, 2.0, 3.0, -1.0};
+    double Y[6], W[4], b[2];
+    toast_error err = {0};
+    toast_solve_info info;
+    for (int e = 0; e < 6; e++)
+        Y[e] = 2.0 * X[e];
+    toast_moments *m = new_moments(3, 2, 0, -1, TOAST_PRECISION_FLOAT64);
+    toast_view v[3] = {dview(X, 3, 2), dview(Y, 3, 2), dview(X, 3, 2)};
+    CHECK_STATUS(toast_moments_update(m, v, NULL, NULL, &err), TOAST_OK,
+                 &err);
+    const toast_fit_kind kinds[] = {TOAST_FIT_LEASTSQ, TOAST_FIT_DIAGONAL,
+                                    TOAST_FIT_ORTHOGONAL};
+    for (int k = 0; k < 3; k++) {
+        for (int center = 0; center <= 1; center++) {
+            toast_fit_options opt = {kinds[k], center, 0.0, 0, TOAST_SETS_ALL,
+                                     0};
+            CHECK_STATUS(toast_fit(m, 0, 1, &opt, W, b, &info, &err),
+                         TOAST_ENONFINITE, &err);
+        }
+    }
+    toast_fit_options opt = {TOAST_FIT_LEASTSQ, 1, 0.0, 0, TOAST_SETS_ALL, 0};
+    CHECK_STATUS(toast_fit_residual(m, 0, 1, 2, &opt, W, b, &info, &err),
+                 TOAST_ENONFINITE, &err);
+    opt.kind = TOAST_FIT_IDENTITY; /* nothing to solve: fine */
+    CHECK_STATUS(toast_fit(m, 0, 1, &opt, W, b, &info, &err), TOAST_OK, &err);
+    toast_moments_free(m);
+}
+
 /* Sizes whose pair count or storage does not fit must fail fast, not
  * overflow or loop for minutes. */
 static void test_absurd_sizes(void)
@@ -1026,6 +1059,7 @@ int main(void)
     test_solvers();
     test_exact_linear();
     test_bad_arguments();
+    test_overflowing_moments();
     test_absurd_sizes();
     printf("test_core: %d checks, %d failures\n", checks, failures);
     return failures == 0 ? 0 : 1;
