@@ -32,103 +32,49 @@ class Family:
     final_norm: bool = True
 
 
+# Shared sizes: every family gets the same width, depth and head count.
+_COMMON = {"hidden_size": HIDDEN, "num_hidden_layers": LAYERS, "num_attention_heads": 4}
+_VISION = {**_COMMON, "image_size": IMAGE, "patch_size": 4}
+_TEXT = {**_COMMON, "vocab_size": VOCAB, "intermediate_size": 64}
+_DECODER = {**_TEXT, "num_key_value_heads": 2}
+
+
 def _vit():
-    cfg = transformers.ViTConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        intermediate_size=64,
-        image_size=IMAGE,
-        patch_size=4,
-    )
+    cfg = transformers.ViTConfig(**_VISION, intermediate_size=64)
     return transformers.ViTModel(cfg, add_pooling_layer=False)
 
 
 def _deit():
-    cfg = transformers.DeiTConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        intermediate_size=64,
-        image_size=IMAGE,
-        patch_size=4,
-    )
+    cfg = transformers.DeiTConfig(**_VISION, intermediate_size=64)
     return transformers.DeiTModel(cfg, add_pooling_layer=False)
 
 
 def _dinov2():
-    cfg = transformers.Dinov2Config(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        mlp_ratio=2,
-        image_size=IMAGE,
-        patch_size=4,
-    )
-    return transformers.Dinov2Model(cfg)
+    return transformers.Dinov2Model(transformers.Dinov2Config(**_VISION, mlp_ratio=2))
 
 
 def _clip_vision():
-    cfg = transformers.CLIPVisionConfig(
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        image_size=IMAGE,
-        patch_size=4,
+    return transformers.CLIPVisionModel(
+        transformers.CLIPVisionConfig(**_VISION, intermediate_size=64)
     )
-    return transformers.CLIPVisionModel(cfg)
 
 
 def _bert():
-    cfg = transformers.BertConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        intermediate_size=64,
-    )
-    return transformers.BertModel(cfg, add_pooling_layer=False)
+    return transformers.BertModel(transformers.BertConfig(**_TEXT), add_pooling_layer=False)
 
 
 def _modernbert():
-    cfg = transformers.ModernBertConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        intermediate_size=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        cls_token_id=1,
-        sep_token_id=2,
-    )
+    special = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    cfg = transformers.ModernBertConfig(**_TEXT, **special, cls_token_id=1, sep_token_id=2)
     return transformers.ModernBertModel(cfg)
 
 
 def _llama():
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    return transformers.LlamaModel(cfg)
+    return transformers.LlamaModel(transformers.LlamaConfig(**_DECODER))
 
 
 def _qwen2():
-    cfg = transformers.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=64,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    return transformers.Qwen2Model(cfg)
+    return transformers.Qwen2Model(transformers.Qwen2Config(**_DECODER))
 
 
 def _gpt2():
