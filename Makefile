@@ -15,7 +15,7 @@ help:
 	@echo "make build  - rebuild the C extension in place"
 	@echo "make test   - full test suite (scripts/test.sh; ARGS='...' go to pytest)"
 	@echo "make demo   - run the demo (scripts/demo.sh; ARGS='...' go to the demo)"
-	@echo "make asan   - ASan+UBSan build (temp dir), pytest tests -m 'not slow' (ARGS to override)"
+	@echo "make asan   - ASan+UBSan build (temp dir), pytest tests -m 'not slow and not hf' (ARGS to override)"
 	@echo "make ctest  - C-level tests of the core (csrc/tests, no Python)"
 	@echo "make ctest-asan     - the same under ASan+UBSan"
 	@echo "make ctest-valgrind - the same under valgrind (memcheck)"
