@@ -539,3 +539,13 @@ def test_fit_residual_rejects_unstored_pair():
     m = _moments_for_errors(pairs="consecutive")
     with pytest.raises(ValueError):
         toast.fit_residual(m, 0, 1, 3)
+
+
+@pytest.mark.parametrize("bad", ["A", "B"])
+def test_solve_gram_rejects_complex_input(bad):
+    A = np.eye(3)
+    B = np.ones((3, 2))
+    args = {"A": A, "B": B}
+    args[bad] = args[bad].astype(np.complex128)
+    with pytest.raises(TypeError, match=f"{bad} must be a real numeric array"):
+        toast.solve_gram(args["A"], args["B"])
