@@ -66,10 +66,6 @@ EXPECTED = (TypeError, ValueError, OverflowError, MemoryError)
 # when asked to export: torch raises BufferError for tensors that require grad.
 # (toast.Moments.update detaches tensors first, so the public API never does.)
 EXPECTED_RAW_UPDATE = (*EXPECTED, BufferError)
-# KNOWN (reported, not fixed here): toast.solve_gram converts its operands with
-# np.asarray(..., dtype=float64), so complex input loses its imaginary part with a
-# numpy ComplexWarning instead of raising TypeError.
-EXPECTED_SOLVE_GRAM = (*EXPECTED, np.exceptions.ComplexWarning)
 FAILED = object()  # result of a call that raised an expected exception
 
 # Everything must be small: each execution should take a few milliseconds.
@@ -816,7 +812,7 @@ def fuzz_solve_gram(fdp) -> None:
     B = gram_operand(fdp, shape_b)
     ridge = fdp.PickValueInList(RIDGES)
     if fdp.ConsumeBool():
-        r = attempt("solve_gram", toast.solve_gram, A, B, ridge, expected=EXPECTED_SOLVE_GRAM)
+        r = attempt("solve_gram", toast.solve_gram, A, B, ridge)
         method_names = ("cholesky", "eigh")
     else:
         r = attempt("raw_solve_gram", _core.solve_gram, A, B, ridge)
