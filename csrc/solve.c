@@ -9,6 +9,7 @@
  */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,9 +21,18 @@
 toast_status toast_factor_init(toast_factor *f, int d, toast_error *err)
 {
     memset(f, 0, sizeof *f);
+    /* dsyevd with eigenvectors: lwork >= 1 + 6d + 2d^2, liwork >= 3 + 5d,
+     * both LAPACK ints */
+    int64_t lwork = 1 + 6 * (int64_t)d + 2 * (int64_t)d * d;
+    if (d < 1)
+        return toast_set_error(err, TOAST_EINVAL, -1,
+                               "a factorization needs d >= 1, got %d", d);
+    if (lwork > INT32_MAX)
+        return toast_set_error(err, TOAST_EOVERFLOW, -1,
+                               "a %d x %d factorization exceeds LAPACK's "
+                               "32-bit workspace sizes", d, d);
     f->d = d;
-    /* dsyevd with eigenvectors: lwork >= 1 + 6d + 2d^2, liwork >= 3 + 5d */
-    f->lwork = 1 + 6 * d + 2 * d * d;
+    f->lwork = (int)lwork;
     f->liwork = 3 + 5 * d;
     f->a = malloc((size_t)d * d * sizeof(double));
     f->s = malloc((size_t)d * sizeof(double));

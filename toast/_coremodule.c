@@ -59,7 +59,7 @@ static PyObject *raise_core_error(const toast_error *err)
 {
     PyObject *type;
     switch (err->code) {
-    case TOAST_ENOMEM: return PyErr_NoMemory();
+    case TOAST_ENOMEM: type = PyExc_MemoryError; break;
     case TOAST_ETYPE: type = PyExc_TypeError; break;
     case TOAST_EOVERFLOW: type = PyExc_OverflowError; break;
     case TOAST_ELAPACK: type = PyExc_RuntimeError; break;

@@ -1046,6 +1046,12 @@ static void test_absurd_sizes(void)
                            &err);
     CHECK(st == TOAST_EOVERFLOW || st == TOAST_ENOMEM);
     toast_moments_free(m);
+    /* the eigensolver workspace (2 d^2 doubles) must fit LAPACK's int */
+    toast_factor f;
+    st = toast_factor_init(&f, 40000, &err);
+    CHECK(st == TOAST_EOVERFLOW);
+    st = toast_factor_init(&f, 0, &err);
+    CHECK(st == TOAST_EINVAL);
 }
 
 int main(void)
