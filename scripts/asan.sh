@@ -12,15 +12,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"   # venv + normal in-place build
 
-CC_BIN="${CC:-gcc}"
-LIBASAN="$("$CC_BIN" -print-file-name=libasan.so)"
-LIBUBSAN="$("$CC_BIN" -print-file-name=libubsan.so)"
-for lib in "$LIBASAN" "$LIBUBSAN"; do
-    if [ ! -e "$lib" ]; then
-        _log "sanitizer runtime not found: $lib (install gcc's libasan/libubsan)"
-        exit 1
-    fi
-done
+find_sanitizer_runtimes   # sets LIBASAN, LIBUBSAN (setup_env.sh)
 
 ASAN_LIB="$(mktemp -d "${TMPDIR:-/tmp}/toast-asan.XXXXXX")"
 trap 'rm -rf "$ASAN_LIB"' EXIT

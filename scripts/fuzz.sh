@@ -51,15 +51,7 @@ env "${common[@]}" TOAST_FUZZ_EXPECT="$TOAST_ROOT/toast" \
     "$VPY" fuzz/fuzz_core.py "${flags[@]}" "$@" "$WORK" fuzz/corpus || status=$?
 
 if [ "${FUZZ_SANITIZE:-1}" = "1" ]; then
-    CC_BIN="${CC:-gcc}"
-    LIBASAN="$("$CC_BIN" -print-file-name=libasan.so)"
-    LIBUBSAN="$("$CC_BIN" -print-file-name=libubsan.so)"
-    for lib in "$LIBASAN" "$LIBUBSAN"; do
-        if [ ! -e "$lib" ]; then
-            _log "sanitizer runtime not found: $lib (install gcc's libasan/libubsan)"
-            exit 1
-        fi
-    done
+    find_sanitizer_runtimes   # sets LIBASAN, LIBUBSAN (setup_env.sh)
     _log "building toast with TOAST_SANITIZE=1 into $TMP_DIR"
     TOAST_SANITIZE=1 "$VPY" setup.py -q build --build-base "$TMP_DIR/build" \
         --build-lib "$TMP_DIR/lib"

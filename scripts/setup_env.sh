@@ -23,6 +23,20 @@ cd "$TOAST_ROOT"
 
 _log() { printf '[toast] %s\n' "$*" >&2; }
 
+# Sets LIBASAN and LIBUBSAN to gcc's sanitizer runtimes (for LD_PRELOAD into an
+# uninstrumented Python); exits when they are missing.
+find_sanitizer_runtimes() {
+    local cc="${CC:-gcc}" lib
+    LIBASAN="$("$cc" -print-file-name=libasan.so)"
+    LIBUBSAN="$("$cc" -print-file-name=libubsan.so)"
+    for lib in "$LIBASAN" "$LIBUBSAN"; do
+        if [ ! -e "$lib" ]; then
+            _log "sanitizer runtime not found: $lib (install gcc's libasan/libubsan)"
+            exit 1
+        fi
+    done
+}
+
 if [ ! -x "$TOAST_VENV/bin/python" ]; then
     _log "creating virtualenv $TOAST_VENV"
     "${PYTHON:-python3}" -m venv "$TOAST_VENV"
