@@ -10,8 +10,9 @@ batch is dropped, so activations are never all held.
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import torch
@@ -160,10 +161,10 @@ def _rss_mib() -> float:
         return float("nan")
 
 
-def _limited(
-    loader: Iterable, max_batches: int | None, sample: str, max_samples: int | None, seed: int
-) -> Iterable:
+def _limited(loader: Iterable, sample: str, max_samples: int | None, seed: int) -> Iterable:
     """The loader, restricted to a seeded random subset when asked."""
+    if sample not in ("first", "random"):
+        raise ValueError(f"sample must be 'first' or 'random', got {sample!r}")
     if sample == "random" and max_samples is not None:
         dataset = getattr(loader, "dataset", None)
         if not isinstance(loader, torch.utils.data.DataLoader) or dataset is None:
@@ -179,16 +180,7 @@ def _limited(
             collate_fn=loader.collate_fn,
             num_workers=loader.num_workers,
         )
-    if sample not in ("first", "random"):
-        raise ValueError(f"sample must be 'first' or 'random', got {sample!r}")
     return loader
-
-
-def _iterate(loader: Iterable, max_batches: int | None) -> Iterator[tuple[int, Any]]:
-    for index, batch in enumerate(loader):
-        if max_batches is not None and index >= max_batches:
-            return
-        yield index, batch
 
 
 def capture_moments(
@@ -223,7 +215,7 @@ def capture_moments(
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     stack = find_blocks(model, blocks)
-    source = _limited(loader, max_batches, sample, max_samples, seed)
+    source = _limited(loader, sample, max_samples, seed)
     recorder = _StateRecorder(stack)
     was_training = model.training
     moments: Moments | None = None
@@ -235,15 +227,17 @@ def capture_moments(
         bar = tqdm(desc="capturing", unit="batch", disable=not progress, leave=False)
         model.eval()
         with torch.inference_mode():
-            for _, batch in _iterate(source, max_batches):
+            for batch in itertools.islice(source, max_batches):
                 args, kwargs = _forward_inputs(model, batch)
+                size = _batch_size(args, kwargs)
                 if max_samples is not None:
                     remaining = max_samples - samples
                     if remaining <= 0:
                         break
-                    if _batch_size(args, kwargs) > remaining:
+                    if size > remaining:
                         args, kwargs = _truncate(args, kwargs, remaining)
-                samples += _batch_size(args, kwargs)
+                        size = remaining
+                samples += size
                 model(*args, **kwargs)
                 states, row_mask = _select_tokens(
                     recorder.take(), kwargs.get("attention_mask"), tokens
