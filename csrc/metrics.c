@@ -18,6 +18,7 @@
 
 #include "toast_blas.h"
 #include "toast_core.h"
+#include "toast_internal.h"
 
 typedef struct {
     int d;
@@ -80,14 +81,6 @@ static double frob_dot(const double *a, const double *b, size_t n)
     return s;
 }
 
-static void center(double *G, const double *sa, const double *sb, double n,
-                   int d)
-{
-    for (int r = 0; r < d; r++)
-        for (int c = 0; c < d; c++)
-            G[(size_t)r * d + c] -= sa[r] * sb[c] / n;
-}
-
 static int has_rows(const toast_moments *m, int i)
 {
     for (int j = i + 1; j < m->S; j++)
@@ -111,14 +104,8 @@ static toast_status factor_source(const toast_moments *m, em_work *w, int i,
     for (int c = 0; c < d; c++)
         w->mx[c] = w->sx[c] / n;
     if (affine)
-        center(w->A0, w->sx, w->sx, n, d);
-    double lambda = ridge;
-    if (ridge_rel) {
-        double t = 0.0;
-        for (int c = 0; c < d; c++)
-            t += w->A0[(size_t)c * d + c];
-        lambda = ridge * t / d;
-    }
+        toast_center_cross(w->A0, w->sx, w->sx, n, d);
+    double lambda = ridge_rel ? ridge * toast_trace(w->A0, d) / d : ridge;
     return toast_factor_compute(&w->f, w->A0, lambda, eigh, err);
 }
 
@@ -135,7 +122,7 @@ static toast_status solve_target(const toast_moments *m, em_work *w, int i,
     for (int c = 0; c < d; c++)
         w->my[c] = w->sy[c] / n;
     if (affine)
-        center(w->B, w->sx, w->sy, n, d);
+        toast_center_cross(w->B, w->sx, w->sy, n, d);
     st = toast_factor_solve(&w->f, w->B, d, w->W, w->tmp, err);
     if (st != TOAST_OK)
         return st;
@@ -155,15 +142,10 @@ static toast_status trace_of_block(const toast_moments *m, toast_sets sel,
                                    int k, int j, double *scratch, double *out,
                                    toast_error *err)
 {
-    const int d = m->d;
     toast_status st = toast_moments_cross(m, sel, k, j, j, scratch, err);
-    if (st != TOAST_OK)
-        return st;
-    double t = 0.0;
-    for (int c = 0; c < d; c++)
-        t += scratch[(size_t)c * d + c];
-    *out = t;
-    return TOAST_OK;
+    if (st == TOAST_OK)
+        *out = toast_trace(scratch, m->d);
+    return st;
 }
 
 /* RSS of the current W, bias on a test set (formula in the header). */
@@ -336,7 +318,7 @@ static toast_status cka_matrix(const toast_moments *m, double *E,
     for (int i = 0; i < S && st == TOAST_OK; i++) {
         st = toast_moments_cross(m, TOAST_SETS_ALL, 0, i, i, G, err);
         toast_moments_sums(m, TOAST_SETS_ALL, 0, i, si);
-        center(G, si, si, n, d);
+        toast_center_cross(G, si, si, n, d);
         self[i] = sqrt(frob_dot(G, G, dd));
     }
     for (int i = 0; i < S && st == TOAST_OK; i++) {
@@ -346,7 +328,7 @@ static toast_status cka_matrix(const toast_moments *m, double *E,
             st = toast_moments_cross(m, TOAST_SETS_ALL, 0, i, j, G, err);
             toast_moments_sums(m, TOAST_SETS_ALL, 0, i, si);
             toast_moments_sums(m, TOAST_SETS_ALL, 0, j, sj);
-            center(G, si, sj, n, d);
+            toast_center_cross(G, si, sj, n, d);
             double den = self[i] * self[j];
             if (den > 0.0)
                 E[i * S + j] = frob_dot(G, G, dd) / den;

@@ -15,6 +15,7 @@
 
 #include "toast_blas.h"
 #include "toast_core.h"
+#include "toast_internal.h"
 
 /* ------------------------------------------------------------ factor */
 
@@ -243,23 +244,6 @@ static toast_status fit_work_init(fit_work *w, int d, toast_error *err)
     return TOAST_OK;
 }
 
-/* G -= n * mean_a mean_b^T, the centering of a cross block. */
-static void center_block(double *G, const double *ma, const double *mb,
-                         double n, int d)
-{
-    for (int r = 0; r < d; r++)
-        for (int c = 0; c < d; c++)
-            G[(size_t)r * d + c] -= n * ma[r] * mb[c];
-}
-
-static double trace(const double *A, int d)
-{
-    double t = 0.0;
-    for (int k = 0; k < d; k++)
-        t += A[(size_t)k * d + k];
-    return t;
-}
-
 static toast_status check_options(const toast_moments *m,
                                   const toast_fit_options *opt,
                                   toast_error *err)
@@ -321,13 +305,13 @@ static toast_status load_system(const toast_moments *m, int i, int yp, int ym,
         for (int c = 0; c < d; c++)
             w->my[c] -= w->tmp[c];
     }
+    if (opt->center) { /* mx, my still hold column sums here */
+        toast_center_cross(w->A, w->mx, w->mx, w->n, d);
+        toast_center_cross(w->B, w->mx, w->my, w->n, d);
+    }
     for (int c = 0; c < d; c++) {
         w->mx[c] /= w->n;
         w->my[c] /= w->n;
-    }
-    if (opt->center) {
-        center_block(w->A, w->mx, w->mx, w->n, d);
-        center_block(w->B, w->mx, w->my, w->n, d);
     }
     /* Finite activations can still overflow the float64 sums (|x| ~ 1e154
      * and up); every kind needs a finite system (the SVD of the orthogonal
@@ -351,7 +335,7 @@ static toast_status load_system(const toast_moments *m, int i, int yp, int ym,
 static double effective_ridge(const toast_fit_options *opt, const double *A,
                               int d)
 {
-    return opt->ridge_relative ? opt->ridge * trace(A, d) / d : opt->ridge;
+    return opt->ridge_relative ? opt->ridge * toast_trace(A, d) / d : opt->ridge;
 }
 
 static void solve_diagonal(const fit_work *w, double ridge, double *W,

@@ -476,11 +476,9 @@ def solve_gram(
     policy (Cholesky, else eigen pseudo-inverse). Returns
     ``(W, condition, rank, method)``."""
     for name, value in (("A", A), ("B", B)):
-        kind = np.asarray(value).dtype.kind
-        if kind not in "biuf":
-            raise TypeError(
-                f"{name} must be a real numeric array, got dtype {np.asarray(value).dtype}"
-            )
+        dtype = np.asarray(value).dtype
+        if dtype.kind not in "biuf":
+            raise TypeError(f"{name} must be a real numeric array, got dtype {dtype}")
     A = np.asarray(A, dtype=np.float64)
     B = np.asarray(B, dtype=np.float64)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
