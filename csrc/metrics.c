@@ -148,7 +148,18 @@ static toast_status trace_of_block(const toast_moments *m, toast_sets sel,
     return st;
 }
 
-/* RSS of the current W, bias on a test set (formula in the header). */
+/* Loads the test-set Gram of source state i into w->A and its column sums
+ * into w->tx: shared by every target j of that source and test set. */
+static toast_status load_test_source(const toast_moments *m, em_work *w,
+                                     int i, toast_sets sel, int k,
+                                     toast_error *err)
+{
+    toast_moments_sums(m, sel, k, i, w->tx);
+    return toast_moments_cross(m, sel, k, i, i, w->A, err);
+}
+
+/* RSS of the current W, bias on a test set (formula in the header); the
+ * test set's source Gram and sums come from load_test_source. */
 static toast_status test_rss(const toast_moments *m, em_work *w, int i, int j,
                              toast_sets sel, int k, double *rss,
                              double *tyy, toast_error *err)
@@ -167,14 +178,10 @@ static toast_status test_rss(const toast_moments *m, em_work *w, int i, int j,
         return st;
     double r = *tyy - 2.0 * frob_dot(w->W, w->tmp, dd);
     /* <W, G_xx W> */
-    st = toast_moments_cross(m, sel, k, i, i, w->A, err);
-    if (st != TOAST_OK)
-        return st;
     toast_dgemm(TOAST_CblasRowMajor, TOAST_CblasNoTrans, TOAST_CblasNoTrans, d,
                 d, d, 1.0, w->A, d, w->W, d, 0.0, w->AW, d);
     r += frob_dot(w->W, w->AW, dd);
     /* bias terms with the test sums s_x and s_y */
-    toast_moments_sums(m, sel, k, i, w->tx);
     toast_moments_sums(m, sel, k, j, w->ty);
     double bb = 0.0, bres = 0.0;
     for (int c = 0; c < d; c++) {
@@ -257,6 +264,8 @@ static toast_status linear_matrix(const toast_moments *m, int affine,
                 continue;
             st = factor_source(m, &w, i, sel, k, affine, ridge, ridge_rel,
                                est == TOAST_EST_GCV, n, err);
+            if (st == TOAST_OK)
+                st = load_test_source(m, &w, i, test_sel, k, err);
             if (st != TOAST_OK)
                 break;
             if (cond != NULL && (isnan(cond[i]) ||
