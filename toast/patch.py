@@ -16,20 +16,9 @@ from torch import nn
 
 from toast.core import Translator
 from toast.hf import find_blocks
+from toast.translators import DiagonalMap
 
 __all__ = ["TranslatorBlock", "replace_spans", "translator_module", "validate_spans"]
-
-
-class DiagonalMap(nn.Module):
-    """``y = x * scale + bias`` (a per-feature translator)."""
-
-    def __init__(self, scale: torch.Tensor, bias: torch.Tensor) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(scale)
-        self.bias = nn.Parameter(bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.scale + self.bias
 
 
 def translator_module(
