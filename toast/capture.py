@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -20,8 +20,9 @@ from torch import nn
 
 from toast.core import Moments, Pairs
 from toast.hf import BlockStack, find_blocks
+from toast.torch_moments import TorchMoments
 
-__all__ = ["Tokens", "capture_moments"]
+__all__ = ["Tokens", "capture_moments", "stream_states"]
 
 Tokens = Literal["all", "cls", "mean", "last"]
 _TOKENS = ("all", "cls", "mean", "last")
@@ -30,15 +31,20 @@ _TARGET_KEYS = frozenset({"labels", "label", "targets"})
 
 
 class _StateRecorder:
-    """Forward hooks that keep the last batch's states 0..L."""
+    """Forward hooks that keep the last batch's states (all of 0..L, or the
+    chosen ones)."""
 
-    def __init__(self, stack: BlockStack) -> None:
-        self.states: list[torch.Tensor | None] = [None] * (stack.num_blocks + 1)
-        self._handles = [
-            stack.blocks[0].register_forward_pre_hook(self._record_input, with_kwargs=True)
-        ]
-        for index, block in enumerate(stack.blocks):
-            self._handles.append(block.register_forward_hook(self._output_hook(index + 1)))
+    def __init__(self, stack: BlockStack, states: list[int]) -> None:
+        self.wanted = list(states)
+        self.states: dict[int, torch.Tensor] = {}
+        self._handles = []
+        if 0 in self.wanted:
+            self._handles.append(
+                stack.blocks[0].register_forward_pre_hook(self._record_input, with_kwargs=True)
+            )
+        for state in sorted(set(self.wanted) - {0}):
+            block = stack.blocks[state - 1]
+            self._handles.append(block.register_forward_hook(self._output_hook(state)))
 
     def _record_input(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         hidden = args[0] if args else kwargs.get("hidden_states")
@@ -62,14 +68,15 @@ class _StateRecorder:
         return hook
 
     def take(self) -> list[torch.Tensor]:
-        missing = [k for k, s in enumerate(self.states) if s is None]
+        missing = [k for k in self.wanted if k not in self.states]
         if missing:
             raise RuntimeError(
                 f"the forward pass did not run through every block (no state {missing}); "
                 "does the model skip blocks or exit early?"
             )
-        states, self.states = self.states, [None] * len(self.states)
-        return states  # type: ignore[return-value]
+        states = [self.states[k] for k in self.wanted]
+        self.states = {}
+        return states
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -121,7 +128,8 @@ def _truncate(args: tuple, kwargs: dict, n: int) -> tuple[tuple, dict]:
 def _select_tokens(
     states: list[torch.Tensor], mask: torch.Tensor | None, tokens: str
 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """Rows to accumulate for one batch and the mask of valid rows."""
+    """Rows to accumulate for one batch and the mask of valid rows, on the
+    activations' device."""
     first = states[0]
     if first.dim() != 3:
         raise ValueError(
@@ -135,22 +143,22 @@ def _select_tokens(
                 f"(batch, tokens) = {tuple(first.shape[:2])}"
             )
     if tokens == "all":
-        return [s.detach().cpu() for s in states], (None if mask is None else mask.cpu())
+        return [s.detach() for s in states], mask
     if tokens == "cls":
-        return [s[:, 0].detach().cpu() for s in states], None
+        return [s[:, 0].detach() for s in states], None
     if tokens == "mean":
         if mask is None:
-            return [s.float().mean(dim=1).cpu() for s in states], None
+            return [s.float().mean(dim=1) for s in states], None
         weights = mask.to(torch.float32).unsqueeze(-1)
         count = weights.sum(dim=1).clamp_min(1.0)
-        return [((s.float() * weights).sum(dim=1) / count).cpu() for s in states], None
+        return [(s.float() * weights).sum(dim=1) / count for s in states], None
     # "last": the last valid token of each sequence, whatever side is padded.
     if mask is None:
-        return [s[:, -1].detach().cpu() for s in states], None
+        return [s[:, -1].detach() for s in states], None
     length = mask.shape[1]
     last = length - 1 - torch.flip(mask, dims=[1]).to(torch.int64).argmax(dim=1)
     rows = torch.arange(first.shape[0], device=first.device)
-    return [s[rows, last].detach().cpu() for s in states], None
+    return [s[rows, last].detach() for s in states], None
 
 
 def _rss_mib() -> float:
@@ -183,31 +191,46 @@ def _limited(loader: Iterable, sample: str, max_samples: int | None, seed: int) 
     return loader
 
 
-def capture_moments(
+def _check_states(states: Sequence[int] | None, num_states: int) -> list[int]:
+    if states is None:
+        return list(range(num_states))
+    chosen = [int(k) for k in states]
+    if not chosen:
+        raise ValueError("states must name at least one state")
+    for k in chosen:
+        if not 0 <= k < num_states:
+            raise ValueError(
+                f"state {k} is out of range: the model has states 0..{num_states - 1} "
+                "(0 = embedding output, i = output of block i - 1)"
+            )
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"states {chosen} name a state twice")
+    return chosen
+
+
+def stream_states(
     model: nn.Module,
     loader: Iterable,
+    consume: Callable[[list[torch.Tensor], torch.Tensor | None], int],
     *,
     blocks: str | None = None,
+    states: Sequence[int] | None = None,
     tokens: Tokens = "all",
-    folds: int = 5,
-    pairs: Pairs = "all",
-    precision: Literal["float64", "mixed"] = "float64",
     max_batches: int | None = None,
     max_samples: int | None = None,
     sample: Literal["first", "random"] = "first",
     seed: int = 0,
     progress: bool = True,
-) -> tuple[Moments, BlockStack]:
-    """Runs ``model`` over ``loader`` and returns the moments of its states.
+    desc: str = "capturing",
+) -> BlockStack:
+    """Runs ``model`` over ``loader`` and hands each batch's states to ``consume``.
 
-    ``loader`` yields tensors (e.g. ``pixel_values``), dicts of model inputs
-    (a tokenizer's output, whose ``attention_mask`` keeps padding out of the
-    statistics) or ``(inputs, labels)`` pairs. ``tokens`` chooses the rows:
-    every valid token, the first (CLS) token, the masked mean, or the last
-    valid token. ``max_batches`` / ``max_samples`` bound the work;
-    ``sample="random"`` draws a seeded random subset of a DataLoader's
-    dataset. The model runs in eval mode under ``torch.inference_mode`` and
-    is left as it was found.
+    ``consume(rows, mask)`` receives the chosen tokens of the chosen states
+    (tensors on the model's device, ``(batch, tokens, dim)`` with a row mask
+    for ``tokens="all"``, else ``(batch, dim)``) and returns the running row
+    count shown in the progress bar. Hooks are removed and the model's mode
+    restored on every exit, including ``KeyboardInterrupt``; the model's
+    weights are never touched. Returns the block stack.
     """
     if tokens not in _TOKENS:
         raise ValueError(f"tokens must be one of {_TOKENS}, got {tokens!r}")
@@ -215,16 +238,16 @@ def capture_moments(
         if value is not None and value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     stack = find_blocks(model, blocks)
+    wanted = _check_states(states, stack.num_blocks + 1)
     source = _limited(loader, sample, max_samples, seed)
-    recorder = _StateRecorder(stack)
+    recorder = _StateRecorder(stack, wanted)
     was_training = model.training
-    moments: Moments | None = None
     samples = 0
     bar = None
     try:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc="capturing", unit="batch", disable=not progress, leave=False)
+        bar = tqdm(desc=desc, unit="batch", disable=not progress, leave=False)
         model.eval()
         with torch.inference_mode():
             for batch in itertools.islice(source, max_batches):
@@ -239,37 +262,113 @@ def capture_moments(
                         size = remaining
                 samples += size
                 model(*args, **kwargs)
-                states, row_mask = _select_tokens(
+                rows, row_mask = _select_tokens(
                     recorder.take(), kwargs.get("attention_mask"), tokens
                 )
-                if moments is None:
-                    moments = Moments(
-                        len(states),
-                        int(states[0].shape[-1]),
-                        folds=folds,
-                        pairs=pairs,
-                        precision=precision,
-                    )
-                _update(moments, states, row_mask)
+                total = consume(rows, row_mask)
                 bar.update(1)
-                bar.set_postfix(rows=moments.rows, rss=f"{_rss_mib():.0f}MiB")
+                bar.set_postfix(rows=total, rss=f"{_rss_mib():.0f}MiB")
     finally:
         recorder.remove()
         model.train(was_training)
         if bar is not None:
             bar.close()
+    return stack
+
+
+def capture_moments(
+    model: nn.Module,
+    loader: Iterable,
+    *,
+    blocks: str | None = None,
+    states: Sequence[int] | None = None,
+    tokens: Tokens = "all",
+    folds: int = 5,
+    pairs: Pairs = "all",
+    precision: Literal["float64", "mixed"] = "float64",
+    backend: Literal["auto", "c", "torch"] = "auto",
+    max_batches: int | None = None,
+    max_samples: int | None = None,
+    sample: Literal["first", "random"] = "first",
+    seed: int = 0,
+    progress: bool = True,
+) -> tuple[Moments, BlockStack]:
+    """Runs ``model`` over ``loader`` and returns the moments of its states.
+
+    ``loader`` yields tensors (e.g. ``pixel_values``), dicts of model inputs
+    (a tokenizer's output, whose ``attention_mask`` keeps padding out of the
+    statistics) or ``(inputs, labels)`` pairs. ``states`` picks which states
+    to keep (default all ``L + 1``; moment index ``k`` is then state
+    ``states[k]``). ``tokens`` chooses the rows: every valid token, the
+    first (CLS) token, the masked mean, or the last valid token.
+    ``max_batches`` / ``max_samples`` bound the work; ``sample="random"``
+    draws a seeded random subset of a DataLoader's dataset. The model runs
+    in eval mode under ``torch.inference_mode`` and is left as it was found.
+
+    ``backend`` says where the sums are formed: ``"c"`` copies each batch
+    to the host and accumulates in the C core; ``"torch"`` accumulates on
+    the activations' device with torch (:class:`toast.torch_moments.TorchMoments`)
+    and copies only the final sums; ``"auto"`` (default) takes ``"torch"``
+    for activations on an accelerator and ``"c"`` on the CPU.
+    """
+    if backend not in ("auto", "c", "torch"):
+        raise ValueError(f"backend must be 'auto', 'c' or 'torch', got {backend!r}")
+    acc: dict[str, Any] = {}
+
+    def consume(rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
+        if "m" not in acc:
+            device = rows[0].device
+            use_torch = backend == "torch" or (backend == "auto" and device.type != "cpu")
+            dim = int(rows[0].shape[-1])
+            if use_torch:
+                acc["m"] = TorchMoments(
+                    len(rows), dim, folds=folds, pairs=pairs, precision=precision, device=device
+                )
+            else:
+                acc["m"] = Moments(len(rows), dim, folds=folds, pairs=pairs, precision=precision)
+        m = acc["m"]
+        if isinstance(m, TorchMoments):
+            _update(m, rows, mask, chosen)
+        else:
+            host = [r.cpu() for r in rows]
+            _update(m, host, None if mask is None else mask.cpu(), chosen)
+        return m.rows
+
+    stack = find_blocks(model, blocks)
+    chosen = _check_states(states, stack.num_blocks + 1)
+    stack = stream_states(
+        model,
+        loader,
+        consume,
+        blocks=blocks,
+        states=chosen,
+        tokens=tokens,
+        max_batches=max_batches,
+        max_samples=max_samples,
+        sample=sample,
+        seed=seed,
+        progress=progress,
+    )
+    moments = acc.get("m")
     if moments is None or moments.rows == 0:
         raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
+    if isinstance(moments, TorchMoments):
+        moments = moments.to_moments()
     return moments, stack
 
 
-def _update(moments: Moments, states: list[torch.Tensor], mask: torch.Tensor | None) -> None:
+def _update(
+    moments: Moments | TorchMoments,
+    states: list[torch.Tensor],
+    mask: torch.Tensor | None,
+    chosen: list[int],
+) -> None:
     try:
         moments.update(states, mask=mask)
     except ValueError as exc:
         message = str(exc)
         if "NaN or Inf" in message and message.startswith("states["):
-            state = int(message[len("states[") : message.index("]")])
+            state = chosen[int(message[len("states[") : message.index("]")])]
             where = "the embedding output" if state == 0 else f"the output of block {state - 1}"
             raise ValueError(
                 f"{where} (state {state}) contains NaN or Inf; in float16 this is usually "
