@@ -61,3 +61,86 @@ def test_compress_needs_a_budget_or_a_bound():
     model = hf_models.build(hf_models.FAMILIES[0])
     with pytest.raises(ValueError, match="budget"):
         toast.compress(model, hf_models.loader(hf_models.FAMILIES[0], 4, 4), progress=False)
+
+
+def _vit_and_batches(n=24):
+    family = hf_models.FAMILIES[0]
+    return hf_models.build(family), hf_models.loader(family, n, batch_size=8)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "resmlp"])
+def test_trained_translators_replace_the_span_with_their_own_parameters(kind):
+    model, batches = _vit_and_batches()
+    before = toast.count_params(model)
+    removed = sum(toast.count_params(model.layers[k]) for k in (1, 2))
+    model, report = toast.compress(
+        model, batches, spans=[(1, 3)], translator=kind, train_steps=5, progress=False
+    )
+    translator = toast.find_blocks(model).blocks[1].translator
+    expected = {"mlp": toast.MLPTranslator, "resmlp": toast.ResMLPTranslator}[kind]
+    assert isinstance(translator, expected)
+    assert next(translator.parameters()).dtype == torch.float32  # the model's dtype
+    assert report.params_after == before - removed + toast.count_params(translator)
+    with torch.inference_mode():
+        assert torch.isfinite(model(pixel_values=batches[0]).last_hidden_state).all()
+
+
+def test_trained_translator_learns_the_span_it_replaces():
+    # 300 Adam steps must beat the untrained module on the rows it was fit on.
+    model, batches = _vit_and_batches()
+    with toast.rows.capture_rows(model, batches, [1, 3], progress=False) as rows:
+        x, y = torch.from_numpy(rows.state(0).copy()), torch.from_numpy(rows.state(1).copy())
+    untrained = toast.translators.train_translator(x, y, "mlp", steps=1, lr=1e-12, progress=False)
+    _, report = toast.compress(model, batches, spans=[(1, 3)], translator="mlp", progress=False)
+    trained = toast.find_blocks(model).blocks[1].translator
+    with torch.inference_mode():
+        before = torch.nn.functional.mse_loss(untrained(x), y)
+        after = torch.nn.functional.mse_loss(trained(x), y)
+    assert after < 0.5 * before
+
+
+def test_sequential_fit_of_one_span_equals_the_independent_fit():
+    a, batches = _vit_and_batches()
+    b, _ = _vit_and_batches()
+    toast.compress(a, batches, spans=[(1, 3)], fit="independent", folds=3, progress=False)
+    toast.compress(b, batches, spans=[(1, 3)], fit="sequential", folds=3, progress=False)
+    wa = toast.find_blocks(a).blocks[1].translator.weight
+    wb = toast.find_blocks(b).blocks[1].translator.weight
+    assert rel_err(wb.detach().double().numpy(), wa.detach().double().numpy()) < 1e-6
+
+
+def test_sequential_fit_uses_the_partially_compressed_model():
+    # The second translator must be the one fitted on the model whose first
+    # span is already replaced (input and target from that model).
+    model, batches = _vit_and_batches()
+    reference, _ = _vit_and_batches()
+    toast.compress(model, batches, spans=[(1, 2), (3, 4)], fit="sequential", progress=False)
+
+    m, _ = toast.capture_moments(reference, batches, states=[1, 2], folds=0, progress=False)
+    toast.replace_spans(reference, [(1, 2)], [toast.fit_translator(m, 0, 1, kind="affine")])
+    m, _ = toast.capture_moments(reference, batches, states=[3, 4], folds=0, progress=False)
+    expected = toast.fit_translator(m, 0, 1, kind="affine")
+
+    second = toast.find_blocks(model).blocks[3].translator
+    got = second.weight.detach().double().numpy().T
+    assert rel_err(got, expected.weight) < 1e-5
+    independent, _ = _vit_and_batches()
+    toast.compress(independent, batches, spans=[(1, 2), (3, 4)], progress=False)
+    other = toast.find_blocks(independent).blocks[3].translator.weight.detach().double().numpy().T
+    assert rel_err(other, expected.weight) > 1e-3  # the two protocols differ
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"spans": [(1, 3)], "budget": 2}, "either spans"),
+        ({"spans": [(1, 3), (2, 4)]}, "overlap"),
+        ({"spans": [(1, 9)]}, "start < stop <= 4"),
+        ({"spans": [(1, 3)], "translator": "cubic"}, "translator must be one of"),
+        ({"spans": [(1, 3)], "fit": "greedy"}, "fit must be"),
+    ],
+)
+def test_bad_compress_arguments_are_rejected(kwargs, match):
+    model, batches = _vit_and_batches(8)
+    with pytest.raises(ValueError, match=match):
+        toast.compress(model, batches, progress=False, **kwargs)

@@ -135,3 +135,89 @@ def test_bad_spans_are_rejected(spans, match):
     model = hf_models.build(FAMILIES[0])
     with pytest.raises(ValueError, match=match):
         toast.replace_spans(model, spans, [torch.nn.Identity()] * len(spans))
+
+
+def _kwargs(batch):
+    return batch if isinstance(batch, dict) else {"pixel_values": batch}
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_output_hidden_states_lists_the_patched_depth(family):
+    model = hf_models.build(family)
+    batch = hf_models.loader(family, 4, batch_size=4)[0]
+    with torch.inference_mode():
+        before = model(**_kwargs(batch), output_hidden_states=True).hidden_states
+    toast.replace_spans(model, [SPAN], [torch.nn.Linear(hf_models.HIDDEN, hf_models.HIDDEN)])
+    with torch.inference_mode():
+        after = model(**_kwargs(batch), output_hidden_states=True).hidden_states
+    # one entry per block plus the embeddings: two blocks became one translator
+    assert len(after) == len(before) - 1
+    for k in range(SPAN[0] + 1):
+        torch.testing.assert_close(after[k], before[k], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.kind == "text"], ids=lambda f: f.name)
+def test_patched_model_still_ignores_padding(family):
+    model = hf_models.build(family)
+    batches = hf_models.loader(family, 8, batch_size=8)
+    m, _ = toast.capture_moments(model, batches, folds=0, progress=False)
+    toast.replace_spans(model, [SPAN], [toast.fit_translator(m, *SPAN, ridge=1e-6)])
+    text = hf_models.sentences(4, seed=5)
+    tight, wide = hf_models.pad(text), hf_models.pad(text, length=15)
+    a, b = _forward(model, tight), _forward(model, wide)
+    valid = tight["attention_mask"].bool()
+    torch.testing.assert_close(b[:, : a.shape[1]][valid], a[valid], rtol=1e-5, atol=1e-5)
+
+
+def test_classification_head_runs_on_the_patched_model():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+        num_labels=5,
+    )
+    torch.manual_seed(0)
+    model = transformers.ViTForImageClassification(cfg).eval()
+    toast.replace_spans(model, [SPAN], [torch.nn.Identity()])
+    with torch.inference_mode():
+        logits = model(pixel_values=hf_models.images(3)).logits
+    assert logits.shape == (3, 5) and torch.isfinite(logits).all()
+
+
+def test_generate_with_the_kv_cache_works_after_patching():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=hf_models.VOCAB,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    toast.replace_spans(model, [SPAN], [torch.nn.Identity()])
+    prompt = torch.tensor([[5, 9, 11, 4]])
+    with torch.inference_mode():
+        cached = model.generate(prompt, max_new_tokens=6, do_sample=False, use_cache=True)
+        uncached = model.generate(prompt, max_new_tokens=6, do_sample=False, use_cache=False)
+    assert cached.shape == (1, 10)
+    torch.testing.assert_close(cached, uncached)
+
+
+def test_a_translator_in_first_place_records_the_embedding_output():
+    family = FAMILIES[0]
+    model = hf_models.build(family)
+    batch = hf_models.images(2)
+    with torch.inference_mode():
+        before = model(pixel_values=batch, output_hidden_states=True).hidden_states
+    toast.replace_spans(model, [(0, 2)], [torch.nn.Identity()])
+    with torch.inference_mode():
+        after = model(pixel_values=batch, output_hidden_states=True).hidden_states
+    assert len(after) == len(before) - 1
+    torch.testing.assert_close(after[0], before[0], rtol=0, atol=0)
+    torch.testing.assert_close(after[1], before[0], rtol=0, atol=0)  # identity output

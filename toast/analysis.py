@@ -251,6 +251,7 @@ def analyze(
     sample: Literal["first", "random"] = "first",
     seed: int = 0,
     precision: Literal["float64", "mixed"] = "float64",
+    backend: Literal["auto", "c", "torch"] = "auto",
     progress: bool = True,
 ) -> Analysis:
     """One pass of ``model`` over ``loader`` → the block error matrix.
@@ -259,6 +260,8 @@ def analyze(
     :meth:`Analysis.error_matrix` without another pass. With ``estimator="cv"``
     the moments keep ``folds`` fold sets (memory grows accordingly: see
     ``toast.Moments.estimate_nbytes``); ``estimator="gcv"`` needs none.
+    ``backend`` is that of :func:`toast.capture_moments` (the sums form on
+    the model's device with torch, or on the host in the C core).
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
@@ -270,6 +273,7 @@ def analyze(
         folds=folds if estimator == "cv" else 0,
         pairs=pairs,
         precision=precision,
+        backend=backend,
         max_batches=max_batches,
         max_samples=max_samples,
         sample=sample,

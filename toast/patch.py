@@ -46,6 +46,32 @@ def translator_module(
     return linear.to(dtype=dtype, device=device)
 
 
+def _active_hidden_states() -> dict | None:
+    """The collector of a transformers forward recording ``hidden_states`` by
+    hooks on its block class (transformers >= 5), or None."""
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # older transformers collect hidden states in their layer loop
+        return None
+    collected = _active_collector.get()
+    if not isinstance(collected, dict) or "hidden_states" not in collected:
+        return None
+    return collected
+
+
+def _record_hidden_state(block_input: torch.Tensor, block_output: torch.Tensor) -> None:
+    # Models that record hidden_states with hooks on their own block class
+    # would skip a translator block; record its output the same way (the
+    # input too when it stands first, as the hooks do for the first block).
+    collected = _active_hidden_states()
+    if collected is None:
+        return
+    states = collected["hidden_states"]
+    selection = collected.get("_hidden_states_layers")
+    for state in ((block_input,) if not states else ()) + (block_output,):
+        states.append(state if selection is None or len(states) in selection else None)
+
+
 class TranslatorBlock(nn.Module):
     """Stands in the block list for a removed span of blocks.
 
@@ -70,7 +96,9 @@ class TranslatorBlock(nn.Module):
                     setattr(self, name, value)
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        return self.translator(hidden_states)
+        out = self.translator(hidden_states)
+        _record_hidden_state(hidden_states, out)
+        return out
 
     def extra_repr(self) -> str:
         return f"replaces blocks[{self.span[0]}:{self.span[1]}]"

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from torch import nn
 
 from toast.analysis import Analysis, Span, analyze
-from toast.core import fit_translator
-from toast.patch import replace_spans
+from toast.capture import Tokens, capture_moments
+from toast.core import Translator, fit_translator
+from toast.hf import find_blocks
+from toast.patch import replace_spans, validate_spans
+from toast.rows import RowSample, capture_rows
+from toast.translators import train_translator
 
 __all__ = ["CompressionReport", "compress", "count_params"]
 
@@ -39,6 +43,7 @@ class CompressionReport:
     params_after: int
     rows: int
     analysis: Analysis = field(repr=False)
+    fit: str = "independent"
 
     @property
     def blocks_removed(self) -> int:
@@ -55,14 +60,16 @@ class CompressionReport:
     def to_markdown(self) -> str:
         lines = [
             f"**{self.method}**: {self.blocks_removed} of {self.blocks_before} blocks replaced "
-            f"by {len(self.spans)} {self.translator} translator(s), fitted on {self.rows} rows.",
+            f"by {len(self.spans)} {self.translator} translator(s) "
+            f"({self.fit} fit), analysed on {self.rows} rows.",
             "",
             "| blocks | paper (s→e) | predicted error | condition |",
             "|---|---|---:|---:|",
         ]
         for span, cond in zip(self.spans, self.conditions, strict=True):
+            shown = "—" if cond != cond else f"{cond:.3g}"  # NaN: a trained translator
             lines.append(
-                f"| [{span.start}:{span.stop}] | {span.paper} | {span.error:.4g} | {cond:.3g} |"
+                f"| [{span.start}:{span.stop}] | {span.paper} | {span.error:.4g} | {shown} |"
             )
         lines += [
             "",
@@ -73,6 +80,10 @@ class CompressionReport:
         return "\n".join(lines)
 
 
+CLOSED_FORM = ("identity", "linear", "affine", "diagonal", "orthogonal")
+TRAINED = ("mlp", "resmlp")
+
+
 def compress(
     model: nn.Module,
     loader: Iterable,
@@ -80,65 +91,162 @@ def compress(
     method: Literal["toast"] = "toast",
     budget: int | None = None,
     max_error: float | None = None,
+    spans: Sequence[tuple[int, int]] | None = None,
     translator: str = "affine",
+    fit: Literal["independent", "sequential"] = "independent",
     metric: str = "linear",
     estimator: Literal["cv", "gcv", "in_sample"] = "cv",
     folds: int = 5,
-    tokens: str = "all",
+    tokens: Tokens = "all",
     blocks: str | None = None,
     ridge: float | None = None,
     max_batches: int | None = None,
     max_samples: int | None = None,
+    sample: Literal["first", "random"] = "first",
+    seed: int = 0,
+    max_rows: int = 50_000,
+    train_steps: int = 300,
+    lr: float = 1e-3,
+    backend: Literal["auto", "c", "torch"] = "auto",
     progress: bool = True,
 ) -> tuple[nn.Module, CompressionReport]:
-    """Replaces redundant spans of blocks by closed-form translators, in place.
+    """Replaces redundant spans of blocks by translators, in place.
 
     One pass over ``loader`` gives the moments; the error matrix (``metric``,
     ``estimator``) ranks spans; :meth:`Analysis.plan` picks non-overlapping
     spans removing up to ``budget`` blocks (each within ``max_error`` if
-    given); each span gets a ``translator`` fitted on the original model's
-    activations (the papers' protocol) and the model is patched. Returns the
+    given), unless ``spans`` names them (``(start, stop)`` block slices);
+    each span gets a ``translator`` and the model is patched. Returns the
     model and a :class:`CompressionReport`.
+
+    Translators: ``"identity"``, ``"linear"``, ``"affine"`` (default),
+    ``"diagonal"`` and ``"orthogonal"`` are solved in closed form from the
+    moments (``ridge`` as in :func:`toast.fit_translator`); ``"mlp"`` and
+    ``"resmlp"`` are TOAST's trained ablations (Adam, ``lr``,
+    ``train_steps`` steps) fitted on a uniform sample of at most
+    ``max_rows`` token rows kept in a disk-backed buffer (one more pass).
+
+    ``fit="independent"`` (the papers' protocol) fits every span on the
+    original model's activations, all from the analysis pass.
+    ``fit="sequential"`` patches spans in order and fits each on the
+    partially compressed model (input and target both from a pass over the
+    model with the earlier spans already replaced), so later translators
+    see the inputs they will get at inference; one pass per span.
     """
     if method != "toast":
         raise ValueError(f"method must be 'toast', got {method!r}")
-    if budget is None and max_error is None:
-        raise ValueError("give budget=<blocks to remove>, max_error=..., or both")
+    if translator not in CLOSED_FORM + TRAINED:
+        raise ValueError(f"translator must be one of {CLOSED_FORM + TRAINED}, got {translator!r}")
+    if fit not in ("independent", "sequential"):
+        raise ValueError(f"fit must be 'independent' or 'sequential', got {fit!r}")
+    if spans is not None and (budget is not None or max_error is not None):
+        raise ValueError("give either spans=[(start, stop), ...] or budget/max_error, not both")
+    if spans is None and budget is None and max_error is None:
+        raise ValueError("give budget=<blocks to remove>, max_error=..., or both (or spans=...)")
+    data = {
+        "tokens": tokens,
+        "blocks": blocks,
+        "max_batches": max_batches,
+        "max_samples": max_samples,
+        "sample": sample,
+        "seed": seed,
+        "progress": progress,
+    }
     analysis = analyze(
         model,
         loader,
         metric=metric,
         estimator=estimator,
         folds=folds,
-        tokens=tokens,
-        blocks=blocks,
-        max_batches=max_batches,
-        max_samples=max_samples,
-        progress=progress,
+        backend=backend,
+        **data,
     )
-    spans = analysis.plan(max_blocks=budget, max_error=max_error)
+    if spans is not None:
+        chosen = validate_spans(spans, analysis.num_blocks)
+        spans = [Span(a, b, float(analysis.errors[a, b])) for a, b in chosen]
+    else:
+        spans = analysis.plan(max_blocks=budget, max_error=max_error)
     if not spans:
         raise ValueError(
             "no span satisfies the constraints (max_error too small?); inspect "
             "toast.analyze(...).errors"
         )
-    fitted = [
-        fit_translator(analysis.moments, s.start, s.stop, kind=translator, ridge=ridge)
-        for s in spans
-    ]
     blocks_before = analysis.num_blocks
     params_before = count_params(model)
-    replace_spans(model, [(s.start, s.stop) for s in spans], fitted, blocks=blocks)
+    fitter = _Fitter(translator, ridge, max_rows, train_steps, lr, seed, backend, progress)
+    if fit == "independent":
+        modules = fitter.fit_all(model, loader, spans, analysis, data)
+        replace_spans(model, [(s.start, s.stop) for s in spans], modules, blocks=blocks)
+    else:
+        removed = 0
+        for span in spans:
+            where = (span.start - removed, span.stop - removed)
+            module = fitter.fit_one_on(model, loader, where, data)
+            replace_spans(model, [where], [module], blocks=blocks)
+            removed += span.num_blocks - 1
     report = CompressionReport(
         method=method,
         translator=translator,
         spans=spans,
-        conditions=[t.condition for t in fitted],
+        conditions=fitter.conditions,
         blocks_before=blocks_before,
         blocks_after=blocks_before - sum(s.num_blocks for s in spans) + len(spans),
         params_before=params_before,
         params_after=count_params(model),
         rows=analysis.rows,
         analysis=analysis,
+        fit=fit,
     )
     return model, report
+
+
+class _Fitter:
+    """Fits the translator of one kind for spans of a model."""
+
+    def __init__(self, kind, ridge, max_rows, steps, lr, seed, backend, progress) -> None:
+        self.kind, self.ridge, self.max_rows = kind, ridge, max_rows
+        self.steps, self.lr, self.seed = steps, lr, seed
+        self.backend, self.progress = backend, progress
+        self.conditions: list[float] = []
+
+    def _closed_form(self, moments, i: int, j: int) -> Translator:
+        t = fit_translator(moments, i, j, kind=self.kind, ridge=self.ridge)
+        self.conditions.append(t.condition)
+        return t
+
+    def _trained(self, sample: RowSample, i: int, j: int, like: nn.Module) -> nn.Module:
+        module = train_translator(
+            sample.state(i),
+            sample.state(j),
+            self.kind,
+            steps=self.steps,
+            lr=self.lr,
+            seed=self.seed,
+            progress=self.progress,
+        )
+        self.conditions.append(float("nan"))
+        reference = next(like.parameters(), None)
+        if reference is not None:
+            module = module.to(dtype=reference.dtype, device=reference.device)
+        return module
+
+    def fit_all(self, model, loader, spans: list[Span], analysis: Analysis, data) -> list:
+        if self.kind in CLOSED_FORM:
+            return [self._closed_form(analysis.moments, s.start, s.stop) for s in spans]
+        states = [k for s in spans for k in (s.start, s.stop)]
+        stack = find_blocks(model, data["blocks"])
+        with capture_rows(model, loader, states, capacity=self.max_rows, **data) as rows:
+            return [
+                self._trained(rows, 2 * k, 2 * k + 1, stack.blocks[s.start])
+                for k, s in enumerate(spans)
+            ]
+
+    def fit_one_on(self, model, loader, where: tuple[int, int], data):
+        if self.kind in CLOSED_FORM:
+            moments, _ = capture_moments(
+                model, loader, states=list(where), folds=0, backend=self.backend, **data
+            )
+            return self._closed_form(moments, 0, 1)
+        stack = find_blocks(model, data["blocks"])
+        with capture_rows(model, loader, list(where), capacity=self.max_rows, **data) as rows:
+            return self._trained(rows, 0, 1, stack.blocks[where[0]])
