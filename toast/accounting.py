@@ -1,0 +1,689 @@
+"""Analytic multiply-accumulate (MAC) and parameter counts of transformer
+encoders, from a Hugging Face config alone or from a (patched) model.
+
+Supported families (``config.model_type``): ViT (``"vit"``), DeiT
+(``"deit"``), DINOv2 (``"dinov2"``), the CLIP vision tower
+(``"clip_vision_model"``) and BERT (``"bert"``).
+
+Nothing here instantiates a model or touches weights: a config is enough to
+predict the cost of the original model and of a compressed one (``removed_spans``
+replaced by one translator each), which is how the "Params." and "GFLOPs"
+columns of TOAST's tables are reproduced (``tests/paper``).
+
+**Spans** are toast's: ``(start, stop)`` removes ``blocks[start:stop]`` and puts
+one translator in their place (TOAST's "s→e" is ``(s + 1, e + 1)``).
+
+**What is counted** (:class:`Counts`, per forward pass of ``batch`` inputs):
+
+- ``dense``: multiply-accumulates of the weight matmuls: every ``nn.Linear``
+  (Q, K, V and output projections, the MLP, pooler, classifier, translators)
+  and the patch-embedding convolution. Biases are not counted.
+- ``attention``: multiply-accumulates of ``Q·Kᵀ`` and ``A·V``: ``2·N²·d`` per
+  block and input (``N`` tokens, ``d = heads × head_dim``).
+- ``softmax``: attention scores, ``heads·N²`` per block and input.
+- ``norm``: elements normalised by a LayerNorm.
+
+GELU, residual additions, LayerScale, dropout, position-embedding
+interpolation and other element-wise work are not counted.
+
+**Conventions** (:class:`MacReport` properties):
+
+- ``macs`` / ``gmacs``: ``dense + attention``, matmul multiply-accumulates only.
+- ``gflops``: ``2 × macs`` (one multiply and one add), the convention of
+  ``torch.utils.flop_counter.FlopCounterMode``; with eager attention it equals
+  that counter's total exactly (``tests/test_accounting.py``).
+- ``toast_gflops``: the convention of TOAST's "GFLOPs" columns (the paper says
+  fvcore): one FLOP per multiply-accumulate of linear layers and the patch
+  convolution (fvcore's ``1 MAC = 1 FLOP``), five per LayerNorm element
+  (fvcore's norm handle with an affine), and for scaled-dot-product attention
+  two FLOPs per multiply-accumulate of ``Q·Kᵀ`` and ``A·V`` plus two per softmax
+  score. It was found by fitting TOAST Tables 1–3 (the paper's
+  counting code is not released): with ``head="base"`` (``AutoModel``: ViT and
+  DeiT with their pooler) at 224×224 it reproduces every DeiT-S and ViT-L
+  GFLOPs entry to the printed two decimals (4.97, 4.56/4.59, …, 63.54,
+  60.90/61.11, …, 45.05/45.47) and every DINO-B entry to within 0.0085
+  (24.42, 22.39/22.54, …, 16.32/16.47; three DINO-B entries land 0.005–0.009
+  above the printed value). Counting attention as plain MACs (``2·N²·d``)
+  instead gives DeiT-S 4.61, not 4.97.
+
+**Parameters**: :func:`count_params_from_config` is the exact count
+(``sum(p.numel())``) of the model a config builds, with ``head``:
+
+- ``"base"``: what ``AutoModel.from_config`` builds (``ViTModel`` and
+  ``DeiTModel`` with their pooler, ``Dinov2Model``, ``CLIPVisionModel``,
+  ``BertModel`` with its pooler);
+- ``"none"``: the encoder without a pooler (``add_pooling_layer=False``);
+- ``"classifier"``: ``AutoModelForImageClassification`` /
+  ``AutoModelForSequenceClassification`` (``config.num_labels`` classes).
+
+A compressed model has one translator per span: identity 0 parameters, linear
+``d²`` (toast's translator without a bias), affine ``d² + d``.
+:func:`paper_params_removed` is TOAST's own "Params." arithmetic, which
+subtracts ``d² + d`` per *removed block* rather than per span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+
+__all__ = [
+    "TRANSLATOR_KINDS",
+    "Counts",
+    "MacReport",
+    "block_params_from_config",
+    "count_params_from_config",
+    "macs",
+    "paper_params_removed",
+    "translator_params",
+]
+
+TranslatorKind = Literal["identity", "linear", "affine", "diagonal", "mlp", "resmlp"]
+Head = Literal["base", "none", "classifier"]
+
+#: Translator kinds a config-only prediction knows: ``identity`` (nothing),
+#: ``linear`` (``x W``), ``affine`` (``x W + b``), ``diagonal`` (per-feature
+#: scale and bias, :class:`toast.translators.DiagonalMap`), ``mlp``
+#: (:class:`toast.MLPTranslator`, hidden ``d // 2``) and ``resmlp``
+#: (:class:`toast.ResMLPTranslator`).
+TRANSLATOR_KINDS: tuple[str, ...] = ("identity", "linear", "affine", "diagonal", "mlp", "resmlp")
+
+_HEADS = ("base", "none", "classifier")
+
+_FAMILIES = {
+    "vit": "vit",
+    "deit": "deit",
+    "dinov2": "dinov2",
+    "clip_vision_model": "clip_vision",
+    "bert": "bert",
+}
+
+# Model classes whose head runs on every token (or reshapes the batch): the
+# head MACs of :func:`macs` assume one pooled vector per input, so refuse.
+_PER_TOKEN_HEADS = (
+    "MaskedLM",
+    "MaskedImageModeling",
+    "TokenClassification",
+    "QuestionAnswering",
+    "CausalLM",
+    "LMHead",
+    "PreTraining",
+    "MultipleChoice",
+    "Backbone",
+)
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Operation counts of one part of a model, for a whole batch.
+
+    ``dense`` and ``attention`` are multiply-accumulates (see the module
+    docstring for what each covers), ``softmax`` the number of attention
+    scores and ``norm`` the number of LayerNorm-normalised elements.
+    """
+
+    dense: int = 0
+    attention: int = 0
+    softmax: int = 0
+    norm: int = 0
+
+    @property
+    def macs(self) -> int:
+        """Matmul multiply-accumulates: ``dense + attention``."""
+        return self.dense + self.attention
+
+    @property
+    def flops(self) -> int:
+        """``2 × macs``: FlopCounterMode's convention (norms and softmax not counted)."""
+        return 2 * self.macs
+
+    @property
+    def toast_flops(self) -> int:
+        """TOAST's (fvcore-style) convention:
+        ``dense + 2·attention + 2·softmax + 5·norm``."""
+        return self.dense + 2 * self.attention + 2 * self.softmax + 5 * self.norm
+
+    def __add__(self, other: Counts) -> Counts:
+        if not isinstance(other, Counts):
+            return NotImplemented
+        return Counts(
+            self.dense + other.dense,
+            self.attention + other.attention,
+            self.softmax + other.softmax,
+            self.norm + other.norm,
+        )
+
+    def __radd__(self, other: Any) -> Counts:
+        # lets sum() start from 0
+        if other == 0:
+            return self
+        return NotImplemented
+
+    def scaled(self, factor: int) -> Counts:
+        """These counts times ``factor`` (e.g. a batch size)."""
+        return Counts(
+            self.dense * factor,
+            self.attention * factor,
+            self.softmax * factor,
+            self.norm * factor,
+        )
+
+
+@dataclass(frozen=True)
+class MacReport:
+    """Counts of one forward pass, part by part.
+
+    ``embedding`` is the patch-embedding convolution (vision) plus any
+    LayerNorm before the first block (CLIP's ``pre_layrnorm``, BERT's
+    embedding norm); ``per_block`` holds one entry per original block still
+    in the model, in order; ``translators`` one entry per translator (span),
+    in order; ``final_norm`` the norm after the last block; ``head`` the
+    pooler, classifier or projection. ``tokens`` is the sequence length ``N``
+    seen by every block and ``batch`` the number of inputs counted.
+    """
+
+    embedding: Counts
+    per_block: tuple[Counts, ...]
+    translators: tuple[Counts, ...]
+    final_norm: Counts
+    head: Counts
+    tokens: int
+    batch: int
+
+    @property
+    def total(self) -> Counts:
+        """All parts summed."""
+        return (
+            self.embedding
+            + sum(self.per_block, Counts())
+            + sum(self.translators, Counts())
+            + self.final_norm
+            + self.head
+        )
+
+    @property
+    def macs(self) -> int:
+        """Matmul multiply-accumulates of the whole forward pass."""
+        return self.total.macs
+
+    @property
+    def gmacs(self) -> float:
+        """``macs / 1e9``."""
+        return self.macs / 1e9
+
+    @property
+    def gflops(self) -> float:
+        """``2 × macs / 1e9``: torch's FlopCounterMode convention."""
+        return self.total.flops / 1e9
+
+    @property
+    def toast_gflops(self) -> float:
+        """GFLOPs in the convention of TOAST's tables (see the module docstring)."""
+        return self.total.toast_flops / 1e9
+
+
+@dataclass(frozen=True)
+class _Arch:
+    """The sizes of a supported architecture, read from its config."""
+
+    family: str
+    hidden: int
+    heads: int
+    layers: int
+    ffn: int  # MLP hidden width
+    swiglu: bool  # DINOv2's SwiGLU feed-forward (gate, up, down)
+    qkv_bias: bool
+    num_labels: int
+    pooler_out: int
+    # vision
+    channels: int = 0
+    patch: tuple[int, int] = (0, 0)
+    grid_image: tuple[int, int] = (0, 0)  # config image size: position-embedding grid
+    prefix: int = 0  # CLS (+ distillation) tokens
+    mask_token: bool = False
+    # text
+    vocab: int = 0
+    max_positions: int = 0
+    type_vocab: int = 0
+
+    @property
+    def vision(self) -> bool:
+        return self.family != "bert"
+
+    def patches(self, image: tuple[int, int]) -> int:
+        return (image[0] // self.patch[0]) * (image[1] // self.patch[1])
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ValueError(f"expected an int or a pair, got {value!r}")
+        return int(value[0]), int(value[1])
+    return int(value), int(value)
+
+
+def _arch(config: Any) -> _Arch:
+    model_type = getattr(config, "model_type", None)
+    family = _FAMILIES.get(model_type)
+    if family is None:
+        raise ValueError(
+            f"toast.accounting counts {sorted(_FAMILIES)} configs, got model_type "
+            f"{model_type!r} ({type(config).__name__})"
+        )
+    hidden = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    if hidden % heads:
+        raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+    num_labels = int(getattr(config, "num_labels", 0) or 0)
+    common = dict(
+        family=family,
+        hidden=hidden,
+        heads=heads,
+        layers=int(config.num_hidden_layers),
+        num_labels=num_labels,
+    )
+    if family == "bert":
+        return _Arch(
+            **common,
+            ffn=int(config.intermediate_size),
+            swiglu=False,
+            qkv_bias=True,
+            pooler_out=hidden,
+            vocab=int(config.vocab_size),
+            max_positions=int(config.max_position_embeddings),
+            type_vocab=int(config.type_vocab_size),
+        )
+    vision = dict(
+        channels=int(config.num_channels),
+        patch=_pair(config.patch_size),
+        grid_image=_pair(config.image_size),
+    )
+    if family == "dinov2":
+        ffn = int(hidden * config.mlp_ratio)
+        swiglu = bool(getattr(config, "use_swiglu_ffn", False))
+        if swiglu:
+            ffn = (int(ffn * 2 / 3) + 7) // 8 * 8
+        return _Arch(
+            **common,
+            **vision,
+            ffn=ffn,
+            swiglu=swiglu,
+            qkv_bias=bool(config.qkv_bias),
+            pooler_out=0,
+            prefix=1,
+            mask_token=bool(getattr(config, "use_mask_token", True)),
+        )
+    if family == "clip_vision":
+        return _Arch(
+            **common,
+            **vision,
+            ffn=int(config.intermediate_size),
+            swiglu=False,
+            qkv_bias=True,
+            pooler_out=0,
+            prefix=1,
+        )
+    # vit, deit
+    return _Arch(
+        **common,
+        **vision,
+        ffn=int(config.intermediate_size),
+        swiglu=False,
+        qkv_bias=bool(config.qkv_bias),
+        pooler_out=int(getattr(config, "pooler_output_size", None) or hidden),
+        prefix=2 if family == "deit" else 1,
+    )
+
+
+def _check_spans(spans: Sequence[tuple[int, int]], num_blocks: int) -> list[tuple[int, int]]:
+    # Same rules as toast.patch.validate_spans (kept torch-free here).
+    checked = []
+    for span in spans:
+        start, stop = (int(v) for v in span)
+        if not 0 <= start < stop <= num_blocks:
+            raise ValueError(
+                f"span {tuple(span)} must satisfy 0 <= start < stop <= {num_blocks} "
+                f"(blocks[start:stop] of a model with {num_blocks} blocks)"
+            )
+        checked.append((start, stop))
+    checked.sort()
+    for a, b in zip(checked, checked[1:], strict=False):
+        if a[1] > b[0]:
+            raise ValueError(f"spans {a} and {b} overlap")
+    return checked
+
+
+def _check_translator(translator: str) -> None:
+    if translator not in TRANSLATOR_KINDS:
+        raise ValueError(f"translator must be one of {TRANSLATOR_KINDS}, got {translator!r}")
+
+
+def _check_head(arch: _Arch, head: str) -> None:
+    if head not in _HEADS:
+        raise ValueError(f"head must be one of {_HEADS}, got {head!r}")
+    if head == "classifier" and arch.family == "clip_vision":
+        raise ValueError(
+            "a CLIP vision config has no classification model (CLIPForImageClassification "
+            "takes a full CLIPConfig); use head='base'"
+        )
+
+
+# ---------------------------------------------------------------- parameters
+
+
+def translator_params(kind: TranslatorKind | str, dim: int) -> int:
+    """Parameters of one translator of ``kind`` on ``dim`` features:
+    identity 0, linear ``d²``, affine ``d² + d``, diagonal ``2d``, MLP
+    ``2·d·(d//2) + d//2 + d``, Res-MLP ``2(d² + d) + 4d``."""
+    _check_translator(kind)
+    d = int(dim)
+    hidden = max(1, d // 2)
+    return {
+        "identity": 0,
+        "linear": d * d,
+        "affine": d * d + d,
+        "diagonal": 2 * d,
+        "mlp": d * hidden + hidden + hidden * d + d,
+        "resmlp": 2 * (d * d + d) + 4 * d,
+    }[kind]
+
+
+def _block_params(a: _Arch) -> int:
+    d, f = a.hidden, a.ffn
+    norms = 2 * (2 * d)
+    if a.family == "bert":
+        return 4 * (d * d + d) + norms + (d * f + f) + (f * d + d)
+    qkv = 3 * (d * d + (d if a.qkv_bias else 0))
+    out = d * d + d
+    if a.swiglu:
+        mlp = 2 * (d * f + f) + (f * d + d)
+    else:
+        mlp = (d * f + f) + (f * d + d)
+    layer_scale = 2 * d if a.family == "dinov2" else 0
+    return norms + qkv + out + mlp + layer_scale
+
+
+def _embedding_params(a: _Arch) -> int:
+    d = a.hidden
+    if a.family == "bert":
+        return (a.vocab + a.max_positions + a.type_vocab) * d + 2 * d
+    positions = a.patches(a.grid_image) + a.prefix
+    conv = a.channels * a.patch[0] * a.patch[1] * d
+    if a.family == "clip_vision":
+        # class embedding, bias-free conv, position embedding, pre_layrnorm
+        return d + conv + positions * d + 2 * d
+    tokens = a.prefix * d + (d if a.mask_token else 0)
+    return tokens + conv + d + positions * d
+
+
+def _final_norm_params(a: _Arch) -> int:
+    return 0 if a.family == "bert" else 2 * a.hidden
+
+
+def _head_params(a: _Arch, head: str) -> int:
+    d = a.hidden
+    pooler = a.pooler_out * d + a.pooler_out if a.family in ("vit", "deit", "bert") else 0
+    if head == "none":
+        return 0
+    if head == "base":
+        return pooler
+    labels = a.num_labels
+    if a.family == "dinov2":
+        return 2 * d * labels + labels if labels else 0
+    classifier = d * labels + labels if labels else 0
+    # BERT's sequence classifier keeps the pooler; ViT and DeiT drop it.
+    return classifier + (pooler if a.family == "bert" else 0)
+
+
+def block_params_from_config(config: Any) -> int:
+    """Parameters of one transformer block of the architecture ``config``
+    describes (ViT: ``12d² + 13d`` with the default 4d MLP and QKV biases;
+    DINOv2 adds LayerScale's ``2d``)."""
+    return _block_params(_arch(config))
+
+
+def count_params_from_config(
+    config: Any,
+    *,
+    removed_spans: Sequence[tuple[int, int]] = (),
+    translator: TranslatorKind | str = "identity",
+    head: Head | str = "base",
+) -> int:
+    """Exact parameter count of the model ``config`` builds, computed from
+    the config alone.
+
+    ``head`` chooses the model class (``"base"``: ``AutoModel``; ``"none"``:
+    no pooler; ``"classifier"``: ``AutoModelFor…Classification``, see the
+    module docstring). With ``removed_spans`` (toast spans ``(start, stop)``),
+    the count is that of the compressed model :func:`toast.replace_spans`
+    builds: the blocks of every span gone and one ``translator``
+    (:data:`TRANSLATOR_KINDS`) per span in their place.
+    """
+    a = _arch(config)
+    _check_head(a, head)
+    _check_translator(translator)
+    spans = _check_spans(removed_spans, a.layers)
+    removed = sum(stop - start for start, stop in spans)
+    return (
+        _embedding_params(a)
+        + (a.layers - removed) * _block_params(a)
+        + len(spans) * translator_params(translator, a.hidden)
+        + _final_norm_params(a)
+        + _head_params(a, head)
+    )
+
+
+def paper_params_removed(config: Any, removed_spans: Sequence[tuple[int, int]]) -> int:
+    """Parameters removed in TOAST's "Params." arithmetic:
+    ``(#removed blocks) × (P_block − d² − d)``.
+
+    The paper subtracts one affine translator (``d² + d``) per removed
+    *block*, for identity and linear rows alike, although a span has one
+    translator without a bias. For spans of one block this equals the exact
+    saving with an affine translator; for longer spans it is
+    ``(len(span) − 1)·(d² + d)`` below that saving.
+    """
+    a = _arch(config)
+    spans = _check_spans(removed_spans, a.layers)
+    removed = sum(stop - start for start, stop in spans)
+    return removed * (_block_params(a) - a.hidden * a.hidden - a.hidden)
+
+
+# ---------------------------------------------------------------------- MACs
+
+
+def _block_counts(a: _Arch, n: int) -> Counts:
+    d, f = a.hidden, a.ffn
+    projections = 4 * n * d * d
+    mlp = n * (3 * d * f if a.swiglu else 2 * d * f)
+    return Counts(
+        dense=projections + mlp,
+        attention=2 * n * n * d,
+        softmax=a.heads * n * n,
+        norm=2 * n * d,
+    )
+
+
+def _embedding_counts(a: _Arch, n: int, image: tuple[int, int] | None) -> Counts:
+    d = a.hidden
+    if a.family == "bert":
+        return Counts(norm=n * d)
+    assert image is not None
+    conv = a.patches(image) * a.channels * a.patch[0] * a.patch[1] * d
+    pre_norm = n * d if a.family == "clip_vision" else 0
+    return Counts(dense=conv, norm=pre_norm)
+
+
+def _final_norm_counts(a: _Arch, n: int) -> Counts:
+    if a.family == "bert":
+        return Counts()
+    # CLIP's post_layernorm normalises the pooled CLS token only.
+    return Counts(norm=a.hidden if a.family == "clip_vision" else n * a.hidden)
+
+
+def _head_counts(a: _Arch, head: str) -> Counts:
+    d = a.hidden
+    pooler = d * a.pooler_out if a.family in ("vit", "deit", "bert") else 0
+    if head == "none":
+        return Counts()
+    if head == "base":
+        return Counts(dense=pooler)
+    width = 2 * d if a.family == "dinov2" else d
+    classifier = width * a.num_labels
+    return Counts(dense=classifier + (pooler if a.family == "bert" else 0))
+
+
+def _translator_counts(kind: str, d: int, n: int) -> Counts:
+    hidden = max(1, d // 2)
+    if kind in ("identity", "diagonal"):
+        return Counts()
+    if kind in ("linear", "affine"):
+        return Counts(dense=n * d * d)
+    if kind == "mlp":
+        return Counts(dense=2 * n * d * hidden)
+    return Counts(dense=2 * n * d * d, norm=2 * n * d)  # resmlp
+
+
+def _module_counts(module: nn.Module, n: int) -> Counts:
+    """Counts of a translator module applied to ``n`` token vectors."""
+    from torch import nn
+
+    from toast.translators import DiagonalMap
+
+    dense = norm = 0
+    for sub in module.modules():
+        if isinstance(sub, nn.Linear):
+            dense += n * sub.in_features * sub.out_features
+        elif isinstance(sub, nn.LayerNorm):
+            size = 1
+            for v in sub.normalized_shape:
+                size *= int(v)
+            norm += n * size
+        elif isinstance(sub, DiagonalMap):
+            continue  # element-wise
+        elif any(True for _ in sub.parameters(recurse=False)):
+            raise TypeError(
+                f"cannot count the operations of a translator containing "
+                f"{type(sub).__name__}; toast counts Linear, LayerNorm and DiagonalMap"
+            )
+    return Counts(dense=dense, norm=norm)
+
+
+def _tokens(a: _Arch, image_size: Any, seq_len: int | None) -> tuple[int, tuple[int, int] | None]:
+    if a.vision:
+        image = _pair(image_size) if image_size is not None else a.grid_image
+        if image[0] < a.patch[0] or image[1] < a.patch[1]:
+            raise ValueError(f"image_size {image} is smaller than the patch {a.patch}")
+        return a.patches(image) + a.prefix, image
+    if seq_len is None:
+        raise ValueError(f"a {a.family} model needs seq_len (the number of tokens per input)")
+    if not 1 <= int(seq_len) <= a.max_positions:
+        raise ValueError(f"seq_len must be in [1, {a.max_positions}], got {seq_len!r}")
+    return int(seq_len), None
+
+
+def macs(
+    model_or_config: Any,
+    *,
+    image_size: int | tuple[int, int] | None = None,
+    seq_len: int | None = None,
+    batch: int = 1,
+    removed_spans: Sequence[tuple[int, int]] = (),
+    translator: TranslatorKind | str = "identity",
+    head: Head | str | None = None,
+    blocks: str | None = None,
+) -> MacReport:
+    """Analytic operation counts of one forward pass (see the module
+    docstring for what is counted and the GMACs / GFLOPs conventions).
+
+    ``model_or_config`` is either a ``transformers`` config (nothing is
+    instantiated) or an ``nn.Module`` built from one, possibly patched by
+    :func:`toast.replace_spans`: then the blocks and translators actually in
+    its block list are counted (each translator by its ``Linear`` and
+    ``LayerNorm`` layers), and its pooler, classifier or projection from the
+    ``nn.Linear`` layers outside the block list.
+
+    ``image_size`` is the input resolution of vision models (default
+    ``config.image_size``; DINOv2 checkpoints say 518 but run at 224);
+    ``seq_len`` the token count of text models (required). For a config,
+    ``removed_spans`` (toast spans ``(start, stop)``) and ``translator``
+    (:data:`TRANSLATOR_KINDS`) predict a compressed model, and ``head``
+    (default ``"base"``) chooses the model class as in
+    :func:`count_params_from_config`. ``blocks`` names a model's block list
+    when :func:`toast.find_blocks` cannot find it alone.
+    """
+    if not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    _check_translator(translator)
+    config = model_or_config
+    module = None
+    if hasattr(model_or_config, "named_modules"):  # an nn.Module (configs have no modules)
+        if removed_spans or translator != "identity" or head is not None:
+            raise ValueError(
+                "removed_spans, translator and head describe a config; a model is "
+                "counted as it is (patch it with toast.replace_spans first)"
+            )
+        module = model_or_config
+        config = getattr(module, "config", None)
+        if config is None:
+            raise ValueError(f"{type(module).__name__} has no .config to read sizes from")
+    a = _arch(config)
+    n, image = _tokens(a, image_size, seq_len)
+    if module is None:
+        head = "base" if head is None else head
+        _check_head(a, head)
+        spans = _check_spans(removed_spans, a.layers)
+        removed = sum(stop - start for start, stop in spans)
+        block_counts = (_block_counts(a, n),) * (a.layers - removed)
+        translators = tuple(_translator_counts(translator, a.hidden, n) for _ in spans)
+        head_counts = _head_counts(a, head)
+    else:
+        block_counts, translators, head_counts = _count_module(module, a, n, blocks)
+    return MacReport(
+        embedding=_embedding_counts(a, n, image).scaled(batch),
+        per_block=tuple(b.scaled(batch) for b in block_counts),
+        translators=tuple(t.scaled(batch) for t in translators),
+        final_norm=_final_norm_counts(a, n).scaled(batch),
+        head=head_counts.scaled(batch),
+        tokens=n,
+        batch=batch,
+    )
+
+
+def _count_module(
+    module: nn.Module, a: _Arch, n: int, blocks: str | None
+) -> tuple[tuple[Counts, ...], tuple[Counts, ...], Counts]:
+    from torch import nn
+
+    from toast.hf import find_blocks
+
+    name = type(module).__name__
+    if any(tag in name for tag in _PER_TOKEN_HEADS):
+        raise ValueError(
+            f"{name} has a per-token or multi-input head; toast.accounting counts "
+            "base models and pooled classification / projection heads"
+        )
+    stack = find_blocks(module, blocks)
+    block_counts: list[Counts] = []
+    translators: list[Counts] = []
+    for child in stack.blocks:
+        if getattr(child, "_toast_translator", False):
+            translators.append(_module_counts(child.translator, n))
+        else:
+            block_counts.append(_block_counts(a, n))
+    # Pooler, classifier and projection layers: every Linear outside the
+    # block list, each applied to one pooled vector per input.
+    prefix = stack.path + "."
+    head = sum(
+        (
+            Counts(dense=m.in_features * m.out_features)
+            for path, m in module.named_modules()
+            if isinstance(m, nn.Linear) and not path.startswith(prefix)
+        ),
+        Counts(),
+    )
+    return tuple(block_counts), tuple(translators), head
