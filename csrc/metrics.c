@@ -224,10 +224,24 @@ static toast_status gcv_error(const toast_moments *m, em_work *w, int i, int j,
     return TOAST_OK;
 }
 
+typedef struct {
+    toast_poll_fn fn;
+    void *ctx;
+} em_poll;
+
+/* TOAST_EINTERRUPTED when the caller's poll function asks to stop. */
+static toast_status check_poll(const em_poll *poll, toast_error *err)
+{
+    if (poll->fn != NULL && poll->fn(poll->ctx))
+        return toast_set_error(err, TOAST_EINTERRUPTED, -1,
+                               "the error matrix was interrupted");
+    return TOAST_OK;
+}
+
 static toast_status linear_matrix(const toast_moments *m, int affine,
                                   toast_estimator est, double ridge,
                                   int ridge_rel, double *E, double *cond,
-                                  toast_error *err)
+                                  const em_poll *poll, toast_error *err)
 {
     const int S = m->S;
     em_work w;
@@ -274,6 +288,9 @@ static toast_status linear_matrix(const toast_moments *m, int affine,
             for (int j = i + 1; j < S && st == TOAST_OK; j++) {
                 if (toast_moments_pair(m, i, j) < 0)
                     continue;
+                st = check_poll(poll, err);
+                if (st != TOAST_OK)
+                    break;
                 if (est == TOAST_EST_GCV) {
                     st = gcv_error(m, &w, i, j, affine, n, &E[i * S + j],
                                    err);
@@ -306,7 +323,7 @@ done:
 
 /* Linear CKA of the centered states i and j. */
 static toast_status cka_matrix(const toast_moments *m, double *E,
-                               toast_error *err)
+                               const em_poll *poll, toast_error *err)
 {
     const int S = m->S, d = m->d;
     const size_t dd = (size_t)d * d;
@@ -334,7 +351,11 @@ static toast_status cka_matrix(const toast_moments *m, double *E,
         for (int j = i + 1; j < S && st == TOAST_OK; j++) {
             if (toast_moments_pair(m, i, j) < 0)
                 continue;
-            st = toast_moments_cross(m, TOAST_SETS_ALL, 0, i, j, G, err);
+            st = check_poll(poll, err);
+            if (st == TOAST_OK)
+                st = toast_moments_cross(m, TOAST_SETS_ALL, 0, i, j, G, err);
+            if (st != TOAST_OK)
+                break;
             toast_moments_sums(m, TOAST_SETS_ALL, 0, i, si);
             toast_moments_sums(m, TOAST_SETS_ALL, 0, j, sj);
             toast_center_cross(G, si, sj, n, d);
@@ -393,7 +414,19 @@ toast_status toast_error_matrix(const toast_moments *m, toast_metric metric,
                                 int ridge_relative, double *E, double *cond,
                                 toast_error *err)
 {
+    return toast_error_matrix_poll(m, metric, est, ridge, ridge_relative, E,
+                                   cond, NULL, NULL, err);
+}
+
+toast_status toast_error_matrix_poll(const toast_moments *m,
+                                     toast_metric metric, toast_estimator est,
+                                     double ridge, int ridge_relative,
+                                     double *E, double *cond,
+                                     toast_poll_fn poll_fn, void *poll_ctx,
+                                     toast_error *err)
+{
     const int S = m->S;
+    const em_poll poll = {poll_fn, poll_ctx};
     for (size_t e = 0; e < (size_t)S * S; e++)
         E[e] = NAN;
     for (int i = 0; cond != NULL && i < S; i++)
@@ -410,9 +443,9 @@ toast_status toast_error_matrix(const toast_moments *m, toast_metric metric,
     case TOAST_METRIC_LINEAR:
     case TOAST_METRIC_AFFINE:
         return linear_matrix(m, metric == TOAST_METRIC_AFFINE, est, ridge,
-                             ridge_relative, E, cond, err);
+                             ridge_relative, E, cond, &poll, err);
     case TOAST_METRIC_CKA:
-        return cka_matrix(m, E, err);
+        return cka_matrix(m, E, &poll, err);
     case TOAST_METRIC_MSE:
     case TOAST_METRIC_BR:
     case TOAST_METRIC_COSINE:

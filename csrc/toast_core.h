@@ -37,7 +37,8 @@ typedef enum {
     TOAST_ERANGE,      /* an index is out of range */
     TOAST_ENOTSTORED,  /* a cross block was not kept by the moments */
     TOAST_EOVERFLOW,   /* a size computation overflows */
-    TOAST_ELAPACK      /* LAPACK reported an internal failure */
+    TOAST_ELAPACK,     /* LAPACK reported an internal failure */
+    TOAST_EINTERRUPTED /* the caller's poll function asked to stop */
 } toast_status;
 
 #define TOAST_ERROR_MSG_SIZE 256
@@ -316,6 +317,22 @@ toast_status toast_error_matrix(const toast_moments *m, toast_metric metric,
                                 toast_estimator est, double ridge,
                                 int ridge_relative, double *E, double *cond,
                                 toast_error *err);
+
+/*
+ * Polled between units of long work (one target state of one source state
+ * and fold: at most one d x d solve and a few d x d products). A nonzero
+ * return stops the work, which then fails with TOAST_EINTERRUPTED; the
+ * outputs are then partial. ctx is passed through untouched.
+ */
+typedef int (*toast_poll_fn)(void *ctx);
+
+/* toast_error_matrix with a poll function (poll may be NULL). */
+toast_status toast_error_matrix_poll(const toast_moments *m,
+                                     toast_metric metric, toast_estimator est,
+                                     double ridge, int ridge_relative,
+                                     double *E, double *cond,
+                                     toast_poll_fn poll, void *poll_ctx,
+                                     toast_error *err);
 
 #ifdef __cplusplus
 }

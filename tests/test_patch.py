@@ -221,3 +221,53 @@ def test_a_translator_in_first_place_records_the_embedding_output():
     assert len(after) == len(before) - 1
     torch.testing.assert_close(after[0], before[0], rtol=0, atol=0)
     torch.testing.assert_close(after[1], before[0], rtol=0, atol=0)  # identity output
+
+
+def _dinov2_backbone(out_indices):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Dinov2Config(
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        image_size=16,
+        patch_size=4,
+        mlp_ratio=2,
+        out_indices=out_indices,
+    )
+    torch.manual_seed(0)
+    return transformers.Dinov2Backbone(cfg).eval()
+
+
+def test_backbone_outputs_follow_their_stages_through_the_patch():
+    model = _dinov2_backbone([2, 4])
+    with torch.no_grad():
+        for k in (0, 1):  # blocks 0 and 1 become the identity
+            for module in (
+                model.encoder.layer[k].attention.o_proj,
+                model.encoder.layer[k].mlp.fc2,
+            ):
+                module.weight.zero_()
+                module.bias.zero_()
+    batch = hf_models.images(2)
+    with torch.inference_mode():
+        before = model(pixel_values=batch).feature_maps
+    toast.replace_spans(model, [(0, 2)], [torch.nn.Identity()])
+    assert model.config.stage_names == ["stem", "stage1", "stage2", "stage3"]
+    assert model.config.out_features == ["stage1", "stage3"]
+    with torch.inference_mode():
+        after = model(pixel_values=batch).feature_maps
+    for a, b in zip(after, before, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_backbone_output_inside_a_span_is_refused_before_patching():
+    model = _dinov2_backbone([2, 4])
+    with pytest.raises(ValueError, match="stage2.*inside a replaced span"):
+        toast.replace_spans(model, [(1, 3)], [torch.nn.Identity()])
+    assert len(model.encoder.layer) == 4
+
+
+def test_translators_follow_the_model_training_mode():
+    model = hf_models.build(FAMILIES[0])  # eval mode
+    toast.replace_spans(model, [SPAN], [toast.ResMLPTranslator(hf_models.HIDDEN)])
+    assert not toast.find_blocks(model).blocks[1].translator.training

@@ -744,17 +744,41 @@ static PyObject *core_estimate_nbytes(PyObject *mod, PyObject *args)
     return PyLong_FromSize_t(n);
 }
 
+/* Poll function for long kernels run without the GIL: takes the GIL and
+ * runs pending signal handlers (Ctrl-C raises KeyboardInterrupt there),
+ * then the optional Python callable `extra` (tests use it to interrupt at
+ * a chosen point). A raised exception stops the kernel and stays set for
+ * the caller. */
+static int poll_signals(void *extra)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int stop = PyErr_CheckSignals() < 0;
+    if (!stop && extra != NULL) {
+        PyObject *r = PyObject_CallNoArgs((PyObject *)extra);
+        stop = r == NULL;
+        Py_XDECREF(r);
+    }
+    PyGILState_Release(gil);
+    return stop;
+}
+
 static PyObject *core_error_matrix(PyObject *mod, PyObject *args)
 {
-    PyObject *obj;
+    PyObject *obj, *poll = NULL;
     int metric, est, ridge_rel = 0;
     double ridge = 0.0;
     toast_error err = {0};
     toast_status st;
     (void)mod;
-    if (!PyArg_ParseTuple(args, "Oii|dp", &obj, &metric, &est, &ridge,
-                          &ridge_rel))
+    if (!PyArg_ParseTuple(args, "Oii|dpO", &obj, &metric, &est, &ridge,
+                          &ridge_rel, &poll))
         return NULL;
+    if (poll == Py_None)
+        poll = NULL;
+    if (poll != NULL && !PyCallable_Check(poll)) {
+        PyErr_SetString(PyExc_TypeError, "poll must be callable or None");
+        return NULL;
+    }
     MomentsObject *mo = as_moments(obj);
     if (mo == NULL)
         return NULL;
@@ -771,13 +795,16 @@ static PyObject *core_error_matrix(PyObject *mod, PyObject *args)
     double *c = PyArray_DATA((PyArrayObject *)cond);
     Py_BEGIN_ALLOW_THREADS
     PyThread_acquire_lock(mo->lock, WAIT_LOCK);
-    st = toast_error_matrix(mo->m, (toast_metric)metric, (toast_estimator)est,
-                            ridge, ridge_rel, e, c, &err);
+    st = toast_error_matrix_poll(mo->m, (toast_metric)metric,
+                                 (toast_estimator)est, ridge, ridge_rel, e, c,
+                                 poll_signals, poll, &err);
     PyThread_release_lock(mo->lock);
     Py_END_ALLOW_THREADS
     if (st != TOAST_OK) {
         Py_DECREF(E);
         Py_DECREF(cond);
+        if (st == TOAST_EINTERRUPTED && PyErr_Occurred())
+            return NULL; /* the signal handler's exception */
         return raise_core_error(&err);
     }
     return Py_BuildValue("(NN)", E, cond);
@@ -919,8 +946,9 @@ static PyMethodDef core_methods[] = {
     {"estimate_nbytes", core_estimate_nbytes, METH_VARARGS,
      "estimate_nbytes(S, d, folds=0, span=-1) -> bytes of storage."},
     {"error_matrix", core_error_matrix, METH_VARARGS,
-     "error_matrix(m, metric, estimator, ridge=0, ridge_relative=False) -> "
-     "(E, cond)."},
+     "error_matrix(m, metric, estimator, ridge=0, ridge_relative=False, "
+     "poll=None) -> (E, cond). Checks for signals as it goes."},
+
     {"fit", core_fit, METH_VARARGS,
      "fit(m, i, j, kind, center=False, ridge=0, ridge_relative=False, "
      "sel=0, fold=0) -> (W, b, condition, rank, method)."},

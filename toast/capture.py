@@ -22,7 +22,7 @@ from toast.core import Moments, Pairs
 from toast.hf import BlockStack, find_blocks
 from toast.torch_moments import TorchMoments
 
-__all__ = ["Tokens", "capture_moments", "stream_states"]
+__all__ = ["ForwardError", "Tokens", "capture_moments", "stream_states"]
 
 Tokens = Literal["all", "cls", "mean", "last"]
 _TOKENS = ("all", "cls", "mean", "last")
@@ -161,6 +161,33 @@ def _select_tokens(
     return [s[rows, last].detach() for s in states], None
 
 
+class ForwardError(RuntimeError):
+    """The model's forward pass failed on a batch of the loader."""
+
+
+def _describe(args: tuple, kwargs: dict) -> str:
+    def one(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            dtype = str(value.dtype).removeprefix("torch.")
+            return f"{dtype}{list(value.shape)}"
+        return type(value).__name__
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts)
+
+
+def _run_forward(model: nn.Module, args: tuple, kwargs: dict, index: int) -> None:
+    try:
+        model(*args, **kwargs)
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:
+        raise ForwardError(
+            f"the model's forward pass failed on batch {index} of the loader "
+            f"({_describe(args, kwargs)}): {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def _rss_mib() -> float:
     try:
         with open("/proc/self/statm") as f:
@@ -261,7 +288,7 @@ def stream_states(
                         args, kwargs = _truncate(args, kwargs, remaining)
                         size = remaining
                 samples += size
-                model(*args, **kwargs)
+                _run_forward(model, args, kwargs, bar.n)
                 rows, row_mask = _select_tokens(
                     recorder.take(), kwargs.get("attention_mask"), tokens
                 )

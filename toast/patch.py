@@ -132,10 +132,41 @@ def _renumber_layers(blocks: nn.ModuleList) -> None:
                 module.layer_idx = position
 
 
+def _backbone_outputs(config, kept: list[int | tuple[int, int]], total: int) -> dict | None:
+    """New ``stage_names`` / ``out_indices`` / ``out_features`` of a backbone
+    config, or None when the config has none. Stage k is state k (stage 0
+    the stem); a stage inside a removed span has no equivalent."""
+    names = getattr(config, "stage_names", None)
+    indices = getattr(config, "out_indices", None)
+    if not isinstance(names, list) or len(names) != total + 1 or indices is None:
+        return None
+    # state reproduced by each new position: block b gives state b + 1, a
+    # translator for blocks[a:b] gives state b
+    produced = {0: 0}
+    for position, k in enumerate(kept):
+        produced[(k + 1) if isinstance(k, int) else k[1]] = position + 1
+    new_indices = []
+    for index in indices:
+        state = index % (total + 1)
+        if state not in produced:
+            raise ValueError(
+                f"the backbone outputs stage {names[state]!r}, which lies inside a replaced "
+                "span; choose spans that keep it or change config.out_indices first"
+            )
+        new_indices.append(produced[state])
+    new_names = ["stem"] + [f"stage{p}" for p in range(1, len(kept) + 1)]
+    return {
+        "stage_names": new_names,
+        "out_indices": type(indices)(new_indices),
+        "out_features": [new_names[p] for p in new_indices],
+    }
+
+
 def _update_config(model: nn.Module, kept: list[int | tuple[int, int]], total: int) -> None:
     config = getattr(model, "config", None)
     if config is None:
         return
+    backbone = _backbone_outputs(config, kept, total)
     for name in ("num_hidden_layers", "n_layer", "num_layers"):
         if isinstance(getattr(config, name, None), int) and getattr(config, name) == total:
             setattr(config, name, len(kept))
@@ -143,6 +174,10 @@ def _update_config(model: nn.Module, kept: list[int | tuple[int, int]], total: i
     if isinstance(layer_types, list) and len(layer_types) == total:
         # a translator takes the type of the first block it replaces
         config.layer_types = [layer_types[k if isinstance(k, int) else k[0]] for k in kept]
+    if backbone is not None:
+        config._out_features = backbone["out_features"]  # set together, bypassing
+        config._out_indices = list(backbone["out_indices"])  # the pairwise validation
+        config.stage_names = backbone["stage_names"]
 
 
 def replace_spans(
@@ -185,6 +220,12 @@ def replace_spans(
         position = stop
     new_blocks.extend(old[position:])
     kept.extend(range(position, total))
+    config = getattr(model, "config", None)
+    if config is not None:
+        _backbone_outputs(config, kept, total)  # raises before anything changes
+    for block in new_blocks:
+        if isinstance(block, TranslatorBlock):
+            block.train(model.training)  # e.g. no Res-MLP dropout in an eval model
     holder_path, _, attr = stack.path.rpartition(".")
     holder = model.get_submodule(holder_path) if holder_path else model
     setattr(holder, attr, nn.ModuleList(new_blocks))

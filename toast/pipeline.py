@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -16,7 +17,7 @@ from toast.patch import replace_spans, validate_spans
 from toast.rows import RowSample, capture_rows
 from toast.translators import train_translator
 
-__all__ = ["CompressionReport", "compress", "count_params"]
+__all__ = ["CompressionReport", "FewRowsWarning", "compress", "count_params"]
 
 
 def count_params(model: nn.Module) -> int:
@@ -79,6 +80,13 @@ class CompressionReport:
         ]
         return "\n".join(lines)
 
+
+class FewRowsWarning(UserWarning):
+    """A translator was fitted from no more rows than features (ridge used)."""
+
+
+# Ridge (relative to the mean diagonal of XᵀX) for fits with rows <= dim.
+FEW_ROWS_RIDGE = 1e-3
 
 CLOSED_FORM = ("identity", "linear", "affine", "diagonal", "orthogonal")
 TRAINED = ("mlp", "resmlp")
@@ -161,6 +169,11 @@ def compress(
         backend=backend,
         **data,
     )
+    if budget is not None and not 1 <= budget < analysis.num_blocks:
+        raise ValueError(
+            f"budget={budget} must be between 1 and {analysis.num_blocks - 1}: the model has "
+            f"{analysis.num_blocks} blocks and keeps at least one"
+        )
     if spans is not None:
         chosen = validate_spans(spans, analysis.num_blocks)
         spans = [Span(a, b, float(analysis.errors[a, b])) for a, b in chosen]
@@ -210,7 +223,17 @@ class _Fitter:
         self.conditions: list[float] = []
 
     def _closed_form(self, moments, i: int, j: int) -> Translator:
-        t = fit_translator(moments, i, j, kind=self.kind, ridge=self.ridge)
+        ridge, relative = self.ridge, False
+        if ridge is None and self.kind in ("linear", "affine") and moments.rows <= moments.dim:
+            ridge, relative = FEW_ROWS_RIDGE, True
+            warnings.warn(
+                f"fitting blocks[{i}:{j}] from {moments.rows} rows of width {moments.dim}: "
+                f"least squares is underdetermined, so a ridge of {FEW_ROWS_RIDGE} (relative "
+                "to the mean diagonal of XᵀX) is used; pass ridge=... or more data",
+                FewRowsWarning,
+                stacklevel=4,
+            )
+        t = fit_translator(moments, i, j, kind=self.kind, ridge=ridge, ridge_relative=relative)
         self.conditions.append(t.condition)
         return t
 

@@ -1054,6 +1054,53 @@ static void test_absurd_sizes(void)
     CHECK(st == TOAST_EINVAL);
 }
 
+/* Counts its calls; asks to stop at call number `stop_at`. */
+typedef struct {
+    int calls, stop_at;
+} poll_count;
+
+static int count_polls(void *ctx)
+{
+    poll_count *p = ctx;
+    return ++p->calls >= p->stop_at;
+}
+
+static void test_poll_interrupts_the_error_matrix(void)
+{
+    double x[SS][SN * SD];
+    toast_error err = {0};
+    toast_moments *m = new_moments(SS, SD, 3, -1, TOAST_PRECISION_FLOAT64);
+    fill_states(x);
+    update_rows(m, x, 0, SN, NULL);
+    const toast_metric metrics[] = {TOAST_METRIC_LINEAR, TOAST_METRIC_AFFINE,
+                                    TOAST_METRIC_CKA};
+    const toast_estimator ests[] = {TOAST_EST_IN_SAMPLE, TOAST_EST_CV,
+                                    TOAST_EST_GCV};
+    double E[SS * SS], F[SS * SS];
+    for (int a = 0; a < 3; a++) {
+        for (int b = 0; b < 3; b++) {
+            /* a poll that never stops changes nothing */
+            poll_count never = {0, 1 << 30};
+            CHECK_STATUS(toast_error_matrix(m, metrics[a], ests[b], 0.0, 0, E,
+                                            NULL, &err), TOAST_OK, &err);
+            CHECK_STATUS(toast_error_matrix_poll(m, metrics[a], ests[b], 0.0,
+                                                 0, F, NULL, count_polls,
+                                                 &never, &err),
+                         TOAST_OK, &err);
+            CHECK(memcmp(E, F, sizeof(E)) == 0);
+            CHECK(never.calls > 0);
+            /* a poll that stops at its second call stops the work there */
+            poll_count stop = {0, 2};
+            CHECK(toast_error_matrix_poll(m, metrics[a], ests[b], 0.0, 0, F,
+                                          NULL, count_polls, &stop, &err) ==
+                  TOAST_EINTERRUPTED);
+            CHECK(stop.calls == 2);
+            CHECK(strstr(err.msg, "interrupted") != NULL);
+        }
+    }
+    toast_moments_free(m);
+}
+
 int main(void)
 {
     test_known_moments();
@@ -1067,6 +1114,7 @@ int main(void)
     test_bad_arguments();
     test_overflowing_moments();
     test_absurd_sizes();
+    test_poll_interrupts_the_error_matrix();
     printf("test_core: %d checks, %d failures\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }

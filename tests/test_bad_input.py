@@ -1,0 +1,249 @@
+"""What users will do wrong, end to end: each mistake gets a clear exception.
+
+One table row per mistake: the call, the exception type, and a fragment of
+the message that names the problem. Save/load mistakes live in
+``test_save_load.py``; the core's own argument checks in
+``test_binding_robustness.py``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+hf_models = pytest.importorskip("hf_models")
+
+import toast  # noqa: E402
+from toast.capture import ForwardError  # noqa: E402
+from toast.pipeline import FewRowsWarning  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+VIT = hf_models.FAMILIES[0]
+BERT = next(f for f in hf_models.FAMILIES if f.name == "bert")
+
+
+def vit():
+    return hf_models.build(VIT)
+
+
+def images(n=8, batch=4):
+    return hf_models.loader(VIT, n, batch_size=batch)
+
+
+def analyze(model, loader, **kw):
+    return toast.analyze(model, loader, progress=False, **kw)
+
+
+def compress(model, loader, **kw):
+    return toast.compress(model, loader, progress=False, **kw)
+
+
+def _masked_out_text():
+    batch = hf_models.pad(hf_models.sentences(2))
+    batch["attention_mask"].zero_()
+    return [batch]
+
+
+def _wrong_mask_shape():
+    batch = hf_models.pad(hf_models.sentences(2))
+    batch["attention_mask"] = batch["attention_mask"][:, :-1]
+    return [batch]
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def _nan_in_block_2():
+    model = vit()
+    with torch.no_grad():
+        model.layers[2].mlp.fc2.bias.fill_(float("nan"))
+    return model
+
+
+def _half_overflow():
+    # float16 overflows to Inf in block 1: finite weights, but its MLP output
+    # sums 64 products of ~6e4 each, past float16's largest value (65504)
+    model = vit().half()
+    with torch.no_grad():
+        model.layers[1].mlp.fc2.weight.fill_(6e4)
+    return model
+
+
+CASES = {
+    # -- loaders ----------------------------------------------------------
+    "batch of the wrong type": (
+        lambda: analyze(vit(), ["not a tensor"]),
+        TypeError,
+        "each batch must be a tensor, a dict",
+    ),
+    "images with the wrong number of channels": (
+        lambda: analyze(vit(), [torch.zeros(2, 1, 16, 16)]),
+        ForwardError,
+        r"failed on batch 0 of the loader \(float32\[2, 1, 16, 16\]\)",
+    ),
+    "images of the wrong size": (
+        lambda: analyze(vit(), [torch.zeros(2, 3, 20, 20)]),
+        ForwardError,
+        r"float32\[2, 3, 20, 20\]\): ValueError: Input image size",
+    ),
+    "token ids where images are expected": (
+        lambda: analyze(vit(), [{"input_ids": torch.ones(2, 5, dtype=torch.long)}]),
+        ForwardError,
+        "failed on batch 0",
+    ),
+    "empty loader": (lambda: analyze(vit(), []), ValueError, "yielded no rows"),
+    "every token masked out": (
+        lambda: analyze(hf_models.build(BERT), _masked_out_text()),
+        ValueError,
+        "every token masked out",
+    ),
+    "attention mask of the wrong shape": (
+        lambda: analyze(hf_models.build(BERT), _wrong_mask_shape()),
+        ValueError,
+        r"attention_mask has shape \(2, \d+\) but the hidden states have",
+    ),
+    "a batch with no tensor": (
+        lambda: analyze(vit(), [{"pixel_values": [1, 2, 3]}]),
+        ValueError,
+        "batch holds no tensor",
+    ),
+    "max_samples of zero": (
+        lambda: analyze(vit(), images(), max_samples=0),
+        ValueError,
+        "max_samples must be >= 1",
+    ),
+    "random subset of a plain list": (
+        lambda: analyze(vit(), images(), max_samples=4, sample="random"),
+        ValueError,
+        "needs a torch DataLoader",
+    ),
+    "unknown token choice": (
+        lambda: analyze(vit(), images(), tokens="first"),
+        ValueError,
+        "tokens must be one of",
+    ),
+    # -- models ---------------------------------------------------------------
+    "not a module": (lambda: analyze("vit-base", images()), TypeError, "torch.nn.Module"),
+    "no recognisable blocks": (
+        lambda: analyze(_Mlp(), [torch.zeros(2, 4)]),
+        ValueError,
+        "pass blocks='...'",
+    ),
+    "blocks path that does not exist": (
+        lambda: analyze(vit(), images(), blocks="encoder.layer"),
+        ValueError,
+        "has no attribute path 'encoder.layer'",
+    ),
+    "blocks path that is not a list": (
+        lambda: analyze(vit(), images(), blocks="embeddings"),
+        ValueError,
+        "not a non-empty nn.ModuleList",
+    ),
+    "NaN weights": (
+        lambda: analyze(_nan_in_block_2(), images()),
+        ValueError,
+        r"output of block 2 \(state 3\) contains NaN or Inf",
+    ),
+    "float16 overflow": (
+        lambda: analyze(_half_overflow(), images()),
+        ValueError,
+        r"block 1 \(state 2\) contains NaN or Inf; in float16",
+    ),
+    # -- analysis and spans ---------------------------------------------------
+    "unknown metric": (
+        lambda: analyze(vit(), images(), metric="l1"),
+        ValueError,
+        "metric must be one of",
+    ),
+    "overlapping spans": (
+        lambda: toast.replace_spans(vit(), [(1, 3), (2, 4)], [torch.nn.Identity()] * 2),
+        ValueError,
+        "overlap",
+    ),
+    "span beyond the depth": (
+        lambda: toast.replace_spans(vit(), [(2, 6)], [torch.nn.Identity()]),
+        ValueError,
+        "0 <= start < stop <= 4",
+    ),
+    "empty span": (
+        lambda: toast.replace_spans(vit(), [(2, 2)], [torch.nn.Identity()]),
+        ValueError,
+        "start < stop",
+    ),
+    "fewer translators than spans": (
+        lambda: toast.replace_spans(vit(), [(1, 2), (3, 4)], [torch.nn.Identity()]),
+        ValueError,
+        "got 2 spans but 1 translators",
+    ),
+    "budget as large as the depth": (
+        lambda: compress(vit(), images(), budget=4),
+        ValueError,
+        "budget=4 must be between 1 and 3",
+    ),
+    "no budget, bound or spans": (
+        lambda: compress(vit(), images()),
+        ValueError,
+        "give budget=",
+    ),
+    "an error bound nothing meets": (
+        lambda: compress(vit(), images(16), max_error=-1.0, estimator="gcv"),
+        ValueError,
+        "no span satisfies",
+    ),
+    "unknown translator": (
+        lambda: compress(vit(), images(), budget=1, translator="conv"),
+        ValueError,
+        "translator must be one of",
+    ),
+    "plan on a similarity metric": (
+        lambda: analyze(vit(), images(), metric="cka").plan(max_blocks=1),
+        ValueError,
+        "lower means redundant",
+    ),
+    "a trained translator with no steps": (
+        lambda: compress(vit(), images(), spans=[(1, 2)], translator="mlp", train_steps=0),
+        ValueError,
+        "steps must be an int >= 1",
+    ),
+    "a row sample of no rows": (
+        lambda: compress(vit(), images(), spans=[(1, 2)], translator="mlp", max_rows=0),
+        ValueError,
+        "capacity must be an int >= 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_bad_input_gets_a_clear_exception(case):
+    call, error, fragment = CASES[case]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(error, match=fragment):
+            call()
+
+
+def test_the_table_is_large_enough():
+    assert len(CASES) >= 25
+
+
+def test_a_failed_forward_keeps_the_original_exception():
+    with pytest.raises(ForwardError) as info:
+        analyze(vit(), [torch.zeros(2, 1, 16, 16)])
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_a_translator_from_fewer_rows_than_features_warns_and_uses_ridge():
+    # 8 CLS rows of width 32: plain least squares would interpolate them.
+    model = vit()
+    with pytest.warns(FewRowsWarning, match="8 rows of width 32"):
+        model, report = compress(model, images(8), spans=[(1, 3)], tokens="cls", folds=2)
+    assert report.conditions[0] < 1e6  # the ridge keeps the system well posed
