@@ -1,5 +1,7 @@
 """toast.compress: one pass from a model and a loader to a patched model."""
 
+import warnings
+
 import pytest
 from conftest import rel_err
 
@@ -11,13 +13,15 @@ import toast  # noqa: E402
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 
-@pytest.mark.parametrize("name", ["vit", "llama"])
-def test_compress_removes_the_budget_and_reports_it(name):
-    family = next(f for f in hf_models.FAMILIES if f.name == name)
+@pytest.mark.parametrize("family", hf_models.FAMILIES, ids=[f.name for f in hf_models.FAMILIES])
+def test_compress_removes_the_budget_and_reports_it(family):
     model = hf_models.build(family)
     batches = hf_models.loader(family, 24, batch_size=8)
     before = toast.count_params(model)
-    model, report = toast.compress(model, batches, budget=2, folds=3, progress=False)
+    with warnings.catch_warnings():
+        # random BERT-style embeddings are rank-deficient (LayerNorm centring)
+        warnings.simplefilter("ignore", toast.IllConditionedWarning)
+        model, report = toast.compress(model, batches, budget=2, folds=3, progress=False)
     assert report.blocks_removed == 2
     assert report.params_before == before
     assert report.params_after == toast.count_params(model)

@@ -61,17 +61,22 @@ def test_padding_never_enters_the_statistics(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=IDS)
-def test_batch_size_does_not_change_the_moments(family):
+def test_batch_size_does_not_change_the_moments_or_the_errors(family):
     model = hf_models.build(family)
     small, _ = toast.capture_moments(
-        model, hf_models.loader(family, 12, batch_size=2), folds=0, progress=False
+        model, hf_models.loader(family, 64, batch_size=2), folds=0, progress=False
     )
     large, _ = toast.capture_moments(
-        model, hf_models.loader(family, 12, batch_size=12), folds=0, progress=False
+        model, hf_models.loader(family, 64, batch_size=64), folds=0, progress=False
     )
     assert small.rows == large.rows
     for k in range(hf_models.LAYERS + 1):
         assert_rel(small.cross(0, k), large.cross(0, k), 1e-5, f"cross(0, {k})")
+    # Padding differs between the two batchings of text; the errors must not.
+    iu = np.triu_indices(hf_models.LAYERS + 1, 1)
+    e_small = toast.error_matrix(small, estimator="gcv", ridge=1e-6, ridge_relative=True)
+    e_large = toast.error_matrix(large, estimator="gcv", ridge=1e-6, ridge_relative=True)
+    assert_rel(e_small[iu], e_large[iu], 1e-5, "gcv error matrix")
 
 
 @pytest.mark.parametrize("tokens", ["cls", "mean", "last"])
