@@ -190,3 +190,72 @@ def test_nan_activations_name_the_block():
         model.layers[2].mlp.fc2.bias.fill_(float("nan"))
     with pytest.raises(ValueError, match="block 2"):
         toast.capture_moments(model, hf_models.loader(family, 4, 4), folds=0, progress=False)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_block_parts_have_the_shapes_of_their_roles(family):
+    model = hf_models.build(family)
+    d = hf_models.HIDDEN
+    for block in toast.find_blocks(model).blocks:
+        parts = toast.block_parts(block)
+        if parts.qkv is None:
+            assert (parts.q.in_features, parts.k.in_features, parts.v.in_features) == (d, d, d)
+            assert parts.q.out_features == d
+        else:
+            assert (parts.qkv.in_features, parts.qkv.out_features) == (d, 3 * d)
+        assert (parts.out.in_features, parts.out.out_features) == (d, d)
+        assert parts.up.in_features == d
+        assert parts.down.out_features == d
+        if parts.gate is not None:
+            assert parts.gate.out_features == parts.down.in_features
+        assert parts.down.module is not parts.out.module
+
+
+def test_gpt2_projections_are_marked_as_transposed():
+    model = hf_models.build(next(f for f in FAMILIES if f.name == "gpt2"))
+    parts = toast.block_parts(toast.find_blocks(model).blocks[0])
+    assert parts.down.layout == "conv1d" and parts.down.path == "mlp.c_proj"
+    assert parts.out.path == "attn.c_proj"
+
+
+def test_unknown_block_layout_names_what_is_missing():
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match=r"q/k/v \(or a fused qkv\), out, up, down"):
+        toast.block_parts(block)
+
+
+def test_heads_are_found_outside_the_blocks():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    vit = transformers.ViTForImageClassification(
+        transformers.ViTConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=4,
+            num_labels=3,
+        )
+    )
+    assert list(toast.find_head(vit)) == ["classifier"]
+    llama = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=97,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+        )
+    )
+    assert list(toast.find_head(llama)) == ["lm_head"]
+    bert = transformers.BertModel(
+        transformers.BertConfig(
+            vocab_size=97,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+        )
+    )
+    assert list(toast.find_head(bert)) == ["pooler"]

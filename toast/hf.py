@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-__all__ = ["BlockStack", "find_blocks"]
+__all__ = ["BlockParts", "BlockStack", "Projection", "block_parts", "find_blocks", "find_head"]
 
 # Attribute names of the norm applied after the last block, by family.
 _FINAL_NORM_NAMES = (
@@ -129,3 +129,138 @@ def find_blocks(model: nn.Module, blocks: str | None = None) -> BlockStack:
     block_list = _get(model, path)
     norm, norm_path = _find_final_norm(model, path)
     return BlockStack(path, block_list, norm, norm_path)
+
+
+# -- the parts of one block -------------------------------------------------
+
+# Path suffixes (inside a block) of each projection, by family:
+# ViT/DeiT/DINOv2/CLIP/Llama/Qwen2 (q_proj...), BERT (attention.self.query,
+# attention.output.dense, intermediate.dense, output.dense), GPT-2 (attn.c_attn,
+# attn.c_proj, mlp.c_fc, mlp.c_proj; Conv1D), ModernBERT (attn.Wqkv, attn.Wo,
+# mlp.Wi, mlp.Wo).
+_PART_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "q": ("q_proj", "self.query"),
+    "k": ("k_proj", "self.key"),
+    "v": ("v_proj", "self.value"),
+    "qkv": ("attn.c_attn", "attn.Wqkv", "qkv_proj", "query_key_value"),
+    "out": ("o_proj", "out_proj", "attention.output.dense", "attn.c_proj", "attn.Wo"),
+    "gate": ("gate_proj",),
+    "up": ("fc1", "up_proj", "intermediate.dense", "mlp.c_fc", "mlp.Wi"),
+    "down": ("fc2", "down_proj", "mlp.c_proj", "mlp.Wo"),
+}
+# BERT's MLP output is the block's bare `output.dense`.
+_EXACT_PATHS = {"down": ("output.dense",)}
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One dense projection of a block.
+
+    ``path`` is its dotted path inside the block. ``layout`` says how its
+    weight is stored: ``"linear"`` is torch's ``(out_features, in_features)``;
+    ``"conv1d"`` is GPT-2's ``Conv1D``, ``(in_features, out_features)``.
+    """
+
+    path: str
+    module: nn.Module
+    layout: str
+
+    @property
+    def in_features(self) -> int:
+        w = self.module.weight
+        return int(w.shape[1] if self.layout == "linear" else w.shape[0])
+
+    @property
+    def out_features(self) -> int:
+        w = self.module.weight
+        return int(w.shape[0] if self.layout == "linear" else w.shape[1])
+
+
+@dataclass(frozen=True)
+class BlockParts:
+    """The projections of one transformer block that toast rewrites.
+
+    Attention: ``q``, ``k``, ``v`` separately, or ``qkv`` when fused (GPT-2,
+    ModernBERT); ``out`` writes into the residual stream. MLP: ``up`` (and
+    ``gate`` for gated MLPs such as Llama's; ModernBERT's ``Wi`` holds both
+    halves), ``down`` writes into the residual stream.
+    """
+
+    q: Projection | None
+    k: Projection | None
+    v: Projection | None
+    qkv: Projection | None
+    out: Projection
+    up: Projection
+    gate: Projection | None
+    down: Projection
+
+
+def _projections(block: nn.Module) -> dict[str, Projection]:
+    found: dict[str, Projection] = {}
+    for path, module in block.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, nn.Parameter) or weight.dim() != 2:
+            continue
+        if isinstance(module, nn.Linear):
+            layout = "linear"
+        elif type(module).__name__ == "Conv1D":
+            layout = "conv1d"
+        else:
+            continue
+        for part, suffixes in _PART_SUFFIXES.items():
+            exact = _EXACT_PATHS.get(part, ())
+            if path in exact or any(path == s or path.endswith("." + s) for s in suffixes):
+                if part in found:
+                    raise ValueError(
+                        f"{type(block).__name__} has two candidates for its {part!r} "
+                        f"projection ({found[part].path!r} and {path!r})"
+                    )
+                found[part] = Projection(path, module, layout)
+    return found
+
+
+def block_parts(block: nn.Module) -> BlockParts:
+    """The attention and MLP projections of ``block`` (see :class:`BlockParts`).
+
+    Raises ``ValueError`` naming what is missing when the block's layout is
+    not one toast knows.
+    """
+    found = _projections(block)
+    separate = all(p in found for p in ("q", "k", "v"))
+    missing = [p for p in ("out", "up", "down") if p not in found]
+    if not separate and "qkv" not in found:
+        missing.insert(0, "q/k/v (or a fused qkv)")
+    if missing:
+        raise ValueError(
+            f"cannot find the {', '.join(missing)} projection(s) of {type(block).__name__}; "
+            f"found {sorted(p.path for p in found.values())}"
+        )
+    return BlockParts(
+        q=found.get("q") if separate else None,
+        k=found.get("k") if separate else None,
+        v=found.get("v") if separate else None,
+        qkv=None if separate else found["qkv"],
+        out=found["out"],
+        up=found["up"],
+        gate=found.get("gate"),
+        down=found["down"],
+    )
+
+
+# Names of the modules that read the final state: poolers and task heads.
+_HEAD_NAMES = ("pooler", "classifier", "lm_head", "score", "head", "qa_outputs", "cls")
+
+
+def find_head(model: nn.Module, blocks: str | None = None) -> dict[str, nn.Module]:
+    """The pooler and task-head modules of ``model`` by dotted path (possibly
+    empty), i.e. the known head names outside the block list."""
+    stack = find_blocks(model, blocks)
+    heads = {}
+    for path, module in model.named_modules():
+        name = path.rpartition(".")[2]
+        inside = path == stack.path or path.startswith(stack.path + ".")
+        if name in _HEAD_NAMES and not inside and isinstance(module, nn.Module):
+            if not any(path.startswith(h + ".") for h in heads):
+                heads[path] = module
+    return heads
