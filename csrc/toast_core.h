@@ -1,7 +1,8 @@
 /*
  * toast_core.h -- the C core of toast: streaming moments of layer
- * activations, closed-form translators solved from them, and the block
- * error matrix.
+ * activations, closed-form translators solved from them, the block
+ * error matrix, and the centers and scores of ToaSt's head-dimension
+ * pruning (geometric median, coordinate median, FPGM, L1, L2).
  *
  * Plain C11, no Python. Every function that can fail returns a
  * toast_status and fills a toast_error; nothing aborts, prints or exits.
@@ -333,6 +334,86 @@ toast_status toast_error_matrix_poll(const toast_moments *m,
                                      double *E, double *cond,
                                      toast_poll_fn poll, void *poll_ctx,
                                      toast_error *err);
+
+/* ------------------------------------------------- centers and scores */
+
+/*
+ * Centers of n points in R^p (the rows of X, n x p) and importance scores
+ * of the points (ToaSt's coupled head dimensions: one point per dimension
+ * of a head, the larger the score the more important). geomedian.c.
+ */
+
+/* Defaults of the geometric median's stopping rule (see below). */
+#define TOAST_GM_TOL 1e-10
+#define TOAST_GM_MAX_ITER 1000
+
+typedef struct {
+    int iterations; /* Weiszfeld steps taken */
+    int converged;  /* 1: the stopping rule was met (or the iterate is a
+                       data point that is optimal); 0: max_iter ran out and
+                       the result is the last iterate (not an error) */
+    int hits;       /* steps at which the iterate coincided with data
+                       points (Vardi-Zhang step taken) */
+} toast_gm_info;
+
+/*
+ * Geometric median: y = argmin_y sum_i w_i ||x_i - y||_2, w NULL meaning
+ * all weights 1 (weights must be finite, >= 0, with a positive sum).
+ *
+ * Weiszfeld's iteration started from the weighted centroid:
+ *   y+ = T(y) = sum_i (w_i / d_i) x_i / sum_i (w_i / d_i),  d_i = ||x_i - y||.
+ * When the iterate coincides with data points (d_i <= 1e-12 times the
+ * weighted mean distance; eta = their total weight), Vardi and Zhang's
+ * (2000) modification is used: with R = sum over the other points of
+ * w_i (x_i - y) / d_i, y is optimal (and returned) if ||R|| <= eta;
+ * otherwise y+ = (1 - eta/||R||) T' + (eta/||R||) y, T' being T over the
+ * other points. This also covers duplicated points.
+ *
+ * Stopping rule: ||y+ - y|| <= tol * s, s = the weighted mean distance from
+ * y to the points (so tol is relative to the spread of the data and
+ * independent of its units), or max_iter steps. tol >= 0, max_iter >= 0
+ * (0 returns the centroid, not converged). info may be NULL.
+ * Fails with TOAST_ENONFINITE on NaN/Inf data and TOAST_EINVAL on bad
+ * arguments; y (p doubles) is unspecified on failure.
+ */
+toast_status toast_geometric_median(int n, int p, const double *X,
+                                    const double *w, double tol, int max_iter,
+                                    double *y, toast_gm_info *info,
+                                    toast_error *err);
+
+/* Coordinate-wise median: y[c] = the ((n - 1) / 2)-th smallest value of
+ * column c (0-based), i.e. the lower median for even n, as torch.median
+ * returns; ToaSt's reference code uses this as its "geometric median". */
+toast_status toast_coordinate_median(int n, int p, const double *X, double *y,
+                                     toast_error *err);
+
+typedef enum {
+    TOAST_DIMSCORE_GEOMEDIAN = 0, /* ||x_j - geometric median|| */
+    TOAST_DIMSCORE_COORD_MEDIAN,  /* ||x_j - coordinate-wise median|| */
+    TOAST_DIMSCORE_FPGM,          /* sum_i ||x_j - x_i|| (FPGM) */
+    TOAST_DIMSCORE_L1,            /* sum_c |x_jc| */
+    TOAST_DIMSCORE_L2             /* ||x_j||_2 */
+} toast_dimscore;
+
+/*
+ * scores[j] (n doubles) = the score of point j by `kind`. tol and max_iter
+ * are the geometric median's (checked for every kind); info (may be NULL)
+ * receives its iteration report, {0, 1, 0} for the other kinds.
+ */
+toast_status toast_dim_scores(int n, int p, const double *X,
+                              toast_dimscore kind, double tol, int max_iter,
+                              double *scores, toast_gm_info *info,
+                              toast_error *err);
+
+/*
+ * toast_dim_scores for `groups` independent point sets stored one after the
+ * other (X: groups x n x p, scores: groups x n, infos: groups entries or
+ * NULL). On failure err->arg is the failing group.
+ */
+toast_status toast_dim_scores_batch(int groups, int n, int p, const double *X,
+                                    toast_dimscore kind, double tol,
+                                    int max_iter, double *scores,
+                                    toast_gm_info *infos, toast_error *err);
 
 #ifdef __cplusplus
 }

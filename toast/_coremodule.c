@@ -16,6 +16,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "toast_core.h"
@@ -942,6 +943,178 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------ centers */
+
+/* A C-contiguous float64 copy (or view) of obj with ndim in [lo, hi] and no
+ * empty dimension; NULL with an exception set otherwise. Complex, object and
+ * string input is refused (no safe cast to float64). */
+static PyArrayObject *points_array(PyObject *obj, const char *name, int lo,
+                                   int hi)
+{
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(
+        obj, NPY_DOUBLE, 0, 0, NPY_ARRAY_IN_ARRAY);
+    if (a == NULL)
+        return NULL;
+    int nd = PyArray_NDIM(a);
+    if (nd < lo || nd > hi) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s must have %d to %d dimensions, got %d", name, lo, hi,
+                     nd);
+        Py_DECREF(a);
+        return NULL;
+    }
+    for (int q = 0; q < nd; q++)
+        if (PyArray_DIM(a, q) < 1 || PyArray_DIM(a, q) > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s has a dimension of size %lld; every size must be "
+                         "in [1, 2^31 - 1]", name,
+                         (long long)PyArray_DIM(a, q));
+            Py_DECREF(a);
+            return NULL;
+        }
+    return a;
+}
+
+static PyObject *core_geometric_median(PyObject *mod, PyObject *args)
+{
+    PyObject *x_obj, *w_obj = Py_None, *y = NULL, *result = NULL;
+    PyArrayObject *X = NULL, *Wt = NULL;
+    double tol = TOAST_GM_TOL;
+    int max_iter = TOAST_GM_MAX_ITER;
+    toast_error err = {0};
+    toast_gm_info info = {0, 0, 0};
+    toast_status st;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "O|Odi", &x_obj, &w_obj, &tol, &max_iter))
+        return NULL;
+    X = points_array(x_obj, "X", 2, 2);
+    if (X == NULL)
+        goto done;
+    npy_intp n = PyArray_DIM(X, 0), p = PyArray_DIM(X, 1);
+    if (w_obj != Py_None) {
+        Wt = points_array(w_obj, "weights", 1, 1);
+        if (Wt == NULL)
+            goto done;
+        if (PyArray_DIM(Wt, 0) != n) {
+            PyErr_Format(PyExc_ValueError,
+                         "weights has %lld entries for %lld points",
+                         (long long)PyArray_DIM(Wt, 0), (long long)n);
+            goto done;
+        }
+    }
+    y = PyArray_SimpleNew(1, &p, NPY_DOUBLE);
+    if (y == NULL)
+        goto done;
+    const double *x = PyArray_DATA(X);
+    const double *w = Wt == NULL ? NULL : PyArray_DATA(Wt);
+    double *yd = PyArray_DATA((PyArrayObject *)y);
+    Py_BEGIN_ALLOW_THREADS
+    st = toast_geometric_median((int)n, (int)p, x, w, tol, max_iter, yd,
+                                &info, &err);
+    Py_END_ALLOW_THREADS
+    if (st != TOAST_OK) {
+        raise_core_error(&err);
+        goto done;
+    }
+    result = Py_BuildValue("(Oiii)", y, info.iterations, info.converged,
+                           info.hits);
+done:
+    Py_XDECREF(X);
+    Py_XDECREF(Wt);
+    Py_XDECREF(y);
+    return result;
+}
+
+static PyObject *core_coordinate_median(PyObject *mod, PyObject *obj)
+{
+    PyObject *y = NULL;
+    toast_error err = {0};
+    toast_status st;
+    (void)mod;
+    PyArrayObject *X = points_array(obj, "X", 2, 2);
+    if (X == NULL)
+        return NULL;
+    npy_intp n = PyArray_DIM(X, 0), p = PyArray_DIM(X, 1);
+    y = PyArray_SimpleNew(1, &p, NPY_DOUBLE);
+    if (y != NULL) {
+        const double *x = PyArray_DATA(X);
+        double *yd = PyArray_DATA((PyArrayObject *)y);
+        Py_BEGIN_ALLOW_THREADS
+        st = toast_coordinate_median((int)n, (int)p, x, yd, &err);
+        Py_END_ALLOW_THREADS
+        if (st != TOAST_OK) {
+            raise_core_error(&err);
+            Py_CLEAR(y);
+        }
+    }
+    Py_DECREF(X);
+    return y;
+}
+
+/* Runs the batch with the GIL released; infos copied into the two arrays. */
+static toast_status run_dim_scores(int G, int n, int p, const double *x,
+                                   int kind, double tol, int max_iter,
+                                   double *scores, int32_t *iters,
+                                   npy_bool *conv, toast_error *err)
+{
+    toast_gm_info *infos = malloc((size_t)G * sizeof *infos);
+    if (infos == NULL)
+        return toast_set_error(err, TOAST_ENOMEM, -1,
+                               "cannot allocate %d iteration reports", G);
+    toast_status st = toast_dim_scores_batch(G, n, p, x, (toast_dimscore)kind,
+                                             tol, max_iter, scores, infos,
+                                             err);
+    for (int g = 0; st == TOAST_OK && g < G; g++) {
+        iters[g] = infos[g].iterations;
+        conv[g] = (npy_bool)(infos[g].converged != 0);
+    }
+    free(infos);
+    return st;
+}
+
+static PyObject *core_dim_scores(PyObject *mod, PyObject *args)
+{
+    PyObject *x_obj, *scores = NULL, *iters = NULL, *conv = NULL;
+    PyObject *result = NULL;
+    int kind, max_iter = TOAST_GM_MAX_ITER;
+    double tol = TOAST_GM_TOL;
+    toast_error err = {0};
+    toast_status st;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "Oi|di", &x_obj, &kind, &tol, &max_iter))
+        return NULL;
+    PyArrayObject *X = points_array(x_obj, "X", 3, 3);
+    if (X == NULL)
+        return NULL;
+    npy_intp G = PyArray_DIM(X, 0), n = PyArray_DIM(X, 1),
+             p = PyArray_DIM(X, 2);
+    npy_intp sd[2] = {G, n};
+    scores = PyArray_SimpleNew(2, sd, NPY_DOUBLE);
+    iters = PyArray_SimpleNew(1, &G, NPY_INT32);
+    conv = PyArray_SimpleNew(1, &G, NPY_BOOL);
+    if (scores == NULL || iters == NULL || conv == NULL)
+        goto done;
+    const double *x = PyArray_DATA(X);
+    double *sc = PyArray_DATA((PyArrayObject *)scores);
+    int32_t *it = PyArray_DATA((PyArrayObject *)iters);
+    npy_bool *cv = PyArray_DATA((PyArrayObject *)conv);
+    Py_BEGIN_ALLOW_THREADS
+    st = run_dim_scores((int)G, (int)n, (int)p, x, kind, tol, max_iter, sc,
+                        it, cv, &err);
+    Py_END_ALLOW_THREADS
+    if (st != TOAST_OK) {
+        raise_core_error(&err);
+        goto done;
+    }
+    result = Py_BuildValue("(OOO)", scores, iters, conv);
+done:
+    Py_DECREF(X);
+    Py_XDECREF(scores);
+    Py_XDECREF(iters);
+    Py_XDECREF(conv);
+    return result;
+}
+
 static PyMethodDef core_methods[] = {
     {"estimate_nbytes", core_estimate_nbytes, METH_VARARGS,
      "estimate_nbytes(S, d, folds=0, span=-1) -> bytes of storage."},
@@ -957,13 +1130,23 @@ static PyMethodDef core_methods[] = {
      "ridge_relative=False) -> (W, b, condition, rank, method)."},
     {"solve_gram", core_solve_gram, METH_VARARGS,
      "solve_gram(A, B, ridge=0) -> (W, condition, rank, method)."},
+    {"geometric_median", core_geometric_median, METH_VARARGS,
+     "geometric_median(X, weights=None, tol=1e-10, max_iter=1000) -> "
+     "(y, iterations, converged, hits). Weiszfeld with Vardi-Zhang steps."},
+    {"coordinate_median", core_coordinate_median, METH_O,
+     "coordinate_median(X) -> y, the lower median of every column."},
+    {"dim_scores", core_dim_scores, METH_VARARGS,
+     "dim_scores(X, kind, tol=1e-10, max_iter=1000) -> (scores, iterations, "
+     "converged) for X of shape (groups, n, p); kind: 0 geometric median, "
+     "1 coordinate median, 2 FPGM, 3 L1, 4 L2."},
     {NULL, NULL, 0, NULL}
 };
 
 static struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "toast._core",
-    .m_doc = "C core of toast: moments, translators, error matrices.",
+    .m_doc = "C core of toast: moments, translators, error matrices, "
+             "geometric medians and head-dimension scores.",
     .m_size = -1,
     .m_methods = core_methods,
 };

@@ -1101,6 +1101,220 @@ static void test_poll_interrupts_the_error_matrix(void)
     toast_moments_free(m);
 }
 
+/* ------------------------------------------------------------ centers */
+
+/* Sum of distances from y to the points, and the norm of its gradient at
+ * y (sum of unit vectors from the points to y; 0 at the median when y is
+ * not a data point). */
+static double gm_objective(int n, int p, const double *X, const double *y,
+                           double *grad_norm)
+{
+    double f = 0.0, g[8] = {0};
+    for (int i = 0; i < n; i++) {
+        double d = 0.0;
+        for (int c = 0; c < p; c++)
+            d += (y[c] - X[i * p + c]) * (y[c] - X[i * p + c]);
+        d = sqrt(d);
+        f += d;
+        for (int c = 0; c < p && c < 8; c++)
+            g[c] += d > 0 ? (y[c] - X[i * p + c]) / d : 0.0;
+    }
+    double gn = 0.0;
+    for (int c = 0; c < p && c < 8; c++)
+        gn += g[c] * g[c];
+    *grad_norm = sqrt(gn);
+    return f;
+}
+
+static void test_geometric_median_known(void)
+{
+    toast_error err = {0};
+    toast_gm_info info;
+    double y[3];
+
+    /* Square corners: the center, off every data point. */
+    double square[] = {0, 0, 2, 0, 0, 2, 2, 2};
+    CHECK_STATUS(toast_geometric_median(4, 2, square, NULL, 1e-12, 1000, y,
+                                        &info, &err), TOAST_OK, &err);
+    CHECK_CLOSE(y[0], 1.0, 1e-12);
+    CHECK_CLOSE(y[1], 1.0, 1e-12);
+    CHECK(info.converged == 1);
+
+    /* A star around the origin: the centroid is the data point (0, 0),
+     * which is optimal; Vardi-Zhang stops there at once. */
+    double star[] = {0, 0, 1, 0, -1, 0, 0, 1, 0, -1};
+    CHECK_STATUS(toast_geometric_median(5, 2, star, NULL, 1e-12, 1000, y,
+                                        &info, &err), TOAST_OK, &err);
+    CHECK(y[0] == 0.0 && y[1] == 0.0);
+    CHECK(info.converged == 1 && info.hits == 1 && info.iterations == 0);
+
+    /* The centroid is the data point (0, 0), which is NOT optimal (three
+     * points pull right, ||R|| ~ 1.96 > 1): the modified step must leave
+     * it and converge to a point where the gradient vanishes. Plain
+     * Weiszfeld would divide by zero there. */
+    double trap[] = {0, 0, 5, 0, 5, 1, 5, -1, -15, 0};
+    CHECK_STATUS(toast_geometric_median(5, 2, trap, NULL, 1e-13, 10000, y,
+                                        &info, &err), TOAST_OK, &err);
+    double gn;
+    (void)gm_objective(5, 2, trap, y, &gn);
+    CHECK(info.converged == 1 && info.hits >= 1);
+    CHECK(y[0] > 0.1);
+    CHECK(gn < 1e-8);
+
+    /* A weight that outweighs the others: the median is that point. */
+    double tri[] = {0, 0, 1, 0, 0, 1};
+    double w[] = {5.0, 1.0, 1.0};
+    CHECK_STATUS(toast_geometric_median(3, 2, tri, w, 1e-12, 1000, y, &info,
+                                        &err), TOAST_OK, &err);
+    CHECK_CLOSE(y[0], 0.0, 1e-12);
+    CHECK_CLOSE(y[1], 0.0, 1e-12);
+    CHECK(info.converged == 1);
+
+    /* Identical points (and a single point): that point, no iteration. */
+    double same[] = {1, 2, 3, 1, 2, 3, 1, 2, 3};
+    CHECK_STATUS(toast_geometric_median(3, 3, same, NULL, 1e-12, 1000, y,
+                                        &info, &err), TOAST_OK, &err);
+    CHECK(y[0] == 1 && y[1] == 2 && y[2] == 3 && info.converged == 1);
+    CHECK(info.iterations == 0);
+    CHECK_STATUS(toast_geometric_median(1, 3, same, NULL, 1e-12, 1000, y,
+                                        &info, &err), TOAST_OK, &err);
+    CHECK(y[0] == 1 && y[1] == 2 && y[2] == 3);
+
+    /* max_iter = 0: the centroid, not converged (not an error). */
+    CHECK_STATUS(toast_geometric_median(4, 2, square, NULL, 1e-12, 0, y,
+                                        &info, &err), TOAST_OK, &err);
+    CHECK(y[0] == 1.0 && y[1] == 1.0 && info.converged == 0);
+}
+
+static void test_geometric_median_random(void)
+{
+    enum { N = 17, P = 6 };
+    toast_error err = {0};
+    toast_gm_info info;
+    double X[N * P], y[P], probe[P];
+    for (int e = 0; e < N * P; e++)
+        X[e] = urand() + (e % P == 0 ? 3.0 : 0.0);
+    CHECK_STATUS(toast_geometric_median(N, P, X, NULL, 1e-14, 100000, y,
+                                        &info, &err), TOAST_OK, &err);
+    CHECK(info.converged == 1);
+    double gn, f = gm_objective(N, P, X, y, &gn);
+    CHECK(gn < 1e-9);
+    /* No probe around y does better. */
+    for (int k = 0; k < 2 * P; k++) {
+        memcpy(probe, y, sizeof probe);
+        probe[k / 2] += (k % 2 ? -1e-4 : 1e-4);
+        double g2;
+        CHECK(gm_objective(N, P, X, probe, &g2) >= f);
+    }
+}
+
+static void test_coordinate_median_and_scores(void)
+{
+    toast_error err = {0};
+    toast_gm_info info;
+    /* 4 points (even count: the lower median, as torch.median). */
+    double X[] = {3, 10, 1, 40, 4, 20, 2, 30};
+    double m[2], s[4];
+    CHECK_STATUS(toast_coordinate_median(4, 2, X, m, &err), TOAST_OK, &err);
+    CHECK(m[0] == 2.0 && m[1] == 20.0);
+    CHECK_STATUS(toast_coordinate_median(3, 2, X, m, &err), TOAST_OK, &err);
+    CHECK(m[0] == 3.0 && m[1] == 20.0);
+
+    CHECK_STATUS(toast_dim_scores(4, 2, X, TOAST_DIMSCORE_COORD_MEDIAN, 1e-10,
+                                  100, s, &info, &err), TOAST_OK, &err);
+    CHECK_CLOSE(s[0], sqrt(1.0 + 100.0), 1e-15);
+    CHECK_CLOSE(s[1], sqrt(1.0 + 400.0), 1e-15);
+    CHECK(s[3] == 10.0);
+    CHECK(info.converged == 1 && info.iterations == 0);
+
+    CHECK_STATUS(toast_dim_scores(4, 2, X, TOAST_DIMSCORE_L1, 1e-10, 100, s,
+                                  NULL, &err), TOAST_OK, &err);
+    CHECK(s[0] == 13.0 && s[1] == 41.0 && s[2] == 24.0 && s[3] == 32.0);
+    CHECK_STATUS(toast_dim_scores(4, 2, X, TOAST_DIMSCORE_L2, 1e-10, 100, s,
+                                  NULL, &err), TOAST_OK, &err);
+    CHECK_CLOSE(s[2], sqrt(416.0), 1e-15);
+
+    double line[] = {0, 1, 3};   /* three points on a line, p = 1 */
+    CHECK_STATUS(toast_dim_scores(3, 1, line, TOAST_DIMSCORE_FPGM, 1e-10, 100,
+                                  s, NULL, &err), TOAST_OK, &err);
+    CHECK(s[0] == 4.0 && s[1] == 3.0 && s[2] == 5.0);
+    CHECK_STATUS(toast_dim_scores(3, 1, line, TOAST_DIMSCORE_GEOMEDIAN, 1e-12,
+                                  100, s, &info, &err), TOAST_OK, &err);
+    CHECK_CLOSE(s[0], 1.0, 1e-12);   /* the median is the data point 1 */
+    CHECK_CLOSE(s[1], 0.0, 1e-12);
+    CHECK_CLOSE(s[2], 2.0, 1e-12);
+
+    /* The batch equals the groups one by one. */
+    double G[2 * 8], sb[2 * 4], s1[4];
+    toast_gm_info infos[2];
+    for (int e = 0; e < 16; e++)
+        G[e] = urand();
+    CHECK_STATUS(toast_dim_scores_batch(2, 4, 2, G, TOAST_DIMSCORE_GEOMEDIAN,
+                                        1e-12, 1000, sb, infos, &err),
+                 TOAST_OK, &err);
+    for (int g = 0; g < 2; g++) {
+        CHECK_STATUS(toast_dim_scores(4, 2, G + 8 * g,
+                                      TOAST_DIMSCORE_GEOMEDIAN, 1e-12, 1000,
+                                      s1, &info, &err), TOAST_OK, &err);
+        CHECK(memcmp(s1, sb + 4 * g, sizeof s1) == 0);
+        CHECK(infos[g].iterations == info.iterations);
+    }
+    CHECK_STATUS(toast_dim_scores_batch(0, 4, 2, G, TOAST_DIMSCORE_L1, 1e-12,
+                                        10, NULL, NULL, &err), TOAST_OK, &err);
+}
+
+static void test_center_bad_arguments(void)
+{
+    toast_error err = {0};
+    double X[] = {0, 1, 2, 3}, y[2], s[2];
+    double w_neg[] = {1, -1}, w_zero[] = {0, 0};
+    double bad[] = {0, NAN, 2, 3};
+
+    CHECK_STATUS(toast_geometric_median(0, 2, X, NULL, 1e-10, 10, y, NULL,
+                                        &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_geometric_median(2, 0, X, NULL, 1e-10, 10, y, NULL,
+                                        &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_geometric_median(2, 2, NULL, NULL, 1e-10, 10, y, NULL,
+                                        &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_geometric_median(2, 2, X, NULL, 1e-10, 10, NULL, NULL,
+                                        &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_geometric_median(2, 2, bad, NULL, 1e-10, 10, y, NULL,
+                                        &err), TOAST_ENONFINITE, &err);
+    CHECK(err.arg == 0);
+    CHECK_STATUS(toast_geometric_median(2, 2, X, w_neg, 1e-10, 10, y, NULL,
+                                        &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_geometric_median(2, 2, X, w_zero, 1e-10, 10, y, NULL,
+                                        &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_geometric_median(2, 2, X, NULL, -1.0, 10, y, NULL,
+                                        &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_geometric_median(2, 2, X, NULL, NAN, 10, y, NULL,
+                                        &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_geometric_median(2, 2, X, NULL, 1e-10, -1, y, NULL,
+                                        &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_coordinate_median(2, 2, bad, y, &err),
+                 TOAST_ENONFINITE, &err);
+    CHECK_STATUS(toast_coordinate_median(2, 2, X, NULL, &err), TOAST_EINVAL,
+                 &err);
+    CHECK_STATUS(toast_dim_scores(2, 2, X, (toast_dimscore)99, 1e-10, 10, s,
+                                  NULL, &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_dim_scores(2, 2, X, TOAST_DIMSCORE_L2, 1e-10, 10, NULL,
+                                  NULL, &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_dim_scores(2, 2, bad, TOAST_DIMSCORE_FPGM, 1e-10, 10,
+                                  s, NULL, &err), TOAST_ENONFINITE, &err);
+    CHECK_STATUS(toast_dim_scores_batch(-1, 2, 2, X, TOAST_DIMSCORE_L2, 1e-10,
+                                        10, s, NULL, &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_dim_scores_batch(2, 1, 2, bad, TOAST_DIMSCORE_L2,
+                                        1e-10, 10, s, NULL, &err),
+                 TOAST_ENONFINITE, &err);
+    CHECK(err.arg == 0);
+    CHECK_STATUS(toast_dim_scores_batch(INT32_MAX, INT32_MAX, INT32_MAX, X,
+                                        TOAST_DIMSCORE_L2, 1e-10, 10, s, NULL,
+                                        &err), TOAST_EOVERFLOW, &err);
+    CHECK_STATUS(toast_geometric_median(INT32_MAX, INT32_MAX, X, NULL, 1e-10,
+                                        10, y, NULL, &err),
+                 TOAST_EOVERFLOW, &err);
+}
+
 int main(void)
 {
     test_known_moments();
@@ -1115,6 +1329,10 @@ int main(void)
     test_overflowing_moments();
     test_absurd_sizes();
     test_poll_interrupts_the_error_matrix();
+    test_geometric_median_known();
+    test_geometric_median_random();
+    test_coordinate_median_and_scores();
+    test_center_bad_arguments();
     printf("test_core: %d checks, %d failures\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }
