@@ -9,12 +9,14 @@ import sys
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="toast", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="analyse a synthetic residual stream end to end")
-    demo.add_argument("--blocks", type=int, default=8, help="number of toy blocks (default 8)")
-    demo.add_argument("--dim", type=int, default=64, help="feature width (default 64)")
-    demo.add_argument("--rows", type=int, default=20_000, help="calibration rows (default 20000)")
-    demo.add_argument("--folds", type=int, default=5, help="folds for held-out errors (default 5)")
+    demo = sub.add_parser(
+        "demo", help="compress a ViT trained on scikit-learn's digits, end to end, offline"
+    )
+    demo.add_argument("--out", default="toast-demo", help="output folder (default ./toast-demo)")
+    demo.add_argument("--budget", type=int, default=2, help="blocks to remove (default 2)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--cache", default=None, help="model cache folder (default ~/.cache/toast)")
+    demo.add_argument("--retrain", action="store_true", help="train the ViT even if cached")
     demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return parser
 
@@ -24,16 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from toast.demo import run_demo
 
-        for name in ("blocks", "dim", "rows"):
-            if getattr(args, name) < 1:
-                print(f"toast demo: --{name} must be >= 1", file=sys.stderr)
-                return 2
+        if not 1 <= args.budget <= 6:
+            print(
+                "toast demo: --budget must be between 1 and 6 (the ViT has 8 blocks)",
+                file=sys.stderr,
+            )
+            return 2
         run_demo(
-            blocks=args.blocks,
-            dim=args.dim,
-            rows=args.rows,
-            folds=args.folds,
+            out=args.out,
+            budget=args.budget,
             seed=args.seed,
+            cache=args.cache,
+            retrain=args.retrain,
             progress=not args.no_progress,
         )
     return 0

@@ -75,8 +75,9 @@ class CompressionReport:
         lines += [
             "",
             f"Parameters: {self.params_before:,} → {self.params_after:,} "
-            f"(−{100 * self.compression_by_params:.1f}%); blocks: {self.blocks_before} → "
-            f"{self.blocks_after} (−{100 * self.compression_by_blocks:.1f}%).",
+            f"(−{100 * self.compression_by_params:.1f}%); transformer blocks: "
+            f"{self.blocks_before} → {self.blocks_before - self.blocks_removed} "
+            f"(−{100 * self.compression_by_blocks:.1f}%), plus {len(self.spans)} translator(s).",
         ]
         return "\n".join(lines)
 
