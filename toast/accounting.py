@@ -71,6 +71,8 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
+    from toast.accounting_toast_vit import ToastMacReport
+
 __all__ = [
     "TRANSLATOR_KINDS",
     "Counts",
@@ -596,9 +598,19 @@ def macs(
     translator: TranslatorKind | str = "identity",
     head: Head | str | None = None,
     blocks: str | None = None,
-) -> MacReport:
+    head_sparsity: Any = None,
+    schedule: Any = None,
+) -> MacReport | ToastMacReport:
     """Analytic operation counts of one forward pass (see the module
     docstring for what is counted and the GMACs / GFLOPs conventions).
+
+    With ``head_sparsity`` or ``schedule`` (ToaSt for ViTs), the count
+    follows ToaSt's convention instead and a
+    :class:`toast.accounting_toast_vit.ToastMacReport` is returned (its
+    ``gmacs`` is the paper's "GFLOPs"): see
+    :func:`toast.accounting_toast_vit.toast_macs`, which has more options
+    (``skip``, ``num_classes``). ``head_sparsity=0`` gives the uncompressed
+    baseline in that convention.
 
     ``model_or_config`` is either a ``transformers`` config (nothing is
     instantiated) or an ``nn.Module`` built from one, possibly patched by
@@ -616,6 +628,18 @@ def macs(
     :func:`count_params_from_config`. ``blocks`` names a model's block list
     when :func:`toast.find_blocks` cannot find it alone.
     """
+    if head_sparsity is not None or schedule is not None:
+        from toast.accounting_toast_vit import toast_macs
+
+        if hasattr(model_or_config, "named_modules"):
+            raise ValueError("head_sparsity/schedule describe a config; pass model.config")
+        return toast_macs(
+            model_or_config,
+            head_sparsity=head_sparsity,
+            schedule=schedule,
+            image_size=image_size,
+            batch=batch,
+        )
     if not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be an int >= 1, got {batch!r}")
     _check_translator(translator)
