@@ -51,6 +51,11 @@ _LAZY = {
     "TranslatorBlock": "toast.patch",
     "replace_spans": "toast.patch",
     "translator_module": "toast.patch",
+    "remove_blocks": "toast.patch",
+    "DistanceProfile": "toast.replaceme",
+    "ReplaceMeReport": "toast.replaceme",
+    "profile_distances": "toast.replaceme",
+    "replaceme": "toast.replaceme",
 }
 
 
@@ -100,7 +105,12 @@ __all__ = [
     "load_pretrained",
     "macs",
     "paper_params_removed",
+    "remove_blocks",
     "replace_spans",
+    "replaceme",
+    "profile_distances",
+    "DistanceProfile",
+    "ReplaceMeReport",
     "save_pretrained",
     "solve_gram",
     "train_translator",

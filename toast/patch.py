@@ -18,7 +18,13 @@ from toast.core import Translator
 from toast.hf import find_blocks
 from toast.translators import DiagonalMap
 
-__all__ = ["TranslatorBlock", "replace_spans", "translator_module", "validate_spans"]
+__all__ = [
+    "TranslatorBlock",
+    "remove_blocks",
+    "replace_spans",
+    "translator_module",
+    "validate_spans",
+]
 
 
 def translator_module(
@@ -231,4 +237,39 @@ def replace_spans(
     setattr(holder, attr, nn.ModuleList(new_blocks))
     _renumber_layers(getattr(holder, attr))
     _update_config(model, kept, total)
+    return model
+
+
+def remove_blocks(
+    model: nn.Module, spans: Sequence[tuple[int, int]], blocks: str | None = None
+) -> nn.Module:
+    """Deletes ``blocks[start:stop]`` of each span, in place, with nothing in
+    their place (depth pruning).
+
+    As in :func:`replace_spans`, the block list is rebuilt, ``layer_idx``
+    attributes are renumbered and ``config.num_hidden_layers``,
+    ``config.layer_types`` and backbone outputs follow; any other config list
+    with one entry per block (a name containing ``layer``, e.g. SmolLM3's
+    ``no_rope_layers``) keeps the entries of the kept blocks. At least one
+    block must remain. Returns the model.
+    """
+    stack = find_blocks(model, blocks)
+    total = stack.num_blocks
+    removed = {b for start, stop in validate_spans(spans, total) for b in range(start, stop)}
+    kept = [b for b in range(total) if b not in removed]
+    if not kept:
+        raise ValueError(f"spans {list(spans)} would remove all {total} blocks")
+    config = getattr(model, "config", None)
+    if config is not None:
+        _backbone_outputs(config, kept, total)  # raises before anything changes
+    holder_path, _, attr = stack.path.rpartition(".")
+    holder = model.get_submodule(holder_path) if holder_path else model
+    setattr(holder, attr, nn.ModuleList([stack.blocks[b] for b in kept]))
+    _renumber_layers(getattr(holder, attr))
+    _update_config(model, kept, total)
+    if config is not None:
+        for name, value in list(vars(config).items()):
+            per_layer = isinstance(value, list) and len(value) == total
+            if per_layer and "layer" in name and name not in ("layer_types", "stage_names"):
+                setattr(config, name, [value[b] for b in kept])
     return model

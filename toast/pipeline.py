@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from torch import nn
 
@@ -97,7 +97,7 @@ def compress(
     model: nn.Module,
     loader: Iterable,
     *,
-    method: Literal["toast"] = "toast",
+    method: Literal["toast", "replaceme"] = "toast",
     budget: int | None = None,
     max_error: float | None = None,
     spans: Sequence[tuple[int, int]] | None = None,
@@ -118,6 +118,7 @@ def compress(
     lr: float = 1e-3,
     backend: Literal["auto", "c", "torch"] = "auto",
     progress: bool = True,
+    **options: Any,
 ) -> tuple[nn.Module, CompressionReport]:
     """Replaces redundant spans of blocks by translators, in place.
 
@@ -141,7 +142,18 @@ def compress(
     partially compressed model (input and target both from a pass over the
     model with the earlier spans already replaced), so later translators
     see the inputs they will get at inference; one pass per span.
+
+    ``method="replaceme"`` runs :func:`toast.replaceme.replaceme` instead
+    (``num_blocks=n``, ``objective="ls" | "cosine" | "identity"`` and its
+    other options as keywords) and returns its ``ReplaceMeReport``.
     """
+    if method == "replaceme":
+        from toast.replaceme import _from_compress
+
+        args = {k: v for k, v in locals().items() if k not in ("model", "loader", "options")}
+        return _from_compress(model, loader, options, **args)
+    if options:
+        raise TypeError(f"compress() got unexpected keyword arguments {sorted(options)}")
     if method != "toast":
         raise ValueError(f"method must be 'toast', got {method!r}")
     if translator not in CLOSED_FORM + TRAINED:
