@@ -185,3 +185,86 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+# -- no network -----------------------------------------------------------------
+
+# Nothing in the suite may download: every model is built from a config or
+# loaded from a local path. Subprocesses inherit these.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _is_local(address) -> bool:
+    import ipaddress
+    import socket
+
+    if isinstance(address, (str, bytes)):  # AF_UNIX paths
+        return True
+    host = address[0] if isinstance(address, tuple) and address else address
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(
+                ipaddress.ip_address(a[4][0]).is_loopback for a in socket.getaddrinfo(host, None)
+            )
+        except OSError:
+            return False
+
+
+class NetworkAccessError(RuntimeError):
+    """A test tried to reach a non-loopback address."""
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Fails any socket connection to a non-loopback address."""
+    import socket
+
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def guard(address):
+        if not _is_local(address):
+            raise NetworkAccessError(f"a test tried to connect to {address!r}")
+
+    def connect(self, address):
+        guard(address)
+        return real_connect(self, address)
+
+    def connect_ex(self, address):
+        guard(address)
+        return real_connect_ex(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    yield
+
+
+# -- the digits ViT, trained once per session --------------------------------------
+
+
+@pytest.fixture(scope="session")
+def digits_cache(tmp_path_factory):
+    """Where the digits ViT is cached: ``$TOAST_CACHE`` when set (so that
+    repeated local runs train it once), else a folder of this session."""
+    if os.environ.get("TOAST_CACHE"):
+        return os.environ["TOAST_CACHE"]
+    return str(tmp_path_factory.mktemp("toast-cache"))
+
+
+@pytest.fixture(scope="session")
+def digits_vit(digits_cache):
+    """The digits ViT of :mod:`toast.zoo` (trained on the first use)."""
+    pytest.importorskip("sklearn")
+    torch = pytest.importorskip("torch")
+    from toast.zoo import digits_vit as build
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        return build(cache=digits_cache, progress=False)
+    finally:
+        torch.set_num_threads(previous)
