@@ -30,9 +30,10 @@ removal (:func:`toast.patch.remove_blocks`). :func:`replaceme` runs them all.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,7 +42,7 @@ import torch
 from torch import nn
 
 from toast.analysis import Span
-from toast.capture import _TOKENS, Tokens, _select_tokens, stream_states
+from toast.capture import _TOKENS, ForwardError, Tokens, _select_tokens, stream_states
 from toast.core import Moments, Translator, fit_translator
 from toast.hf import BlockStack, Projection, _projections, block_parts, find_blocks
 from toast.patch import remove_blocks, replace_spans, validate_spans
@@ -180,7 +181,7 @@ class DistanceProfile:
         with open(path, "w", encoding="utf-8") as f:
             f.write("block_start,block_end,average_distance\n")
             for s, value in enumerate(d):
-                f.write(f"{s},{s + window},{value!r}\n")
+                f.write(f"{s},{s + window},{float(value)!r}\n")
 
     def plot(
         self,
@@ -342,19 +343,20 @@ def profile_distances(
         acc["d"].add(x)
         return acc["d"].rows
 
-    stack = stream_states(
-        model,
-        loader,
-        consume,
-        blocks=blocks,
-        tokens="all",
-        max_batches=max_batches,
-        max_samples=max_samples,
-        sample=sample,
-        seed=seed,
-        progress=progress,
-        desc="replaceme: distances",
-    )
+    with _no_kv_cache(model):
+        stack = stream_states(
+            model,
+            loader,
+            consume,
+            blocks=blocks,
+            tokens="all",
+            max_batches=max_batches,
+            max_samples=max_samples,
+            sample=sample,
+            seed=seed,
+            progress=progress,
+            desc="replaceme: distances",
+        )
     if "d" not in acc or acc["d"].rows == 0:
         raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
     return DistanceProfile(
@@ -379,6 +381,26 @@ def _down_projection(block: nn.Module) -> Projection:
                 "down_proj, fc2, mlp.c_proj, output.dense, mlp.Wo)"
             ) from None
         return found
+
+
+def _is_cache(value: Any) -> bool:
+    return any(cls.__name__ == "Cache" for cls in type(value).__mro__)
+
+
+@contextlib.contextmanager
+def _no_kv_cache(model: nn.Module) -> Iterator[None]:
+    """Calibration forwards build no KV cache (``config.use_cache = False``
+    for the duration; restored after)."""
+    config = getattr(model, "config", None)
+    previous = getattr(config, "use_cache", None)
+    if previous is None:
+        yield
+        return
+    config.use_cache = False
+    try:
+        yield
+    finally:
+        config.use_cache = previous
 
 
 def _first_tensor(output: Any) -> torch.Tensor:
@@ -423,10 +445,9 @@ class _MlpOutputs:
             hidden = _first_tensor(output)
             scale = float(hidden.detach().float().abs().max()) or 1.0
             delta = torch.linspace(-scale, scale, hidden.shape[-1], device=hidden.device)
-            again_kwargs = dict(kwargs)
-            for name in ("past_key_values", "past_key_value", "layer_past"):
-                if name in again_kwargs:
-                    again_kwargs[name] = None
+            # Run the block again without any KV cache (it would be extended twice).
+            again_args = tuple(None if _is_cache(a) else a for a in args)
+            again_kwargs = {k: None if _is_cache(v) else v for k, v in kwargs.items()}
             if "use_cache" in again_kwargs:
                 again_kwargs["use_cache"] = False
 
@@ -436,7 +457,7 @@ class _MlpOutputs:
             handle = down.module.register_forward_hook(shift)
             self._probing = True
             try:
-                again = _first_tensor(block(*args, **again_kwargs))
+                again = _first_tensor(block(*again_args, **again_kwargs))
             finally:
                 handle.remove()
                 self._probing = False
@@ -584,19 +605,22 @@ def _estimate(
         return cuts[0].rows
 
     try:
-        stream_states(
-            model,
-            loader,
-            consume,
-            states=wanted,
-            tokens="all",
-            desc="replaceme: estimating",
-            **data,
-        )
-    except BaseException:
+        with _no_kv_cache(model):
+            stream_states(
+                model,
+                loader,
+                consume,
+                states=wanted,
+                tokens="all",
+                desc="replaceme: estimating",
+                **data,
+            )
+    except BaseException as exc:
         for cut in cuts:
             if cut.sample is not None:
                 cut.sample.close()
+        if isinstance(exc, ForwardError) and isinstance(exc.__cause__, NotFoldableError):
+            raise exc.__cause__ from None
         raise
     finally:
         if recorder is not None:
