@@ -56,6 +56,10 @@ _LAZY = {
     "ReplaceMeReport": "toast.replaceme",
     "profile_distances": "toast.replaceme",
     "replaceme": "toast.replaceme",
+    "prune_heads": "toast.vit.scwp",
+    "enable_tcs": "toast.vit.tcs",
+    "disable_tcs": "toast.vit.tcs",
+    "ToastVitReport": "toast.vit.compress",
 }
 
 
@@ -105,6 +109,10 @@ __all__ = [
     "load_pretrained",
     "macs",
     "paper_params_removed",
+    "prune_heads",
+    "enable_tcs",
+    "disable_tcs",
+    "ToastVitReport",
     "remove_blocks",
     "replace_spans",
     "replaceme",

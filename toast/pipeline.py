@@ -95,9 +95,9 @@ TRAINED = ("mlp", "resmlp")
 
 def compress(
     model: nn.Module,
-    loader: Iterable,
+    loader: Iterable | None = None,
     *,
-    method: Literal["toast", "replaceme"] = "toast",
+    method: Literal["toast", "replaceme", "toast-vit"] = "toast",
     budget: int | None = None,
     max_error: float | None = None,
     spans: Sequence[tuple[int, int]] | None = None,
@@ -146,7 +146,16 @@ def compress(
     ``method="replaceme"`` runs :func:`toast.replaceme.replaceme` instead
     (``num_blocks=n``, ``objective="ls" | "cosine" | "identity"`` and its
     other options as keywords) and returns its ``ReplaceMeReport``.
+
+    ``method="toast-vit"`` runs ToaSt on a ViT (:func:`toast.vit.compress.compress_vit`:
+    ``head_sparsity=0.9``, ``schedule="deit_small@2.5" | {...}``, ``center``,
+    ``form``, ``tcs_scope``, ... as keywords; ``loader`` only for its optional
+    fine-tune) and returns its ``ToastVitReport``.
     """
+    if method == "toast-vit":
+        from toast.vit.compress import compress_vit
+
+        return compress_vit(model, loader, seed=seed, lr=lr, **options)
     if method == "replaceme":
         from toast.replaceme import _from_compress
 
@@ -155,7 +164,9 @@ def compress(
     if options:
         raise TypeError(f"compress() got unexpected keyword arguments {sorted(options)}")
     if method != "toast":
-        raise ValueError(f"method must be 'toast', got {method!r}")
+        raise ValueError(f"method must be 'toast', 'replaceme' or 'toast-vit', got {method!r}")
+    if loader is None:
+        raise ValueError("method='toast' needs a loader of calibration batches")
     if translator not in CLOSED_FORM + TRAINED:
         raise ValueError(f"translator must be one of {CLOSED_FORM + TRAINED}, got {translator!r}")
     if fit not in ("independent", "sequential"):
