@@ -75,6 +75,14 @@ static toast_status check_iteration(double tol, int max_iter, toast_error *err)
 
 /* ------------------------------------------------------------ helpers */
 
+static int all_finite(int n, const double *v)
+{
+    for (int i = 0; i < n; i++)
+        if (!isfinite(v[i]))
+            return 0;
+    return 1;
+}
+
 static double weight_of(const double *w, int i)
 {
     return w == NULL ? 1.0 : w[i];
@@ -227,6 +235,10 @@ toast_status toast_geometric_median(int n, int p, const double *X,
     weiszfeld(n, p, X, w, tol, max_iter, y, d, T, &local);
     free(d);
     free(T);
+    if (!all_finite(p, y))
+        return toast_set_error(err, TOAST_ENONFINITE, -1,
+                               "the geometric median overflowed float64 "
+                               "(coordinates too large)");
     if (info != NULL)
         *info = local;
     return TOAST_OK;
@@ -349,6 +361,10 @@ toast_status toast_dim_scores(int n, int p, const double *X,
         return toast_set_error(err, TOAST_EINVAL, -1,
                                "unknown score kind %d", (int)kind);
     }
+    if (st == TOAST_OK && !all_finite(n, scores))
+        st = toast_set_error(err, TOAST_ENONFINITE, -1,
+                             "the scores overflowed float64 (coordinates too "
+                             "large)");
     if (st == TOAST_OK && info != NULL)
         *info = local;
     return st;

@@ -373,7 +373,8 @@ typedef struct {
  * y to the points (so tol is relative to the spread of the data and
  * independent of its units), or max_iter steps. tol >= 0, max_iter >= 0
  * (0 returns the centroid, not converged). info may be NULL.
- * Fails with TOAST_ENONFINITE on NaN/Inf data and TOAST_EINVAL on bad
+ * Fails with TOAST_ENONFINITE on NaN/Inf data or when the computation
+ * overflows float64 (coordinates near DBL_MAX), TOAST_EINVAL on bad
  * arguments; y (p doubles) is unspecified on failure.
  */
 toast_status toast_geometric_median(int n, int p, const double *X,
@@ -399,6 +400,7 @@ typedef enum {
  * scores[j] (n doubles) = the score of point j by `kind`. tol and max_iter
  * are the geometric median's (checked for every kind); info (may be NULL)
  * receives its iteration report, {0, 1, 0} for the other kinds.
+ * TOAST_ENONFINITE when a score overflows float64.
  */
 toast_status toast_dim_scores(int n, int p, const double *X,
                               toast_dimscore kind, double tol, int max_iter,

@@ -15,7 +15,10 @@ Each input drives one short scenario:
   devices), NaN/Inf, masks and fold ids of wrong shapes, dtypes and values;
 * then queries, error_matrix, fit_translator, fit_residual, solve_gram and the
   raw ``toast._core`` entry points with random (often invalid) arguments,
-  pickling and merging.
+  pickling and merging;
+* the centers of ToaSt's head pruning (geometric_median, coordinate_median,
+  dim_scores; raw and through toast.vit.median) on random, huge, non-finite
+  and badly shaped points, checking finite results and result shapes.
 
 Failures (reported by libFuzzer with the input that caused them):
 
@@ -60,6 +63,7 @@ with atheris.instrument_imports(include=["toast"]):
     import toast
     from toast import _core
     from toast.core import IllConditionedWarning, InSampleWarning
+    from toast.vit import median as toast_median
 
 EXPECTED = (TypeError, ValueError, OverflowError, MemoryError)
 # The private binding (toast._core) also passes on what a DLPack producer raises
@@ -825,6 +829,58 @@ def fuzz_solve_gram(fdp) -> None:
         feature("solve_gram_result", method, rank == n, np.isfinite(cond))
 
 
+# ------------------------------------------------------------------ centers
+
+
+def fuzz_centers(fdp) -> None:
+    """geometric_median / coordinate_median / dim_scores (public and raw)."""
+    groups, n, p = (
+        fdp.ConsumeIntInRange(0, 3),
+        fdp.ConsumeIntInRange(0, 6),
+        fdp.ConsumeIntInRange(0, 5),
+    )
+    shape = fdp.PickValueInList([(groups, n, p), (n, p), (n,), (groups, n, p, 1)])
+    X = gram_operand(fdp, shape)
+    kind = fdp.ConsumeIntInRange(-1, 5)
+    tol = fdp.PickValueInList([1e-10, 0.0, 1e-3, -1.0, float("nan"), float("inf")])
+    max_iter = fdp.PickValueInList([0, 1, 50, 200, -1])
+    op = fdp.ConsumeIntInRange(0, 4)
+    if op == 0:
+        r = attempt("raw_dim_scores", _core.dim_scores, X, kind, tol, max_iter)
+        if r is not FAILED:
+            scores, iters, conv = r
+            g, rows = np.shape(X)[0], np.shape(X)[1]
+            assert scores.shape == (g, rows) and iters.shape == conv.shape == (g,)
+            assert np.isfinite(scores).all() and (scores >= 0).all()
+            assert ((0 <= iters) & (iters <= max_iter)).all()
+            feature("dim_scores", kind, bool(conv.all()))
+    elif op == 1:
+        names = ("geomedian", "coord_median", "fpgm", "l1", "l2", "bogus")
+        kw = {"tol": tol, "max_iter": max_iter, "warn": fdp.ConsumeBool()}
+        r = attempt("dim_scores", toast_median.dim_scores, X, names[max(kind, 0)], **kw)
+        if r is not FAILED:
+            assert np.isfinite(r[0]).all()
+    elif op == 2:
+        w = gram_operand(fdp, (n,)) if fdp.ConsumeBool() else None
+        r = attempt("raw_geometric_median", _core.geometric_median, X, w, tol, max_iter)
+        if r is not FAILED:
+            y, iters, conv, hits = r
+            assert y.shape == (np.shape(X)[1],) and np.isfinite(y).all()
+            assert 0 <= iters <= max_iter and hits >= 0
+            feature("geometric_median", bool(conv), hits > 0)
+    elif op == 3:
+        r = attempt(
+            "geometric_median", toast_median.geometric_median, X, tol=tol, max_iter=max_iter
+        )
+        if r is not FAILED:
+            assert np.isfinite(r.point).all()
+    else:
+        r = attempt("raw_coordinate_median", _core.coordinate_median, X)
+        if r is not FAILED:
+            A = np.asarray(X, dtype=np.float64)
+            assert all(r[c] in A[:, c] for c in range(A.shape[1]))
+
+
 # ------------------------------------------------------------------ entry point
 
 
@@ -836,6 +892,9 @@ def one_input(data: bytes) -> None:
         return
     if op == 1:
         fuzz_sizes(fdp)
+        return
+    if op == 2:
+        fuzz_centers(fdp)
         return
     t = make_moments(fdp)
     if t is None:
@@ -858,6 +917,7 @@ for _fn in (
     query,
     fuzz_sizes,
     fuzz_solve_gram,
+    fuzz_centers,
     gram_operand,
     one_input,
 ):
@@ -879,6 +939,7 @@ def main() -> None:
     warnings.simplefilter("error")
     warnings.simplefilter("ignore", IllConditionedWarning)
     warnings.simplefilter("ignore", InSampleWarning)
+    warnings.simplefilter("ignore", toast_median.ConvergenceWarning)
     torch.set_num_threads(1)
     atheris.Setup(sys.argv, one_input)
     atheris.Fuzz()

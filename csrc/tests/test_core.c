@@ -1310,6 +1310,14 @@ static void test_center_bad_arguments(void)
     CHECK_STATUS(toast_dim_scores_batch(INT32_MAX, INT32_MAX, INT32_MAX, X,
                                         TOAST_DIMSCORE_L2, 1e-10, 10, s, NULL,
                                         &err), TOAST_EOVERFLOW, &err);
+    double huge[] = {1.7e308, 1.7e308, -1.7e308, -1.7e308};
+    CHECK_STATUS(toast_dim_scores(2, 2, huge, TOAST_DIMSCORE_L1, 1e-10, 10, s,
+                                  NULL, &err), TOAST_ENONFINITE, &err);
+    CHECK_STATUS(toast_dim_scores(2, 2, huge, TOAST_DIMSCORE_FPGM, 1e-10, 10,
+                                  s, NULL, &err), TOAST_ENONFINITE, &err);
+    double big3[] = {1.7e308, 1.7e308, 1.7e308, 1.7e308};
+    CHECK_STATUS(toast_geometric_median(2, 2, big3, NULL, 1e-10, 10, y, NULL,
+                                        &err), TOAST_ENONFINITE, &err);
     CHECK_STATUS(toast_geometric_median(INT32_MAX, INT32_MAX, X, NULL, 1e-10,
                                         10, y, NULL, &err),
                  TOAST_EOVERFLOW, &err);
