@@ -7,7 +7,8 @@
 # Steps (idempotent):
 #   1. python3 -m venv .venv                     (only if missing)
 #   2. pip install torch==2.13.0                 (FIRST, only if not already 2.13.0)
-#   3. pip install build deps + `-e .[test]`     (only when pyproject.toml/setup.py changed)
+#   3. pip install build deps + `-e .[$TOAST_EXTRAS]` (only when pyproject.toml/setup.py or the
+#      extras changed; TOAST_EXTRAS defaults to "test", demo.sh uses the lighter "demo")
 #   4. python setup.py build_ext --inplace --force   (always: never run a stale _core)
 #
 # Environment: PYTHON (interpreter for the venv, default python3), TOAST_VENV (venv
@@ -17,6 +18,7 @@ set -euo pipefail
 TOAST_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TOAST_VENV="${TOAST_VENV:-$TOAST_ROOT/.venv}"
 TORCH_PIN="torch==2.13.0"
+TOAST_EXTRAS="${TOAST_EXTRAS:-test}"
 BUILD_DEPS=("setuptools>=68" "wheel" "numpy>=1.26" "scipy-openblas32>=0.3.27")
 
 cd "$TOAST_ROOT"
@@ -57,13 +59,13 @@ fi
 # 2. build deps + the package itself (editable, with test extras). Skipped when the
 #    packaging files are unchanged since the last successful install.
 stamp_file="$TOAST_VENV/.toast-install-stamp"
-stamp="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1) $TOAST_ROOT"
+stamp="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1) $TOAST_ROOT [$TOAST_EXTRAS]"
 if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp" ] \
         || ! "$VPY" -c 'import importlib.metadata as m; m.version("toast")' 2>/dev/null; then
-    _log "installing build dependencies and toast[test] (editable)"
+    _log "installing build dependencies and toast[$TOAST_EXTRAS] (editable)"
     rm -f "$stamp_file"
     "$VPY" -m pip install "${BUILD_DEPS[@]}"
-    "$VPY" -m pip install --no-build-isolation -e ".[test]"
+    "$VPY" -m pip install --no-build-isolation -e ".[$TOAST_EXTRAS]"
     printf '%s' "$stamp" > "$stamp_file"
 fi
 

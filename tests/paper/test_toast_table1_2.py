@@ -173,7 +173,7 @@ def test_spans_follow_the_papers_block_numbering():
 
 
 @pytest.mark.parametrize(("table", "model", "approx", "params", "_id", "_lin"), ROWS, ids=ROW_IDS)
-def test_params_column(table, model, approx, params, _id, _lin):
+def test_params_column(table, model, approx, params, _id, _lin, paper_record):
     """TOAST Tables 1–3, "Params.": the original row is the total of
     ``AutoModel`` (ViT/DeiT with pooler); other rows are the parameters
     removed, (#removed blocks) × (P_block − d² − d)."""
@@ -182,15 +182,18 @@ def test_params_column(table, model, approx, params, _id, _lin):
         value = accounting.count_params_from_config(cfg, head="base") / 1e6
     else:
         value = -accounting.paper_params_removed(cfg, spans(approx)) / 1e6
+    paper_record(f"TOAST {table}", f"{model} {approx}: Params. (M)", params, round(value, 3))
     assert abs(value - params) <= PARAMS_TOL_M, (table, model, approx, value)
 
 
 @pytest.mark.parametrize(("table", "model", "approx", "_params", "ident", "lin"), ROWS, ids=ROW_IDS)
-def test_gflops_columns(table, model, approx, _params, ident, lin):
+def test_gflops_columns(table, model, approx, _params, ident, lin, paper_record):
     """TOAST Tables 1–3, "Id. GFLOPs" and "Lin. GFLOPs": one 224×224 image,
     ``toast_gflops`` convention; a linear translator per span adds N·d²."""
     for translator, printed in (("identity", ident), ("linear", lin)):
         value = gflops(model, approx, translator)
+        item = f"{model} {approx}: GFLOPs ({translator})"
+        paper_record(f"TOAST {table}", item, printed, round(value, 3))
         assert abs(value - printed) <= GFLOPS_TOL, (table, model, approx, translator, value)
 
 
