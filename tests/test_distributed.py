@@ -165,3 +165,92 @@ def test_all_reduce_needs_an_initialised_group():
 
     with pytest.raises(TypeError, match="toast.Moments"):
         all_reduce_moments(np.zeros(3))
+
+
+HF_WORKER = textwrap.dedent(
+    """
+    import datetime, sys
+    import numpy as np, torch
+    import torch.distributed as dist
+
+    tests_dir, rank, world, port, out = sys.argv[1:6]
+    rank, world = int(rank), int(world)
+    sys.path.insert(0, tests_dir)
+    import toast, hf_models
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    images = hf_models.images(16, seed=1)
+    shard = [images[rank::world][k:k + 4] for k in range(0, 16 // world, 4)]
+    result = {}
+    model = hf_models.build(hf_models.FAMILIES[0])
+    for estimator in ("gcv", "in_sample"):
+        result[estimator] = toast.analyze(model, shard, estimator=estimator, progress=False).errors
+    for fit in ("independent", "sequential"):
+        m, _ = toast.compress(hf_models.build(hf_models.FAMILIES[0]), shard, spans=[(1, 2), (3, 4)],
+                              estimator="gcv", fit=fit, progress=False)
+        result[fit] = toast.find_blocks(m).blocks[3].translator.weight.detach().numpy()
+    m, _ = toast.compress(hf_models.build(hf_models.FAMILIES[0]), shard, spans=[(1, 3)],
+                          estimator="gcv", translator="mlp", train_steps=3, progress=False)
+    result["mlp"] = toast.find_blocks(m).blocks[1].translator.net[0].weight.detach().numpy()
+    # a rank whose shard is empty still joins the collective
+    mine = [] if rank == 1 else shard
+    result["uneven"] = toast.analyze(model, mine, estimator="gcv", progress=False).errors
+    np.savez(f"{out}/rank{rank}.npz", **result)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.hf
+def test_analyze_and_compress_agree_across_ranks_and_with_one_process(tmp_path):
+    hf_models = pytest.importorskip("hf_models")
+    script = tmp_path / "worker.py"
+    script.write_text(HF_WORKER)
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), TESTS_DIR, str(r), "2", port, str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=180)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for r, (p, out) in enumerate(zip(procs, outputs, strict=True)):
+        assert p.returncode == 0, f"rank {r} failed:\n{out}"
+    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
+    for key in ranks[0]:
+        np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
+
+    torch.set_num_threads(1)
+    model = hf_models.build(hf_models.FAMILIES[0])
+    images = hf_models.images(16, seed=1)
+    whole = [images[k : k + 4] for k in range(0, 16, 4)]
+    iu = np.triu_indices(hf_models.LAYERS + 1, 1)
+    for estimator in ("gcv", "in_sample"):
+        single = toast.analyze(model, whole, estimator=estimator, progress=False).errors
+        assert_rel(ranks[0][estimator][iu], single[iu], 1e-12, estimator)
+    half = [images[0::2][k : k + 4] for k in range(0, 8, 4)]
+    single = toast.analyze(model, half, estimator="gcv", progress=False).errors
+    assert_rel(ranks[0]["uneven"][iu], single[iu], 1e-12, "one empty shard")
+    m, _ = toast.compress(
+        hf_models.build(hf_models.FAMILIES[0]),
+        whole,
+        spans=[(1, 2), (3, 4)],
+        estimator="gcv",
+        progress=False,
+    )
+    expected = toast.find_blocks(m).blocks[3].translator.weight.detach().numpy()
+    assert_rel(ranks[0]["independent"], expected, 1e-5, "translator")

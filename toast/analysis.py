@@ -252,6 +252,8 @@ def analyze(
     seed: int = 0,
     precision: Literal["float64", "mixed"] = "float64",
     backend: Literal["auto", "c", "torch"] = "auto",
+    distributed: bool | None = None,
+    group: Any = None,
     progress: bool = True,
 ) -> Analysis:
     """One pass of ``model`` over ``loader`` → the block error matrix.
@@ -261,7 +263,9 @@ def analyze(
     the moments keep ``folds`` fold sets (memory grows accordingly: see
     ``toast.Moments.estimate_nbytes``); ``estimator="gcv"`` needs none.
     ``backend`` is that of :func:`toast.capture_moments` (the sums form on
-    the model's device with torch, or on the host in the C core).
+    the model's device with torch, or on the host in the C core). Under
+    ``torch.distributed`` each rank passes its shard of the data and gets the
+    same analysis (see :func:`toast.capture_moments`).
     """
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
@@ -274,6 +278,8 @@ def analyze(
         pairs=pairs,
         precision=precision,
         backend=backend,
+        distributed=distributed,
+        group=group,
         max_batches=max_batches,
         max_samples=max_samples,
         sample=sample,

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from toast.core import Moments, Pairs
+from toast.distributed import is_distributed, reduce_captured
 from toast.hf import BlockStack, find_blocks
 from toast.torch_moments import TorchMoments
 
@@ -318,6 +319,8 @@ def capture_moments(
     max_samples: int | None = None,
     sample: Literal["first", "random"] = "first",
     seed: int = 0,
+    distributed: bool | None = None,
+    group: Any = None,
     progress: bool = True,
 ) -> tuple[Moments, BlockStack]:
     """Runs ``model`` over ``loader`` and returns the moments of its states.
@@ -337,6 +340,14 @@ def capture_moments(
     the activations' device with torch (:class:`toast.torch_moments.TorchMoments`)
     and copies only the final sums; ``"auto"`` (default) takes ``"torch"``
     for activations on an accelerator and ``"c"`` on the CPU.
+
+    Under ``torch.distributed`` (``distributed=None`` detects an initialised
+    process group; ``group`` chooses one), each rank passes its own shard of
+    the data and the moments are summed over the ranks, so every rank
+    returns the same moments. Without explicit fold ids each rank deals its
+    rows to folds by its own counter: a valid K-fold split, though not the
+    one a single process would make (``gcv`` and ``in_sample`` errors equal
+    the single-process ones to rounding).
     """
     if backend not in ("auto", "c", "torch"):
         raise ValueError(f"backend must be 'auto', 'c' or 'torch', got {backend!r}")
@@ -377,10 +388,12 @@ def capture_moments(
         progress=progress,
     )
     moments = acc.get("m")
-    if moments is None or moments.rows == 0:
-        raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
     if isinstance(moments, TorchMoments):
         moments = moments.to_moments()
+    if distributed or (distributed is None and is_distributed()):
+        moments = reduce_captured(moments, len(chosen), folds, pairs, precision, group)
+    if moments is None or moments.rows == 0:
+        raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
     return moments, stack
 
 

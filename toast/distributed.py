@@ -125,3 +125,58 @@ def all_reduce_moments(moments: Any, group: Any = None) -> Any:
     total = tensor.cpu().numpy() if tensor.device.type != "cpu" else tensor.numpy()
     moments._set_data(np.ascontiguousarray(total[:-1]), int(round(float(total[-1]))))
     return moments
+
+
+def is_distributed() -> bool:
+    """Whether a torch.distributed default process group is initialised."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return dist.is_available() and dist.is_initialized()
+
+
+def reduce_captured(
+    moments: Any,
+    num_states: int,
+    folds: int,
+    pairs: Any,
+    precision: str,
+    group: Any = None,
+) -> Any:
+    """Sums the moments each rank captured from its shard of the data.
+
+    ``moments`` is this rank's :class:`toast.Moments`, or None when its shard
+    held no rows; such a rank joins with zero moments of the width the other
+    ranks saw, so that no rank waits forever. Returns the summed moments on
+    every rank, or None on every rank when no rank saw a row.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from toast.core import Moments
+
+    device = _device_for(dist, group)
+    dim = torch.tensor([0 if moments is None else moments.dim], dtype=torch.int64, device=device)
+    dist.all_reduce(dim, op=dist.ReduceOp.MAX, group=group)
+    width = int(dim.item())
+    if width == 0:
+        return None
+    if moments is None:
+        moments = Moments(num_states, width, folds=folds, pairs=pairs, precision=precision)
+    return all_reduce_moments(moments, group=group)
+
+
+def broadcast_module(module: Any, group: Any = None, src: int = 0) -> Any:
+    """Copies ``module``'s parameters and buffers from rank ``src`` to every
+    rank (collective), so that a translator trained on one rank's sample is
+    the same everywhere."""
+    import torch.distributed as dist
+
+    device = _device_for(dist, group)
+    for tensor in [*module.parameters(), *module.buffers()]:
+        staged = tensor.detach().to(device).contiguous()
+        dist.broadcast(staged, src=src, group=group)
+        with __import__("torch").no_grad():
+            tensor.copy_(staged.to(tensor.device))
+    return module

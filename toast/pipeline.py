@@ -12,6 +12,7 @@ from torch import nn
 from toast.analysis import Analysis, Span, analyze
 from toast.capture import Tokens, capture_moments
 from toast.core import Translator, fit_translator
+from toast.distributed import broadcast_module, is_distributed
 from toast.hf import find_blocks
 from toast.patch import replace_spans, validate_spans
 from toast.rows import RowSample, capture_rows
@@ -117,6 +118,8 @@ def compress(
     train_steps: int = 300,
     lr: float = 1e-3,
     backend: Literal["auto", "c", "torch"] = "auto",
+    distributed: bool | None = None,
+    group: Any = None,
     progress: bool = True,
     **options: Any,
 ) -> tuple[nn.Module, CompressionReport]:
@@ -184,6 +187,7 @@ def compress(
         "seed": seed,
         "progress": progress,
     }
+    ranks = {"distributed": distributed, "group": group}
     analysis = analyze(
         model,
         loader,
@@ -191,6 +195,7 @@ def compress(
         estimator=estimator,
         folds=folds,
         backend=backend,
+        **ranks,
         **data,
     )
     if budget is not None and not 1 <= budget < analysis.num_blocks:
@@ -210,7 +215,7 @@ def compress(
         )
     blocks_before = analysis.num_blocks
     params_before = count_params(model)
-    fitter = _Fitter(translator, ridge, max_rows, train_steps, lr, seed, backend, progress)
+    fitter = _Fitter(translator, ridge, max_rows, train_steps, lr, seed, backend, progress, ranks)
     if fit == "independent":
         modules = fitter.fit_all(model, loader, spans, analysis, data)
         replace_spans(model, [(s.start, s.stop) for s in spans], modules, blocks=blocks)
@@ -240,10 +245,11 @@ def compress(
 class _Fitter:
     """Fits the translator of one kind for spans of a model."""
 
-    def __init__(self, kind, ridge, max_rows, steps, lr, seed, backend, progress) -> None:
+    def __init__(self, kind, ridge, max_rows, steps, lr, seed, backend, progress, ranks) -> None:
         self.kind, self.ridge, self.max_rows = kind, ridge, max_rows
         self.steps, self.lr, self.seed = steps, lr, seed
         self.backend, self.progress = backend, progress
+        self.ranks = ranks  # distributed / group, for capture_moments
         self.conditions: list[float] = []
 
     def _closed_form(self, moments, i: int, j: int) -> Translator:
@@ -272,6 +278,10 @@ class _Fitter:
             progress=self.progress,
         )
         self.conditions.append(float("nan"))
+        distributed = self.ranks["distributed"]
+        if distributed or (distributed is None and is_distributed()):
+            # each rank sampled its own shard: take rank 0's translator everywhere
+            broadcast_module(module, group=self.ranks["group"])
         reference = next(like.parameters(), None)
         if reference is not None:
             module = module.to(dtype=reference.dtype, device=reference.device)
@@ -291,7 +301,13 @@ class _Fitter:
     def fit_one_on(self, model, loader, where: tuple[int, int], data):
         if self.kind in CLOSED_FORM:
             moments, _ = capture_moments(
-                model, loader, states=list(where), folds=0, backend=self.backend, **data
+                model,
+                loader,
+                states=list(where),
+                folds=0,
+                backend=self.backend,
+                **self.ranks,
+                **data,
             )
             return self._closed_form(moments, 0, 1)
         stack = find_blocks(model, data["blocks"])
