@@ -4,12 +4,16 @@
 - ``toast analyze MODEL_DIR --data DATA --out DIR``: heatmap and span table.
 - ``toast compress MODEL_DIR --data DATA --budget N --out DIR``: a compressed
   model saved with :func:`toast.save_pretrained`, with its report.
+- ``toast replaceme MODEL_PATH --data FILE --blocks N --out DIR``: ReplaceMe on
+  a local causal LM; a standard checkpoint out (:mod:`toast.replaceme_cli`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from toast.replaceme_cli import add_parser as _add_replaceme
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -25,6 +29,7 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--retrain", action="store_true", help="train the ViT even if cached")
     demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
     _add_local_commands(sub)
+    _add_replaceme(sub)
     return parser
 
 
@@ -107,6 +112,10 @@ def _run_local(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    if args.command == "replaceme":
+        from toast.replaceme_cli import run
+
+        return run(args)
     if args.command in ("analyze", "compress"):
         try:
             return _run_local(args)

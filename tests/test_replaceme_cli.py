@@ -1,0 +1,114 @@
+"""``toast replaceme MODEL_PATH --data FILE --blocks N --out DIR`` on a local
+tiny Llama with a character-level tokenizer (built offline) and local text."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+from toast.cli import main  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,'"
+TEXTS = [
+    "Return the number of items in the container.",
+    "Raise a ValueError when the argument is negative.",
+    "The default is to read the whole file at once.",
+    "Open the file and return a stream, or raise an error.",
+    "Split the string at the first occurrence of sep.",
+    "Return a copy of the list, sorted in ascending order.",
+] * 4
+
+
+def _tokenizer():
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({c: 4 + i for i, c in enumerate(sorted(set(CHARS)))})
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+
+
+@pytest.fixture(scope="module")
+def local_llama(tmp_path_factory):
+    root = tmp_path_factory.mktemp("replaceme_cli")
+    tokenizer = _tokenizer()
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    (root / "calib.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    with open(root / "calib.jsonl", "w", encoding="utf-8") as f:
+        for text in TEXTS:
+            f.write(json.dumps({"text": text}) + "\n")
+    return root
+
+
+@pytest.mark.parametrize("data", ["calib.txt", "calib.jsonl"])
+def test_replaceme_cli_writes_a_standard_checkpoint(local_llama, tmp_path, data, capsys):
+    out = tmp_path / "pruned"
+    argv = ["replaceme", str(local_llama / "model"), "--data", str(local_llama / data)]
+    assert main([*argv, "--blocks", "2", "--out", str(out), "--no-progress"]) == 0
+    assert "Eq. 10" in capsys.readouterr().out
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    assert model.config.num_hidden_layers == 4
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+    batch = tokenizer(TEXTS[:2], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert model(**batch).logits.shape[:2] == batch["input_ids"].shape
+    assert "| blocks[" in (out / "replaceme_report.md").read_text()
+    rows = (out / "layer_distances.csv").read_text().splitlines()
+    assert rows[0] == "block_start,block_end,average_distance" and len(rows) == 1 + 5
+    assert (out / "distances.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_replaceme_cli_cosine_with_several_cuts(local_llama, tmp_path):
+    out = tmp_path / "pruned"
+    argv = ["replaceme", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    options = ["--objective", "cosine", "--num-cuts", "2", "--adjacent", "forbid", "--epochs", "2"]
+    assert main([*argv, "--blocks", "2", "--out", str(out), *options, "--no-progress"]) == 0
+    report = (out / "replaceme_report.md").read_text()
+    assert report.count("| blocks[") == 2 and "cosine" in report
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--blocks", "6"], "must be below the model's depth"),
+        (["--blocks", "2", "--min-start", "5"], "min_start=5 is too large"),
+        (["--blocks", "2", "--data", "missing.txt"], "is not a file"),
+    ],
+)
+def test_replaceme_cli_reports_bad_input(local_llama, tmp_path, extra, message, capsys):
+    argv = ["replaceme", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    assert main([*argv, "--out", str(tmp_path / "o"), "--no-progress", *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_replaceme_cli_refuses_a_non_empty_out_without_overwrite(local_llama, tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    argv = ["replaceme", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    assert main([*argv, "--blocks", "1", "--out", str(out), "--no-progress"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (out / "keep.txt").exists()
