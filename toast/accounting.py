@@ -68,6 +68,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from toast.spans import validate_spans
+
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
@@ -341,24 +343,6 @@ def _arch(config: Any) -> _Arch:
     )
 
 
-def _check_spans(spans: Sequence[tuple[int, int]], num_blocks: int) -> list[tuple[int, int]]:
-    # Same rules as toast.patch.validate_spans (kept torch-free here).
-    checked = []
-    for span in spans:
-        start, stop = (int(v) for v in span)
-        if not 0 <= start < stop <= num_blocks:
-            raise ValueError(
-                f"span {tuple(span)} must satisfy 0 <= start < stop <= {num_blocks} "
-                f"(blocks[start:stop] of a model with {num_blocks} blocks)"
-            )
-        checked.append((start, stop))
-    checked.sort()
-    for a, b in zip(checked, checked[1:], strict=False):
-        if a[1] > b[0]:
-            raise ValueError(f"spans {a} and {b} overlap")
-    return checked
-
-
 def _check_translator(translator: str) -> None:
     if translator not in TRANSLATOR_KINDS:
         raise ValueError(f"translator must be one of {TRANSLATOR_KINDS}, got {translator!r}")
@@ -468,7 +452,7 @@ def count_params_from_config(
     a = _arch(config)
     _check_head(a, head)
     _check_translator(translator)
-    spans = _check_spans(removed_spans, a.layers)
+    spans = validate_spans(removed_spans, a.layers)
     removed = sum(stop - start for start, stop in spans)
     return (
         _embedding_params(a)
@@ -490,7 +474,7 @@ def paper_params_removed(config: Any, removed_spans: Sequence[tuple[int, int]]) 
     ``(len(span) − 1)·(d² + d)`` below that saving.
     """
     a = _arch(config)
-    spans = _check_spans(removed_spans, a.layers)
+    spans = validate_spans(removed_spans, a.layers)
     removed = sum(stop - start for start, stop in spans)
     return removed * (_block_params(a) - a.hidden * a.hidden - a.hidden)
 
@@ -660,7 +644,7 @@ def macs(
     if module is None:
         head = "base" if head is None else head
         _check_head(a, head)
-        spans = _check_spans(removed_spans, a.layers)
+        spans = validate_spans(removed_spans, a.layers)
         removed = sum(stop - start for start, stop in spans)
         block_counts = (_block_counts(a, n),) * (a.layers - removed)
         translators = tuple(_translator_counts(translator, a.hidden, n) for _ in spans)

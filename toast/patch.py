@@ -16,6 +16,7 @@ from torch import nn
 
 from toast.core import Translator
 from toast.hf import find_blocks
+from toast.spans import validate_spans
 from toast.translators import DiagonalMap
 
 __all__ = [
@@ -108,25 +109,6 @@ class TranslatorBlock(nn.Module):
 
     def extra_repr(self) -> str:
         return f"replaces blocks[{self.span[0]}:{self.span[1]}]"
-
-
-def validate_spans(spans: Sequence[tuple[int, int]], num_blocks: int) -> list[tuple[int, int]]:
-    """Sorted spans ``(start, stop)`` of blocks, checked to lie in
-    ``[0, num_blocks]`` and not to overlap."""
-    checked = []
-    for span in spans:
-        start, stop = (int(v) for v in span)
-        if not 0 <= start < stop <= num_blocks:
-            raise ValueError(
-                f"span {tuple(span)} must satisfy 0 <= start < stop <= {num_blocks} "
-                f"(blocks[start:stop] of a model with {num_blocks} blocks)"
-            )
-        checked.append((start, stop))
-    checked.sort()
-    for a, b in zip(checked, checked[1:], strict=False):
-        if a[1] > b[0]:
-            raise ValueError(f"spans {a} and {b} overlap")
-    return checked
 
 
 def _renumber_layers(blocks: nn.ModuleList) -> None:
