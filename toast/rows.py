@@ -53,6 +53,9 @@ class RowSample:
         sampling (Algorithm R) with a generator seeded by ``seed``.
     verbose:
         Print the buffer's size and place before allocating it.
+
+    Not thread-safe: one :meth:`add` at a time (the sampling generator and
+    the buffer are shared state).
     """
 
     def __init__(
