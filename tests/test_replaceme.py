@@ -628,3 +628,21 @@ def test_report_gives_both_index_notations_and_eq10():
 
 def test_span_paper_notation_is_the_kept_block_and_the_last_removed():
     assert Span(2, 4, 0.0).paper == "1→3"
+
+
+def test_sequential_block_placement_keeps_one_translator_per_cut_in_place():
+    loader = R.text_loader()
+    model, report = _compress(
+        R.decoder("llama"),
+        loader,
+        spans=[(1, 2), (3, 5)],
+        placement="block",
+        objective="cosine",
+        fit="sequential",
+        epochs=2,
+    )
+    kinds = [type(b).__name__ for b in find_blocks(model).blocks]
+    assert kinds == ["LlamaDecoderLayer", "TranslatorBlock"] * 2 + ["LlamaDecoderLayer"]
+    assert [b.span for b in find_blocks(model).blocks if hasattr(b, "span")] == [(1, 2), (3, 5)]
+    assert all(after < before for before, after in report.objectives)
+    assert report.blocks_after == 5

@@ -52,10 +52,13 @@ from toast.torch_moments import TorchMoments
 
 __all__ = [
     "DISTANCES",
+    "CosineFit",
     "DistanceProfile",
+    "NotFoldableError",
     "ReplaceMeReport",
     "TransformedProjection",
     "compression_ratio",
+    "fit_cosine",
     "fold_transform",
     "params_from_config",
     "profile_distances",
@@ -271,12 +274,16 @@ class _PairDistances:
         self.sums = {m: np.zeros((num_states, num_states)) for m in DISTANCES}
         self.rows = 0
 
-    def add(self, x: torch.Tensor) -> None:
-        """``x``: the states of some rows, ``(S, rows, d)``."""
-        S, rows, d = x.shape
+    def add(self, states: list[torch.Tensor], keep: torch.Tensor | None = None) -> None:
+        """``states``: ``S`` tensors ``(rows, d)``; ``keep``: the indices of
+        the rows to use (default all). Rows are taken a chunk at a time, so
+        only one chunk of every state is ever copied."""
+        S, d = len(states), int(states[0].shape[-1])
+        rows = int(states[0].shape[0]) if keep is None else int(keep.numel())
         step = max(1, _PROFILE_CHUNK_BYTES // max(1, S * d * 8))
         for lo in range(0, rows, step):
-            z = x[:, lo : lo + step].to(torch.float64)
+            take = slice(lo, lo + step) if keep is None else keep[lo : lo + step]
+            z = torch.stack([x[take] for x in states]).to(torch.float64)
             sq = (z * z).sum(-1)  # (S, r)
             gram = torch.einsum("ird,jrd->ijr", z, z)  # (S, S, r)
             norms = sq.sqrt()
@@ -335,12 +342,11 @@ def profile_distances(
         # "last" is the last non-pad token even when padding is included.
         use_mask = None if (include_padding and tokens == "all") else mask
         chosen, chosen_mask = _select_tokens(rows, use_mask, tokens)
-        x = torch.stack([r.reshape(-1, r.shape[-1]) for r in chosen])
-        if chosen_mask is not None:
-            x = x[:, chosen_mask.reshape(-1)]
+        flat = [r.reshape(-1, r.shape[-1]) for r in chosen]
+        keep = None if chosen_mask is None else chosen_mask.reshape(-1).nonzero().squeeze(1)
         if "d" not in acc:
             acc["d"] = _PairDistances(len(rows))
-        acc["d"].add(x)
+        acc["d"].add(flat, keep)
         return acc["d"].rows
 
     with _no_kv_cache(model):
