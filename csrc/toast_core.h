@@ -1,8 +1,9 @@
 /*
  * toast_core.h -- the C core of toast: streaming moments of layer
  * activations, closed-form translators solved from them, the block
- * error matrix, and the centers and scores of ToaSt's head-dimension
- * pruning (geometric median, coordinate median, FPGM, L1, L2).
+ * error matrix, the centers and scores of ToaSt's head-dimension
+ * pruning (geometric median, coordinate median, FPGM, L1, L2), and the
+ * channel scores and top-k of its token channel selection.
  *
  * Plain C11, no Python. Every function that can fail returns a
  * toast_status and fills a toast_error; nothing aborts, prints or exits.
@@ -416,6 +417,47 @@ toast_status toast_dim_scores_batch(int groups, int n, int p, const double *X,
                                     toast_dimscore kind, double tol,
                                     int max_iter, double *scores,
                                     toast_gm_info *infos, toast_error *err);
+
+/* ------------------------------------------ token channel selection */
+
+/*
+ * ToaSt's Token Channel Selection (tcs.c). Activations are float32,
+ * row-major (B images x N tokens x C channels, channels contiguous). All
+ * work runs on the calling thread.
+ */
+
+/*
+ * The CLS row of the attention map averaged over heads:
+ *   out[b, n] = (1/H) sum_h softmax_n(scale * q[b, h, :] . K[b, n, h, :])
+ * q: B x (H*d) (the CLS token's query), K: B x N x (H*d), out: B x N.
+ * Dot products and softmax in float64.
+ */
+toast_status toast_tcs_cls_attention(int B, int N, int H, int d,
+                                     const float *q, const float *K,
+                                     double scale, float *out,
+                                     toast_error *err);
+
+typedef struct {
+    double cls_weight;   /* weight of |x_cls| (token 0); 0 for Eq. 7 */
+    double patch_weight; /* weight of the mean over the sampled tokens */
+    int batch_scope;     /* 0: one selection per image; 1: one from the
+                            batch-mean scores (attention averaged first) */
+} toast_tcs_options;
+
+/*
+ * Channel scores over m sampled tokens and their top k:
+ *   I[c] = cls_weight |X[b, 0, c]|
+ *          + (patch_weight / m) sum_j A[b, s_j] |X[b, s_j, c]|
+ * (A = attn, B x N, or 1 when attn is NULL). out receives, per image (or
+ * once for batch_scope), the k channels of largest score in ascending
+ * channel order; equal scores rank the lower channel first. Scores are
+ * accumulated in float64. sample[j] must lie in [0, N); 1 <= k <= C.
+ * TOAST_ENONFINITE when a score is NaN or Inf (err->arg: the channel).
+ */
+toast_status toast_tcs_select(int B, int N, int C, const float *X, int m,
+                              const int64_t *sample, const float *attn,
+                              const toast_tcs_options *opt, int k,
+                              int64_t *out, toast_error *err);
 
 #ifdef __cplusplus
 }

@@ -17,8 +17,9 @@ Each input drives one short scenario:
   raw ``toast._core`` entry points with random (often invalid) arguments,
   pickling and merging;
 * the centers of ToaSt's head pruning (geometric_median, coordinate_median,
-  dim_scores; raw and through toast.vit.median) on random, huge, non-finite
-  and badly shaped points, checking finite results and result shapes.
+  dim_scores; raw and through toast.vit.median) and its token channel
+  selection (tcs_select, tcs_cls_attention) on random, huge, non-finite and
+  badly shaped input, checking finite results, shapes and index ranges.
 
 Failures (reported by libFuzzer with the input that caused them):
 
@@ -844,7 +845,10 @@ def fuzz_centers(fdp) -> None:
     kind = fdp.ConsumeIntInRange(-1, 5)
     tol = fdp.PickValueInList([1e-10, 0.0, 1e-3, -1.0, float("nan"), float("inf")])
     max_iter = fdp.PickValueInList([0, 1, 50, 200, -1])
-    op = fdp.ConsumeIntInRange(0, 4)
+    op = fdp.ConsumeIntInRange(0, 6)
+    if op >= 5:
+        fuzz_tcs(fdp, op == 5)
+        return
     if op == 0:
         r = attempt("raw_dim_scores", _core.dim_scores, X, kind, tol, max_iter)
         if r is not FAILED:
@@ -879,6 +883,44 @@ def fuzz_centers(fdp) -> None:
         if r is not FAILED:
             A = np.asarray(X, dtype=np.float64)
             assert all(r[c] in A[:, c] for c in range(A.shape[1]))
+
+
+def fuzz_tcs(fdp, select: bool) -> None:
+    """tcs_select / tcs_cls_attention with random shapes, dtypes and values."""
+    B, N, C = (
+        fdp.ConsumeIntInRange(0, 3),
+        fdp.ConsumeIntInRange(0, 5),
+        fdp.ConsumeIntInRange(0, 6),
+    )
+    with quiet():
+        X = gram_operand(fdp, (B, N, C))
+        if isinstance(X, np.ndarray) and X.dtype == np.float64 and fdp.ConsumeBool():
+            X = X.astype(np.float32)
+    if not select:
+        heads = fdp.ConsumeIntInRange(-1, 3)
+        with quiet():
+            q = gram_operand(fdp, (B, C))
+            if isinstance(q, np.ndarray) and q.dtype == np.float64 and fdp.ConsumeBool():
+                q = q.astype(np.float32)
+        scale = fdp.PickValueInList([1.0, 0.125, float("nan"), 1e300])
+        r = attempt("tcs_cls_attention", _core.tcs_cls_attention, q, X, heads, scale)
+        if r is not FAILED:
+            assert r.shape == (B, N) and np.isfinite(r).all()
+        return
+    m = fdp.ConsumeIntInRange(0, 4)
+    sample = [fdp.ConsumeIntInRange(-1, N) for _ in range(m)]
+    attn = None
+    if fdp.ConsumeBool():
+        with quiet():
+            attn = values(fdp, max(B * N, 0)).reshape(B, N).astype(np.float32)
+    k = fdp.ConsumeIntInRange(-1, C + 1)
+    cw = fdp.PickValueInList([0.0, 2.0, -1.0, float("nan")])
+    batch = fdp.ConsumeBool()
+    r = attempt("tcs_select", _core.tcs_select, X, sample, attn, k, cw, 1.0, batch)
+    if r is not FAILED:
+        assert r.shape == ((1 if batch else B), k)
+        assert ((0 <= r) & (r < C)).all() and (np.diff(r, axis=1) > 0).all()
+        feature("tcs_select", batch, attn is None)
 
 
 # ------------------------------------------------------------------ entry point
@@ -918,6 +960,7 @@ for _fn in (
     fuzz_sizes,
     fuzz_solve_gram,
     fuzz_centers,
+    fuzz_tcs,
     gram_operand,
     one_input,
 ):

@@ -305,13 +305,16 @@ def test_tcs_zero_ratios_are_an_exact_noop(name):
 
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("scope", ["image", "batch"])
-def test_tcs_dense_equals_masked(name, scope):
+@pytest.mark.parametrize("backend", ["c", "torch"])
+def test_tcs_dense_equals_masked(name, scope, backend):
     model = build(name)
     x = images(name, 4)
     ref = run(model, x)
     outs = {}
     for form, hidden in (("masked", "all"), ("dense", "all"), ("dense", "kept")):
-        toast.enable_tcs(model, _schedule(model), scope=scope, form=form, hidden=hidden)
+        toast.enable_tcs(
+            model, _schedule(model), scope=scope, form=form, hidden=hidden, backend=backend
+        )
         outs[form, hidden] = run(model, x)
         toast.disable_tcs(model)
     assert _max_diff(outs["dense", "all"], outs["masked", "all"]) <= 1e-5
@@ -321,14 +324,15 @@ def test_tcs_dense_equals_masked(name, scope):
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_per_image_selection_is_batch_invariant(name):
+@pytest.mark.parametrize("backend", ["c", "torch"])
+def test_per_image_selection_is_batch_invariant(name, backend):
     """An image's channels and output are the same alone and in any batch;
     per-batch selection (the reference code) lacks that property."""
     model = build(name)
     x = images(name, 5)
     per = {}
     for scope in ("image", "batch"):
-        handle = toast.enable_tcs(model, _schedule(model), scope=scope)
+        handle = toast.enable_tcs(model, _schedule(model), scope=scope, backend=backend)
         handle.record = True
         full = run(model, x)
         sel_full = {b: s for b, s in handle.selections.items()}
@@ -376,7 +380,7 @@ def test_tcs_keep_counts_and_seeds():
     assert torch.equal(run(model, x), first)
 
 
-def _expected_selection(name, r1, r2, ratio, score, weights, scope):
+def _expected_selection(name, r1, r2, ratio, score, weights, scope, backend):
     """Eq. 6 / Eq. 7 re-implemented from the eager attention map and the
     LayerNorm output of the last block (TCS on that block only)."""
     model = build(name)
@@ -395,7 +399,9 @@ def _expected_selection(name, r1, r2, ratio, score, weights, scope):
     z = seen["z"]
     n = vit_blocks(model).num_blocks
     sched = {"fc1": [0.0] * (n - 1) + [r1], "fc2": [0.0] * (n - 1) + [r2], "sample_ratio": ratio}
-    handle = toast.enable_tcs(model, sched, score=score, weights=weights, scope=scope)
+    handle = toast.enable_tcs(
+        model, sched, score=score, weights=weights, scope=scope, backend=backend
+    )
     handle.record = True
     run(model, x)
     got = handle.selections[n - 1]
@@ -439,8 +445,9 @@ def _expected_selection(name, r1, r2, ratio, score, weights, scope):
         ("vit", "eq6", "normalized", "batch"),
     ],
 )
-def test_tcs_selection_against_reference(name, score, weights, scope):
-    got, want = _expected_selection(name, 0.5, 0.75, 0.5, score, weights, scope)
+@pytest.mark.parametrize("backend", ["c", "torch"])
+def test_tcs_selection_against_reference(name, score, weights, scope, backend):
+    got, want = _expected_selection(name, 0.5, 0.75, 0.5, score, weights, scope, backend)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 

@@ -1115,6 +1115,141 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------ TCS */
+
+/* A C-contiguous float32 array of exactly nd dimensions, none empty, from
+ * a float32 NumPy array only (no casts: activations come as float32). */
+static PyArrayObject *float32_array(PyObject *obj, const char *name, int nd)
+{
+    if (!PyArray_Check(obj) || PyArray_TYPE((PyArrayObject *)obj) != NPY_FLOAT) {
+        PyErr_Format(PyExc_TypeError, "%s must be a float32 NumPy array, got %s",
+                     name, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(
+        obj, NPY_FLOAT, nd, nd, NPY_ARRAY_IN_ARRAY);
+    if (a == NULL)
+        return NULL;
+    for (int q = 0; q < nd; q++)
+        if (PyArray_DIM(a, q) < 1 || PyArray_DIM(a, q) > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s has a dimension of size %lld; every size must be "
+                         "in [1, 2^31 - 1]", name,
+                         (long long)PyArray_DIM(a, q));
+            Py_DECREF(a);
+            return NULL;
+        }
+    return a;
+}
+
+static PyObject *core_tcs_cls_attention(PyObject *mod, PyObject *args)
+{
+    PyObject *q_obj, *k_obj, *out = NULL;
+    PyArrayObject *Q = NULL, *K = NULL;
+    int heads;
+    double scale;
+    toast_error err = {0};
+    toast_status st;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OOid", &q_obj, &k_obj, &heads, &scale))
+        return NULL;
+    Q = float32_array(q_obj, "q", 2);
+    K = Q == NULL ? NULL : float32_array(k_obj, "K", 3);
+    if (K == NULL)
+        goto done;
+    npy_intp B = PyArray_DIM(K, 0), N = PyArray_DIM(K, 1),
+             W = PyArray_DIM(K, 2);
+    if (heads < 1 || W % heads != 0 || PyArray_DIM(Q, 0) != B ||
+        PyArray_DIM(Q, 1) != W) {
+        PyErr_Format(PyExc_ValueError,
+                     "need q (B, H*d) and K (B, N, H*d) with H = %d dividing "
+                     "the width; got q %lldx%lld, K %lldx%lldx%lld", heads,
+                     (long long)PyArray_DIM(Q, 0), (long long)PyArray_DIM(Q, 1),
+                     (long long)B, (long long)N, (long long)W);
+        goto done;
+    }
+    npy_intp od[2] = {B, N};
+    out = PyArray_SimpleNew(2, od, NPY_FLOAT);
+    if (out == NULL)
+        goto done;
+    const float *q = PyArray_DATA(Q), *kk = PyArray_DATA(K);
+    float *o = PyArray_DATA((PyArrayObject *)out);
+    Py_BEGIN_ALLOW_THREADS
+    st = toast_tcs_cls_attention((int)B, (int)N, heads, (int)(W / heads), q,
+                                 kk, scale, o, &err);
+    Py_END_ALLOW_THREADS
+    if (st != TOAST_OK) {
+        raise_core_error(&err);
+        Py_CLEAR(out);
+    }
+done:
+    Py_XDECREF(Q);
+    Py_XDECREF(K);
+    return out;
+}
+
+static PyObject *core_tcs_select(PyObject *mod, PyObject *args)
+{
+    PyObject *x_obj, *s_obj, *a_obj, *out = NULL;
+    PyArrayObject *X = NULL, *S = NULL, *A = NULL;
+    int k, batch_scope;
+    double cls_w, patch_w;
+    toast_error err = {0};
+    toast_status st;
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "OOOiddp", &x_obj, &s_obj, &a_obj, &k, &cls_w,
+                          &patch_w, &batch_scope))
+        return NULL;
+    X = float32_array(x_obj, "X", 3);
+    if (X == NULL)
+        goto done;
+    S = (PyArrayObject *)PyArray_FROMANY(s_obj, NPY_INT64, 1, 1,
+                                         NPY_ARRAY_IN_ARRAY);
+    if (S == NULL)
+        goto done;
+    npy_intp B = PyArray_DIM(X, 0), N = PyArray_DIM(X, 1),
+             C = PyArray_DIM(X, 2), m = PyArray_DIM(S, 0);
+    if (m > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "too many sampled tokens");
+        goto done;
+    }
+    if (a_obj != Py_None) {
+        A = float32_array(a_obj, "attn", 2);
+        if (A == NULL)
+            goto done;
+        if (PyArray_DIM(A, 0) != B || PyArray_DIM(A, 1) != N) {
+            PyErr_Format(PyExc_ValueError,
+                         "attn must have shape (%lld, %lld), got (%lld, %lld)",
+                         (long long)B, (long long)N,
+                         (long long)PyArray_DIM(A, 0),
+                         (long long)PyArray_DIM(A, 1));
+            goto done;
+        }
+    }
+    npy_intp od[2] = {batch_scope ? 1 : B, k > 0 ? k : 0};
+    out = PyArray_SimpleNew(2, od, NPY_INT64);
+    if (out == NULL)
+        goto done;
+    toast_tcs_options opt = {cls_w, patch_w, batch_scope};
+    const float *x = PyArray_DATA(X);
+    const int64_t *smp = PyArray_DATA(S);
+    const float *a = A == NULL ? NULL : PyArray_DATA(A);
+    int64_t *o = PyArray_DATA((PyArrayObject *)out);
+    Py_BEGIN_ALLOW_THREADS
+    st = toast_tcs_select((int)B, (int)N, (int)C, x, (int)m, smp, a, &opt, k,
+                          o, &err);
+    Py_END_ALLOW_THREADS
+    if (st != TOAST_OK) {
+        raise_core_error(&err);
+        Py_CLEAR(out);
+    }
+done:
+    Py_XDECREF(X);
+    Py_XDECREF(S);
+    Py_XDECREF(A);
+    return out;
+}
+
 static PyMethodDef core_methods[] = {
     {"estimate_nbytes", core_estimate_nbytes, METH_VARARGS,
      "estimate_nbytes(S, d, folds=0, span=-1) -> bytes of storage."},
@@ -1139,6 +1274,13 @@ static PyMethodDef core_methods[] = {
      "dim_scores(X, kind, tol=1e-10, max_iter=1000) -> (scores, iterations, "
      "converged) for X of shape (groups, n, p); kind: 0 geometric median, "
      "1 coordinate median, 2 FPGM, 3 L1, 4 L2."},
+    {"tcs_cls_attention", core_tcs_cls_attention, METH_VARARGS,
+     "tcs_cls_attention(q, K, heads, scale) -> (B, N) float32: the CLS "
+     "attention row averaged over heads, q (B, H*d), K (B, N, H*d)."},
+    {"tcs_select", core_tcs_select, METH_VARARGS,
+     "tcs_select(X, sample, attn, k, cls_weight, patch_weight, batch_scope) "
+     "-> (B or 1, k) int64 kept channels, ascending; X (B, N, C) float32, "
+     "sample int64 token positions, attn (B, N) float32 or None."},
     {NULL, NULL, 0, NULL}
 };
 

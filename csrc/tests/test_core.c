@@ -1323,6 +1323,127 @@ static void test_center_bad_arguments(void)
                  TOAST_EOVERFLOW, &err);
 }
 
+/* ------------------------------------------------------------ TCS */
+
+static void test_tcs_cls_attention(void)
+{
+    toast_error err = {0};
+    /* B = 1, N = 3, H = 2, d = 1: head 0 q = 1, head 1 q = 0 (uniform). */
+    float q[] = {1.0f, 0.0f};
+    float K[] = {0, 5, 1, 5, 2, 5};  /* token n: (head 0, head 1) */
+    float out[3];
+    CHECK_STATUS(toast_tcs_cls_attention(1, 3, 2, 1, q, K, 1.0, out, &err),
+                 TOAST_OK, &err);
+    double z = 1 + exp(1.0) + exp(2.0);
+    for (int n = 0; n < 3; n++)
+        CHECK_CLOSE(out[n], 0.5 * exp((double)n) / z + 0.5 / 3.0, 1e-6);
+    CHECK_STATUS(toast_tcs_cls_attention(1, 3, 2, 0, q, K, 1.0, out, &err),
+                 TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_tcs_cls_attention(1, 3, 2, 1, NULL, K, 1.0, out, &err),
+                 TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_tcs_cls_attention(1, 3, 2, 1, q, K, NAN, out, &err),
+                 TOAST_EINVAL, &err);
+    float Kbad[] = {0, 5, NAN, 5, 2, 5};
+    CHECK_STATUS(toast_tcs_cls_attention(1, 3, 2, 1, q, Kbad, 1.0, out, &err),
+                 TOAST_ENONFINITE, &err);
+}
+
+/* Brute force: the k best channels by (score desc, index asc), ascending. */
+static void brute_top(int C, const double *score, int k, int64_t *out)
+{
+    int taken[64] = {0};
+    for (int i = 0; i < k; i++) {
+        int best = -1;
+        for (int c = 0; c < C; c++)
+            if (!taken[c] && (best < 0 || score[c] > score[best]))
+                best = c;
+        taken[best] = 1;
+    }
+    int j = 0;
+    for (int c = 0; c < C; c++)
+        if (taken[c])
+            out[j++] = c;
+}
+
+static void test_tcs_select(void)
+{
+    enum { B = 3, N = 5, C = 40 };
+    toast_error err = {0};
+    float X[B * N * C], attn[B * N];
+    for (int e = 0; e < B * N * C; e++)
+        X[e] = (float)urand();
+    for (int e = 0; e < B * N; e++)
+        attn[e] = (float)(0.5 + 0.5 * urand());
+    int64_t sample[] = {1, 3, 4};
+    toast_tcs_options opt = {2.0, 1.0, 0};
+    int64_t out[B * C], want[C];
+    double score[C];
+    for (int k = 1; k <= C; k += 13) {
+        CHECK_STATUS(toast_tcs_select(B, N, C, X, 3, sample, attn, &opt, k,
+                                      out, &err), TOAST_OK, &err);
+        for (int b = 0; b < B; b++) {
+            const float *x = X + b * N * C;
+            for (int c = 0; c < C; c++) {
+                double p = 0;
+                for (int j = 0; j < 3; j++)
+                    p += attn[b * N + sample[j]] * fabs(x[sample[j] * C + c]);
+                score[c] = 2.0 * fabs(x[c]) + p / 3.0;
+            }
+            brute_top(C, score, k, want);
+            CHECK(memcmp(out + b * k, want, (size_t)k * sizeof(int64_t)) == 0);
+        }
+    }
+    /* Batch scope: batch-mean attention, batch-mean scores, one set. */
+    toast_tcs_options bopt = {0.5, 1.0, 1};
+    CHECK_STATUS(toast_tcs_select(B, N, C, X, 3, sample, attn, &bopt, 7, out,
+                                  &err), TOAST_OK, &err);
+    for (int c = 0; c < C; c++) {
+        score[c] = 0;
+        for (int b = 0; b < B; b++) {
+            const float *x = X + b * N * C;
+            double p = 0;
+            for (int j = 0; j < 3; j++) {
+                double abar = (attn[sample[j]] + attn[N + sample[j]] +
+                               attn[2 * N + sample[j]]) / 3.0;
+                p += abar * fabs(x[sample[j] * C + c]);
+            }
+            score[c] += (0.5 * fabs(x[c]) + p / 3.0) / B;
+        }
+    }
+    brute_top(C, score, 7, want);
+    CHECK(memcmp(out, want, 7 * sizeof(int64_t)) == 0);
+    /* Ties: the lower channel wins; Eq. 7 without attention. */
+    float T[] = {9, 9, 9, 9, 1, 2, 2, 1};  /* token 0 ignored (cls 0) */
+    toast_tcs_options e7 = {0.0, 1.0, 0};
+    int64_t s1[] = {1}, o2[2];
+    CHECK_STATUS(toast_tcs_select(1, 2, 4, T, 1, s1, NULL, &e7, 2, o2, &err),
+                 TOAST_OK, &err);
+    CHECK(o2[0] == 1 && o2[1] == 2);
+    /* Bad arguments. */
+    int64_t bad_s[] = {5};
+    CHECK_STATUS(toast_tcs_select(B, N, C, X, 1, bad_s, NULL, &opt, 3, out,
+                                  &err), TOAST_ERANGE, &err);
+    CHECK_STATUS(toast_tcs_select(B, N, C, X, 3, sample, NULL, &opt, 0, out,
+                                  &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_tcs_select(B, N, C, X, 3, sample, NULL, &opt, C + 1,
+                                  out, &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_tcs_select(B, N, C, X, 0, sample, NULL, &opt, 3, out,
+                                  &err), TOAST_EINVAL, &err);
+    toast_tcs_options neg = {-1.0, 1.0, 0};
+    CHECK_STATUS(toast_tcs_select(B, N, C, X, 3, sample, NULL, &neg, 3, out,
+                                  &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_tcs_select(B, N, C, NULL, 3, sample, NULL, &opt, 3,
+                                  out, &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_tcs_select(0, N, C, X, 3, sample, NULL, &opt, 3, out,
+                                  &err), TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_tcs_select(INT32_MAX, INT32_MAX, C, X, 3, sample, NULL,
+                                  &opt, 3, out, &err), TOAST_EOVERFLOW, &err);
+    X[C + 7] = NAN;  /* image 0, token 1, channel 7 */
+    CHECK_STATUS(toast_tcs_select(B, N, C, X, 3, sample, NULL, &opt, 3, out,
+                                  &err), TOAST_ENONFINITE, &err);
+    CHECK(err.arg == 7);
+}
+
 int main(void)
 {
     test_known_moments();
@@ -1341,6 +1462,8 @@ int main(void)
     test_geometric_median_random();
     test_coordinate_median_and_scores();
     test_center_bad_arguments();
+    test_tcs_cls_attention();
+    test_tcs_select();
     printf("test_core: %d checks, %d failures\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }

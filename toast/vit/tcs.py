@@ -42,6 +42,14 @@ evaluates ``fc1`` on the sampled tokens first (that is all FC2's scores
 need), selects, and then computes only the kept hidden channels for every
 token — the same output with FC1's cost cut by ``r_FC2`` as well.
 
+**Backend.** The CLS attention row, the channel scores and the top-k run in
+the C core (``toast._core.tcs_cls_attention`` / ``tcs_select``: one call on
+the calling thread instead of a dozen small tensor operations) for float32
+CPU activations (``backend="auto"``, the default, or ``"c"``), and in torch
+otherwise (``backend="torch"``, GPUs, other dtypes). Scores are accumulated
+in float64 in C and in the activations' dtype in torch, so near-ties can
+rank differently; equal scores keep the lower channel in C.
+
 **CLS attention row.** Blocks that score by Eq. 6 capture the outputs of
 their ``q_proj`` (CLS row only) and ``k_proj`` with forward hooks and form
 ``softmax(q_cls Kᵀ · scaling)`` themselves: ``O(N · D')`` per image, so the
@@ -58,6 +66,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from toast import _core
 from toast.vit.models import VitBlock, vit_blocks
 from toast.vit.schedules import Schedule, get_schedule, tcs_keep
 
@@ -71,6 +80,7 @@ _CHOICES = {
     "resample": ("fixed", "call"),
     "fc2_sample": ("same", "fresh"),
     "hidden": ("all", "kept"),
+    "backend": ("auto", "c", "torch"),
 }
 
 
@@ -90,6 +100,7 @@ class TcsOptions:
     fc2_sample: str = "same"
     hidden: str = "all"
     seed: int = 0
+    backend: str = "auto"
 
 
 @dataclass
@@ -177,6 +188,16 @@ class TcsMLP(nn.Module):
     def extra_repr(self) -> str:
         return f"block={self.block_index}, fc1_keep={self.k1}, fc2_keep={self.k2}"
 
+    def _in_c(self, x: torch.Tensor) -> bool:
+        """Whether the selection of ``x`` runs in the C core."""
+        backend = self._handle.options.backend
+        ok = x.device.type == "cpu" and x.dtype == torch.float32
+        if backend == "c" and not ok:
+            raise ValueError(
+                f"backend='c' needs float32 CPU activations, got {x.dtype} on {x.device}"
+            )
+        return ok and backend != "torch"
+
     # -- capture of the CLS attention row ------------------------------------
 
     def _capture_q(self, module, args, out) -> None:
@@ -196,6 +217,11 @@ class TcsMLP(nn.Module):
             )
         a = self._attention
         heads, dim = int(a.num_attention_heads), int(a.head_dim)
+        if self._in_c(k):
+            row = _core.tcs_cls_attention(
+                q.contiguous().numpy(), k.contiguous().numpy(), heads, float(a.scaling)
+            )
+            return torch.from_numpy(row)
         b, n = k.shape[0], k.shape[1]
         qh = q.reshape(b, heads, 1, dim)
         kh = k.reshape(b, n, heads, dim).transpose(1, 2)  # (B, H, N, d)
@@ -231,32 +257,53 @@ class TcsMLP(nn.Module):
             self._samples[key] = pos
         return pos
 
-    # -- scores ------------------------------------------------------------------
+    def _fc2_sample(self, sample: torch.Tensor, n: int, device) -> torch.Tensor:
+        if self._handle.options.fc2_sample == "fresh":
+            return self._sample(n, 1, device)
+        return sample
 
-    def _scores(
-        self, cls: torch.Tensor | None, patch: torch.Tensor, attn: torch.Tensor | None, n: int
-    ) -> torch.Tensor:
-        """Channel scores ``(B or 1, C)`` from the CLS values ``(B, C)``, the
-        sampled tokens' values ``(B, m, C)`` and their CLS attention ``(B, m)``."""
+    # -- scores and top-k ------------------------------------------------------
+
+    def _weights(self, n: int) -> tuple[float, float]:
+        """``(weight of |x_cls|, weight of the sampled tokens' mean)``; ``n``
+        is the block's token count."""
         o = self._handle.options
-        mag = patch.abs()
         if not self.eq6:
-            scores = mag.mean(dim=1)
-        else:
-            weighted = (attn.unsqueeze(-1) * mag).mean(dim=1)
-            if o.weights == "paper":
-                scores = o.lambda_cls * cls.abs() + o.lambda_patch * weighted
-            else:
-                p = n - 1  # the reference code's P: every token but the CLS
-                scores = o.lambda_cls * cls.abs() / (1 + p) + o.lambda_patch * weighted * p / (
-                    1 + p
-                )
-        if o.scope == "batch":
-            scores = scores.mean(dim=0, keepdim=True)
-        return scores
+            return 0.0, 1.0
+        if o.weights == "paper":
+            return o.lambda_cls, o.lambda_patch
+        p = n - 1  # the reference code's P: every token but the CLS
+        return o.lambda_cls / (1 + p), o.lambda_patch * p / (1 + p)
 
-    @staticmethod
-    def _top(scores: torch.Tensor, k: int) -> torch.Tensor:
+    def _select(
+        self, x: torch.Tensor, sample: torch.Tensor, attn: torch.Tensor | None, n: int, k: int
+    ) -> torch.Tensor:
+        """The ``k`` best channels of ``x`` (``(B, T, C)``; token 0 is the CLS
+        for Eq. 6) scored on the tokens ``sample`` with the CLS attention
+        ``attn`` (``(B, T)`` or None): ``(B, k)``, or ``(1, k)`` per batch."""
+        o = self._handle.options
+        cw, pw = self._weights(n)
+        batch = o.scope == "batch"
+        if self._in_c(x):
+            idx = _core.tcs_select(
+                x.detach().contiguous().numpy(),
+                sample.cpu().numpy(),
+                None if attn is None else attn.contiguous().numpy(),
+                k,
+                cw,
+                pw,
+                batch,
+            )
+            return torch.from_numpy(idx)
+        mag = x[:, sample].abs()
+        if attn is not None:
+            a = attn.mean(dim=0, keepdim=True) if batch else attn
+            mag = a[:, sample].unsqueeze(-1) * mag
+        scores = pw * mag.mean(dim=1)
+        if cw > 0:
+            scores = scores + cw * x[:, 0].abs()
+        if batch:
+            scores = scores.mean(dim=0, keepdim=True)
         return torch.topk(scores, k, dim=-1, sorted=False).indices.sort(dim=-1).values
 
     # -- weights -----------------------------------------------------------------
@@ -282,19 +329,13 @@ class TcsMLP(nn.Module):
         clock = time.perf_counter if h.profile else None
         t_start = clock() if clock else 0.0
         n = z.shape[1]
-        select_time = 0.0
-        t0 = clock() if clock else 0.0
         with torch.no_grad():
             sample = self._sample(n, 0, z.device)
             attn = self._cls_attention() if self.eq6 else None
-            if attn is not None and o.scope == "batch":
-                attn = attn.mean(dim=0, keepdim=True)
             idx1 = None
             if self.k1 < z.shape[-1]:
-                cls = z[:, 0] if self.eq6 else None
-                idx1 = self._top(self._scores(cls, z[:, sample], _at(attn, sample), n), self.k1)
-        if clock:
-            select_time += clock() - t0
+                idx1 = self._select(z, sample, attn, n, self.k1)
+        select_time = clock() - t_start if clock else 0.0
         if o.form == "masked":
             out, idx2, dt = self._masked(z, idx1, sample, attn, n, clock)
         elif o.hidden == "kept" and self.k2 < self.fc2.in_features:
@@ -308,19 +349,13 @@ class TcsMLP(nn.Module):
             h.timings["mlp"] = h.timings.get("mlp", 0.0) + clock() - t_start
         return out
 
-    def _fc2_sample(self, sample: torch.Tensor, n: int, device) -> torch.Tensor:
-        if self._handle.options.fc2_sample == "fresh":
-            return self._sample(n, 1, device)
-        return sample
-
     def _fc2_indices(self, hid, sample, attn, n, clock):
         """Top FC2 channels of the hidden activation ``(B, N, F)`` and the
         time it took."""
         t0 = clock() if clock else 0.0
         with torch.no_grad():
             sample = self._fc2_sample(sample, n, hid.device)
-            cls = hid[:, 0] if self.eq6 else None
-            idx2 = self._top(self._scores(cls, hid[:, sample], _at(attn, sample), n), self.k2)
+            idx2 = self._select(hid, sample, attn, n, self.k2)
         return idx2, (clock() - t0 if clock else 0.0)
 
     def _masked(self, z, idx1, sample, attn, n, clock):
@@ -347,7 +382,7 @@ class TcsMLP(nn.Module):
         if idx is None:
             return lin(x)
         wt = self._transposed(name, lin)  # (in, out)
-        if idx.shape[0] == 1 and self._handle.options.scope == "batch":
+        if self._handle.options.scope == "batch":
             cols = idx[0]
             return torch.nn.functional.linear(x.index_select(-1, cols), wt[cols].t(), lin.bias)
         b, n, k = x.shape[0], x.shape[1], idx.shape[1]
@@ -359,22 +394,23 @@ class TcsMLP(nn.Module):
 
     def _dense_kept(self, z, idx1, sample, attn, n, clock):
         """Dense form computing only the kept hidden channels for all tokens."""
-        # fc1 on the tokens FC2 scores on (CLS first for Eq. 6).
         sample = self._fc2_sample(sample, n, z.device)
-        attn_s = _at(attn, sample)
-        rows = torch.cat([sample.new_zeros(1), sample]) if self.eq6 else sample
-        with torch.no_grad():
-            sub = self.activation_fn(self._linear_in(z[:, rows], idx1, self.fc1, "fc1"))
+        # fc1 on the tokens FC2 scores on (the CLS first for Eq. 6); this
+        # counts as selection time.
         t0 = clock() if clock else 0.0
         with torch.no_grad():
-            cls = sub[:, 0] if self.eq6 else None
-            patch = sub[:, 1:] if self.eq6 else sub
-            idx2 = self._top(self._scores(cls, patch, attn_s, n), self.k2)
+            if self.eq6:
+                rows = torch.cat([sample.new_zeros(1), sample])
+                where = torch.arange(1, len(rows), device=z.device)
+            else:
+                rows, where = sample, torch.arange(len(sample), device=z.device)
+            sub = self.activation_fn(self._linear_in(z[:, rows], idx1, self.fc1, "fc1"))
+            idx2 = self._select(sub, where, None if attn is None else attn[:, rows], n, self.k2)
         dt = clock() - t0 if clock else 0.0
         w1t = self._transposed("fc1", self.fc1)  # (D, F)
         w2t = self._transposed("fc2", self.fc2)  # (F, D)
         b1, b2 = self.fc1.bias, self.fc2.bias
-        if idx2.shape[0] == 1 and self._handle.options.scope == "batch":
+        if self._handle.options.scope == "batch":
             cols = idx2[0]
             w1 = w1t[:, cols] if idx1 is None else w1t[idx1[0]][:, cols]
             x = z if idx1 is None else z.index_select(-1, idx1[0])
@@ -399,10 +435,6 @@ class TcsMLP(nn.Module):
         w2 = w2t[idx2]  # (B, k2, D)
         out = torch.bmm(hid, w2) if b2 is None else torch.baddbmm(b2, hid, w2)
         return out, idx2, dt
-
-
-def _at(attn: torch.Tensor | None, sample: torch.Tensor) -> torch.Tensor | None:
-    return None if attn is None else attn[:, sample]
 
 
 def _mask(idx: torch.Tensor, width: int, like: torch.Tensor) -> torch.Tensor:
@@ -444,6 +476,7 @@ def enable_tcs(
     resample: str = "fixed",
     fc2_sample: str = "same",
     hidden: str = "all",
+    backend: str = "auto",
 ) -> TcsHandle:
     """Installs Token Channel Selection in ``model``'s MLPs, in place.
 
@@ -451,7 +484,9 @@ def enable_tcs(
     :class:`~toast.vit.schedules.Schedule`, or ``{"fc1": ..., "fc2": ...}``
     (see :func:`toast.vit.schedules.get_schedule`; 0-based global blocks).
     ``score="auto"`` is Eq. 6 for models with a CLS token and Eq. 7 for
-    Swin. ``sample_ratio`` defaults to the schedule's. Blocks whose two
+    Swin. ``sample_ratio`` defaults to the schedule's. The other options
+    (``weights``, ``form``, ``replace``, ``resample``, ``fc2_sample``,
+    ``hidden``, ``backend``) are described in the module docstring. Blocks whose two
     ratios are 0 are left untouched, so an all-zero schedule is an exact
     no-op. Returns a :class:`TcsHandle` (``handle.disable()`` or
     :func:`disable_tcs` undoes it).
@@ -463,7 +498,7 @@ def enable_tcs(
         )
     opts = dict(
         score=score, weights=weights, scope=scope, form=form, resample=resample,
-        fc2_sample=fc2_sample, hidden=hidden,
+        fc2_sample=fc2_sample, hidden=hidden, backend=backend,
     )  # fmt: skip
     for key, value in opts.items():
         if value not in _CHOICES[key]:
@@ -481,7 +516,7 @@ def enable_tcs(
             raise ValueError(f"{what} must be >= 0, got {lam!r}")
     options = TcsOptions(
         score, weights, float(lambda_cls), float(lambda_patch), scope, form, ratio,
-        bool(replace), resample, fc2_sample, hidden, int(seed),
+        bool(replace), resample, fc2_sample, hidden, int(seed), backend,
     )  # fmt: skip
     handle = TcsHandle(model, sched, options, vm.prefix)
     handle.reset_timings()
