@@ -453,7 +453,7 @@ class _MlpOutputs:
             delta = torch.linspace(-scale, scale, hidden.shape[-1], device=hidden.device)
             # Run the block again without any KV cache (it would be extended twice).
             again_args = tuple(None if _is_cache(a) else a for a in args)
-            again_kwargs = {k: None if _is_cache(v) else v for k, v in kwargs.items()}
+            again_kwargs = {n: None if _is_cache(v) else v for n, v in kwargs.items()}
             if "use_cache" in again_kwargs:
                 again_kwargs["use_cache"] = False
 
