@@ -113,6 +113,11 @@ class TcsHandle:
     transformer block). ``record=True`` keeps the last kept-channel indices
     of every block in ``selections[block] = (fc1, fc2)`` (``(B or 1, k)``
     tensors, ``None`` where a ratio is 0).
+
+    The dense form gathers per-image weight rows into ``workspace`` buffers
+    shared by the blocks and kept between calls (their size follows the
+    largest batch seen; :meth:`release_workspace` frees them). A model with
+    TCS enabled must not run forward passes from several threads at once.
     """
 
     model: nn.Module
@@ -127,6 +132,7 @@ class TcsHandle:
     timings: dict[str, float] = field(default_factory=dict)
     selections: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     generator: torch.Generator | None = None
+    workspace: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def reseed(self, seed: int | None = None) -> None:
         """Restarts the per-call sampler (``resample="call"``) and drops
@@ -135,6 +141,10 @@ class TcsHandle:
         self.generator = torch.Generator().manual_seed(int(seed))
         for m in self.modules.values():
             m._samples.clear()
+
+    def release_workspace(self) -> None:
+        """Frees the gather buffers (the next forward pass allocates them again)."""
+        self.workspace.clear()
 
     def reset_timings(self) -> None:
         self.timings = {"selection": 0.0, "mlp": 0.0, "block": 0.0}
@@ -376,6 +386,24 @@ class TcsMLP(nn.Module):
             idx2, dt = self._fc2_indices(hid, sample, attn, n, clock)
         return self._linear_in(hid, idx2, self.fc2, "fc2"), idx2, dt
 
+    def _rows(self, name: str, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """``w[idx]`` for a matrix ``w`` and per-image indices ``idx`` (``(B, k)``)
+        as a ``(B, k, w.shape[1])`` tensor. Without autograd the rows go into a
+        workspace kept between calls (a fresh multi-MB tensor per call costs
+        page faults on the CPU)."""
+        if torch.is_grad_enabled() and w.requires_grad:
+            return nn.functional.embedding(idx, w)
+        b, k = idx.shape
+        need = b * k * w.shape[1]
+        spaces = self._handle.workspace  # shared: blocks run one at a time
+        buf = spaces.get(name)
+        if buf is None or buf.numel() < need or buf.dtype != w.dtype or buf.device != w.device:
+            buf = torch.empty(need, dtype=w.dtype, device=w.device)
+            spaces[name] = buf
+        out = buf[:need].view(b * k, w.shape[1])
+        torch.index_select(w, 0, idx.reshape(-1), out=out)
+        return out.view(b, k, w.shape[1])
+
     def _linear_in(self, x, idx, lin: nn.Linear, name: str) -> torch.Tensor:
         """``lin`` applied to the channels ``idx`` of ``x`` only (all when
         ``idx`` is None); per image when ``idx`` has a row per image."""
@@ -384,10 +412,12 @@ class TcsMLP(nn.Module):
         wt = self._transposed(name, lin)  # (in, out)
         if self._handle.options.scope == "batch":
             cols = idx[0]
-            return torch.nn.functional.linear(x.index_select(-1, cols), wt[cols].t(), lin.bias)
+            return torch.nn.functional.linear(
+                x.index_select(-1, cols), wt.index_select(0, cols).t(), lin.bias
+            )
         b, n, k = x.shape[0], x.shape[1], idx.shape[1]
         xs = torch.gather(x, 2, idx.unsqueeze(1).expand(b, n, k))
-        w = wt[idx]  # (B, k, out)
+        w = self._rows(name, wt, idx)  # (B, k, out)
         if lin.bias is None:
             return torch.bmm(xs, w)
         return torch.baddbmm(lin.bias, xs, w)
@@ -395,7 +425,8 @@ class TcsMLP(nn.Module):
     def _dense_kept(self, z, idx1, sample, attn, n, clock):
         """Dense form computing only the kept hidden channels for all tokens."""
         sample = self._fc2_sample(sample, n, z.device)
-        # fc1 on the tokens FC2 scores on (the CLS first for Eq. 6); this
+        # fc1 on the tokens FC2 scores on (the CLS first for Eq. 6), with the
+        # dropped FC1 channels zeroed (a few rows: no weight gather); this
         # counts as selection time.
         t0 = clock() if clock else 0.0
         with torch.no_grad():
@@ -404,35 +435,39 @@ class TcsMLP(nn.Module):
                 where = torch.arange(1, len(rows), device=z.device)
             else:
                 rows, where = sample, torch.arange(len(sample), device=z.device)
-            sub = self.activation_fn(self._linear_in(z[:, rows], idx1, self.fc1, "fc1"))
+            zr = z[:, rows]
+            if idx1 is not None:
+                zr = zr * _mask(idx1, zr.shape[-1], zr)
+            sub = self.activation_fn(self.fc1(zr))
             idx2 = self._select(sub, where, None if attn is None else attn[:, rows], n, self.k2)
         dt = clock() - t0 if clock else 0.0
-        w1t = self._transposed("fc1", self.fc1)  # (D, F)
+        w1 = self.fc1.weight  # (F, D)
         w2t = self._transposed("fc2", self.fc2)  # (F, D)
         b1, b2 = self.fc1.bias, self.fc2.bias
+        if not (torch.is_grad_enabled() and w1.requires_grad):
+            w1 = w1.detach()
         if self._handle.options.scope == "batch":
             cols = idx2[0]
-            w1 = w1t[:, cols] if idx1 is None else w1t[idx1[0]][:, cols]
-            x = z if idx1 is None else z.index_select(-1, idx1[0])
-            hid = torch.matmul(x, w1)
-            if b1 is not None:
-                hid = hid + b1[cols]
+            w1k = w1.index_select(0, cols)  # (k2, D)
+            x = z
+            if idx1 is not None:
+                x, w1k = z.index_select(-1, idx1[0]), w1k.index_select(1, idx1[0])
+            hid = nn.functional.linear(x, w1k, None if b1 is None else b1[cols])
             hid = self.activation_fn(hid)
-            out = torch.matmul(hid, w2t[cols])
+            out = torch.matmul(hid, w2t.index_select(0, cols))
             return (out if b2 is None else out + b2), idx2, dt
         bsz, ntok = z.shape[0], z.shape[1]
-        if idx1 is None:
-            x = z
-            w1 = w1t.t()[idx2].transpose(1, 2)  # (B, D, k2)
-        else:
-            x = torch.gather(z, 2, idx1.unsqueeze(1).expand(bsz, ntok, idx1.shape[1]))
-            w1 = w1t[idx1]  # (B, k1, F)
-            w1 = torch.gather(w1, 2, idx2.unsqueeze(1).expand(bsz, w1.shape[1], idx2.shape[1]))
-        hid = torch.bmm(x, w1)
+        w1k = self._rows("fc1_kept", w1, idx2)  # (B, k2, D)
+        x = z
+        if idx1 is not None:
+            k1 = idx1.shape[1]
+            x = torch.gather(z, 2, idx1.unsqueeze(1).expand(bsz, ntok, k1))
+            w1k = torch.gather(w1k, 2, idx1.unsqueeze(1).expand(bsz, w1k.shape[1], k1))
+        hid = torch.bmm(x, w1k.transpose(1, 2))  # (B, N, k2)
         if b1 is not None:
-            hid = hid + b1[idx2].unsqueeze(1)
+            hid = hid + nn.functional.embedding(idx2, b1.unsqueeze(1)).transpose(1, 2)
         hid = self.activation_fn(hid)
-        w2 = w2t[idx2]  # (B, k2, D)
+        w2 = self._rows("fc2", w2t, idx2)  # (B, k2, D)
         out = torch.bmm(hid, w2) if b2 is None else torch.baddbmm(b2, hid, w2)
         return out, idx2, dt
 
