@@ -646,3 +646,22 @@ def test_sequential_block_placement_keeps_one_translator_per_cut_in_place():
     assert [b.span for b in find_blocks(model).blocks if hasattr(b, "span")] == [(1, 2), (3, 5)]
     assert all(after < before for before, after in report.objectives)
     assert report.blocks_after == 5
+
+
+def test_ls_transform_equals_the_core_residual_solver():
+    # Two C paths: fit_translator on moments of (M, L − Y), and fit_residual
+    # (ReplaceMe's residual form) on moments of (Y, M, L).
+    loader = R.text_loader()
+    model = R.decoder("llama")
+    rows = _capture(model, loader, [1, 3], down_of=1)
+    y = rows["L1"] - rows["M"]
+    moments = toast.Moments(3, 32, pairs="consecutive").update([y, rows["M"], rows["L3"]])
+    expected = toast.fit_residual(moments, m=1, y=0, target=2, ridge=0.3).weight
+    _, report = _compress(model, loader, spans=[SPAN], ridge=0.3)
+    assert_rel(report.transforms[0], expected, 1e-9)
+
+
+def test_uidl_report_says_no_transform_was_fitted():
+    _, report = _compress(R.decoder("llama"), R.text_loader(), num_blocks=2, objective="identity")
+    md = report.to_markdown()
+    assert "identity (UIDL: plain removal)" in md and "cut chosen on 48 rows" in md

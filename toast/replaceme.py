@@ -924,10 +924,14 @@ class ReplaceMeReport:
             "mlp": "kept as a separate d×d module after the down-projection",
             "block": "as a separate d×d block on the residual stream (A.9)",
         }[self.placement]
+        if self.objective == "identity":
+            data = "no fit" if self.profile is None else f"cut chosen on {self.profile.rows:,} rows"
+            what_fit = f"({data})"
+        else:
+            what_fit = f"({self.fit} fit, {self.rows:,} calibration rows)"
         lines = [
             f"**ReplaceMe** ({what}, {self.structure} T, {where}): {self.blocks_removed} of "
-            f"{self.blocks_before} blocks removed in {len(self.spans)} cut(s) "
-            f"({self.fit} fit, {self.rows:,} calibration rows).",
+            f"{self.blocks_before} blocks removed in {len(self.spans)} cut(s) {what_fit}.",
             "",
             "| cut (toast) | paper i*→i*+n | reference (start, end) | "
             f"{self.metric} distance | LS condition | cosine objective |",
