@@ -41,8 +41,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning"),
 ]
 
-# Spans of one and two blocks, never block 0 (the papers keep it).
-CANDIDATES = [(a, b) for a in range(1, 8) for b in (a + 1, a + 2) if b <= 8]
+# Spans of one to three blocks, never block 0 (the papers keep it).
+CANDIDATES = [(a, b) for a in range(1, 8) for b in (a + 1, a + 2, a + 3) if b <= 8]
 CALIBRATION = 512
 
 
@@ -108,7 +108,7 @@ def test_fitted_translators_beat_the_identity_on_average(study, paper_record, ki
 
 
 def test_selection_metrics_beat_random_choice(study, paper_record):
-    """TOAST Table 11 reports P@5 per metric; here P@3 over 13 spans, and the
+    """TOAST Table 11 reports P@5 per metric; here P@3 over 18 spans, and the
     mean accuracy of each metric's top 3 against that of all spans."""
     true_order = sorted(CANDIDATES, key=lambda s: -study["acc"]["linear"][s])
     overall = np.mean([study["acc"]["linear"][s] for s in CANDIDATES])
@@ -148,7 +148,8 @@ def test_translator_architectures(study, digits_vit, paper_record):
         "linear best or near-best",
         " / ".join(f"{acc[k]:.3f}" for k in ("linear", "mlp", "resmlp")),
     )
-    assert acc["linear"] >= min(acc["mlp"], acc["resmlp"])
+    # "near-best": within 5 of the 500 test images of the best translator
+    assert acc["linear"] >= max(acc["mlp"], acc["resmlp"]) - 0.01
 
 
 def test_accuracy_grows_with_calibration_samples(study, digits_vit, paper_record):
