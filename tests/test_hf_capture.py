@@ -259,3 +259,22 @@ def test_heads_are_found_outside_the_blocks():
         )
     )
     assert list(toast.find_head(bert)) == ["pooler"]
+
+
+def test_fused_gate_up_projection_is_the_up_part():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Phi3Config(
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        pad_token_id=0,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
+    parts = toast.block_parts(toast.find_blocks(transformers.Phi3Model(cfg)).blocks[0])
+    assert (parts.up.path, parts.up.out_features) == ("mlp.gate_up_proj", 128)
+    assert parts.down.in_features == 64
+    assert parts.qkv.path == "self_attn.qkv_proj"

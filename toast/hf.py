@@ -145,7 +145,8 @@ _PART_SUFFIXES: dict[str, tuple[str, ...]] = {
     "qkv": ("attn.c_attn", "attn.Wqkv", "qkv_proj", "query_key_value"),
     "out": ("o_proj", "out_proj", "attention.output.dense", "attn.c_proj", "attn.Wo"),
     "gate": ("gate_proj",),
-    "up": ("fc1", "up_proj", "intermediate.dense", "mlp.c_fc", "mlp.Wi"),
+    # Phi-3's gate_up_proj and ModernBERT's Wi hold the gate and up halves together
+    "up": ("fc1", "up_proj", "gate_up_proj", "intermediate.dense", "mlp.c_fc", "mlp.Wi"),
     "down": ("fc2", "down_proj", "mlp.c_proj", "mlp.Wo"),
 }
 # BERT's MLP output is the block's bare `output.dense`.

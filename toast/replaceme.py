@@ -378,8 +378,8 @@ def _down_projection(block: nn.Module) -> Projection:
     try:
         return block_parts(block).down
     except ValueError:
-        # Layouts block_parts does not fully know (e.g. Phi-3's fused
-        # gate_up_proj) still have a recognisable down projection.
+        # Layouts block_parts does not fully know (no recognisable
+        # attention, say) may still have a recognisable down projection.
         found = _projections(block).get("down")
         if found is None:
             raise ValueError(
