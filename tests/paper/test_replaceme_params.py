@@ -71,22 +71,30 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
-def test_total_parameters_from_the_config(name):
-    assert params_from_config(CONFIGS[name]()) == EXPECTED[name][0]
+def test_total_parameters_from_the_config(name, paper_record):
+    total = params_from_config(CONFIGS[name]())
+    paper_record(
+        "ReplaceMe (configs)", f"{name} parameters", f"{EXPECTED[name][0]:,}", f"{total:,}"
+    )
+    assert total == EXPECTED[name][0]
 
 
 @pytest.mark.parametrize(
     ("name", "removed"), [(n, k) for n, (_, ratios) in EXPECTED.items() for k in ratios]
 )
-def test_eq10_compression_ratio_after_removing_blocks(name, removed):
+def test_eq10_compression_ratio_after_removing_blocks(name, removed, paper_record):
     before, ratios = EXPECTED[name]
     after = params_from_config(CONFIGS[name](), remove=removed)
-    assert round(compression_ratio(before, after), 2) == ratios[removed]
+    ratio = round(compression_ratio(before, after), 2)
+    paper_record("ReplaceMe Eq. 10", f"{name} minus {removed} blocks (%)", ratios[removed], ratio)
+    assert ratio == ratios[removed]
 
 
-def test_table14_full_model_healing_trains_the_pruned_llama3_8b():
+def test_table14_full_model_healing_trains_the_pruned_llama3_8b(paper_record):
     # "6.3B" trainable parameters: Llama-3-8B without 8 of its 32 blocks
-    assert params_from_config(CONFIGS["Llama-3-8B"](), remove=8) == 6_285_365_248
+    pruned = params_from_config(CONFIGS["Llama-3-8B"](), remove=8)
+    paper_record("ReplaceMe Tab. 14", "Llama-3-8B minus 8 blocks", "6.3B", f"{pruned:,}")
+    assert pruned == 6_285_365_248
     # "16.8M" for LT-only healing: one d x d transform
     assert CONFIGS["Llama-3-8B"]().hidden_size ** 2 == 16_777_216
 

@@ -113,7 +113,7 @@ def _perplexity(model: torch.nn.Module, data: torch.Tensor) -> float:
     return math.exp(total / count)
 
 
-def test_table2_ls_and_cosine_beat_plain_removal_at_25_percent():
+def test_table2_ls_and_cosine_beat_plain_removal_at_25_percent(paper_record):
     train = _sequences(_docstrings(TRAIN_MODULES))
     held_out = _sequences(_docstrings(HELD_OUT_MODULES))
     assert len(train) > 2000 and len(held_out) > 200
@@ -137,7 +137,12 @@ def test_table2_ls_and_cosine_beat_plain_removal_at_25_percent():
         )
         assert report.blocks_after == 6
         ppl[name] = _perplexity(pruned, held_out)
-    print("\n" + "\n".join(f"{k:>16}: {v:.3f}" for k, v in ppl.items()))
+    paper_record(
+        "ReplaceMe Tab. 2 (mini)",
+        "ppl original / UIDL / LS / cos-Adam / cos-LBFGS",
+        "LS, cosine ≤ UIDL",
+        " / ".join(f"{v:.2f}" for v in ppl.values()),
+    )
     assert ppl["original"] < ppl["LS"] <= ppl["UIDL"]
     assert ppl["cosine (Adam)"] <= ppl["UIDL"]
     assert ppl["cosine (L-BFGS)"] <= ppl["UIDL"]
