@@ -14,10 +14,10 @@ Variants (each a deep copy of the same original):
   scope, dense, ``hidden="all"``: fc1 computes all 1536 hidden channels
   and FC2 then keeps 10-20% of them, as Algorithm 1 does (the MAC count
   2.528 G describes this execution);
-- ``ToaSt (kept hidden)`` — the same function with ``hidden="kept"``: fc1 is
-  evaluated on the scored tokens first and then only for the kept hidden
-  channels, so fewer MACs run than the paper counts (the "executed GMACs"
-  column);
+- ``ToaSt (kept hidden)`` — the same function with ``hidden="kept"`` (the
+  default of ``toast.enable_tcs``): fc1 is evaluated on the scored tokens
+  first and then only for the kept hidden channels, so fewer MACs run than
+  the paper counts (the "executed GMACs" column);
 - ``ToaSt per-batch`` — ``hidden="kept"``, ``scope="batch"`` (the reference
   code's selection; results depend on the batch).
 

@@ -552,3 +552,15 @@ def test_compress_toast_vit():
     assert model(pixel_values=x).logits.shape == (6, 5)
     with pytest.raises(ValueError, match="needs a loader"):
         toast.compress(_classifier(), method="toast-vit", finetune_steps=1)
+
+
+@pytest.mark.parametrize("hidden", ["all", "kept"])
+@pytest.mark.parametrize("form", ["dense", "masked"])
+def test_finetune_through_tcs(hidden, form):
+    """Gradients flow through the gathered (dense) or masked TCS matmuls."""
+    model = _classifier()
+    toast.enable_tcs(model, {"fc1": [0, 0.5, 0.5], "fc2": [0, 0.5, 0.75]}, hidden=hidden, form=form)
+    fc1 = vit_blocks(model).blocks[2].block.mlp.fc1
+    before = fc1.weight.detach().clone()
+    losses = finetune(model, [(images("vit", 4), torch.arange(4) % 5)], steps=2)
+    assert all(np.isfinite(losses)) and not torch.equal(fc1.weight.detach(), before)

@@ -89,7 +89,7 @@ def compress_vit(
     score: str = "auto",
     weights: str = "paper",
     sample_ratio: float | None = None,
-    hidden: str = "all",
+    hidden: str = "kept",
     seed: int = 0,
     finetune_steps: int = 0,
     lr: float = 1e-3,

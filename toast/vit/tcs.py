@@ -37,10 +37,13 @@ replacement (the reference code).
 **Forms.** ``form="dense"`` (default) gathers the kept channels and the
 matching weight rows / columns and runs smaller (batched) matmuls;
 ``form="masked"`` zeroes the dropped channels and runs the full matmuls
-(same function up to rounding). With ``hidden="kept"`` the dense form
-evaluates ``fc1`` on the sampled tokens first (that is all FC2's scores
-need), selects, and then computes only the kept hidden channels for every
-token — the same output with FC1's cost cut by ``r_FC2`` as well.
+(same function up to rounding). In blocks with an FC2 ratio the dense form
+by default (``hidden="kept"``) evaluates ``fc1`` on the scored tokens first
+(that is all FC2's scores need), selects, and then computes only the kept
+hidden channels for every token: the same output as Algorithm 1 with FC1's
+cost cut by ``r_FC2`` as well (fewer MACs than the paper counts).
+``hidden="all"`` executes as the paper does: ``fc1`` computes every hidden
+channel for every token, then FC2 drops most of them.
 
 **Backend.** The CLS attention row, the channel scores and the top-k run in
 the C core (``toast._core.tcs_cls_attention`` / ``tcs_select``: one call on
@@ -98,7 +101,7 @@ class TcsOptions:
     replace: bool = False
     resample: str = "fixed"
     fc2_sample: str = "same"
-    hidden: str = "all"
+    hidden: str = "kept"
     seed: int = 0
     backend: str = "auto"
 
@@ -510,7 +513,7 @@ def enable_tcs(
     replace: bool = False,
     resample: str = "fixed",
     fc2_sample: str = "same",
-    hidden: str = "all",
+    hidden: str = "kept",
     backend: str = "auto",
 ) -> TcsHandle:
     """Installs Token Channel Selection in ``model``'s MLPs, in place.
