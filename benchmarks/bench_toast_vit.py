@@ -68,6 +68,17 @@ VARIANTS = ["original", "SCWP-90", "ToaSt (paper exec.)", "ToaSt (kept hidden)",
 SCHEDULE = "table11"
 
 
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def deit_small() -> torch.nn.Module:
     cfg = transformers.ViTConfig(
         hidden_size=384,
@@ -248,7 +259,7 @@ def main() -> None:
     }
     result = {
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": cpu_name(),
             "cores": os.cpu_count(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
