@@ -13,7 +13,9 @@ _RECORDS: list[tuple[str, str, str, str]] = []
 
 def _fmt(value) -> str:
     if isinstance(value, float):
-        return f"{value:.2f}" if abs(value) >= 1 else f"{value:.4g}"
+        if abs(value) >= 1:
+            return f"{value:.3f}".rstrip("0").rstrip(".")
+        return f"{value:.4g}"
     return str(value)
 
 

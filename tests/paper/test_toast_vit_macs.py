@@ -124,16 +124,18 @@ def _model_of(name: str) -> str:
 
 
 @pytest.mark.parametrize("model", sorted(BASELINES))
-def test_baselines(model):
+def test_baselines(model, paper_record):
     """Tables 1/14 baselines, through the public ``toast.macs``."""
     got = toast.macs(CONFIGS[model](), head_sparsity=0.0).gmacs
+    paper_record("ToaSt Tab. 1/14", f"{model} GMACs", BASELINES[model], round(got, 3))
     assert abs(got - BASELINES[model]) <= TOL, (model, got)
 
 
 @pytest.mark.parametrize("name", sorted(COMPRESSED))
-def test_compressed(name):
+def test_compressed(name, paper_record):
     """Table 11 (DeiT-S 2.5), DeiT-B 10.7, MAE-L 38.5, MAE-H 101.4, Table 13 (Swin-B 8.8)."""
     got = toast.macs(CONFIGS[_model_of(name)](), schedule=name).gmacs
+    paper_record("ToaSt (compressed)", f"{name} GMACs", COMPRESSED[name], round(got, 3))
     assert abs(got - COMPRESSED[name]) <= TOL, (name, got)
 
 
@@ -158,12 +160,13 @@ def test_swin_skips_block_zero_only():
     assert abs(toast_macs(cfg, schedule="table13", skip="stage_first").gmacs - 9.400) <= TOL
 
 
-def test_table6_shares_deit_small():
+def test_table6_shares_deit_small(paper_record):
     """Table 6 (DeiT-S, N = 197): QKV ~23.0%, QKᵀ ~3.9%, AV ~3.9%, output
     projection ~7.7%, FC1 ~30.7%, FC2 ~30.7%; MHSA ~38.5%, FFN ~61%."""
     shares = toast_macs(CONFIGS["deit_small"](), head_sparsity=0.0).shares()
     want = {"qkv": 23.0, "scores": 3.9, "context": 3.9, "proj": 7.7, "fc1": 30.7, "fc2": 30.7}
     for op, pct in want.items():
+        paper_record("ToaSt Tab. 6", f"DeiT-S share of {op} (%)", pct, round(100 * shares[op], 2))
         assert abs(100 * shares[op] - pct) < 0.05, (op, shares[op])
     mhsa = 100 * (shares["qkv"] + shares["scores"] + shares["context"] + shares["proj"])
     assert abs(mhsa - 38.5) < 0.1
