@@ -19,6 +19,8 @@ from toast.core import (
 
 __version__ = "0.1.0"
 
+from toast.blas import blas_threads
+
 # The Hugging Face glue needs torch; load it on first use so that the core
 # (NumPy only) imports without it.
 _LAZY = {
@@ -86,6 +88,7 @@ __all__ = [
     "Span",
     "TranslatorBlock",
     "analyze",
+    "blas_threads",
     "capture_moments",
     "capture_rows",
     "compress",
