@@ -223,6 +223,7 @@ def test_in_sample_error_is_optimistic_on_noise():
     assert e_in < 1.0 < e_cv
 
 
+@pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")  # 10 rows of width 12
 @pytest.mark.parametrize("n", [10, 12])
 def test_in_sample_warns_when_rows_not_above_dim(n):
     X, m = states_and_moments(seed=12, S=2, n=n, d=12)

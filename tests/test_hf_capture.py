@@ -43,6 +43,8 @@ def test_captured_states_equal_output_hidden_states(family):
         assert_rel(m.cross(k, k), rows.T @ rows, 1e-6, f"state {k}")
 
 
+# random BERT-style embeddings are rank-deficient (LayerNorm centring)
+@pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f.kind == "text"], ids=lambda f: f.name)
 def test_padding_never_enters_the_statistics(family):
     model = hf_models.build(family)

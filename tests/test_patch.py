@@ -38,6 +38,7 @@ def _residual_outputs(block):
     return found
 
 
+@pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")  # BERT's rank-deficient states
 @pytest.mark.parametrize("family", FAMILIES, ids=IDS)
 def test_replaced_model_runs_with_the_expected_parameter_count(family):
     model = hf_models.build(family)
