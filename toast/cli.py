@@ -17,7 +17,12 @@ from toast.replaceme_cli import add_parser as _add_replaceme
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="toast", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="toast",
+        description="Make pretrained transformers smaller and faster, with no training.",
+        epilog="Run `toast COMMAND --help` for a command's options. Nothing is downloaded: "
+        "models and data are local directories and files.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo", help="compress a ViT trained on scikit-learn's digits, end to end, offline"
