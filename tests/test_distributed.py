@@ -6,7 +6,6 @@ the test compares that with a single-process run of the whole dataset.
 """
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -31,7 +30,7 @@ WORKER = textwrap.dedent(
     import numpy as np
     import torch.distributed as dist
 
-    tests_dir, rank, world, port, out = sys.argv[1:6]
+    tests_dir, rank, world, out = sys.argv[1:5]
     rank, world = int(rank), int(world)
     sys.path.insert(0, tests_dir)
     import toast
@@ -39,7 +38,7 @@ WORKER = textwrap.dedent(
 
     S, N, D, FOLDS = {S}, {N}, {D}, {FOLDS}
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank, world_size=world,
+        "gloo", init_method=f"file://{{out}}/rendezvous", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=60),
     )
     states = make_states(7, S, N, D, mean=0.5)
@@ -78,20 +77,14 @@ WORKER = textwrap.dedent(
 ).format(S=S, N=N, D=D, FOLDS=FOLDS)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_workers(tmp_path, world=2):
+def _run_workers(tmp_path, world=2, worker=WORKER):
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(worker)
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    port = str(_free_port())
+    # A file store for the rendezvous: no port to race for.
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), TESTS_DIR, str(r), str(world), port, str(tmp_path)],
+            [sys.executable, str(script), TESTS_DIR, str(r), str(world), str(tmp_path)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -173,14 +166,14 @@ HF_WORKER = textwrap.dedent(
     import numpy as np, torch
     import torch.distributed as dist
 
-    tests_dir, rank, world, port, out = sys.argv[1:6]
+    tests_dir, rank, world, out = sys.argv[1:5]
     rank, world = int(rank), int(world)
     sys.path.insert(0, tests_dir)
     import toast, hf_models
 
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        "gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=60),
     )
     images = hf_models.images(16, seed=1)
@@ -208,29 +201,7 @@ HF_WORKER = textwrap.dedent(
 @pytest.mark.hf
 def test_analyze_and_compress_agree_across_ranks_and_with_one_process(tmp_path):
     hf_models = pytest.importorskip("hf_models")
-    script = tmp_path / "worker.py"
-    script.write_text(HF_WORKER)
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    port = str(_free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), TESTS_DIR, str(r), "2", port, str(tmp_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    try:
-        outputs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for r, (p, out) in enumerate(zip(procs, outputs, strict=True)):
-        assert p.returncode == 0, f"rank {r} failed:\n{out}"
-    ranks = [dict(np.load(tmp_path / f"rank{r}.npz")) for r in range(2)]
+    ranks = _run_workers(tmp_path, worker=HF_WORKER)
     for key in ranks[0]:
         np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
 
