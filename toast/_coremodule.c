@@ -945,6 +945,21 @@ done:
 
 /* ------------------------------------------------------------ centers */
 
+/* Whether every dimension of a is in [1, 2^31 - 1] (the core's int sizes);
+ * sets a ValueError naming the array otherwise. */
+static int sizes_fit_int(PyArrayObject *a, const char *name)
+{
+    for (int q = 0; q < PyArray_NDIM(a); q++)
+        if (PyArray_DIM(a, q) < 1 || PyArray_DIM(a, q) > INT32_MAX) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s has a dimension of size %lld; every size must be "
+                         "in [1, 2^31 - 1]", name,
+                         (long long)PyArray_DIM(a, q));
+            return 0;
+        }
+    return 1;
+}
+
 /* A C-contiguous float64 copy (or view) of obj with ndim in [lo, hi] and no
  * empty dimension; NULL with an exception set otherwise. Complex, object and
  * string input is refused (no safe cast to float64). */
@@ -963,15 +978,10 @@ static PyArrayObject *points_array(PyObject *obj, const char *name, int lo,
         Py_DECREF(a);
         return NULL;
     }
-    for (int q = 0; q < nd; q++)
-        if (PyArray_DIM(a, q) < 1 || PyArray_DIM(a, q) > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s has a dimension of size %lld; every size must be "
-                         "in [1, 2^31 - 1]", name,
-                         (long long)PyArray_DIM(a, q));
-            Py_DECREF(a);
-            return NULL;
-        }
+    if (!sizes_fit_int(a, name)) {
+        Py_DECREF(a);
+        return NULL;
+    }
     return a;
 }
 
@@ -1130,15 +1140,10 @@ static PyArrayObject *float32_array(PyObject *obj, const char *name, int nd)
         obj, NPY_FLOAT, nd, nd, NPY_ARRAY_IN_ARRAY);
     if (a == NULL)
         return NULL;
-    for (int q = 0; q < nd; q++)
-        if (PyArray_DIM(a, q) < 1 || PyArray_DIM(a, q) > INT32_MAX) {
-            PyErr_Format(PyExc_ValueError,
-                         "%s has a dimension of size %lld; every size must be "
-                         "in [1, 2^31 - 1]", name,
-                         (long long)PyArray_DIM(a, q));
-            Py_DECREF(a);
-            return NULL;
-        }
+    if (!sizes_fit_int(a, name)) {
+        Py_DECREF(a);
+        return NULL;
+    }
     return a;
 }
 
