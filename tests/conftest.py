@@ -263,3 +263,38 @@ def digits_vit(digits_cache):
     from toast.zoo import digits_vit as build
 
     return build(cache=digits_cache, progress=False)
+
+
+# -- peak memory of one call, in a fresh interpreter ----------------------------
+
+# Prepended to measured scripts: ``rss_mib()`` (resident now) and
+# ``peak_mib()`` (the process's high-water mark).
+_MEMORY_PRELUDE = """
+import json, os, resource, sys
+
+def rss_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+def peak_mib():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+"""
+
+
+def run_fresh(script: str, *args, env: dict | None = None, timeout: int = 300) -> dict:
+    """Runs ``script`` (after the helpers above) in a fresh interpreter, so
+    that its peak RSS belongs to what it does alone; returns the JSON object
+    its last line of output prints."""
+    import json
+    import subprocess
+    import textwrap
+
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_PRELUDE + textwrap.dedent(script), *map(str, args)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])

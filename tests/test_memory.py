@@ -1,11 +1,7 @@
 """Streaming: the memory of analyze does not grow with the calibration set."""
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pytest
+from conftest import run_fresh
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -15,9 +11,7 @@ pytestmark = pytest.mark.hf
 # Runs in a fresh interpreter so that the peak RSS (a high-water mark for the
 # whole process) belongs to this analyze call alone. Batches come from a
 # generator, so the data itself is never held either.
-_SCRIPT = textwrap.dedent(
-    """
-    import json, os, resource, sys
+_SCRIPT = """
     import torch, transformers, toast
 
     torch.set_num_threads(1)
@@ -32,29 +26,16 @@ _SCRIPT = textwrap.dedent(
         for _ in range(samples // 50):
             yield torch.randn(50, 3, 32, 32, generator=gen)
 
-    def rss_mib():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
     next(iter(batches()))  # warm the allocator and the lazy imports
     toast.analyze(model, [torch.zeros(2, 3, 32, 32)], estimator="gcv", progress=False)
     before = rss_mib()
     analysis = toast.analyze(model, batches(), estimator="gcv", progress=False)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"rows": analysis.rows, "growth": peak - before}))
-    """
-)
+    print(json.dumps({"rows": analysis.rows, "growth": peak_mib() - before}))
+"""
 
 
 def _growth(samples: int) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(samples)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_fresh(_SCRIPT, samples)
 
 
 def test_peak_memory_of_analyze_does_not_grow_with_the_samples():

@@ -2,22 +2,18 @@
 grow with the number of calibration samples (fresh processes; the full
 measurement is ``benchmarks/bench_replaceme.py``)."""
 
-import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from conftest import run_fresh
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.hf
 
-_SCRIPT = textwrap.dedent(
-    """
-    import copy, json, os, resource, sys
+_SCRIPT = """
+    import copy
     import torch, transformers, toast
 
     torch.set_num_threads(1)
@@ -37,33 +33,18 @@ _SCRIPT = textwrap.dedent(
                 ids = torch.randint(3, 500, (8, 128), generator=gen)
                 yield {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
-    def rss_mib():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
     # The cut is given: one pass, the LS estimation alone.
     options = {"spans": [(2, 3)], "progress": False}
     toast.replaceme(copy.deepcopy(model), Batches(16), **options)  # warm-up
     before = rss_mib()
     _, report = toast.replaceme(model, Batches(samples), **options)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"rows": report.rows, "growth": peak - before}))
-    """
-)
+    print(json.dumps({"rows": report.rows, "growth": peak_mib() - before}))
+"""
 
 
 def _growth(samples: int) -> dict:
     # One BLAS thread: small updates run faster, and steadier, on a busy machine.
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(samples)],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_fresh(_SCRIPT, samples, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
 
 
 def test_ls_calibration_peak_memory_does_not_grow_with_the_samples():
