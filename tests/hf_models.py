@@ -39,47 +39,66 @@ _TEXT = {**_COMMON, "vocab_size": VOCAB, "intermediate_size": 64}
 _DECODER = {**_TEXT, "num_key_value_heads": 2}
 
 
+_SPECIAL_TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+# Config class and family-specific defaults, at the shared sizes above.
+_CONFIGS = {
+    "vit": ("ViTConfig", {**_VISION, "intermediate_size": 64}),
+    "deit": ("DeiTConfig", {**_VISION, "intermediate_size": 64}),
+    "dinov2": ("Dinov2Config", {**_VISION, "mlp_ratio": 2}),
+    "clip_vision": ("CLIPVisionConfig", {**_VISION, "intermediate_size": 64}),
+    "bert": ("BertConfig", _TEXT),
+    "modernbert": (
+        "ModernBertConfig",
+        {**_TEXT, **_SPECIAL_TOKENS, "cls_token_id": 1, "sep_token_id": 2},
+    ),
+    "llama": ("LlamaConfig", _DECODER),
+    "qwen2": ("Qwen2Config", _DECODER),
+    "phi3": ("Phi3Config", {**_DECODER, **_SPECIAL_TOKENS}),
+    "gpt2": ("GPT2Config", {"vocab_size": VOCAB, "n_embd": HIDDEN, "n_layer": LAYERS, "n_head": 4}),
+}
+
+
+def config(name: str, **overrides: Any):
+    """The config of family ``name`` at the shared sizes; ``overrides``
+    change or add fields (e.g. ``num_labels=5``, ``num_hidden_layers=2``)."""
+    cls, defaults = _CONFIGS[name]
+    return getattr(transformers, cls)(**{**defaults, **overrides})
+
+
 def _vit():
-    cfg = transformers.ViTConfig(**_VISION, intermediate_size=64)
-    return transformers.ViTModel(cfg, add_pooling_layer=False)
+    return transformers.ViTModel(config("vit"), add_pooling_layer=False)
 
 
 def _deit():
-    cfg = transformers.DeiTConfig(**_VISION, intermediate_size=64)
-    return transformers.DeiTModel(cfg, add_pooling_layer=False)
+    return transformers.DeiTModel(config("deit"), add_pooling_layer=False)
 
 
 def _dinov2():
-    return transformers.Dinov2Model(transformers.Dinov2Config(**_VISION, mlp_ratio=2))
+    return transformers.Dinov2Model(config("dinov2"))
 
 
 def _clip_vision():
-    return transformers.CLIPVisionModel(
-        transformers.CLIPVisionConfig(**_VISION, intermediate_size=64)
-    )
+    return transformers.CLIPVisionModel(config("clip_vision"))
 
 
 def _bert():
-    return transformers.BertModel(transformers.BertConfig(**_TEXT), add_pooling_layer=False)
+    return transformers.BertModel(config("bert"), add_pooling_layer=False)
 
 
 def _modernbert():
-    special = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-    cfg = transformers.ModernBertConfig(**_TEXT, **special, cls_token_id=1, sep_token_id=2)
-    return transformers.ModernBertModel(cfg)
+    return transformers.ModernBertModel(config("modernbert"))
 
 
 def _llama():
-    return transformers.LlamaModel(transformers.LlamaConfig(**_DECODER))
+    return transformers.LlamaModel(config("llama"))
 
 
 def _qwen2():
-    return transformers.Qwen2Model(transformers.Qwen2Config(**_DECODER))
+    return transformers.Qwen2Model(config("qwen2"))
 
 
 def _gpt2():
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=4)
-    return transformers.GPT2Model(cfg)
+    return transformers.GPT2Model(config("gpt2"))
 
 
 FAMILIES = [

@@ -230,52 +230,18 @@ def test_heads_are_found_outside_the_blocks():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     vit = transformers.ViTForImageClassification(
-        transformers.ViTConfig(
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            image_size=16,
-            patch_size=4,
-            num_labels=3,
-        )
+        hf_models.config("vit", num_hidden_layers=2, num_labels=3)
     )
     assert list(toast.find_head(vit)) == ["classifier"]
-    llama = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=97,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-        )
-    )
+    llama = transformers.LlamaForCausalLM(hf_models.config("llama", num_hidden_layers=2))
     assert list(toast.find_head(llama)) == ["lm_head"]
-    bert = transformers.BertModel(
-        transformers.BertConfig(
-            vocab_size=97,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-        )
-    )
+    bert = transformers.BertModel(hf_models.config("bert", num_hidden_layers=2))
     assert list(toast.find_head(bert)) == ["pooler"]
 
 
 def test_fused_gate_up_projection_is_the_up_part():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.Phi3Config(
-        vocab_size=97,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        pad_token_id=0,
-        eos_token_id=2,
-        bos_token_id=1,
-    )
+    cfg = hf_models.config("phi3", num_hidden_layers=2)
     parts = toast.block_parts(toast.find_blocks(transformers.Phi3Model(cfg)).blocks[0])
     assert (parts.up.path, parts.up.out_features) == ("mlp.gate_up_proj", 128)
     assert parts.down.in_features == 64

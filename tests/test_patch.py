@@ -172,15 +172,7 @@ def test_patched_model_still_ignores_padding(family):
 
 def test_classification_head_runs_on_the_patched_model():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        intermediate_size=64,
-        image_size=16,
-        patch_size=4,
-        num_labels=5,
-    )
+    cfg = hf_models.config("vit", num_labels=5)
     torch.manual_seed(0)
     model = transformers.ViTForImageClassification(cfg).eval()
     toast.replace_spans(model, [SPAN], [torch.nn.Identity()])
@@ -191,14 +183,7 @@ def test_classification_head_runs_on_the_patched_model():
 
 def test_generate_with_the_kv_cache_works_after_patching():
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(
-        vocab_size=hf_models.VOCAB,
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-    )
+    cfg = hf_models.config("llama")
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
     toast.replace_spans(model, [SPAN], [torch.nn.Identity()])
@@ -226,15 +211,7 @@ def test_a_translator_in_first_place_records_the_embedding_output():
 
 def _dinov2_backbone(out_indices):
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.Dinov2Config(
-        hidden_size=32,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        image_size=16,
-        patch_size=4,
-        mlp_ratio=2,
-        out_indices=out_indices,
-    )
+    cfg = hf_models.config("dinov2", out_indices=out_indices)
     torch.manual_seed(0)
     return transformers.Dinov2Backbone(cfg).eval()
 
