@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from toast.core import Translator
-from toast.hf import find_blocks
+from toast.hf import BlockStack, find_blocks
 from toast.spans import validate_spans
 from toast.translators import DiagonalMap
 
@@ -150,11 +150,9 @@ def _backbone_outputs(config, kept: list[int | tuple[int, int]], total: int) -> 
     }
 
 
-def _update_config(model: nn.Module, kept: list[int | tuple[int, int]], total: int) -> None:
-    config = getattr(model, "config", None)
-    if config is None:
-        return
-    backbone = _backbone_outputs(config, kept, total)
+def _update_config(
+    config, kept: list[int | tuple[int, int]], total: int, backbone: dict | None
+) -> None:
     for name in ("num_hidden_layers", "n_layer", "num_layers"):
         if isinstance(getattr(config, name, None), int) and getattr(config, name) == total:
             setattr(config, name, len(kept))
@@ -166,6 +164,28 @@ def _update_config(model: nn.Module, kept: list[int | tuple[int, int]], total: i
         config._out_features = backbone["out_features"]  # set together, bypassing
         config._out_indices = list(backbone["out_indices"])  # the pairwise validation
         config.stage_names = backbone["stage_names"]
+
+
+def _install_blocks(
+    model: nn.Module,
+    stack: BlockStack,
+    new_blocks: list[nn.Module],
+    kept: list[int | tuple[int, int]],
+) -> None:
+    """Puts ``new_blocks`` in place of the block list, renumbers ``layer_idx``
+    and updates the config. ``kept`` says what each new position holds: an
+    original block index, or the ``(start, stop)`` span a translator
+    replaces. Refuses (before changing anything) a patch that would remove
+    a backbone output."""
+    total = stack.num_blocks
+    config = getattr(model, "config", None)
+    backbone = None if config is None else _backbone_outputs(config, kept, total)
+    holder_path, _, attr = stack.path.rpartition(".")
+    holder = model.get_submodule(holder_path) if holder_path else model
+    setattr(holder, attr, nn.ModuleList(new_blocks))
+    _renumber_layers(getattr(holder, attr))
+    if config is not None:
+        _update_config(config, kept, total, backbone)
 
 
 def replace_spans(
@@ -208,17 +228,10 @@ def replace_spans(
         position = stop
     new_blocks.extend(old[position:])
     kept.extend(range(position, total))
-    config = getattr(model, "config", None)
-    if config is not None:
-        _backbone_outputs(config, kept, total)  # raises before anything changes
     for block in new_blocks:
         if isinstance(block, TranslatorBlock):
             block.train(model.training)  # e.g. no Res-MLP dropout in an eval model
-    holder_path, _, attr = stack.path.rpartition(".")
-    holder = model.get_submodule(holder_path) if holder_path else model
-    setattr(holder, attr, nn.ModuleList(new_blocks))
-    _renumber_layers(getattr(holder, attr))
-    _update_config(model, kept, total)
+    _install_blocks(model, stack, new_blocks, kept)
     return model
 
 
@@ -241,14 +254,8 @@ def remove_blocks(
     kept = [b for b in range(total) if b not in removed]
     if not kept:
         raise ValueError(f"spans {list(spans)} would remove all {total} blocks")
+    _install_blocks(model, stack, [stack.blocks[b] for b in kept], kept)
     config = getattr(model, "config", None)
-    if config is not None:
-        _backbone_outputs(config, kept, total)  # raises before anything changes
-    holder_path, _, attr = stack.path.rpartition(".")
-    holder = model.get_submodule(holder_path) if holder_path else model
-    setattr(holder, attr, nn.ModuleList([stack.blocks[b] for b in kept]))
-    _renumber_layers(getattr(holder, attr))
-    _update_config(model, kept, total)
     if config is not None:
         for name, value in list(vars(config).items()):
             per_layer = isinstance(value, list) and len(value) == total
