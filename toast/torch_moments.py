@@ -44,7 +44,7 @@ class TorchMoments:
         device: torch.device | str = "cpu",
     ) -> None:
         # Validate through the C type so both accept exactly the same layouts.
-        self._nbytes = Moments.estimate_nbytes(num_states, dim, folds, pairs)
+        Moments.estimate_nbytes(num_states, dim, folds, pairs)
         if precision not in ("float64", "mixed"):
             raise ValueError(f"precision must be 'float64' or 'mixed', got {precision!r}")
         self.num_states, self.dim, self.folds = int(num_states), int(dim), int(folds)
