@@ -365,6 +365,8 @@ def capture_moments(
             else:
                 acc["m"] = Moments(len(rows), dim, folds=folds, pairs=pairs, precision=precision)
         m = acc["m"]
+        # rows[k] is state chosen[k] (stream_states has checked the states)
+        chosen = range(len(rows)) if states is None else list(states)
         if isinstance(m, TorchMoments):
             _update(m, rows, mask, chosen)
         else:
@@ -372,14 +374,12 @@ def capture_moments(
             _update(m, host, None if mask is None else mask.cpu(), chosen)
         return m.rows
 
-    stack = find_blocks(model, blocks)
-    chosen = _check_states(states, stack.num_blocks + 1)
     stack = stream_states(
         model,
         loader,
         consume,
         blocks=blocks,
-        states=chosen,
+        states=states,
         tokens=tokens,
         max_batches=max_batches,
         max_samples=max_samples,
@@ -391,7 +391,8 @@ def capture_moments(
     if isinstance(moments, TorchMoments):
         moments = moments.to_moments()
     if distributed or (distributed is None and is_distributed()):
-        moments = reduce_captured(moments, len(chosen), folds, pairs, precision, group)
+        num_states = stack.num_blocks + 1 if states is None else len(states)
+        moments = reduce_captured(moments, num_states, folds, pairs, precision, group)
     if moments is None or moments.rows == 0:
         raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
     return moments, stack
@@ -401,7 +402,7 @@ def _update(
     moments: Moments | TorchMoments,
     states: list[torch.Tensor],
     mask: torch.Tensor | None,
-    chosen: list[int],
+    chosen: Sequence[int],
 ) -> None:
     try:
         moments.update(states, mask=mask)
