@@ -10,7 +10,7 @@ Each measurement runs in a FRESH Python process (the peak RSS, ``ru_maxrss``,
 is a high-water mark for the whole process): the process builds a random
 Llama (d = 256, 6 blocks, FFN 704, vocabulary 2,000), warms up toast, torch
 and the allocator with one small ReplaceMe run, records its RSS, then runs
-``toast.replaceme(model, loader, num_blocks=2, objective=...)`` over
+``toast.methods.replaceme(model, loader, num_blocks=2, objective=...)`` over
 ``samples`` sequences of 128 random tokens (batches of 8, generated on the
 fly from a seed on every pass, so the data itself is never held) and reports
 the growth of the peak RSS over the recorded RSS. Holding the rows of the two

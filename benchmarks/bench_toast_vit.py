@@ -60,9 +60,9 @@ import torch
 import transformers
 
 import toast
-from toast.accounting_toast_vit import toast_macs
-from toast.vit.models import vit_blocks
-from toast.vit.schedules import get_schedule, tcs_keep
+from toast.methods.toast_vit.blocks import vit_blocks
+from toast.methods.toast_vit.macs import toast_macs
+from toast.methods.toast_vit.schedules import get_schedule, tcs_keep
 
 VARIANTS = ["original", "SCWP-90", "ToaSt (paper exec.)", "ToaSt (kept hidden)", "ToaSt per-batch"]
 SCHEDULE = "table11"

@@ -17,7 +17,7 @@ Each input drives one short scenario:
   raw ``toast._core`` entry points with random (often invalid) arguments,
   pickling and merging;
 * the centers of ToaSt's head pruning (geometric_median, coordinate_median,
-  dim_scores; raw and through toast.vit.median) and its token channel
+  dim_scores; raw and through toast.methods.toast_vit.median) and its token channel
   selection (tcs_select, tcs_cls_attention) on random, huge, non-finite and
   badly shaped input, checking finite results, shapes and index ranges.
 
@@ -64,7 +64,7 @@ with atheris.instrument_imports(include=["toast"]):
     import toast
     from toast import _core
     from toast.core import IllConditionedWarning, InSampleWarning
-    from toast.vit import median as toast_median
+    from toast.methods.toast_vit import median as toast_median
 
 EXPECTED = (TypeError, ValueError, OverflowError, MemoryError)
 # The private binding (toast._core) also passes on what a DLPack producer raises

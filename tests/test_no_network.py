@@ -3,7 +3,8 @@
 import socket
 
 import pytest
-from conftest import NetworkAccessError
+
+from tests._helpers import NetworkAccessError
 
 
 def test_a_remote_connection_fails():

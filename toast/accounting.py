@@ -73,7 +73,7 @@ from toast.spans import validate_spans
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
-    from toast.accounting_toast_vit import ToastMacReport
+    from toast.methods.toast_vit.macs import ToastMacReport
 
 __all__ = [
     "TRANSLATOR_KINDS",
@@ -590,9 +590,9 @@ def macs(
 
     With ``head_sparsity`` or ``schedule`` (ToaSt for ViTs), the count
     follows ToaSt's convention instead and a
-    :class:`toast.accounting_toast_vit.ToastMacReport` is returned (its
+    :class:`toast.methods.toast_vit.macs.ToastMacReport` is returned (its
     ``gmacs`` is the paper's "GFLOPs"): see
-    :func:`toast.accounting_toast_vit.toast_macs`, which has more options
+    :func:`toast.methods.toast_vit.macs.toast_macs`, which has more options
     (``skip``, ``num_classes``). ``head_sparsity=0`` gives the uncompressed
     baseline in that convention.
 
@@ -613,7 +613,7 @@ def macs(
     when :func:`toast.find_blocks` cannot find it alone.
     """
     if head_sparsity is not None or schedule is not None:
-        from toast.accounting_toast_vit import toast_macs
+        from toast.methods.toast_vit.macs import toast_macs
 
         if hasattr(model_or_config, "named_modules"):
             raise ValueError("head_sparsity/schedule describe a config; pass model.config")
@@ -667,7 +667,7 @@ def _count_module(
 ) -> tuple[tuple[Counts, ...], tuple[Counts, ...], Counts]:
     from torch import nn
 
-    from toast.hf import find_blocks
+    from toast.hf.blocks import find_blocks
 
     name = type(module).__name__
     if any(tag in name for tag in _PER_TOKEN_HEADS):

@@ -18,7 +18,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from toast.replaceme import compression_ratio, params_from_config  # noqa: E402
+from toast.methods.replaceme import compression_ratio, params_from_config  # noqa: E402
 
 pytestmark = pytest.mark.hf
 

@@ -31,7 +31,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import toast  # noqa: E402
-from toast.replaceme import replaceme  # noqa: E402
+from toast.methods.replaceme import replaceme  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 

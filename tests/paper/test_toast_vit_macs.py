@@ -5,7 +5,7 @@ and Swin-B Table 13 (8.8), every other named schedule against the notes'
 independent recomputation (``/work/shared/papers/notes/004_toast_tcs.md``
 §4.4), and Table 6's operation shares for DeiT-S.
 
-ToaSt's "GFLOPs" are GMACs (``toast.accounting_toast_vit``): MHSA
+ToaSt's "GFLOPs" are GMACs (``toast.methods.toast_vit.macs``): MHSA
 ``κ(4ND² + 2N²D)``, FFN ``4ND²[(1−r1)+(1−r2)]``, patch embedding, classifier
 (1000 classes), Swin windowed attention and patch merging. The configs are
 the standard ones of the checkpoints the paper evaluates (timm DeiT = a
@@ -18,8 +18,8 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import toast  # noqa: E402
-from toast.accounting_toast_vit import toast_macs  # noqa: E402
-from toast.vit.schedules import fc2_heavy, get_schedule  # noqa: E402
+from toast.methods.toast_vit.macs import toast_macs  # noqa: E402
+from toast.methods.toast_vit.schedules import fc2_heavy, get_schedule  # noqa: E402
 
 TOL = 0.01  # GMACs, the issue's tolerance
 

@@ -1,0 +1,137 @@
+"""Tiny random models for the ReplaceMe tests: decoder LLMs with their LM
+head (logits) in seven layouts, and two encoders whose MLP output projection
+has a bias. Built from configs only; nothing downloads."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+transformers = __import__("pytest").importorskip("transformers")
+
+from tests._helpers.hf_models import IMAGE, VOCAB, images, pad, sentences  # noqa: E402
+
+HIDDEN, LAYERS, FFN = 32, 6, 64
+_DEC = {
+    "hidden_size": HIDDEN,
+    "num_hidden_layers": LAYERS,
+    "num_attention_heads": 4,
+    "vocab_size": VOCAB,
+    "intermediate_size": FFN,
+}
+_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+DECODERS: dict[str, Callable[[], transformers.PretrainedConfig]] = {
+    "llama": lambda: transformers.LlamaConfig(**_DEC, **_IDS, num_key_value_heads=2),
+    "mistral": lambda: transformers.MistralConfig(
+        **_DEC, **_IDS, num_key_value_heads=2, sliding_window=4
+    ),
+    # qkv projections with a bias; per-layer layer_types in the config
+    "qwen2": lambda: transformers.Qwen2Config(**_DEC, **_IDS, num_key_value_heads=2),
+    # fused qkv_proj and gate_up_proj
+    "phi3": lambda: transformers.Phi3Config(**_DEC, **_IDS, num_key_value_heads=2),
+    # GeGLU, (1 + w) RMSNorm, scaled and tied embeddings
+    "gemma": lambda: transformers.GemmaConfig(**_DEC, **_IDS, num_key_value_heads=2, head_dim=8),
+    # Conv1D weights stored (in, out); n_layer instead of num_hidden_layers
+    "gpt2": lambda: transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=4, **_IDS
+    ),
+    # fc2 with a bias, blocks under model.decoder.layers
+    "opt": lambda: transformers.OPTConfig(
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        vocab_size=VOCAB,
+        ffn_dim=FFN,
+        word_embed_proj_dim=HIDDEN,
+        max_position_embeddings=64,
+        **_IDS,
+    ),
+}
+
+_VISION = {
+    "hidden_size": HIDDEN,
+    "num_hidden_layers": LAYERS,
+    "num_attention_heads": 4,
+    "intermediate_size": FFN,
+    "image_size": IMAGE,
+    "patch_size": 4,
+}
+ENCODERS: dict[str, Callable[[], nn.Module]] = {
+    "vit": lambda: transformers.ViTModel(
+        transformers.ViTConfig(**_VISION), add_pooling_layer=False
+    ),
+    "clip_vision": lambda: transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**_VISION)),
+}
+
+
+def decoder(name: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(DECODERS[name]()).eval()
+
+
+def encoder(name: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return ENCODERS[name]().eval()
+
+
+def text_loader(n: int = 48, batch_size: int = 8, seed: int = 0, **pad_kw) -> list[dict]:
+    text = sentences(n, seed, min_len=4, max_len=12)
+    return [pad(text[i : i + batch_size], **pad_kw) for i in range(0, n, batch_size)]
+
+
+def image_loader(n: int = 24, batch_size: int = 8, seed: int = 0) -> list[torch.Tensor]:
+    x = images(n, seed)
+    return [x[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+def outputs(model: nn.Module, batch) -> torch.Tensor:
+    """Logits of a causal LM, the last hidden state of an encoder."""
+    with torch.no_grad():
+        if isinstance(batch, dict):
+            return model(**batch, use_cache=False).logits
+        return model(pixel_values=batch).last_hidden_state
+
+
+class _PassThrough(nn.Module):
+    """Stands for a removed block in a reference model: returns its input."""
+
+    def __init__(self, like: nn.Module) -> None:
+        super().__init__()
+        for name, value in vars(like).items():
+            if not name.startswith("_") and isinstance(value, (str, int, float, bool)):
+                setattr(self, name, value)
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return hidden_states
+
+
+def explicit_reference(
+    model: nn.Module,
+    block_list: nn.ModuleList,
+    cuts: list[tuple[nn.Module, tuple[int, int], object]],
+) -> nn.Module:
+    """A copy of ``model`` computing ReplaceMe's cuts with explicit transforms.
+
+    ``cuts`` holds ``(down, (start, stop), T)``: the output of ``down`` (the
+    MLP output projection of the block before the cut, a module of
+    ``model``) is multiplied by T in float64 by a hook, and the blocks
+    ``start..stop-1`` of ``block_list`` pass their input through. No toast
+    code is involved.
+    """
+    memo: dict[int, object] = {}
+    ref = copy.deepcopy(model, memo)
+    ref_blocks = memo[id(block_list)]
+    for down, span, transform in cuts:
+        t = torch.as_tensor(transform, dtype=torch.float64)
+
+        def hook(module, args, out, t=t):
+            return (out.double() @ t).to(out.dtype)
+
+        memo[id(down)].register_forward_hook(hook)
+        for b in range(*span):
+            ref_blocks[b] = _PassThrough(ref_blocks[b])
+    return ref

@@ -1,0 +1,49 @@
+"""The README's main job: ``python -m toast demo``."""
+
+import re
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("sklearn")
+
+from toast.cli import main  # noqa: E402
+from toast.cli.demo import run_demo  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+
+@pytest.fixture(scope="module")
+def demo(digits_vit, digits_cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    return run_demo(out=out, cache=digits_cache, progress=False)
+
+
+def test_demo_writes_the_heatmap_and_the_report(demo):
+    assert (demo.out / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (demo.out / "report.md").read_text()
+    assert "![block error matrix](heatmap.png)" in report
+
+
+def test_report_numbers_are_those_of_the_run(demo):
+    report = (demo.out / "report.md").read_text()
+    for name in ("original", "compressed"):
+        assert f"{demo.accuracy[name]:.3f}" in report
+        assert f"{demo.params[name]:,}" in report
+    for span in demo.spans:
+        assert re.search(rf"\[{span.start}:{span.stop}\] \| {span.paper} \|", report)
+
+
+def test_demo_removes_the_budget_and_keeps_accuracy(demo):
+    assert sum(s.num_blocks for s in demo.spans) == 2
+    assert demo.params["compressed"] < demo.params["original"]
+    assert demo.gmacs["compressed"] < demo.gmacs["original"]
+    # the translators must do better than dropping the same blocks
+    assert demo.accuracy["compressed"] >= demo.accuracy["dropped"]
+    assert demo.accuracy["compressed"] > 0.9
+
+
+def test_cli_rejects_a_budget_the_model_cannot_take(capsys):
+    assert main(["demo", "--budget", "8", "--no-progress"]) == 2
+    assert "--budget must be between 1 and 6" in capsys.readouterr().err

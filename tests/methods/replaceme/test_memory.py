@@ -1,0 +1,57 @@
+"""ReplaceMe's least-squares calibration streams: its peak memory does not
+grow with the number of calibration samples (fresh processes; the full
+measurement is ``benchmarks/bench_replaceme.py``)."""
+
+import os
+
+import pytest
+
+from tests._helpers import run_fresh
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.hf
+
+_SCRIPT = """
+    import copy
+    import torch, transformers, toast
+
+    torch.set_num_threads(1)
+    samples = int(sys.argv[1])
+    cfg = transformers.LlamaConfig(vocab_size=500, hidden_size=128, intermediate_size=256,
+                                   num_hidden_layers=4, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+
+    class Batches:
+        def __init__(self, n):
+            self.n = n
+        def __iter__(self):  # regenerated on every pass: the data is never held
+            gen = torch.Generator().manual_seed(1)
+            for _ in range(self.n // 8):
+                ids = torch.randint(3, 500, (8, 128), generator=gen)
+                yield {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    # The cut is given: one pass, the LS estimation alone.
+    options = {"spans": [(2, 3)], "progress": False}
+    toast.replaceme(copy.deepcopy(model), Batches(16), **options)  # warm-up
+    before = rss_mib()
+    _, report = toast.replaceme(model, Batches(samples), **options)
+    print(json.dumps({"rows": report.rows, "growth": peak_mib() - before}))
+"""
+
+
+def _growth(samples: int) -> dict:
+    # One BLAS thread: small updates run faster, and steadier, on a busy machine.
+    return run_fresh(_SCRIPT, samples, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+
+
+def test_ls_calibration_peak_memory_does_not_grow_with_the_samples():
+    small, large = _growth(48), _growth(384)
+    assert large["rows"] == 8 * small["rows"] == 8 * 48 * 128
+    # Holding M and L − Y in float32 would add 2 x 128 x 128 x 4 bytes per
+    # sample: 6 MiB at 48 samples, 48 MiB at 384.
+    held = (384 - 48) * 2 * 128 * 128 * 4 / 2**20
+    assert large["growth"] - small["growth"] < 0.25 * held, (small, large)

@@ -1,0 +1,199 @@
+"""Declarative parameter checks with one message format.
+
+A parameter's constraints are a list; the value must satisfy at least one.
+A constraint is an :class:`Interval` (a real or integer range), an
+:class:`Options` (a closed set of values), a type (``str``, ``bool``,
+``np.ndarray``...), ``None`` (the value may be None) or a
+:class:`Predicate`. A value that satisfies none raises
+:class:`InvalidParameterError` with the message
+
+    ``{name} must be {constraint} or {constraint}; got {value!r}``
+
+so every check in the package reads the same. Use :func:`check` for one
+value, :func:`validate` for a mapping of them (a config's fields) and
+:func:`validate_params` to decorate a function.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+__all__ = [
+    "Interval",
+    "InvalidParameterError",
+    "Options",
+    "Predicate",
+    "check",
+    "validate",
+    "validate_params",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class InvalidParameterError(ValueError, TypeError):
+    """A parameter has a value none of its constraints allow.
+
+    A subclass of both ``ValueError`` and ``TypeError``: an out-of-range
+    number and a value of the wrong type are the same mistake here.
+    """
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Numbers in a range: ``Interval(int, 1, None)`` is an int >= 1.
+
+    ``kind`` is ``int`` (integers only, bools refused) or ``float`` (any real,
+    NaN refused); ``closed`` says which ends belong to the range.
+    """
+
+    kind: type
+    left: float | None = None
+    right: float | None = None
+    closed: Literal["both", "left", "right", "neither"] = "both"
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return False
+        if self.kind is int and not isinstance(value, numbers.Integral):
+            return False
+        if math.isnan(value):
+            return False
+        left_ok = self.left is None or (
+            value >= self.left if self.closed in ("both", "left") else value > self.left
+        )
+        right_ok = self.right is None or (
+            value <= self.right if self.closed in ("both", "right") else value < self.right
+        )
+        return left_ok and right_ok
+
+    def __str__(self) -> str:
+        noun = "an int" if self.kind is int else "a number"
+        if self.left is None and self.right is None:
+            return noun if self.kind is int else "a finite number"
+        lo = "-inf" if self.left is None else _short(self.left)
+        hi = "inf" if self.right is None else _short(self.right)
+        opening = "[" if self.closed in ("both", "left") and self.left is not None else "("
+        closing = "]" if self.closed in ("both", "right") and self.right is not None else ")"
+        return f"{noun} in {opening}{lo}, {hi}{closing}"
+
+
+@dataclass(frozen=True)
+class Options:
+    """One of a closed set of values (compared with ``==``)."""
+
+    values: tuple[Any, ...]
+
+    def __init__(self, values: Iterable[Any]) -> None:
+        object.__setattr__(self, "values", tuple(values))
+
+    def accepts(self, value: Any) -> bool:
+        try:
+            return any(_same_kind(value, v) and value == v for v in self.values)
+        except (TypeError, ValueError):  # e.g. an array compared with a string
+            return False
+
+    def __str__(self) -> str:
+        return "one of " + ", ".join(repr(v) for v in self.values)
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """Any value ``test`` accepts, described by ``text`` in messages."""
+
+    test: Callable[[Any], bool]
+    text: str
+
+    def accepts(self, value: Any) -> bool:
+        return bool(self.test(value))
+
+    def __str__(self) -> str:
+        return self.text
+
+
+Constraint = Interval | Options | Predicate | type | None
+
+
+def _same_kind(value: Any, option: Any) -> bool:
+    # True == 1 in Python; an option list of ints must not take a bool.
+    if isinstance(value, bool) != isinstance(option, bool):
+        return False
+    return isinstance(value, type(option)) or isinstance(option, type(value))
+
+
+def _short(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def _describe(constraint: Constraint) -> str:
+    if constraint is None:
+        return "None"
+    if isinstance(constraint, type):
+        return f"a {constraint.__name__}"
+    return str(constraint)
+
+
+def _accepts(constraint: Constraint, value: Any) -> bool:
+    if constraint is None:
+        return value is None
+    if isinstance(constraint, type):
+        if constraint is int:
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        if constraint is float:
+            return isinstance(value, numbers.Real) and not isinstance(value, bool)
+        return isinstance(value, constraint)
+    return constraint.accepts(value)
+
+
+def check(name: str, value: Any, *constraints: Constraint) -> Any:
+    """``value`` if it satisfies one of ``constraints``; else raises
+    :class:`InvalidParameterError` naming ``name``, what is allowed, and
+    what was given. Integral values of an int constraint come back as
+    ``int`` (a NumPy integer becomes a Python one)."""
+    for constraint in constraints:
+        if _accepts(constraint, value):
+            if isinstance(constraint, Interval) and constraint.kind is int:
+                return int(value)
+            return value
+    allowed = " or ".join(_describe(c) for c in constraints)
+    raise InvalidParameterError(f"{name} must be {allowed}; got {value!r}")
+
+
+def validate(
+    constraints: Mapping[str, Sequence[Constraint]], params: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Checks every parameter of ``params`` named in ``constraints``;
+    returns the checked values (ints normalised as :func:`check` does)."""
+    return {
+        name: check(name, value, *constraints[name]) if name in constraints else value
+        for name, value in params.items()
+    }
+
+
+def validate_params(constraints: Mapping[str, Sequence[Constraint]]) -> Callable[[F], F]:
+    """Decorator: checks the named arguments of every call against
+    ``constraints`` before the function runs."""
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        unknown = set(constraints) - set(signature.parameters)
+        if unknown:  # a typo in the table would silently check nothing
+            raise TypeError(f"{func.__qualname__} has no parameters {sorted(unknown)}")
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            for name, value in bound.arguments.items():
+                if name in constraints:
+                    check(name, value, *constraints[name])
+            return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

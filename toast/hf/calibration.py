@@ -1,0 +1,119 @@
+"""How a calibration pass reads its data: one :class:`Calibration` for every
+method, the CLI and the low-level capture functions.
+
+Every pass over calibration data (moments, row samples, distance profiles,
+ReplaceMe's estimates) takes the same options: which block list, how many
+batches or samples, which samples, the seed, the progress bar and the
+process group. They live here once; functions take ``calibration=`` or the
+same names as keywords (:meth:`Calibration.from_options`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from toast._validation import Interval, Options, validate
+
+__all__ = ["CALIBRATION_OPTIONS", "Calibration", "limited"]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Options of a pass over calibration data.
+
+    ``blocks``: dotted path of the block list (``"model.layers"``) when
+    discovery is ambiguous. ``max_batches`` / ``max_samples``: stop after
+    that many batches / samples (the last batch is cut to fit).
+    ``sample="random"`` draws a seeded random subset of ``max_samples`` from
+    a DataLoader's map-style dataset (``"first"`` takes the loader's order).
+    ``seed`` seeds that draw and every sampled buffer. ``progress`` shows a
+    tqdm bar with batches, rows and resident memory. ``distributed``: sum
+    statistics over ``torch.distributed`` ranks (None: when a process group
+    is initialised); ``group`` picks the group.
+    """
+
+    blocks: str | None = None
+    max_batches: int | None = None
+    max_samples: int | None = None
+    sample: Literal["first", "random"] = "first"
+    seed: int = 0
+    progress: bool = True
+    distributed: bool | None = None
+    group: Any = None
+
+    _constraints: ClassVar[dict[str, list[Any]]] = {
+        "blocks": [str, None],
+        "max_batches": [Interval(int, 1, None), None],
+        "max_samples": [Interval(int, 1, None), None],
+        "sample": [Options(("first", "random"))],
+        "seed": [Interval(int, 0, None)],
+        "progress": [bool],
+        "distributed": [bool, None],
+    }
+
+    def __post_init__(self) -> None:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in validate(self._constraints, fields).items():
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def from_options(cls, calibration: Calibration | None = None, **options: Any) -> Calibration:
+        """``calibration`` with ``options`` (its field names) overriding it;
+        an unknown name is a ``TypeError`` listing the known ones."""
+        unknown = set(options) - set(CALIBRATION_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"unknown calibration option(s) {sorted(unknown)}; the options are "
+                f"{list(CALIBRATION_OPTIONS)}"
+            )
+        if calibration is None:
+            return cls(**options)
+        if not isinstance(calibration, Calibration):
+            raise TypeError(
+                f"calibration must be a toast.Calibration, got {type(calibration).__name__}"
+            )
+        return dataclasses.replace(calibration, **options) if options else calibration
+
+    @staticmethod
+    def split(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``params`` split into (calibration options, everything else)."""
+        mine = {k: v for k, v in params.items() if k in CALIBRATION_OPTIONS}
+        rest = {k: v for k, v in params.items() if k not in CALIBRATION_OPTIONS}
+        return mine, rest
+
+    @property
+    def is_distributed(self) -> bool:
+        """Whether statistics are summed over ranks."""
+        if self.distributed is not None:
+            return self.distributed
+        return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+#: The names a function taking calibration options accepts as keywords.
+CALIBRATION_OPTIONS = tuple(f.name for f in dataclasses.fields(Calibration))
+
+
+def limited(loader: Iterable, calibration: Calibration) -> Iterable:
+    """The loader, restricted to a seeded random subset when asked."""
+    if calibration.sample == "random" and calibration.max_samples is not None:
+        dataset = getattr(loader, "dataset", None)
+        if not isinstance(loader, torch.utils.data.DataLoader) or dataset is None:
+            raise ValueError(
+                "sample='random' needs a torch DataLoader over a map-style dataset; "
+                "use sample='first' for other iterables"
+            )
+        generator = torch.Generator().manual_seed(calibration.seed)
+        order = torch.randperm(len(dataset), generator=generator)
+        subset = torch.utils.data.Subset(dataset, order[: calibration.max_samples].tolist())
+        return torch.utils.data.DataLoader(
+            subset,
+            batch_size=loader.batch_size,
+            collate_fn=loader.collate_fn,
+            num_workers=loader.num_workers,
+        )
+    return loader

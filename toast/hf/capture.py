@@ -1,0 +1,400 @@
+"""Streaming block outputs of a Hugging Face model into :class:`toast.Moments`.
+
+Hooks record, for one batch at a time, the input of the first block (state
+0, the embedding output) and the output of every block (state ``i`` = output
+of block ``i - 1``, after its residual adds and before the model's final
+norm). The chosen tokens of each batch are added to the moments and the
+batch is dropped, so activations are never all held.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from toast._validation import Options, check
+from toast.core import Moments, Pairs
+from toast.hf.blocks import BlockStack, find_blocks
+from toast.hf.calibration import Calibration, limited
+from toast.hf.distributed import reduce_captured
+from toast.hf.torch_moments import TorchMoments
+
+__all__ = [
+    "BACKENDS",
+    "TOKENS",
+    "ForwardError",
+    "Tokens",
+    "capture_moments",
+    "select_tokens",
+    "stream_states",
+    "uses_torch",
+]
+
+Tokens = Literal["all", "cls", "mean", "last"]
+TOKENS = ("all", "cls", "mean", "last")
+BACKENDS = ("auto", "c", "torch")
+# Keys of a batch that describe targets, not model inputs.
+_TARGET_KEYS = frozenset({"labels", "label", "targets"})
+
+
+class _StateRecorder:
+    """Forward hooks that keep the last batch's states (all of 0..L, or the
+    chosen ones)."""
+
+    def __init__(self, stack: BlockStack, states: list[int]) -> None:
+        self.wanted = list(states)
+        self.states: dict[int, torch.Tensor] = {}
+        self._handles = []
+        if 0 in self.wanted:
+            self._handles.append(
+                stack.blocks[0].register_forward_pre_hook(self._record_input, with_kwargs=True)
+            )
+        for state in sorted(set(self.wanted) - {0}):
+            block = stack.blocks[state - 1]
+            self._handles.append(block.register_forward_hook(self._output_hook(state)))
+
+    def _record_input(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if not isinstance(hidden, torch.Tensor):
+            raise TypeError(
+                f"cannot find the hidden states entering {type(module).__name__}: expected "
+                "the first positional argument or hidden_states=..."
+            )
+        self.states[0] = hidden
+
+    def _output_hook(self, state: int):
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            hidden = output[0] if isinstance(output, (tuple, list)) else output
+            if not isinstance(hidden, torch.Tensor):
+                raise TypeError(
+                    f"block {state - 1} ({type(module).__name__}) returned "
+                    f"{type(output).__name__}; expected a tensor or a tuple starting with one"
+                )
+            self.states[state] = hidden
+
+        return hook
+
+    def take(self) -> list[torch.Tensor]:
+        missing = [k for k in self.wanted if k not in self.states]
+        if missing:
+            raise RuntimeError(
+                f"the forward pass did not run through every block (no state {missing}); "
+                "does the model skip blocks or exit early?"
+            )
+        states = [self.states[k] for k in self.wanted]
+        self.states = {}
+        return states
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def uses_torch(backend: str, device: torch.device) -> bool:
+    """Whether sums are formed with torch on ``device`` (``backend="auto"``:
+    on accelerators) rather than copied to the C core."""
+    return backend == "torch" or (backend == "auto" and device.type != "cpu")
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _forward_inputs(model: nn.Module, batch: Any) -> tuple[tuple, dict]:
+    """Positional and keyword inputs of one batch, on the model's device."""
+    device = _model_device(model)
+    if isinstance(batch, (tuple, list)) and batch:
+        batch = batch[0]  # (inputs, labels) pairs
+    if isinstance(batch, torch.Tensor):
+        return (batch.to(device),), {}
+    if isinstance(batch, Mapping):
+        accepted = inspect.signature(model.forward).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+        kwargs = {
+            k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+            for k, v in batch.items()
+            if k not in _TARGET_KEYS and (takes_any or k in accepted)
+        }
+        return (), kwargs
+    raise TypeError(
+        "each batch must be a tensor, a dict of model inputs (e.g. a tokenizer's output), "
+        f"or an (inputs, labels) pair; got {type(batch).__name__}"
+    )
+
+
+def _batch_size(args: tuple, kwargs: dict) -> int:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    raise ValueError("cannot tell the batch size: the batch holds no tensor")
+
+
+def _truncate(args: tuple, kwargs: dict, n: int) -> tuple[tuple, dict]:
+    def cut(v: Any) -> Any:
+        return v[:n] if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+
+    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+
+def select_tokens(
+    states: list[torch.Tensor], mask: torch.Tensor | None, tokens: str
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """Rows to accumulate for one batch and the mask of valid rows, on the
+    activations' device."""
+    first = states[0]
+    if first.dim() != 3:
+        raise ValueError(
+            f"block outputs have shape {tuple(first.shape)}; expected (batch, tokens, dim)"
+        )
+    if mask is not None:
+        mask = mask.to(first.device).bool()
+        if mask.shape != first.shape[:2]:
+            raise ValueError(
+                f"attention_mask has shape {tuple(mask.shape)} but the hidden states have "
+                f"(batch, tokens) = {tuple(first.shape[:2])}"
+            )
+    if tokens == "all":
+        return [s.detach() for s in states], mask
+    if tokens == "cls":
+        return [s[:, 0].detach() for s in states], None
+    if tokens == "mean":
+        if mask is None:
+            return [s.float().mean(dim=1) for s in states], None
+        weights = mask.to(torch.float32).unsqueeze(-1)
+        count = weights.sum(dim=1).clamp_min(1.0)
+        return [(s.float() * weights).sum(dim=1) / count for s in states], None
+    # "last": the last valid token of each sequence, whatever side is padded.
+    if mask is None:
+        return [s[:, -1].detach() for s in states], None
+    length = mask.shape[1]
+    last = length - 1 - torch.flip(mask, dims=[1]).to(torch.int64).argmax(dim=1)
+    rows = torch.arange(first.shape[0], device=first.device)
+    return [s[rows, last].detach() for s in states], None
+
+
+class ForwardError(RuntimeError):
+    """The model's forward pass failed on a batch of the loader."""
+
+
+def _describe(args: tuple, kwargs: dict) -> str:
+    def one(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            dtype = str(value.dtype).removeprefix("torch.")
+            return f"{dtype}{list(value.shape)}"
+        return type(value).__name__
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts)
+
+
+def _run_forward(model: nn.Module, args: tuple, kwargs: dict, index: int) -> None:
+    try:
+        model(*args, **kwargs)
+    except (MemoryError, torch.OutOfMemoryError):
+        raise
+    except Exception as exc:
+        raise ForwardError(
+            f"the model's forward pass failed on batch {index} of the loader "
+            f"({_describe(args, kwargs)}): {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _rss_mib() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def _check_states(states: Sequence[int] | None, num_states: int) -> list[int]:
+    if states is None:
+        return list(range(num_states))
+    chosen = [int(k) for k in states]
+    if not chosen:
+        raise ValueError("states must name at least one state")
+    for k in chosen:
+        if not 0 <= k < num_states:
+            raise ValueError(
+                f"state {k} is out of range: the model has states 0..{num_states - 1} "
+                "(0 = embedding output, i = output of block i - 1)"
+            )
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"states {chosen} name a state twice")
+    return chosen
+
+
+def stream_states(
+    model: nn.Module,
+    loader: Iterable,
+    consume: Callable[[list[torch.Tensor], torch.Tensor | None], int],
+    calibration: Calibration | None = None,
+    *,
+    stack: BlockStack | None = None,
+    states: Sequence[int] | None = None,
+    tokens: Tokens = "all",
+    desc: str = "capturing",
+    **options: Any,
+) -> BlockStack:
+    """Runs ``model`` over ``loader`` and hands each batch's states to ``consume``.
+
+    ``consume(rows, mask)`` receives the chosen tokens of the chosen states
+    (tensors on the model's device, ``(batch, tokens, dim)`` with a row mask
+    for ``tokens="all"``, else ``(batch, dim)``) and returns the running row
+    count shown in the progress bar. ``calibration`` (or its fields as
+    keywords, see :class:`toast.Calibration`) bounds and orders the pass;
+    ``stack`` is the model's block stack when the caller has found it
+    already. Hooks are removed and the model's mode restored on every exit,
+    including ``KeyboardInterrupt``; the model's weights are never touched.
+    Returns the block stack.
+    """
+    cal = Calibration.from_options(calibration, **options)
+    check("tokens", tokens, Options(TOKENS))
+    stack = stack if stack is not None else find_blocks(model, cal.blocks)
+    recorder = _StateRecorder(stack, _check_states(states, stack.num_blocks + 1))
+    was_training = model.training
+    bar = None
+    try:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(desc=desc, unit="batch", disable=not cal.progress, leave=False)
+        model.eval()
+        with torch.inference_mode():
+            for args, kwargs in _batches(model, loader, cal):
+                _run_forward(model, args, kwargs, bar.n)
+                rows, row_mask = select_tokens(
+                    recorder.take(), kwargs.get("attention_mask"), tokens
+                )
+                total = consume(rows, row_mask)
+                bar.update(1)
+                bar.set_postfix(rows=total, rss=f"{_rss_mib():.0f}MiB")
+    finally:
+        recorder.remove()
+        model.train(was_training)
+        if bar is not None:
+            bar.close()
+    return stack
+
+
+def _batches(model: nn.Module, loader: Iterable, cal: Calibration) -> Iterator[tuple[tuple, dict]]:
+    """Each batch's forward inputs, within ``max_batches`` and ``max_samples``."""
+    samples = 0
+    for batch in itertools.islice(limited(loader, cal), cal.max_batches):
+        args, kwargs = _forward_inputs(model, batch)
+        size = _batch_size(args, kwargs)
+        if cal.max_samples is not None:
+            remaining = cal.max_samples - samples
+            if remaining <= 0:
+                return
+            if size > remaining:
+                args, kwargs = _truncate(args, kwargs, remaining)
+                size = remaining
+        samples += size
+        yield args, kwargs
+
+
+def capture_moments(
+    model: nn.Module,
+    loader: Iterable,
+    *,
+    states: Sequence[int] | None = None,
+    tokens: Tokens = "all",
+    folds: int = 5,
+    pairs: Pairs = "all",
+    precision: Literal["float64", "mixed"] = "float64",
+    backend: Literal["auto", "c", "torch"] = "auto",
+    calibration: Calibration | None = None,
+    stack: BlockStack | None = None,
+    **options: Any,
+) -> tuple[Moments, BlockStack]:
+    """Runs ``model`` over ``loader`` and returns the moments of its states.
+
+    ``loader`` yields tensors (e.g. ``pixel_values``), dicts of model inputs
+    (a tokenizer's output, whose ``attention_mask`` keeps padding out of the
+    statistics) or ``(inputs, labels)`` pairs. ``states`` picks which states
+    to keep (default all ``L + 1``; moment index ``k`` is then state
+    ``states[k]``). ``tokens`` chooses the rows: every valid token, the
+    first (CLS) token, the masked mean, or the last valid token.
+    ``calibration`` (or its fields as keywords: ``max_batches``,
+    ``max_samples``, ``sample``, ``seed``, ``blocks``, ``progress``,
+    ``distributed``, ``group``; see :class:`toast.Calibration`) bounds and
+    orders the pass. The model runs in eval mode under
+    ``torch.inference_mode`` and is left as it was found.
+
+    ``backend`` says where the sums are formed: ``"c"`` copies each batch
+    to the host and accumulates in the C core; ``"torch"`` accumulates on
+    the activations' device with torch (:class:`toast.hf.torch_moments.TorchMoments`)
+    and copies only the final sums; ``"auto"`` (default) takes ``"torch"``
+    for activations on an accelerator and ``"c"`` on the CPU.
+
+    Under ``torch.distributed`` (``distributed=None`` detects an initialised
+    process group; ``group`` chooses one), each rank passes its own shard of
+    the data and the moments are summed over the ranks, so every rank
+    returns the same moments. Without explicit fold ids each rank deals its
+    rows to folds by its own counter: a valid K-fold split, though not the
+    one a single process would make (``gcv`` and ``in_sample`` errors equal
+    the single-process ones to rounding).
+    """
+    cal = Calibration.from_options(calibration, **options)
+    check("backend", backend, Options(BACKENDS))
+    acc: dict[str, Any] = {}
+
+    def consume(rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
+        if "m" not in acc:
+            device = rows[0].device
+            use_torch = uses_torch(backend, device)
+            dim = int(rows[0].shape[-1])
+            if use_torch:
+                acc["m"] = TorchMoments(
+                    len(rows), dim, folds=folds, pairs=pairs, precision=precision, device=device
+                )
+            else:
+                acc["m"] = Moments(len(rows), dim, folds=folds, pairs=pairs, precision=precision)
+        m = acc["m"]
+        # rows[k] is state chosen[k] (stream_states has checked the states)
+        chosen = range(len(rows)) if states is None else list(states)
+        if isinstance(m, TorchMoments):
+            _update(m, rows, mask, chosen)
+        else:
+            host = [r.cpu() for r in rows]
+            _update(m, host, None if mask is None else mask.cpu(), chosen)
+        return m.rows
+
+    stack = stream_states(model, loader, consume, cal, stack=stack, states=states, tokens=tokens)
+    moments = acc.get("m")
+    if isinstance(moments, TorchMoments):
+        moments = moments.to_moments()
+    if cal.is_distributed:
+        num_states = stack.num_blocks + 1 if states is None else len(states)
+        moments = reduce_captured(moments, num_states, folds, pairs, precision, cal.group)
+    if moments is None or moments.rows == 0:
+        raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
+    return moments, stack
+
+
+def _update(
+    moments: Moments | TorchMoments,
+    states: list[torch.Tensor],
+    mask: torch.Tensor | None,
+    chosen: Sequence[int],
+) -> None:
+    try:
+        moments.update(states, mask=mask)
+    except ValueError as exc:
+        message = str(exc)
+        if "NaN or Inf" in message and message.startswith("states["):
+            state = chosen[int(message[len("states[") : message.index("]")])]
+            where = "the embedding output" if state == 0 else f"the output of block {state - 1}"
+            raise ValueError(
+                f"{where} (state {state}) contains NaN or Inf; in float16 this is usually "
+                "an overflow: run the model in bfloat16 or float32"
+            ) from exc
+        raise

@@ -1,0 +1,38 @@
+"""Saving and loading patched Hugging Face models: safetensors + a JSON plan.
+
+:func:`save_pretrained` writes a directory holding two files:
+
+- ``model.safetensors``: the model's state dict (tensors shared by several
+  names, such as tied input/output embeddings, are stored once);
+- ``toast_plan.json``: how to rebuild the module tree: the ``transformers``
+  model class, the (patched) config, the dtype, the path of the block list
+  and, for each position of the block list, either ``{"type": "block"}`` or
+  the translator that stands there (the span it replaces, its JSON spec and
+  the plain attributes of its :class:`toast.TranslatorBlock`). A small
+  human-readable ``summary`` heads the plan.
+
+:func:`load_pretrained` rebuilds the model from the config (without random
+initialisation), puts translator blocks at their positions and loads the
+tensors strictly: every tensor must be present with its shape, none may be
+left over. Nothing on that path unpickles: the weights are safetensors, the
+plan is JSON, and the model class must be one that ``transformers`` itself
+defines.
+
+Writes are atomic: everything goes into a hidden temporary directory next to
+the target (files fsynced, the plan written last), which is then renamed to
+the target. A directory without a complete plan is never taken for a model.
+"""
+
+from toast.io.format import FORMAT, FORMAT_VERSION, PLAN_NAME, WEIGHTS_NAME, CorruptedSaveError
+from toast.io.load import load_pretrained
+from toast.io.save import save_pretrained
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "PLAN_NAME",
+    "WEIGHTS_NAME",
+    "CorruptedSaveError",
+    "load_pretrained",
+    "save_pretrained",
+]

@@ -1,0 +1,361 @@
+"""Loading a saved model strictly, never unpickling (see :mod:`toast.io`)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import importlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from toast.io.format import (
+    _MODULE_RE,
+    _NAME_RE,
+    _PATH_RE,
+    _PLAN_KEYS,
+    FORMAT,
+    FORMAT_VERSION,
+    PLAN_NAME,
+    WEIGHTS_NAME,
+    CorruptedSaveError,
+)
+from toast.translators import build_translator
+from toast.translators.block import TranslatorBlock
+
+__all__ = ["load_pretrained"]
+
+
+def _read_plan(directory: Path) -> dict[str, Any]:
+    file = directory / PLAN_NAME
+    if not file.is_file():
+        raise CorruptedSaveError(
+            f"{file} is missing: {directory} is not a complete toast save "
+            "(not saved by toast.save_pretrained, or the save was interrupted)"
+        )
+    try:
+        plan = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptedSaveError(f"{file} is not valid JSON: {exc}") from None
+    if not isinstance(plan, dict):
+        raise CorruptedSaveError(f"{file} holds a {type(plan).__name__}, not a JSON object")
+    if plan.get("format") != FORMAT:
+        raise CorruptedSaveError(
+            f"{file} is not a toast plan (format {plan.get('format')!r}, expected {FORMAT!r})"
+        )
+    version = plan.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CorruptedSaveError(
+            f"{file} has format version {version!r}; this toast reads version {FORMAT_VERSION}"
+        )
+    missing = [key for key in _PLAN_KEYS if key not in plan]
+    if missing:
+        raise CorruptedSaveError(f"{file} lacks the keys {missing}")
+    _check_plan(plan, file)
+    return plan
+
+
+def _check_plan(plan: dict[str, Any], file: Path) -> None:
+    def bad(what: str) -> CorruptedSaveError:
+        return CorruptedSaveError(f"{file}: {what}")
+
+    cls = plan["model_class"]
+    if not (isinstance(cls, dict) and isinstance(cls.get("module"), str)):
+        raise bad("'model_class' must be an object with 'module' and 'name' strings")
+    if not isinstance(cls.get("name"), str):
+        raise bad("'model_class' must be an object with 'module' and 'name' strings")
+    if not isinstance(plan["config"], dict):
+        raise bad("'config' must be an object")
+    if not isinstance(plan["dtype"], str) or not isinstance(
+        getattr(torch, plan["dtype"], None), torch.dtype
+    ):
+        raise bad(f"'dtype' {plan['dtype']!r} is not a torch dtype")
+    if not isinstance(plan["blocks_path"], str) or not _PATH_RE.fullmatch(plan["blocks_path"]):
+        raise bad(f"'blocks_path' {plan['blocks_path']!r} is not a dotted attribute path")
+    if not isinstance(plan["modules"], list) or not all(
+        isinstance(m, str) for m in plan["modules"]
+    ):
+        raise bad("'modules' must be a list of strings")
+    buffers = plan["buffer_dtypes"]
+    if not isinstance(buffers, dict) or not all(
+        isinstance(v, str) and isinstance(getattr(torch, v, None), torch.dtype)
+        for v in buffers.values()
+    ):
+        raise bad("'buffer_dtypes' must map buffer names to torch dtype names")
+    weights = plan["weights"]
+    if not (
+        isinstance(weights, dict)
+        and isinstance(weights.get("bytes"), int)
+        and isinstance(weights.get("aliases"), dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in weights["aliases"].items())
+    ):
+        raise bad("'weights' must hold 'bytes' (an integer) and 'aliases' (names to names)")
+    layout = plan["layout"]
+    if not isinstance(layout, list) or not layout:
+        raise bad("'layout' must be a non-empty list")
+    for position, entry in enumerate(layout):
+        where = f"layout[{position}]"
+        if not isinstance(entry, dict) or entry.get("type") not in ("block", "translator"):
+            raise bad(f"{where} must be an object of type 'block' or 'translator'")
+        if entry["type"] == "block":
+            continue
+        span = entry.get("span")
+        if not (
+            isinstance(span, list)
+            and len(span) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in span)
+            and 0 <= span[0] < span[1]
+        ):
+            raise bad(f"{where}: 'span' must be [start, stop] with 0 <= start < stop")
+        if not isinstance(entry.get("translator"), dict):
+            raise bad(f"{where}: 'translator' must be a translator spec object")
+        attributes = entry.get("attributes", {})
+        if not isinstance(attributes, dict) or not all(
+            isinstance(v, (str, int, float, bool)) for v in attributes.values()
+        ):
+            raise bad(f"{where}: 'attributes' must map names to plain values")
+
+
+def _import_model_class(spec: dict[str, str], file: Path) -> type:
+    """The ``transformers`` class named in the plan; anything outside the
+    ``transformers`` package is refused, never imported."""
+    from transformers import PreTrainedModel
+
+    module, name = spec["module"], spec["name"]
+    if not _MODULE_RE.fullmatch(module) or not _NAME_RE.fullmatch(name):
+        raise ValueError(
+            f"{file}: refusing to load model class {module}.{name}: toast only builds "
+            "model classes defined by the transformers package"
+        )
+    try:
+        cls = getattr(importlib.import_module(module), name, None)
+    except ImportError as exc:
+        raise CorruptedSaveError(f"{file}: cannot import {module}: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, PreTrainedModel)):
+        raise ValueError(
+            f"{file}: {module}.{name} is not a transformers model class; refusing to load it"
+        )
+    return cls
+
+
+@contextlib.contextmanager
+def _no_init() -> Iterator[None]:
+    """Skips random weight initialisation while a model is built (the
+    weights are loaded right after). Non-persistent buffers such as rotary
+    frequencies are still computed, on the CPU."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # pragma: no cover - older transformers
+        try:
+            from transformers.modeling_utils import no_init_weights
+        except ImportError:
+            no_init_weights = contextlib.nullcontext
+    with no_init_weights():
+        yield
+
+
+def _build(plan: dict[str, Any], file: Path) -> nn.Module:
+    cls = _import_model_class(plan["model_class"], file)
+    dtype = getattr(torch, plan["dtype"])
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if isinstance(plan.get("attn_implementation"), str):
+        kwargs["attn_implementation"] = plan["attn_implementation"]
+    try:
+        config = cls.config_class.from_dict(dict(plan["config"]))
+        with _no_init():
+            model = cls._from_config(config, **kwargs)
+    except Exception as exc:
+        raise CorruptedSaveError(
+            f"{file}: cannot build {cls.__name__} from the saved config: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    return model
+
+
+def _install_translators(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
+    path, layout = plan["blocks_path"], plan["layout"]
+    try:
+        blocks = model.get_submodule(path)
+    except AttributeError:
+        raise CorruptedSaveError(
+            f"{file}: the rebuilt {type(model).__name__} has no block list {path!r}"
+        ) from None
+    if not isinstance(blocks, nn.ModuleList) or len(blocks) != len(layout):
+        found = len(blocks) if isinstance(blocks, nn.ModuleList) else type(blocks).__name__
+        raise CorruptedSaveError(
+            f"{file}: the rebuilt model has {found} blocks at {path!r} but the plan "
+            f"lists {len(layout)}"
+        )
+    for position, entry in enumerate(layout):
+        if entry["type"] != "translator":
+            continue
+        try:
+            translator = build_translator(entry["translator"])
+        except (ValueError, TypeError) as exc:
+            raise CorruptedSaveError(f"{file}: layout[{position}]: {exc}") from None
+        block = TranslatorBlock(translator, tuple(entry["span"]))
+        for name, value in entry.get("attributes", {}).items():
+            if (
+                hasattr(TranslatorBlock, name)
+                or name in ("training", "span", "translator")
+                or (not _NAME_RE.fullmatch(name))
+            ):
+                raise CorruptedSaveError(
+                    f"{file}: layout[{position}]: attribute {name!r} cannot be set"
+                )
+            setattr(block, name, value)
+        blocks[position] = block
+
+
+def _drop_absent_modules(model: nn.Module, plan: dict[str, Any]) -> None:
+    """Removes modules that the class builds but the saved model did not have
+    (e.g. the pooler of ``ViTModel(config, add_pooling_layer=False)``)."""
+    saved = set(plan["modules"])
+    block_path = plan["blocks_path"]
+    for name, _ in list(model.named_modules()):
+        if not name or name == block_path or name.startswith(block_path + "."):
+            continue
+        parent, _, attr = name.rpartition(".")
+        if name not in saved and (not parent or parent in saved):
+            holder = model.get_submodule(parent) if parent else model
+            if getattr(holder, attr, None) is not None:
+                setattr(holder, attr, None)
+
+
+def _cast_buffers(model: nn.Module, plan: dict[str, Any]) -> None:
+    for name, dtype_name in plan["buffer_dtypes"].items():
+        owner, _, attr = name.rpartition(".")
+        try:
+            module = model.get_submodule(owner) if owner else model
+        except AttributeError:
+            continue
+        value = module._buffers.get(attr)
+        dtype = getattr(torch, dtype_name)
+        if value is not None and value.dtype != dtype:
+            module._buffers[attr] = value.to(dtype)
+
+
+def _state_slots(model: nn.Module) -> dict[str, tuple[nn.Module, str, bool]]:
+    """Every state-dict name of ``model`` → (owning module, attribute, is a
+    parameter), tied names included."""
+    slots = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        head = f"{prefix}." if prefix else ""
+        for name, value in module._parameters.items():
+            if value is not None:
+                slots[head + name] = (module, name, True)
+        for name, value in module._buffers.items():
+            if value is not None and name not in module._non_persistent_buffers_set:
+                slots[head + name] = (module, name, False)
+    return slots
+
+
+def _load_weights(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
+    from safetensors import safe_open
+
+    expected_bytes = plan["weights"]["bytes"]
+    if not file.is_file():
+        raise CorruptedSaveError(f"{file} is missing")
+    size = file.stat().st_size
+    if size != expected_bytes:
+        raise CorruptedSaveError(
+            f"{file} has {size} bytes but the plan records {expected_bytes} (truncated or replaced)"
+        )
+    slots = _state_slots(model)
+    aliases: dict[str, str] = plan["weights"]["aliases"]
+    loaded: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            names = set(handle.keys())
+            unexpected = sorted(names - slots.keys())
+            if unexpected:
+                raise CorruptedSaveError(
+                    f"{file} holds tensors the rebuilt model does not have: {_preview(unexpected)}"
+                )
+            missing = sorted(slots.keys() - names - aliases.keys())
+            if missing:
+                raise CorruptedSaveError(f"{file} lacks the tensors {_preview(missing)}")
+            for alias, source in aliases.items():
+                if alias not in slots or source not in names:
+                    raise CorruptedSaveError(
+                        f"{file}: tied tensor {alias!r} → {source!r} does not match the model"
+                    )
+            for name in sorted(names):
+                module, attr, _ = slots[name]
+                want = tuple(getattr(module, attr).shape)
+                have = tuple(handle.get_slice(name).get_shape())
+                if have != want:
+                    raise CorruptedSaveError(
+                        f"{file}: tensor {name!r} has shape {list(have)}, the model "
+                        f"expects {list(want)}"
+                    )
+            for name in sorted(names):
+                loaded[name] = handle.get_tensor(name)
+    except CorruptedSaveError:
+        raise
+    except Exception as exc:
+        raise CorruptedSaveError(
+            f"{file} is not a readable safetensors file: {type(exc).__name__}: {exc}"
+        ) from None
+    made: dict[str, torch.Tensor] = {}
+    for name, (module, attr, is_param) in slots.items():
+        source = aliases.get(name, name)
+        if source not in made:
+            tensor = loaded[source]
+            if is_param:
+                old = module._parameters[attr]
+                tensor = nn.Parameter(tensor, requires_grad=old.requires_grad)
+            made[source] = tensor
+        if is_param:
+            module._parameters[attr] = made[source]
+        else:
+            module._buffers[attr] = made[source]
+
+
+def _preview(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def load_pretrained(
+    path: str | os.PathLike[str],
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | str | None = None,
+) -> nn.Module:
+    """Loads a model saved by :func:`save_pretrained`, in eval mode.
+
+    The model is rebuilt in the saved dtype, its translators put back and its
+    tensors loaded strictly; then it moves to ``device`` and is cast to
+    ``dtype`` when those are given. Raises ``FileNotFoundError`` when
+    ``path`` does not exist and :class:`CorruptedSaveError` (a
+    ``ValueError``) naming the file when a file is missing, damaged or
+    inconsistent; a model class outside ``transformers`` is refused with a
+    ``ValueError``.
+    """
+    directory = Path(path)
+    if not directory.exists():
+        raise FileNotFoundError(errno.ENOENT, f"no saved model at {directory}", str(directory))
+    if not directory.is_dir():
+        raise CorruptedSaveError(f"{directory} is not a directory saved by toast.save_pretrained")
+    if isinstance(dtype, str):
+        resolved = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(f"dtype {dtype!r} is not a torch dtype")
+        dtype = resolved
+    plan_file = directory / PLAN_NAME
+    plan = _read_plan(directory)
+    model = _build(plan, plan_file)
+    _install_translators(model, plan, plan_file)
+    _drop_absent_modules(model, plan)
+    _cast_buffers(model, plan)
+    _load_weights(model, plan, directory / WEIGHTS_NAME)
+    if device is not None:
+        model.to(device)
+    if dtype is not None:
+        model.to(dtype)
+    return model.eval()

@@ -1,0 +1,330 @@
+"""Saving a patched Hugging Face model atomically (see :mod:`toast.io`)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import importlib
+import json
+import os
+import secrets
+import shutil
+import stat
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from toast.hf.blocks import find_blocks
+from toast.hf.params import count_params
+from toast.io.format import _MODULE_RE, _NAME_RE, FORMAT, FORMAT_VERSION, PLAN_NAME, WEIGHTS_NAME
+from toast.translators import translator_spec
+from toast.translators.block import TranslatorBlock
+
+__all__ = ["save_pretrained"]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _model_class(model: nn.Module) -> dict[str, str]:
+    """The importable location of ``model``'s class, checked to be a
+    ``transformers`` model class (the only kind the loader will import)."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError as exc:  # pragma: no cover - transformers is a dependency of toast.hf
+        raise TypeError("saving a model needs transformers") from exc
+    cls = type(model)
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(
+            f"save_pretrained saves Hugging Face transformers models, got {cls.__name__}"
+        )
+    module, name = cls.__module__, cls.__qualname__
+    found = None
+    if _MODULE_RE.fullmatch(module) and _NAME_RE.fullmatch(name):
+        found = getattr(importlib.import_module(module), name, None)
+    if found is not cls:
+        raise TypeError(
+            f"{module}.{name} is not a class defined by the transformers package; "
+            "toast saves only models whose class it can rebuild from transformers"
+        )
+    return {"module": module, "name": name}
+
+
+def _plain_attributes(block: TranslatorBlock) -> dict[str, Any]:
+    # What TranslatorBlock copied from the block it replaced (attention_type,
+    # layer_idx, ...); `training` follows model.eval() and `span` is saved apart.
+    return {
+        name: value
+        for name, value in vars(block).items()
+        if not name.startswith("_")
+        and name not in ("training", "span")
+        and isinstance(value, (str, int, float, bool))
+    }
+
+
+def _aliases(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Splits ``state`` into the tensors to store and ``{alias: stored name}``
+    for names that are the very same tensor view as an earlier name (tied
+    weights)."""
+    stored: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    views: dict[tuple, str] = {}
+    storages: set[tuple] = set()
+    for name, tensor in state.items():
+        tensor = tensor.detach()
+        storage = (tensor.device, tensor.untyped_storage().data_ptr())
+        view = (*storage, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+        view += (tensor.dtype,)
+        if tensor.numel() == 0 or storage[1] == 0:
+            stored[name] = tensor.contiguous().cpu()
+        elif view in views:
+            aliases[name] = views[view]
+        elif storage in storages:
+            # another view of a stored tensor's memory: store a copy
+            stored[name] = tensor.cpu().clone(memory_format=torch.contiguous_format)
+        else:
+            views[view] = name
+            storages.add(storage)
+            stored[name] = tensor.contiguous().cpu()
+    return stored, aliases
+
+
+def _config_dict(config: Any, num_blocks: int) -> dict[str, Any]:
+    """The JSON form of ``config``, made consistent with ``num_blocks``.
+
+    Backbone-capable configs (DINOv2, ...) derive ``stage_names`` from the
+    layer count when built, so ones left from the unpatched model fail
+    validation. When the outputs are the default (the last stage only) the
+    three derived keys are dropped and rebuilt; other outputs would need
+    remapping through the spans, which is refused.
+    """
+    data = json.loads(config.to_json_string(use_diff=False))
+    stages = data.get("stage_names")
+    if isinstance(stages, list) and len(stages) != num_blocks + 1:
+        indices, features = data.get("out_indices"), data.get("out_features")
+        if indices not in (None, [len(stages) - 1]) or features not in (None, stages[-1:]):
+            raise ValueError(
+                f"the config's backbone outputs {features} refer to the blocks before "
+                "patching; toast can save a patched backbone only with the default "
+                "(last stage) output"
+            )
+        for key in ("stage_names", "out_indices", "out_features"):
+            data.pop(key, None)
+    return data
+
+
+def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The plan of ``model`` (without the weights' byte count) and the tensors
+    to store. Raises before anything is written when the model cannot be
+    described."""
+    import transformers
+
+    from toast import __version__
+
+    model_class = _model_class(model)
+    stack = find_blocks(model, blocks)
+    block_ids = {id(b) for b in stack.blocks}
+    for name, module in model.named_modules():
+        if isinstance(module, TranslatorBlock) and id(module) not in block_ids:
+            raise ValueError(
+                f"translator block {name!r} is not in the block list {stack.path!r}; "
+                "toast saves translators that replace_spans put into the block list"
+            )
+    config = model.config
+    num_layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(num_layers, int) and num_layers != stack.num_blocks:
+        raise ValueError(
+            f"config.num_hidden_layers is {num_layers} but {stack.path!r} holds "
+            f"{stack.num_blocks} blocks; the model could not be rebuilt from its config"
+        )
+    layout: list[dict[str, Any]] = []
+    for block in stack.blocks:
+        if isinstance(block, TranslatorBlock):
+            layout.append(
+                {
+                    "type": "translator",
+                    "span": [int(block.span[0]), int(block.span[1])],
+                    "translator": translator_spec(block.translator),
+                    "attributes": _plain_attributes(block),
+                }
+            )
+        else:
+            layout.append({"type": "block"})
+    # Modules outside the block list: a module the class builds but this model
+    # lacks (ViTModel(add_pooling_layer=False)) is dropped again on load.
+    prefix = stack.path + "."
+    modules = [
+        name
+        for name, _ in model.named_modules()
+        if name and name != stack.path and not name.startswith(prefix)
+    ]
+    buffer_dtypes = {}
+    for name, module in model.named_modules():
+        for buffer in module._non_persistent_buffers_set:
+            value = module._buffers.get(buffer)
+            if value is not None and value.is_floating_point():
+                buffer_dtypes[f"{name}.{buffer}" if name else buffer] = _dtype_name(value.dtype)
+    stored, aliases = _aliases(model.state_dict())
+    translators = [entry for entry in layout if entry["type"] == "translator"]
+    original = sum(1 for e in layout if e["type"] == "block") + sum(
+        e["span"][1] - e["span"][0] for e in translators
+    )
+    plan = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "summary": {
+            "toast_version": __version__,
+            "transformers_version": transformers.__version__,
+            "torch_version": torch.__version__,
+            "model_class": model_class["name"],
+            "blocks": len(layout),
+            "original_blocks": original,
+            "spans": [e["span"] for e in translators],
+            "translator_kinds": dict(Counter(e["translator"]["kind"] for e in translators)),
+            "parameters": count_params(model),
+        },
+        "model_class": model_class,
+        "config": _config_dict(config, stack.num_blocks),
+        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "dtype": _dtype_name(model.dtype),
+        "blocks_path": stack.path,
+        "layout": layout,
+        "modules": modules,
+        "buffer_dtypes": buffer_dtypes,
+        "weights": {"file": WEIGHTS_NAME, "tensors": len(stored), "aliases": aliases},
+    }
+    return plan, stored
+
+
+def _fsync_path(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - directories cannot be opened on Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_weights(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    """Writes ``tensors`` to the safetensors ``file`` and fsyncs it."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(file), metadata={"format": "pt", "toast_format": FORMAT})
+    _fsync_path(file)
+
+
+def _write_plan(plan: dict[str, Any], file: Path) -> None:
+    """Writes the plan JSON to ``file`` and fsyncs it."""
+    text = json.dumps(plan, indent=2)
+    with open(file, "w", encoding="utf-8") as handle:
+        handle.write(text + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _hidden_sibling(target: Path, tag: str) -> Path:
+    # Created with os.mkdir so the final directory gets the usual permissions.
+    while True:
+        candidate = target.parent / f".{target.name}.{tag}-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(candidate)
+            return candidate
+        except FileExistsError:  # pragma: no cover - 32 random bits collided
+            continue
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swaps two paths (Linux ``renameat2(RENAME_EXCHANGE)``);
+    False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    return rc == 0
+
+
+def _is_replaceable(path: Path) -> bool:
+    # overwrite=True replaces a toast save or an empty directory, never an
+    # arbitrary file or folder.
+    if not path.is_dir() or path.is_symlink():
+        return False
+    names = {p.name for p in path.iterdir()}
+    return not names or PLAN_NAME in names
+
+
+def save_pretrained(
+    model: nn.Module,
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    blocks: str | None = None,
+) -> Path:
+    """Saves a (patched or not) ``transformers`` model to the directory ``path``.
+
+    Writes ``model.safetensors`` and ``toast_plan.json`` (see the module
+    docstring) into a hidden temporary directory next to ``path`` and renames
+    it to ``path`` once complete, so an interrupted save leaves nothing at
+    ``path``. An existing ``path`` raises ``FileExistsError`` unless
+    ``overwrite`` is true; then a previous save (or an empty directory) is
+    replaced, and the old save stays in place until the new one is complete.
+    ``blocks`` names the block list when discovery fails (as in
+    :func:`toast.find_blocks`). Returns the path.
+    """
+    target = Path(path)
+    if target.exists() or target.is_symlink():
+        if not overwrite:
+            raise FileExistsError(
+                errno.EEXIST, f"{target} exists; pass overwrite=True to replace it", str(target)
+            )
+        if not _is_replaceable(target):
+            raise FileExistsError(
+                errno.EEXIST,
+                f"{target} exists and is not a toast save; refusing to overwrite it",
+                str(target),
+            )
+    plan, tensors = _plan(model, blocks)  # raises before anything is written
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _hidden_sibling(target, "tmp")
+    old: Path | None = None  # where the previous save sits while being swapped out
+    try:
+        _write_weights(tensors, tmp / WEIGHTS_NAME)
+        plan["weights"]["bytes"] = (tmp / WEIGHTS_NAME).stat().st_size
+        _write_plan(plan, tmp / PLAN_NAME)  # last: its presence marks a complete save
+        # safetensors creates its file private (0600); give it the plan's
+        # permissions, which follow the umask like any file open() creates.
+        os.chmod(tmp / WEIGHTS_NAME, stat.S_IMODE((tmp / PLAN_NAME).stat().st_mode))
+        _fsync_path(tmp)
+        if overwrite and target.exists():
+            if _exchange(tmp, target):
+                old = tmp  # tmp now holds the previous save
+            else:
+                old = target.parent / f".{target.name}.old-{secrets.token_hex(4)}"
+                os.rename(target, old)
+                os.rename(tmp, target)
+        else:
+            os.rename(tmp, target)  # fails if a non-empty directory appeared meanwhile
+        _fsync_path(target.parent)
+    except BaseException:
+        if old is not None and old != tmp and not target.exists():
+            os.rename(old, target)  # put the previous save back
+            old = None
+        if old != tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return target

@@ -1,0 +1,123 @@
+"""What every compression method provides, and the registry that
+``toast.compress(model, data, method=...)`` dispatches through.
+
+A method is a name, a typed config (a frozen dataclass that validates its
+fields in ``__post_init__``) and a ``run(model, data, config)`` returning
+the compressed model and a :class:`Report`. Methods register themselves
+when their package is imported; :mod:`toast.methods` imports them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from toast.hf.calibration import CALIBRATION_OPTIONS, Calibration
+
+__all__ = ["Method", "Report", "get_method", "make_config", "method_names", "register"]
+
+
+class Report:
+    """Common ground of every method's report.
+
+    Subclasses are dataclasses with at least ``method``, ``blocks_before``,
+    ``blocks_after``, ``params_before`` and ``params_after``, and write
+    :meth:`to_markdown`.
+    """
+
+    method: str
+    blocks_before: int
+    blocks_after: int
+    params_before: int
+    params_after: int
+
+    @property
+    def blocks_removed(self) -> int:
+        """Transformer blocks the model lost (a translator block counts as
+        replacing, not keeping, its span)."""
+        return self.blocks_before - self.blocks_after
+
+    @property
+    def compression_by_blocks(self) -> float:
+        """Fraction of blocks removed (the papers' "25%")."""
+        return self.blocks_removed / self.blocks_before
+
+    @property
+    def compression_by_params(self) -> float:
+        """Fraction of parameters removed."""
+        return 1.0 - self.params_after / self.params_before
+
+    def params_line(self) -> str:
+        """One markdown line: parameters before → after."""
+        return (
+            f"Parameters: {self.params_before:,} → {self.params_after:,} "
+            f"(−{100 * self.compression_by_params:.1f}%)"
+        )
+
+    def to_markdown(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered compression method.
+
+    ``config`` is its config dataclass; ``run(model, data, config)`` does
+    the work; ``needs_data`` says whether ``data`` may be None.
+    """
+
+    name: str
+    config: type
+    run: Callable[[nn.Module, Iterable | None, Any], tuple[nn.Module, Report]]
+    needs_data: bool = True
+    summary: str = ""
+
+
+_REGISTRY: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Adds ``method`` to the registry (a second method of the same name is
+    an error: names are how users choose)."""
+    if method.name in _REGISTRY and _REGISTRY[method.name] is not method:
+        raise ValueError(f"a method named {method.name!r} is registered already")
+    _REGISTRY[method.name] = method
+    return method
+
+
+def method_names() -> list[str]:
+    """Names of the registered methods."""
+    return sorted(_REGISTRY)
+
+
+def get_method(name: str) -> Method:
+    """The method registered as ``name``."""
+    if name not in _REGISTRY:
+        raise ValueError(f"method must be one of {method_names()}; got {name!r}")
+    return _REGISTRY[name]
+
+
+def make_config(method: Method, params: Mapping[str, Any]) -> Any:
+    """``method.config`` built from keyword ``params``: calibration options
+    (``max_samples``, ``seed``...) go into its ``calibration`` field, the
+    rest are its own fields; an option it does not have is a ``TypeError``
+    that lists the ones it has."""
+    names = {f.name for f in dataclasses.fields(method.config)}
+    calibration_options, own = Calibration.split(params)
+    unknown = sorted(set(own) - names)
+    if calibration_options and "calibration" not in names:
+        unknown += sorted(calibration_options)
+    if unknown:
+        allowed = sorted(names - {"calibration"})
+        if "calibration" in names:
+            allowed += list(CALIBRATION_OPTIONS)
+        raise TypeError(
+            f"method={method.name!r} has no option(s) {unknown}; its options are {allowed}"
+        )
+    if "calibration" in names:
+        own["calibration"] = Calibration.from_options(own.get("calibration"), **calibration_options)
+    return method.config(**own)

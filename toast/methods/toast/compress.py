@@ -1,0 +1,112 @@
+"""``toast.compress(..., method="toast")``: analyse, plan, fit and patch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch import nn
+
+from toast.hf.blocks import BlockStack, find_blocks
+from toast.hf.params import count_params
+from toast.hf.surgery import replace_spans
+from toast.methods.base import Method, register
+from toast.methods.toast.analysis import Analysis, analyze
+from toast.methods.toast.config import ToastConfig
+from toast.methods.toast.fitting import Fitter
+from toast.methods.toast.report import CompressionReport
+from toast.spans import Span, validate_spans
+
+__all__ = ["METHOD", "compress_toast"]
+
+
+def compress_toast(
+    model: nn.Module, data: Iterable, config: ToastConfig
+) -> tuple[nn.Module, CompressionReport]:
+    """Replaces redundant spans of ``model``'s blocks by translators, in place.
+
+    One pass over ``data`` gives the moments and the error matrix; the
+    spans come from ``config.spans`` or :meth:`Analysis.plan`; each gets a
+    translator (see :class:`ToastConfig`) and the model is patched.
+    """
+    stack = find_blocks(model, config.calibration.blocks)
+    analysis = analyze(
+        model,
+        data,
+        metric=config.metric,
+        estimator=config.estimator,
+        folds=config.folds,
+        tokens=config.tokens,
+        backend=config.backend,
+        calibration=config.calibration,
+        stack=stack,
+    )
+    spans = _choose_spans(analysis, config)
+    blocks_before, params_before = stack.num_blocks, count_params(model)
+    fitter = Fitter(config)
+    if config.fit == "independent":
+        modules = fitter.fit_all(model, data, spans, analysis, stack)
+        replace_spans(model, [(s.start, s.stop) for s in spans], modules, blocks=stack)
+    else:
+        _fit_sequentially(model, data, spans, fitter, stack)
+    report = CompressionReport(
+        method="toast",
+        translator=config.translator,
+        spans=spans,
+        conditions=fitter.conditions,
+        blocks_before=blocks_before,
+        blocks_after=blocks_before - sum(s.num_blocks for s in spans) + len(spans),
+        params_before=params_before,
+        params_after=count_params(model),
+        rows=analysis.rows,
+        analysis=analysis,
+        fit=config.fit,
+    )
+    return model, report
+
+
+def _choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
+    budget = config.budget
+    if budget is not None and not 1 <= budget < analysis.num_blocks:
+        raise ValueError(
+            f"budget={budget} must be between 1 and {analysis.num_blocks - 1}: the model has "
+            f"{analysis.num_blocks} blocks and keeps at least one"
+        )
+    if config.spans is not None:
+        chosen = validate_spans(config.spans, analysis.num_blocks)
+        return [Span(a, b, float(analysis.errors[a, b])) for a, b in chosen]
+    spans = analysis.plan(max_blocks=budget, max_error=config.max_error)
+    if not spans:
+        raise ValueError(
+            "no span satisfies the constraints (max_error too small?); inspect "
+            "toast.analyze(...).errors"
+        )
+    return spans
+
+
+def _fit_sequentially(
+    model: nn.Module, data: Iterable, spans: list[Span], fitter: Fitter, stack: BlockStack
+) -> None:
+    # Each replacement shortens the block list: rediscover it after each patch.
+    removed = 0
+    for span in spans:
+        where = (span.start - removed, span.stop - removed)
+        module = fitter.fit_one_on(model, data, where, stack)
+        replace_spans(model, [where], [module], blocks=stack)
+        stack = find_blocks(model, stack.path)
+        removed += span.num_blocks - 1
+
+
+def _run(model: nn.Module, data: Iterable | None, config: ToastConfig):
+    if data is None:
+        raise ValueError("method='toast' needs calibration data (a loader of batches)")
+    return compress_toast(model, data, config)
+
+
+METHOD = register(
+    Method(
+        name="toast",
+        config=ToastConfig,
+        run=_run,
+        summary="replace redundant spans of blocks by closed-form or trained translators",
+    )
+)

@@ -1,0 +1,78 @@
+"""The options of ``toast.compress(..., method="toast")``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from toast._validation import Interval, Options, Predicate, validate
+from toast.core import METRICS
+from toast.hf.calibration import Calibration
+from toast.hf.capture import BACKENDS, TOKENS, Tokens
+
+__all__ = ["CLOSED_FORM", "TRAINED", "ToastConfig"]
+
+CLOSED_FORM = ("identity", "linear", "affine", "diagonal", "orthogonal")
+TRAINED = ("mlp", "resmlp")
+
+
+@dataclass(frozen=True)
+class ToastConfig:
+    """How TOAST analyses, plans and fits (see :func:`toast.compress`).
+
+    Planning: ``budget`` blocks to remove, each span within ``max_error``,
+    or explicit ``spans``. Analysis: ``metric``, ``estimator``, ``folds``,
+    ``tokens``, ``backend``. Fitting: ``translator`` (closed form: identity,
+    linear, affine, diagonal, orthogonal; trained: mlp, resmlp with
+    ``max_rows``, ``train_steps``, ``lr``), ``ridge``, ``fit``
+    (``"independent"``: every span on the original model's activations, the
+    papers' protocol; ``"sequential"``: each span on the partially
+    compressed model). ``calibration`` bounds every pass over the data.
+    """
+
+    budget: int | None = None
+    max_error: float | None = None
+    spans: Sequence[tuple[int, int]] | None = None
+    translator: str = "affine"
+    fit: Literal["independent", "sequential"] = "independent"
+    metric: str = "linear"
+    estimator: Literal["cv", "gcv", "in_sample"] = "cv"
+    folds: int = 5
+    tokens: Tokens = "all"
+    ridge: float | None = None
+    max_rows: int = 50_000
+    train_steps: int = 300
+    lr: float = 1e-3
+    backend: Literal["auto", "c", "torch"] = "auto"
+    calibration: Calibration = field(default_factory=Calibration)
+
+    _constraints: ClassVar[dict[str, list[Any]]] = {
+        "budget": [Interval(int, 1, None), None],
+        "max_error": [Interval(float, 0, None), None],
+        "spans": [Predicate(lambda v: isinstance(v, Sequence), "a list of (start, stop)"), None],
+        "translator": [Options(CLOSED_FORM + TRAINED)],
+        "fit": [Options(("independent", "sequential"))],
+        "metric": [Options(METRICS)],
+        "estimator": [Options(("cv", "gcv", "in_sample"))],
+        "folds": [Interval(int, 2, None)],
+        "tokens": [Options(TOKENS)],
+        "ridge": [Interval(float, 0, None), None],
+        "max_rows": [Interval(int, 1, None)],
+        "train_steps": [Interval(int, 1, None)],
+        "lr": [Interval(float, 0, None, closed="neither")],
+        "backend": [Options(BACKENDS)],
+        "calibration": [Calibration],
+    }
+
+    def __post_init__(self) -> None:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in validate(self._constraints, fields).items():
+            object.__setattr__(self, name, value)
+        if self.spans is not None and (self.budget is not None or self.max_error is not None):
+            raise ValueError("give either spans=[(start, stop), ...] or budget/max_error, not both")
+        if self.spans is None and self.budget is None and self.max_error is None:
+            raise ValueError(
+                "give budget=<blocks to remove>, max_error=..., or both (or spans=...)"
+            )

@@ -1,0 +1,120 @@
+"""Fitting the translators of planned spans: closed form from moments, or
+trained on a row sample; on the original model (independent) or on the
+partially compressed one (sequential)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+from torch import nn
+
+from toast.core import Moments, Translator, fit_translator
+from toast.hf.blocks import BlockStack
+from toast.hf.capture import capture_moments
+from toast.hf.distributed import broadcast_module
+from toast.hf.rows import RowSample, capture_rows
+from toast.methods.toast.analysis import Analysis
+from toast.methods.toast.config import CLOSED_FORM, ToastConfig
+from toast.spans import Span
+from toast.translators import train_translator
+
+__all__ = ["FEW_ROWS_RIDGE", "FewRowsWarning", "Fitter"]
+
+# Ridge (relative to the mean diagonal of XᵀX) for fits with rows <= dim.
+FEW_ROWS_RIDGE = 1e-3
+
+
+class FewRowsWarning(UserWarning):
+    """A translator was fitted from no more rows than features (ridge used)."""
+
+
+class Fitter:
+    """Fits the configured kind of translator for spans of one model."""
+
+    def __init__(self, config: ToastConfig) -> None:
+        self.config = config
+        self.conditions: list[float] = []
+
+    def _closed_form(self, moments: Moments, i: int, j: int) -> Translator:
+        kind, ridge, relative = self.config.translator, self.config.ridge, False
+        if ridge is None and kind in ("linear", "affine") and moments.rows <= moments.dim:
+            ridge, relative = FEW_ROWS_RIDGE, True
+            warnings.warn(
+                f"fitting blocks[{i}:{j}] from {moments.rows} rows of width {moments.dim}: "
+                f"least squares is underdetermined, so a ridge of {FEW_ROWS_RIDGE} (relative "
+                "to the mean diagonal of XᵀX) is used; pass ridge=... or more data",
+                FewRowsWarning,
+                stacklevel=5,
+            )
+        t = fit_translator(moments, i, j, kind=kind, ridge=ridge, ridge_relative=relative)
+        self.conditions.append(t.condition)
+        return t
+
+    def _trained(self, sample: RowSample, i: int, j: int, like: nn.Module) -> nn.Module:
+        config = self.config
+        module = train_translator(
+            sample.state(i),
+            sample.state(j),
+            config.translator,
+            steps=config.train_steps,
+            lr=config.lr,
+            seed=config.calibration.seed,
+            progress=config.calibration.progress,
+        )
+        self.conditions.append(float("nan"))
+        if config.calibration.is_distributed:
+            # each rank sampled its own shard: take rank 0's translator everywhere
+            broadcast_module(module, group=config.calibration.group)
+        reference = next(like.parameters(), None)
+        if reference is not None:
+            module = module.to(dtype=reference.dtype, device=reference.device)
+        return module
+
+    def _rows(self, model: nn.Module, data: Iterable, states: list[int], stack: BlockStack):
+        return capture_rows(
+            model,
+            data,
+            states,
+            capacity=self.config.max_rows,
+            tokens=self.config.tokens,
+            calibration=self.config.calibration,
+            stack=stack,
+        )
+
+    def fit_all(
+        self,
+        model: nn.Module,
+        data: Iterable,
+        spans: list[Span],
+        analysis: Analysis,
+        stack: BlockStack,
+    ) -> list:
+        """One translator per span, all on the original model."""
+        if self.config.translator in CLOSED_FORM:
+            return [self._closed_form(analysis.moments, s.start, s.stop) for s in spans]
+        states = [k for s in spans for k in (s.start, s.stop)]
+        with self._rows(model, data, states, stack) as rows:
+            return [
+                self._trained(rows, 2 * k, 2 * k + 1, stack.blocks[s.start])
+                for k, s in enumerate(spans)
+            ]
+
+    def fit_one_on(
+        self, model: nn.Module, data: Iterable, where: tuple[int, int], stack: BlockStack
+    ):
+        """The translator of ``blocks[where]`` on ``model`` as it is now."""
+        if self.config.translator in CLOSED_FORM:
+            moments, _ = capture_moments(
+                model,
+                data,
+                states=list(where),
+                tokens=self.config.tokens,
+                folds=0,
+                backend=self.config.backend,
+                calibration=self.config.calibration,
+                stack=stack,
+            )
+            return self._closed_form(moments, 0, 1)
+        with self._rows(model, data, list(where), stack) as rows:
+            return self._trained(rows, 0, 1, stack.blocks[where[0]])

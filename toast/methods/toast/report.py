@@ -1,0 +1,57 @@
+"""What ``toast.compress(..., method="toast")`` reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from toast.methods.base import Report
+from toast.methods.toast.analysis import Analysis
+from toast.spans import Span
+
+__all__ = ["CompressionReport"]
+
+
+@dataclass
+class CompressionReport(Report):
+    """What :func:`toast.compress` did with ``method="toast"``: the spans
+    replaced, their predicted errors and fit conditions, blocks and
+    parameters before and after, and the analysis it planned from."""
+
+    method: str
+    translator: str
+    spans: list[Span]
+    conditions: list[float]
+    blocks_before: int
+    blocks_after: int
+    params_before: int
+    params_after: int
+    rows: int
+    analysis: Analysis = field(repr=False)
+    fit: str = "independent"
+
+    @property
+    def blocks_removed(self) -> int:
+        # the translator blocks stand in for their spans: count every replaced block
+        return sum(s.num_blocks for s in self.spans)
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"**{self.method}**: {self.blocks_removed} of {self.blocks_before} blocks replaced "
+            f"by {len(self.spans)} {self.translator} translator(s) "
+            f"({self.fit} fit), analysed on {self.rows} rows.",
+            "",
+            "| blocks | paper (s→e) | predicted error | condition |",
+            "|---|---|---:|---:|",
+        ]
+        for span, cond in zip(self.spans, self.conditions, strict=True):
+            shown = "—" if cond != cond else f"{cond:.3g}"  # NaN: a trained translator
+            lines.append(
+                f"| [{span.start}:{span.stop}] | {span.paper} | {span.error:.4g} | {shown} |"
+            )
+        lines += [
+            "",
+            f"{self.params_line()}; transformer blocks: "
+            f"{self.blocks_before} → {self.blocks_before - self.blocks_removed} "
+            f"(−{100 * self.compression_by_blocks:.1f}%), plus {len(self.spans)} translator(s).",
+        ]
+        return "\n".join(lines)

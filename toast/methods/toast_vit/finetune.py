@@ -1,0 +1,113 @@
+"""Optional recovery fine-tuning after head pruning (paper §2.4: "AdamW with a
+cosine learning-rate schedule"; the reference code's defaults: lr 1e-3 →
+1e-5, weight decay 1e-4, no warm-up).
+
+ToaSt itself needs no data; this loop is for users who have some. Masks of
+``form="masked"`` pruning are re-applied after every optimiser step, so
+pruned weights stay zero (the reference code only re-projects before each
+evaluation; the paper says nothing). A dense-pruned model needs no masks:
+the pruned dimensions do not exist.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from toast.methods.toast_vit.scwp import apply_masks
+
+__all__ = ["cosine_lr", "finetune"]
+
+
+def cosine_lr(step: int, steps: int, lr: float, min_lr: float, warmup: int = 0) -> float:
+    """Learning rate at ``step`` (0-based) of ``steps``: linear warm-up over
+    ``warmup`` steps, then cosine from ``lr`` to ``min_lr``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    span = max(1, steps - warmup)
+    t = min(1.0, (step - warmup) / span)
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * t))
+
+
+def _batches(loader: Iterable, steps: int) -> Iterator[Any]:
+    """``steps`` batches, iterating ``loader`` again as often as needed."""
+    done = 0
+    while done < steps:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+            done += 1
+            if done == steps:
+                return
+        if empty:
+            raise ValueError("the loader yielded no batch")
+
+
+def _default_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    if isinstance(batch, dict):
+        out = model(**batch)
+        loss = getattr(out, "loss", None)
+        if loss is None:
+            raise ValueError(
+                "the model returned no loss for a dict batch; include 'labels' or pass loss_fn"
+            )
+        return loss
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        pixels, labels = batch
+        logits = model(pixel_values=pixels).logits
+        return nn.functional.cross_entropy(logits, labels)
+    raise ValueError(
+        "batches must be dicts with 'labels' or (pixel_values, labels) pairs; otherwise pass "
+        "loss_fn(model, batch)"
+    )
+
+
+def finetune(
+    model: nn.Module,
+    loader: Iterable,
+    *,
+    steps: int,
+    lr: float = 1e-3,
+    min_lr: float = 1e-5,
+    weight_decay: float = 1e-4,
+    warmup: int = 0,
+    max_grad_norm: float | None = None,
+    loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
+) -> list[float]:
+    """Fine-tunes ``model`` for ``steps`` optimiser steps with AdamW and a
+    cosine schedule (the loader is iterated again as needed), re-applying SCWP
+    masks after every step. Returns the loss of every step. The model is
+    left in eval mode."""
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if not (lr > 0 and 0 <= min_lr <= lr):
+        raise ValueError(f"need lr > 0 and 0 <= min_lr <= lr, got lr={lr}, min_lr={min_lr}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    loss_fn = loss_fn or _default_loss
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    losses: list[float] = []
+    model.train()
+    try:
+        for step, batch in enumerate(_batches(loader, steps)):
+            for group in opt.param_groups:
+                group["lr"] = cosine_lr(step, steps, lr, min_lr, warmup)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model, batch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"the loss is {loss.item()} at step {step}")
+            loss.backward()
+            if max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            opt.step()
+            apply_masks(model)
+            losses.append(float(loss.detach()))
+    finally:
+        model.eval()
+    return losses

@@ -1,0 +1,135 @@
+"""Translator modules and their JSON specs.
+
+Closed-form translators (identity, linear, affine, diagonal, orthogonal) come
+from :func:`toast.fit_translator` and become modules through
+:func:`toast.translator_module`. The trained ones of TOAST's ablation live
+here:
+
+- :class:`MLPTranslator`: ``Linear(d, d/2) → GELU → Linear(d/2, d)``.
+- :class:`ResMLPTranslator`: ``x̂ = LN₁(x)``, ``LN₂(x̂ + Linear(SiLU(Linear(x̂))))``
+  with dropout between the two linears.
+
+Every translator module has a JSON spec (:func:`translator_spec`) from which
+:func:`build_translator` rebuilds an uninitialised module of the same
+structure, so a saved model reloads from safetensors without pickling code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "DiagonalMap",
+    "MLPTranslator",
+    "ResMLPTranslator",
+    "build_translator",
+    "translator_spec",
+]
+
+
+class DiagonalMap(nn.Module):
+    """``y = x * scale + bias`` (a per-feature translator)."""
+
+    def __init__(self, scale: torch.Tensor, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(scale)
+        self.bias = nn.Parameter(bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.bias
+
+
+class MLPTranslator(nn.Module):
+    """``Linear(dim, hidden) → GELU → Linear(hidden, dim)``; ``hidden`` defaults
+    to ``dim // 2`` (TOAST's MLP ablation)."""
+
+    def __init__(self, dim: int, hidden: int | None = None, **factory: Any) -> None:
+        super().__init__()
+        hidden = max(1, dim // 2) if hidden is None else int(hidden)
+        self.dim, self.hidden = int(dim), hidden
+        self.net = nn.Sequential(
+            nn.Linear(dim, hidden, **factory), nn.GELU(), nn.Linear(hidden, dim, **factory)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class ResMLPTranslator(nn.Module):
+    """TOAST's Res-MLP: ``x̂ = LN₁(x)``; ``LN₂(x̂ + W₂ · dropout(SiLU(W₁ x̂)))``.
+
+    Both linears are ``dim × dim``; ``dropout`` is 0.2 as in TOAST's code.
+    """
+
+    def __init__(self, dim: int, dropout: float = 0.2, **factory: Any) -> None:
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.dim, self.dropout = int(dim), float(dropout)
+        self.norm_in = nn.LayerNorm(dim, **factory)
+        self.ff = nn.Sequential(
+            nn.Linear(dim, dim, **factory),
+            nn.SiLU(),
+            nn.Dropout(dropout),
+            nn.Linear(dim, dim, **factory),
+        )
+        self.norm_out = nn.LayerNorm(dim, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm_in(x)
+        return self.norm_out(h + self.ff(h))
+
+
+def translator_spec(module: nn.Module) -> dict[str, Any]:
+    """The JSON-able description of a translator module's structure (not its
+    weights): enough for :func:`build_translator` to rebuild it."""
+    if isinstance(module, nn.Identity):
+        return {"kind": "identity"}
+    if isinstance(module, DiagonalMap):
+        return {"kind": "diagonal", "dim": int(module.scale.shape[0])}
+    if isinstance(module, MLPTranslator):
+        return {"kind": "mlp", "dim": module.dim, "hidden": module.hidden}
+    if isinstance(module, ResMLPTranslator):
+        return {"kind": "resmlp", "dim": module.dim, "dropout": module.dropout}
+    if type(module) is nn.Linear:
+        return {
+            "kind": "linear",
+            "in_features": module.in_features,
+            "out_features": module.out_features,
+            "bias": module.bias is not None,
+        }
+    raise TypeError(
+        f"cannot describe a translator of type {type(module).__name__}; toast saves "
+        "Identity, Linear, DiagonalMap, MLPTranslator and ResMLPTranslator"
+    )
+
+
+def build_translator(spec: dict[str, Any], **factory: Any) -> nn.Module:
+    """A translator module of the structure ``spec`` describes (weights
+    uninitialised or random: load them afterwards)."""
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise ValueError(f"a translator spec is a dict with a 'kind', got {spec!r}")
+    kind = spec["kind"]
+    try:
+        if kind == "identity":
+            return nn.Identity()
+        if kind == "diagonal":
+            dim = int(spec["dim"])
+            return DiagonalMap(torch.ones(dim, **factory), torch.zeros(dim, **factory))
+        if kind == "mlp":
+            return MLPTranslator(int(spec["dim"]), int(spec["hidden"]), **factory)
+        if kind == "resmlp":
+            return ResMLPTranslator(int(spec["dim"]), float(spec["dropout"]), **factory)
+        if kind == "linear":
+            return nn.Linear(
+                int(spec["in_features"]),
+                int(spec["out_features"]),
+                bias=bool(spec["bias"]),
+                **factory,
+            )
+    except KeyError as exc:
+        raise ValueError(f"translator spec {spec!r} lacks {exc.args[0]!r}") from None
+    raise ValueError(f"unknown translator kind {kind!r} in spec {spec!r}")
