@@ -67,7 +67,7 @@ def _run_local(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import toast
-    from toast.cli.local import load_batches, load_model
+    from toast.io.local import load_batches, load_model
 
     out = Path(args.out)
     if args.command == "compress" and out.exists() and not args.overwrite:

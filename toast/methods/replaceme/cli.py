@@ -89,7 +89,7 @@ def _run(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
-    from toast.cli.local import load_batches
+    from toast.io.local import load_batches
     from toast.methods.replaceme import replaceme
 
     device = args.device

@@ -39,7 +39,7 @@ def load_model(path: str | os.PathLike) -> torch.nn.Module:
 
     root = Path(path)
     if (root / "toast_plan.json").is_file():
-        from toast.io import load_pretrained
+        from toast.io.load import load_pretrained
 
         return load_pretrained(root)
     root = _check_dir(root)
