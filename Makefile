@@ -22,7 +22,7 @@ help:
 	@echo "make fuzz-ci   - atheris fuzzing of toast._core (90 s) + ASan replay"
 	@echo "make fuzz-long - the same for 30 minutes (FUZZ_TIME=seconds)"
 	@echo "make bench  - python benchmarks/bench_core.py"
-	@echo "make lint   - ruff check (make format: ruff format)"
+	@echo "make lint   - ruff, import-linter contracts, mypy, size rules (make format: ruff format)"
 	@echo "make clean  - remove build artefacts (keeps the venvs)"
 
 venv build:
@@ -40,9 +40,8 @@ asan:
 bench: venv
 	$(PY) benchmarks/bench_core.py $(ARGS)
 
-lint: venv
-	@test -x $(VENV)/bin/ruff || $(PY) -m pip install -q ruff
-	$(VENV)/bin/ruff check .
+lint:
+	bash scripts/lint.sh
 
 format: venv
 	@test -x $(VENV)/bin/ruff || $(PY) -m pip install -q ruff

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Static checks of the package, as CI runs them: ruff (style, imports,
+# complexity), import-linter (architecture contracts in pyproject.toml, imports
+# inside functions included), mypy (types of toast/) and the size rules
+# (functions <= 80 lines, modules <= 700 lines).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
+cd "$TOAST_ROOT"
+echo "==> ruff check"
+"$TOAST_VENV/bin/ruff" check .
+echo "==> lint-imports"
+"$TOAST_VENV/bin/lint-imports"
+echo "==> mypy toast"
+"$TOAST_VENV/bin/mypy" toast
+echo "==> size rules"
+"$TOAST_VENV/bin/python" scripts/check_layout.py toast
