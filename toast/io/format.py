@@ -6,14 +6,24 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "PLAN_NAME", "WEIGHTS_NAME", "CorruptedSaveError"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MODULE_RE",
+    "NAME_RE",
+    "PATH_RE",
+    "PLAN_KEYS",
+    "PLAN_NAME",
+    "WEIGHTS_NAME",
+    "CorruptedSaveError",
+]
 
 FORMAT = "toast.patched_model"
 FORMAT_VERSION = 1
 PLAN_NAME = "toast_plan.json"
 WEIGHTS_NAME = "model.safetensors"
 
-_PLAN_KEYS = (
+PLAN_KEYS = (
     "model_class",
     "config",
     "dtype",
@@ -23,9 +33,9 @@ _PLAN_KEYS = (
     "buffer_dtypes",
     "weights",
 )
-_MODULE_RE = re.compile(r"transformers(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PATH_RE = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+MODULE_RE = re.compile(r"transformers(\.[A-Za-z_][A-Za-z0-9_]*)*")
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+PATH_RE = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 
 
 class CorruptedSaveError(ValueError):

@@ -15,18 +15,17 @@ import torch
 from torch import nn
 
 from toast.io.format import (
-    _MODULE_RE,
-    _NAME_RE,
-    _PATH_RE,
-    _PLAN_KEYS,
     FORMAT,
     FORMAT_VERSION,
+    MODULE_RE,
+    NAME_RE,
+    PATH_RE,
+    PLAN_KEYS,
     PLAN_NAME,
     WEIGHTS_NAME,
     CorruptedSaveError,
 )
-from toast.translators import build_translator
-from toast.translators.block import TranslatorBlock
+from toast.io.registry import serializer_named
 
 __all__ = ["load_pretrained"]
 
@@ -53,7 +52,7 @@ def _read_plan(directory: Path) -> dict[str, Any]:
         raise CorruptedSaveError(
             f"{file} has format version {version!r}; this toast reads version {FORMAT_VERSION}"
         )
-    missing = [key for key in _PLAN_KEYS if key not in plan]
+    missing = [key for key in PLAN_KEYS if key not in plan]
     if missing:
         raise CorruptedSaveError(f"{file} lacks the keys {missing}")
     _check_plan(plan, file)
@@ -75,7 +74,7 @@ def _check_plan(plan: dict[str, Any], file: Path) -> None:
         getattr(torch, plan["dtype"], None), torch.dtype
     ):
         raise bad(f"'dtype' {plan['dtype']!r} is not a torch dtype")
-    if not isinstance(plan["blocks_path"], str) or not _PATH_RE.fullmatch(plan["blocks_path"]):
+    if not isinstance(plan["blocks_path"], str) or not PATH_RE.fullmatch(plan["blocks_path"]):
         raise bad(f"'blocks_path' {plan['blocks_path']!r} is not a dotted attribute path")
     if not isinstance(plan["modules"], list) or not all(
         isinstance(m, str) for m in plan["modules"]
@@ -95,30 +94,24 @@ def _check_plan(plan: dict[str, Any], file: Path) -> None:
         and all(isinstance(k, str) and isinstance(v, str) for k, v in weights["aliases"].items())
     ):
         raise bad("'weights' must hold 'bytes' (an integer) and 'aliases' (names to names)")
-    layout = plan["layout"]
+    _check_layout(plan["layout"], file)
+
+
+def _check_layout(layout: Any, file: Path) -> None:
     if not isinstance(layout, list) or not layout:
-        raise bad("'layout' must be a non-empty list")
+        raise CorruptedSaveError(f"{file}: 'layout' must be a non-empty list")
     for position, entry in enumerate(layout):
-        where = f"layout[{position}]"
-        if not isinstance(entry, dict) or entry.get("type") not in ("block", "translator"):
-            raise bad(f"{where} must be an object of type 'block' or 'translator'")
-        if entry["type"] == "block":
+        where = f"{file}: layout[{position}]"
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        if kind == "block":
             continue
-        span = entry.get("span")
-        if not (
-            isinstance(span, list)
-            and len(span) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in span)
-            and 0 <= span[0] < span[1]
-        ):
-            raise bad(f"{where}: 'span' must be [start, stop] with 0 <= start < stop")
-        if not isinstance(entry.get("translator"), dict):
-            raise bad(f"{where}: 'translator' must be a translator spec object")
-        attributes = entry.get("attributes", {})
-        if not isinstance(attributes, dict) or not all(
-            isinstance(v, (str, int, float, bool)) for v in attributes.values()
-        ):
-            raise bad(f"{where}: 'attributes' must map names to plain values")
+        serializer = serializer_named(kind)
+        if serializer is None:
+            raise CorruptedSaveError(f"{where} has no known block type: {kind!r}")
+        try:
+            serializer.check(entry)
+        except ValueError as exc:
+            raise CorruptedSaveError(f"{where}: {exc}") from None
 
 
 def _import_model_class(spec: dict[str, str], file: Path) -> type:
@@ -127,7 +120,7 @@ def _import_model_class(spec: dict[str, str], file: Path) -> type:
     from transformers import PreTrainedModel
 
     module, name = spec["module"], spec["name"]
-    if not _MODULE_RE.fullmatch(module) or not _NAME_RE.fullmatch(name):
+    if not MODULE_RE.fullmatch(module) or not NAME_RE.fullmatch(name):
         raise ValueError(
             f"{file}: refusing to load model class {module}.{name}: toast only builds "
             "model classes defined by the transformers package"
@@ -177,7 +170,7 @@ def _build(plan: dict[str, Any], file: Path) -> nn.Module:
     return model
 
 
-def _install_translators(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
+def _install_blocks(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
     path, layout = plan["blocks_path"], plan["layout"]
     try:
         blocks = model.get_submodule(path)
@@ -192,24 +185,13 @@ def _install_translators(model: nn.Module, plan: dict[str, Any], file: Path) -> 
             f"lists {len(layout)}"
         )
     for position, entry in enumerate(layout):
-        if entry["type"] != "translator":
-            continue
+        serializer = serializer_named(entry["type"])
+        if serializer is None:
+            continue  # a block the model class built from the config
         try:
-            translator = build_translator(entry["translator"])
+            blocks[position] = serializer.build(entry)
         except (ValueError, TypeError) as exc:
             raise CorruptedSaveError(f"{file}: layout[{position}]: {exc}") from None
-        block = TranslatorBlock(translator, tuple(entry["span"]))
-        for name, value in entry.get("attributes", {}).items():
-            if (
-                hasattr(TranslatorBlock, name)
-                or name in ("training", "span", "translator")
-                or (not _NAME_RE.fullmatch(name))
-            ):
-                raise CorruptedSaveError(
-                    f"{file}: layout[{position}]: attribute {name!r} cannot be set"
-                )
-            setattr(block, name, value)
-        blocks[position] = block
 
 
 def _drop_absent_modules(model: nn.Module, plan: dict[str, Any]) -> None:
@@ -255,36 +237,34 @@ def _state_slots(model: nn.Module) -> dict[str, tuple[nn.Module, str, bool]]:
     return slots
 
 
-def _load_weights(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
+def _check_names(
+    file: Path, names: set[str], slots: dict[str, Any], aliases: dict[str, str]
+) -> None:
+    """The stored tensor names match the rebuilt model's slots exactly."""
+    unexpected = sorted(names - slots.keys())
+    if unexpected:
+        raise CorruptedSaveError(
+            f"{file} holds tensors the rebuilt model does not have: {_preview(unexpected)}"
+        )
+    missing = sorted(slots.keys() - names - aliases.keys())
+    if missing:
+        raise CorruptedSaveError(f"{file} lacks the tensors {_preview(missing)}")
+    for alias, source in aliases.items():
+        if alias not in slots or source not in names:
+            raise CorruptedSaveError(
+                f"{file}: tied tensor {alias!r} → {source!r} does not match the model"
+            )
+
+
+def _read_tensors(file: Path, slots: dict[str, Any], aliases: dict[str, str]):
+    """Every stored tensor, after checking names and shapes against the model."""
     from safetensors import safe_open
 
-    expected_bytes = plan["weights"]["bytes"]
-    if not file.is_file():
-        raise CorruptedSaveError(f"{file} is missing")
-    size = file.stat().st_size
-    if size != expected_bytes:
-        raise CorruptedSaveError(
-            f"{file} has {size} bytes but the plan records {expected_bytes} (truncated or replaced)"
-        )
-    slots = _state_slots(model)
-    aliases: dict[str, str] = plan["weights"]["aliases"]
     loaded: dict[str, torch.Tensor] = {}
     try:
         with safe_open(str(file), framework="pt", device="cpu") as handle:
             names = set(handle.keys())
-            unexpected = sorted(names - slots.keys())
-            if unexpected:
-                raise CorruptedSaveError(
-                    f"{file} holds tensors the rebuilt model does not have: {_preview(unexpected)}"
-                )
-            missing = sorted(slots.keys() - names - aliases.keys())
-            if missing:
-                raise CorruptedSaveError(f"{file} lacks the tensors {_preview(missing)}")
-            for alias, source in aliases.items():
-                if alias not in slots or source not in names:
-                    raise CorruptedSaveError(
-                        f"{file}: tied tensor {alias!r} → {source!r} does not match the model"
-                    )
+            _check_names(file, names, slots, aliases)
             for name in sorted(names):
                 module, attr, _ = slots[name]
                 want = tuple(getattr(module, attr).shape)
@@ -302,6 +282,21 @@ def _load_weights(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
         raise CorruptedSaveError(
             f"{file} is not a readable safetensors file: {type(exc).__name__}: {exc}"
         ) from None
+    return loaded
+
+
+def _load_weights(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
+    expected_bytes = plan["weights"]["bytes"]
+    if not file.is_file():
+        raise CorruptedSaveError(f"{file} is missing")
+    size = file.stat().st_size
+    if size != expected_bytes:
+        raise CorruptedSaveError(
+            f"{file} has {size} bytes but the plan records {expected_bytes} (truncated or replaced)"
+        )
+    slots = _state_slots(model)
+    aliases: dict[str, str] = plan["weights"]["aliases"]
+    loaded = _read_tensors(file, slots, aliases)
     made: dict[str, torch.Tensor] = {}
     for name, (module, attr, is_param) in slots.items():
         source = aliases.get(name, name)
@@ -350,7 +345,7 @@ def load_pretrained(
     plan_file = directory / PLAN_NAME
     plan = _read_plan(directory)
     model = _build(plan, plan_file)
-    _install_translators(model, plan, plan_file)
+    _install_blocks(model, plan, plan_file)
     _drop_absent_modules(model, plan)
     _cast_buffers(model, plan)
     _load_weights(model, plan, directory / WEIGHTS_NAME)

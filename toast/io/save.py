@@ -18,11 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from toast.hf.blocks import find_blocks
+from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.params import count_params
-from toast.io.format import _MODULE_RE, _NAME_RE, FORMAT, FORMAT_VERSION, PLAN_NAME, WEIGHTS_NAME
-from toast.translators import translator_spec
-from toast.translators.block import TranslatorBlock
+from toast.io.format import FORMAT, FORMAT_VERSION, MODULE_RE, NAME_RE, PLAN_NAME, WEIGHTS_NAME
+from toast.io.registry import serializer_for
 
 __all__ = ["save_pretrained"]
 
@@ -45,7 +44,7 @@ def _model_class(model: nn.Module) -> dict[str, str]:
         )
     module, name = cls.__module__, cls.__qualname__
     found = None
-    if _MODULE_RE.fullmatch(module) and _NAME_RE.fullmatch(name):
+    if MODULE_RE.fullmatch(module) and NAME_RE.fullmatch(name):
         found = getattr(importlib.import_module(module), name, None)
     if found is not cls:
         raise TypeError(
@@ -53,18 +52,6 @@ def _model_class(model: nn.Module) -> dict[str, str]:
             "toast saves only models whose class it can rebuild from transformers"
         )
     return {"module": module, "name": name}
-
-
-def _plain_attributes(block: TranslatorBlock) -> dict[str, Any]:
-    # What TranslatorBlock copied from the block it replaced (attention_type,
-    # layer_idx, ...); `training` follows model.eval() and `span` is saved apart.
-    return {
-        name: value
-        for name, value in vars(block).items()
-        if not name.startswith("_")
-        and name not in ("training", "span")
-        and isinstance(value, (str, int, float, bool))
-    }
 
 
 def _aliases(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -118,84 +105,103 @@ def _config_dict(config: Any, num_blocks: int) -> dict[str, Any]:
     return data
 
 
-def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The plan of ``model`` (without the weights' byte count) and the tensors
-    to store. Raises before anything is written when the model cannot be
-    described."""
-    import transformers
-
-    from toast import __version__
-
-    model_class = _model_class(model)
-    stack = find_blocks(model, blocks)
+def _check_savable(model: nn.Module, stack: BlockStack) -> None:
+    """Raises before anything is written when ``model`` cannot be rebuilt
+    from what the plan would record."""
     block_ids = {id(b) for b in stack.blocks}
     for name, module in model.named_modules():
-        if isinstance(module, TranslatorBlock) and id(module) not in block_ids:
+        if serializer_for(module) is not None and id(module) not in block_ids:
             raise ValueError(
-                f"translator block {name!r} is not in the block list {stack.path!r}; "
-                "toast saves translators that replace_spans put into the block list"
+                f"{type(module).__name__} {name!r} is not in the block list {stack.path!r}; "
+                "toast saves the blocks that surgery put into the block list"
             )
-    config = model.config
-    num_layers = getattr(config, "num_hidden_layers", None)
+    num_layers = getattr(model.config, "num_hidden_layers", None)
     if isinstance(num_layers, int) and num_layers != stack.num_blocks:
         raise ValueError(
             f"config.num_hidden_layers is {num_layers} but {stack.path!r} holds "
             f"{stack.num_blocks} blocks; the model could not be rebuilt from its config"
         )
+
+
+def _layout(stack: BlockStack) -> list[dict[str, Any]]:
+    """One entry per block: ``{"type": "block"}`` or a registered serializer's."""
     layout: list[dict[str, Any]] = []
     for block in stack.blocks:
-        if isinstance(block, TranslatorBlock):
-            layout.append(
-                {
-                    "type": "translator",
-                    "span": [int(block.span[0]), int(block.span[1])],
-                    "translator": translator_spec(block.translator),
-                    "attributes": _plain_attributes(block),
-                }
-            )
-        else:
+        serializer = serializer_for(block)
+        if serializer is None:
             layout.append({"type": "block"})
+        else:
+            layout.append({"type": serializer.type, **serializer.describe(block)})
+    return layout
+
+
+def _outer_modules(model: nn.Module, stack: BlockStack) -> list[str]:
     # Modules outside the block list: a module the class builds but this model
     # lacks (ViTModel(add_pooling_layer=False)) is dropped again on load.
     prefix = stack.path + "."
-    modules = [
+    return [
         name
         for name, _ in model.named_modules()
         if name and name != stack.path and not name.startswith(prefix)
     ]
-    buffer_dtypes = {}
+
+
+def _buffer_dtypes(model: nn.Module) -> dict[str, str]:
+    dtypes = {}
     for name, module in model.named_modules():
         for buffer in module._non_persistent_buffers_set:
             value = module._buffers.get(buffer)
             if value is not None and value.is_floating_point():
-                buffer_dtypes[f"{name}.{buffer}" if name else buffer] = _dtype_name(value.dtype)
-    stored, aliases = _aliases(model.state_dict())
-    translators = [entry for entry in layout if entry["type"] == "translator"]
+                dtypes[f"{name}.{buffer}" if name else buffer] = _dtype_name(value.dtype)
+    return dtypes
+
+
+def _summary(model: nn.Module, layout: list[dict[str, Any]]) -> dict[str, Any]:
+    """The human-readable head of the plan (never read back)."""
+    import transformers
+
+    from toast import __version__
+
+    replaced = [e for e in layout if "span" in e]
     original = sum(1 for e in layout if e["type"] == "block") + sum(
-        e["span"][1] - e["span"][0] for e in translators
+        e["span"][1] - e["span"][0] for e in replaced
     )
+    return {
+        "toast_version": __version__,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "model_class": _model_class(model)["name"],
+        "blocks": len(layout),
+        "original_blocks": original,
+        "spans": [e["span"] for e in replaced],
+        "translator_kinds": dict(
+            Counter(e["translator"]["kind"] for e in layout if e["type"] == "translator")
+        ),
+        "parameters": count_params(model),
+    }
+
+
+def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The plan of ``model`` (without the weights' byte count) and the tensors
+    to store. Raises before anything is written when the model cannot be
+    described."""
+    model_class = _model_class(model)
+    stack = find_blocks(model, blocks)
+    _check_savable(model, stack)
+    layout = _layout(stack)
+    stored, aliases = _aliases(model.state_dict())
     plan = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "summary": {
-            "toast_version": __version__,
-            "transformers_version": transformers.__version__,
-            "torch_version": torch.__version__,
-            "model_class": model_class["name"],
-            "blocks": len(layout),
-            "original_blocks": original,
-            "spans": [e["span"] for e in translators],
-            "translator_kinds": dict(Counter(e["translator"]["kind"] for e in translators)),
-            "parameters": count_params(model),
-        },
+        "summary": _summary(model, layout),
         "model_class": model_class,
-        "config": _config_dict(config, stack.num_blocks),
-        "attn_implementation": getattr(config, "_attn_implementation", None),
+        "config": _config_dict(model.config, stack.num_blocks),
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
         "dtype": _dtype_name(model.dtype),
         "blocks_path": stack.path,
         "layout": layout,
-        "modules": modules,
-        "buffer_dtypes": buffer_dtypes,
+        "modules": _outer_modules(model, stack),
+        "buffer_dtypes": _buffer_dtypes(model),
         "weights": {"file": WEIGHTS_NAME, "tensors": len(stored), "aliases": aliases},
     }
     return plan, stored

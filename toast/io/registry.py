@@ -1,0 +1,135 @@
+"""Serializers of the non-standard blocks a compressed model may hold.
+
+A saved plan lists, for each position of the block list, either
+``{"type": "block"}`` (the model class builds it from the config) or an
+entry written by the serializer that claims the block there. A method whose
+output holds blocks of its own kind registers a :class:`BlockSerializer`
+from its package (``toast.io`` never imports a method); translator blocks
+(TOAST's replaced spans) are registered here, since translators are shared
+infrastructure.
+
+A serializer's entry is JSON only: it describes structure, never code, so
+loading never unpickles. ``check`` validates an entry read from disk (raise
+``ValueError`` naming the problem); ``build`` makes an uninitialised module
+whose tensors the loader then fills strictly from safetensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from toast.io.format import NAME_RE
+from toast.translators import TranslatorBlock, build_translator, translator_spec
+
+__all__ = ["BlockSerializer", "register_block_serializer", "serializer_for", "serializer_named"]
+
+
+@dataclass(frozen=True)
+class BlockSerializer:
+    """How one kind of block is written to and rebuilt from a plan entry.
+
+    ``type``: the entry's ``"type"``; ``claims(block)``: whether this
+    serializer writes ``block``; ``describe(block)``: the entry's other keys
+    (JSON-able); ``check(entry)``: raises ``ValueError`` if a read entry is
+    malformed; ``build(entry)``: the module to put at that position.
+    """
+
+    type: str
+    claims: Callable[[nn.Module], bool]
+    describe: Callable[[nn.Module], dict[str, Any]]
+    check: Callable[[dict[str, Any]], None]
+    build: Callable[[dict[str, Any]], nn.Module]
+
+
+_SERIALIZERS: dict[str, BlockSerializer] = {}
+
+
+def register_block_serializer(serializer: BlockSerializer) -> BlockSerializer:
+    """Adds ``serializer``; ``"block"`` is reserved for the model's own blocks."""
+    if serializer.type == "block":
+        raise ValueError("the entry type 'block' is reserved for the model's own blocks")
+    existing = _SERIALIZERS.get(serializer.type)
+    if existing is not None and existing is not serializer:
+        raise ValueError(f"a serializer of type {serializer.type!r} is registered already")
+    _SERIALIZERS[serializer.type] = serializer
+    return serializer
+
+
+def serializer_for(block: nn.Module) -> BlockSerializer | None:
+    """The serializer that claims ``block``, or None for a model's own block."""
+    return next((s for s in _SERIALIZERS.values() if s.claims(block)), None)
+
+
+def serializer_named(type_: Any) -> BlockSerializer | None:
+    """The serializer writing entries of ``type_``, or None."""
+    return _SERIALIZERS.get(type_) if isinstance(type_, str) else None
+
+
+# -- translator blocks ---------------------------------------------------------
+
+# Attributes a saved entry may not set on a rebuilt block: its own machinery.
+_RESERVED = frozenset({"training", "span", "translator"})
+
+
+def _plain_attributes(block: nn.Module) -> dict[str, Any]:
+    # Plain per-layer attributes copied from the replaced block (attention_type,
+    # layer_idx, ...); `training` follows model.eval() and `span` is saved apart.
+    return {
+        name: value
+        for name, value in vars(block).items()
+        if not name.startswith("_")
+        and name not in ("training", "span")
+        and isinstance(value, (str, int, float, bool))
+    }
+
+
+def _describe_translator(block: nn.Module) -> dict[str, Any]:
+    assert isinstance(block, TranslatorBlock)
+    return {
+        "span": [int(block.span[0]), int(block.span[1])],
+        "translator": translator_spec(block.translator),
+        "attributes": _plain_attributes(block),
+    }
+
+
+def _check_translator(entry: dict[str, Any]) -> None:
+    span = entry.get("span")
+    if not (
+        isinstance(span, list)
+        and len(span) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in span)
+        and 0 <= span[0] < span[1]
+    ):
+        raise ValueError("'span' must be [start, stop] with 0 <= start < stop")
+    if not isinstance(entry.get("translator"), dict):
+        raise ValueError("'translator' must be a translator spec object")
+    attributes = entry.get("attributes", {})
+    if not isinstance(attributes, dict) or not all(
+        isinstance(v, (str, int, float, bool)) for v in attributes.values()
+    ):
+        raise ValueError("'attributes' must map names to plain values")
+    for name in attributes:
+        if hasattr(TranslatorBlock, name) or name in _RESERVED or not NAME_RE.fullmatch(name):
+            raise ValueError(f"attribute {name!r} cannot be set")
+
+
+def _build_translator_block(entry: dict[str, Any]) -> nn.Module:
+    block = TranslatorBlock(build_translator(entry["translator"]), tuple(entry["span"]))
+    for name, value in entry.get("attributes", {}).items():
+        setattr(block, name, value)
+    return block
+
+
+TRANSLATOR = register_block_serializer(
+    BlockSerializer(
+        type="translator",
+        claims=lambda block: isinstance(block, TranslatorBlock),
+        describe=_describe_translator,
+        check=_check_translator,
+        build=_build_translator_block,
+    )
+)
