@@ -12,8 +12,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+from typing import Any
 
+from toast.cli.options import (
+    add_calibration_arguments,
+    add_config_arguments,
+    calibration_from_args,
+    config_values,
+)
 from toast.methods.replaceme.cli import add_parser as _add_replaceme
+from toast.methods.toast.config import ToastConfig
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -38,77 +47,87 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_local_commands(sub) -> None:
-    def data_options(p: argparse.ArgumentParser) -> None:
+# ToastConfig fields each local subcommand exposes as --options.
+_ANALYZE_FIELDS = ["tokens", "estimator", "metric"]
+_COMPRESS_FIELDS = ["budget", "max_error", "translator", "fit", *_ANALYZE_FIELDS]
+_HELP = {
+    "budget": "blocks to remove",
+    "max_error": "largest predicted error per span",
+    "translator": "translator kind",
+    "fit": "fit every span on the original model, or each on the partly compressed one",
+    "tokens": "rows of each sample that enter the statistics",
+    "estimator": "how the error of a span is estimated",
+    "metric": "selection metric",
+}
+
+
+def _add_local_commands(sub: Any) -> None:
+    for name, fields, help_text in (
+        ("analyze", _ANALYZE_FIELDS, "block error matrix of a local model on local data"),
+        ("compress", _COMPRESS_FIELDS, "replace redundant spans of a local model; save it"),
+    ):
+        p = sub.add_parser(name, help=help_text)
         p.add_argument("model", help="local model directory (save_pretrained or a toast save)")
         p.add_argument("--data", required=True, help="folder of images, or a .txt/.jsonl file")
-        p.add_argument("--max-samples", type=int, default=512, help="calibration samples (512)")
-        p.add_argument("--batch-size", type=int, default=32)
-        p.add_argument("--tokens", default="all", choices=["all", "cls", "mean", "last"])
-        p.add_argument("--estimator", default="cv", choices=["cv", "gcv", "in_sample"])
         p.add_argument("--out", required=True, help="output directory")
-        p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+        p.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
+        add_config_arguments(p, ToastConfig, fields, _HELP)
+        add_calibration_arguments(p, max_samples=512)
+        if name == "compress":
+            p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
 
-    analyze = sub.add_parser("analyze", help="block error matrix of a local model on local data")
-    data_options(analyze)
-    analyze.add_argument("--metric", default="linear", help="selection metric (default linear)")
-    compress = sub.add_parser(
-        "compress", help="replace redundant spans of a local model; save it with toast"
+
+def _analyze(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> str:
+    import toast
+
+    analysis = toast.analyze(
+        model,
+        batches,
+        calibration=calibration_from_args(args),
+        **config_values(args, _ANALYZE_FIELDS),
     )
-    data_options(compress)
-    compress.add_argument("--budget", type=int, help="blocks to remove")
-    compress.add_argument("--max-error", type=float, help="largest predicted error per span")
-    compress.add_argument("--translator", default="affine", help="translator kind (affine)")
-    compress.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    out.mkdir(parents=True, exist_ok=True)
+    analysis.heatmap().savefig(out / "heatmap.png", dpi=120, bbox_inches="tight")
+    analysis.to_dataframe().to_csv(out / "spans.csv", index=False)
+    lines = [f"{len(analysis.errors) - 1} blocks, {analysis.rows:,} rows; top spans:"]
+    lines += [f"  {span}" for span in analysis.top_spans(5)]
+    return "\n".join(lines)
+
+
+def _compress(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> str:
+    import toast
+
+    config = ToastConfig(
+        calibration=calibration_from_args(args), **config_values(args, _COMPRESS_FIELDS)
+    )
+    model, report = toast.compress(model, batches, config=config)
+    toast.save_pretrained(model, out, overwrite=args.overwrite)
+    summary = report.to_markdown()
+    (out / "report.md").write_text(summary + "\n", encoding="utf-8")
+    report.analysis.heatmap(spans=report.spans).savefig(
+        out / "heatmap.png", dpi=120, bbox_inches="tight"
+    )
+    return summary
 
 
 def _run_local(args: argparse.Namespace) -> int:
     import warnings
-    from pathlib import Path
 
-    import toast
     from toast.io.local import load_batches, load_model
 
     out = Path(args.out)
     if args.command == "compress" and out.exists() and not args.overwrite:
         print(f"toast compress: {out} exists (pass --overwrite to replace it)", file=sys.stderr)
         return 2
+    if args.command == "compress" and args.budget is None and args.max_error is None:
+        print("toast compress: give --budget and/or --max-error", file=sys.stderr)
+        return 2
     model = load_model(args.model)
     batches = load_batches(args.model, args.data, batch_size=args.batch_size)
-    common = {
-        "tokens": args.tokens,
-        "estimator": args.estimator,
-        "max_samples": args.max_samples,
-        "progress": not args.no_progress,
-    }
+    run = _analyze if args.command == "analyze" else _compress
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        if args.command == "analyze":
-            analysis = toast.analyze(model, batches, metric=args.metric, **common)
-            out.mkdir(parents=True, exist_ok=True)
-            analysis.heatmap().savefig(out / "heatmap.png", dpi=120, bbox_inches="tight")
-            analysis.to_dataframe().to_csv(out / "spans.csv", index=False)
-            lines = [f"{len(analysis.errors) - 1} blocks, {analysis.rows:,} rows; top spans:"]
-            lines += [f"  {span}" for span in analysis.top_spans(5)]
-            summary = "\n".join(lines)
-        else:
-            if args.budget is None and args.max_error is None:
-                print("toast compress: give --budget and/or --max-error", file=sys.stderr)
-                return 2
-            model, report = toast.compress(
-                model,
-                batches,
-                budget=args.budget,
-                max_error=args.max_error,
-                translator=args.translator,
-                **common,
-            )
-            toast.save_pretrained(model, out, overwrite=args.overwrite)
-            summary = report.to_markdown()
-            (out / "report.md").write_text(summary + "\n", encoding="utf-8")
-            report.analysis.heatmap(spans=report.spans).savefig(
-                out / "heatmap.png", dpi=120, bbox_inches="tight"
-            )
+        summary = run(model, batches, args, out)
     for w in {str(w.message) for w in caught}:
         print(f"warning: {w}", file=sys.stderr)
     print(summary)

@@ -3,7 +3,8 @@ discovery, calibration passes, capture into moments or row samples, model
 surgery, distributed reductions and parameter counting.
 
 - :mod:`toast.hf.blocks`: find the block list, a block's projections, the head;
-- :mod:`toast.hf.calibration`: :class:`Calibration`, the options of every pass;
+- :mod:`toast.hf.calibration`: :class:`Calibration`, the options of every pass
+  (torch-free, so configs build without importing torch);
 - :mod:`toast.hf.capture`: hooks → moments (:func:`capture_moments`);
 - :mod:`toast.hf.rows`: hooks → a bounded, disk-backed row sample;
 - :mod:`toast.hf.torch_moments`: moments formed on an accelerator with torch;
@@ -12,9 +13,7 @@ surgery, distributed reductions and parameter counting.
 - :mod:`toast.hf.params`: the parameter counter.
 """
 
-from toast.hf.blocks import BlockParts, BlockStack, Projection, block_parts, find_blocks, find_head
-from toast.hf.calibration import Calibration
-from toast.hf.params import count_params
+from toast._lazy import lazy_getattr
 
 __all__ = [
     "BlockParts",
@@ -26,3 +25,17 @@ __all__ = [
     "find_blocks",
     "find_head",
 ]
+
+__getattr__ = lazy_getattr(
+    __name__,
+    {
+        "BlockParts": "toast.hf.blocks",
+        "BlockStack": "toast.hf.blocks",
+        "Projection": "toast.hf.blocks",
+        "block_parts": "toast.hf.blocks",
+        "find_blocks": "toast.hf.blocks",
+        "find_head": "toast.hf.blocks",
+        "Calibration": "toast.hf.calibration",
+        "count_params": "toast.hf.params",
+    },
+)

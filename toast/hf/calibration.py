@@ -15,11 +15,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-import torch
-
 from toast._validation import Interval, Options, validate
 
-__all__ = ["CALIBRATION_OPTIONS", "Calibration", "limited"]
+__all__ = ["BACKENDS", "CALIBRATION_OPTIONS", "TOKENS", "Calibration", "Tokens", "limited"]
+
+#: Rows of each sample that enter the statistics: every valid token, the
+#: first (CLS) token, the masked mean, or the last valid token.
+Tokens = Literal["all", "cls", "mean", "last"]
+TOKENS = ("all", "cls", "mean", "last")
+#: Where sums are formed: ``"c"`` in the C core on the host, ``"torch"`` on
+#: the activations' device, ``"auto"`` by the device (torch off the CPU).
+BACKENDS = ("auto", "c", "torch")
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,8 @@ class Calibration:
         """Whether statistics are summed over ranks."""
         if self.distributed is not None:
             return self.distributed
+        import torch.distributed  # here: a config is built before torch is needed
+
         return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
@@ -100,6 +108,8 @@ CALIBRATION_OPTIONS = tuple(f.name for f in dataclasses.fields(Calibration))
 
 def limited(loader: Iterable, calibration: Calibration) -> Iterable:
     """The loader, restricted to a seeded random subset when asked."""
+    import torch.utils.data
+
     if calibration.sample == "random" and calibration.max_samples is not None:
         dataset = getattr(loader, "dataset", None)
         if not isinstance(loader, torch.utils.data.DataLoader) or dataset is None:

@@ -21,7 +21,7 @@ from torch import nn
 from toast._validation import Options, check
 from toast.core import Moments, Pairs
 from toast.hf.blocks import BlockStack, find_blocks
-from toast.hf.calibration import Calibration, limited
+from toast.hf.calibration import BACKENDS, TOKENS, Calibration, Tokens, limited
 from toast.hf.distributed import reduce_captured
 from toast.hf.torch_moments import TorchMoments
 
@@ -36,9 +36,6 @@ __all__ = [
     "uses_torch",
 ]
 
-Tokens = Literal["all", "cls", "mean", "last"]
-TOKENS = ("all", "cls", "mean", "last")
-BACKENDS = ("auto", "c", "torch")
 # Keys of a batch that describe targets, not model inputs.
 _TARGET_KEYS = frozenset({"labels", "label", "targets"})
 

@@ -11,17 +11,30 @@ and :func:`compress`, which dispatches to them by name.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # torch stays unimported until a method runs
+    from torch import nn
 
-# Importing the method packages registers them.
-import toast.methods.replaceme
-import toast.methods.toast
-import toast.methods.toast_vit  # noqa: F401
-from toast.methods.base import Method, Report, get_method, make_config, method_names, register
+    from toast.methods.base import Report
 
-__all__ = ["Method", "Report", "compress", "get_method", "method_names", "register"]
+__all__ = ["available_methods", "compress"]
+
+
+def _register_all() -> None:
+    # Importing a method's orchestrator registers it; done on first use so
+    # that importing a config (e.g. for the CLI's --help) needs no torch.
+    import toast.methods.replaceme.method
+    import toast.methods.toast.compress
+    import toast.methods.toast_vit.compress  # noqa: F401
+
+
+def available_methods() -> list[str]:
+    """Names ``compress(method=...)`` accepts."""
+    from toast.methods.base import method_names
+
+    _register_all()
+    return method_names()
 
 
 def compress(
@@ -51,6 +64,9 @@ def compress(
       ``head_sparsity``, ``schedule``...; ``data`` only for its optional
       fine-tune.
     """
+    from toast.methods.base import get_method, make_config
+
+    _register_all()
     chosen = get_method(method)
     if config is None:
         config = make_config(chosen, params)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from toast.hf.calibration import CALIBRATION_OPTIONS, Calibration
+
+if TYPE_CHECKING:
+    from torch import nn
 
 __all__ = ["Method", "Report", "get_method", "make_config", "method_names", "register"]
 

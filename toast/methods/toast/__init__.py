@@ -1,14 +1,17 @@
 """TOAST / TBA / RBA: the block error matrix of a model, the exact plan of
-spans to replace, and closed-form (or trained) translators in their place."""
+spans to replace, and closed-form (or trained) translators in their place.
 
-from toast.methods.toast.analysis import Analysis, analyze
-from toast.methods.toast.compress import METHOD, compress_toast
-from toast.methods.toast.config import ToastConfig
-from toast.methods.toast.fitting import FewRowsWarning
-from toast.methods.toast.report import CompressionReport
+- :mod:`~toast.methods.toast.config`: :class:`ToastConfig` (torch-free);
+- :mod:`~toast.methods.toast.analysis`: :func:`analyze` → :class:`Analysis`
+  (error matrix, top spans, plan, heatmap);
+- :mod:`~toast.methods.toast.fitting`: translators of planned spans;
+- :mod:`~toast.methods.toast.compress`: the orchestrator, registered as ``"toast"``;
+- :mod:`~toast.methods.toast.report`: :class:`CompressionReport`.
+"""
+
+from toast._lazy import lazy_getattr
 
 __all__ = [
-    "METHOD",
     "Analysis",
     "CompressionReport",
     "FewRowsWarning",
@@ -16,3 +19,15 @@ __all__ = [
     "analyze",
     "compress_toast",
 ]
+
+__getattr__ = lazy_getattr(
+    __name__,
+    {
+        "Analysis": "toast.methods.toast.analysis",
+        "analyze": "toast.methods.toast.analysis",
+        "compress_toast": "toast.methods.toast.compress",
+        "ToastConfig": "toast.methods.toast.config",
+        "FewRowsWarning": "toast.methods.toast.fitting",
+        "CompressionReport": "toast.methods.toast.report",
+    },
+)

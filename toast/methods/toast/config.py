@@ -9,8 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from toast._validation import Interval, Options, Predicate, validate
 from toast.core import METRICS
-from toast.hf.calibration import Calibration
-from toast.hf.capture import BACKENDS, TOKENS, Tokens
+from toast.hf.calibration import BACKENDS, TOKENS, Calibration, Tokens
 
 __all__ = ["CLOSED_FORM", "TRAINED", "ToastConfig"]
 
