@@ -679,7 +679,7 @@ def _count_module(
     block_counts: list[Counts] = []
     translators: list[Counts] = []
     for child in stack.blocks:
-        if getattr(child, "_toast_translator", False):
+        if getattr(child, "_toast_stand_in", False):
             translators.append(_module_counts(child.translator, n))
         else:
             block_counts.append(_block_counts(a, n))

@@ -50,8 +50,9 @@ class BlockStack:
 def _is_block_list(module: nn.Module) -> bool:
     if not isinstance(module, nn.ModuleList) or len(module) == 0:
         return False
-    # Translator blocks put in by toast.replace_spans do not count.
-    blocks = [child for child in module if not getattr(child, "_toast_translator", False)]
+    # Blocks standing in for removed ones (a class attribute _toast_stand_in = True,
+    # e.g. translator blocks) do not count.
+    blocks = [child for child in module if not getattr(child, "_toast_stand_in", False)]
     if not blocks or len({type(child) for child in blocks}) != 1:
         return False
     # A transformer block has several parameterised submodules; a list of

@@ -8,6 +8,9 @@ from its package (``toast.io`` never imports a method); translator blocks
 (TOAST's replaced spans) are registered here, since translators are shared
 infrastructure.
 
+Such a block class sets ``_toast_stand_in = True`` so that block discovery
+still recognises the list it stands in (as translator blocks do).
+
 A serializer's entry is JSON only: it describes structure, never code, so
 loading never unpickles. ``check`` validates an entry read from disk (raise
 ``ValueError`` naming the problem); ``build`` makes an uninitialised module

@@ -72,7 +72,7 @@ class TranslatorBlock(nn.Module):
     translated hidden states, as a block does.
     """
 
-    _toast_translator = True  # lets find_blocks recognise a patched block list
+    _toast_stand_in = True  # find_blocks skips stand-ins when it recognises a block list
 
     def __init__(
         self, translator: nn.Module, span: tuple[int, int], like: nn.Module | None = None

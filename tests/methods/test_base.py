@@ -1,0 +1,97 @@
+"""The method registry and toast.compress's dispatch through it."""
+
+import dataclasses
+
+import pytest
+
+import toast
+from toast.hf.calibration import Calibration
+from toast.methods import available_methods
+from toast.methods.base import Method, Report, get_method, make_config, register
+from toast.methods.toast.config import ToastConfig
+
+
+def test_the_three_methods_are_registered():
+    assert available_methods() == ["replaceme", "toast", "toast-vit"]
+
+
+def test_an_unknown_method_lists_the_registered_ones():
+    with pytest.raises(ValueError, match=r"method must be one of \['replaceme', 'toast'"):
+        toast.compress(object(), [], method="prune")
+
+
+def test_make_config_routes_calibration_options_into_the_calibration_field():
+    config = make_config(get_method("toast"), {"budget": 2, "max_samples": 7, "seed": 3})
+    assert isinstance(config, ToastConfig)
+    assert config.budget == 2
+    assert config.calibration == Calibration(max_samples=7, seed=3)
+
+
+def test_make_config_names_options_the_method_does_not_have():
+    with pytest.raises(TypeError, match=r"method='toast' has no option\(s\) \['num_blocks'\]"):
+        make_config(get_method("toast"), {"budget": 1, "num_blocks": 2})
+
+
+def test_a_config_object_and_keywords_are_not_mixed():
+    with pytest.raises(TypeError, match="not both"):
+        toast.compress(object(), [], config=ToastConfig(budget=1), budget=2)
+
+
+def test_a_config_of_another_method_is_refused():
+    with pytest.raises(TypeError, match="method='replaceme' takes a ReplaceMeConfig"):
+        toast.compress(object(), [], method="replaceme", config=ToastConfig(budget=1))
+
+
+def test_a_method_that_needs_data_refuses_none():
+    with pytest.raises(ValueError, match="needs calibration data"):
+        toast.compress(object(), None, budget=1)
+
+
+def test_registering_a_second_method_of_the_same_name_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        pass
+
+    with pytest.raises(ValueError, match="registered already"):
+        register(Method(name="toast", config=Config, run=lambda m, d, c: (m, None)))
+
+
+def test_a_registered_method_runs_through_compress(monkeypatch):
+    from toast.methods import base
+
+    @dataclasses.dataclass
+    class Done(Report):
+        method: str = "noop"
+        blocks_before: int = 4
+        blocks_after: int = 3
+        params_before: int = 100
+        params_after: int = 75
+
+        def to_markdown(self) -> str:
+            return self.params_line()
+
+    @dataclasses.dataclass(frozen=True)
+    class NoopConfig:
+        factor: int = 1
+        calibration: Calibration = dataclasses.field(default_factory=Calibration)
+
+    seen = {}
+
+    def run(model, data, config):
+        seen["config"] = config
+        return model, Done()
+
+    monkeypatch.setitem(base._REGISTRY, "noop", Method(name="noop", config=NoopConfig, run=run))
+    model, report = toast.compress("model", [1], method="noop", factor=2, max_batches=1)
+    assert model == "model" and seen["config"] == NoopConfig(2, Calibration(max_batches=1))
+    assert report.blocks_removed == 1 and report.compression_by_blocks == 0.25
+    assert report.to_markdown() == "Parameters: 100 → 75 (−25.0%)"
+
+
+def test_toast_config_checks_cross_field_rules():
+    with pytest.raises(ValueError, match="not both"):
+        ToastConfig(budget=1, spans=[(1, 2)])
+    with pytest.raises(ValueError, match="give budget="):
+        ToastConfig()
+    with pytest.raises(ValueError, match="translator must be one of"):
+        ToastConfig(budget=1, translator="conv")
