@@ -63,13 +63,14 @@ class Interval:
             return False
         if self.kind is int and not isinstance(value, numbers.Integral):
             return False
-        if math.isnan(value):
+        number = float(value)
+        if math.isnan(number):
             return False
         left_ok = self.left is None or (
-            value >= self.left if self.closed in ("both", "left") else value > self.left
+            number >= self.left if self.closed in ("both", "left") else number > self.left
         )
         right_ok = self.right is None or (
-            value <= self.right if self.closed in ("both", "right") else value < self.right
+            number <= self.right if self.closed in ("both", "right") else number < self.right
         )
         return left_ok and right_ok
 

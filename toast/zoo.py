@@ -126,7 +126,7 @@ def digits_vit(
     folder.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=folder))
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp)  # type: ignore[operator]
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)

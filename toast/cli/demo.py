@@ -116,7 +116,7 @@ def run_demo(
     result.seconds["compress"] = time.perf_counter() - start
 
     _say("4/4 measuring accuracy, size and speed", quiet)
-    image_size = original.config.image_size
+    image_size = original.config.image_size  # type: ignore[union-attr]
     for name, m in (("original", original), ("dropped", dropped), ("compressed", compressed)):
         result.accuracy[name] = accuracy(m, test.images, test.labels)
         result.params[name] = toast.count_params(m)

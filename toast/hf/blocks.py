@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 __all__ = ["BlockParts", "BlockStack", "Projection", "block_parts", "find_blocks", "find_head"]
@@ -132,6 +133,7 @@ def find_blocks(model: nn.Module, blocks: str | BlockStack | None = None) -> Blo
             )
         path = best[0][0]
     block_list = _get(model, path)
+    assert isinstance(block_list, nn.ModuleList)  # checked when the path was chosen
     norm, norm_path = _find_final_norm(model, path)
     return BlockStack(path, block_list, norm, norm_path)
 
@@ -172,13 +174,19 @@ class Projection:
     layout: str
 
     @property
+    def weight(self) -> torch.Tensor:
+        weight = self.module.weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
+
+    @property
     def in_features(self) -> int:
-        w = self.module.weight
+        w = self.weight
         return int(w.shape[1] if self.layout == "linear" else w.shape[0])
 
     @property
     def out_features(self) -> int:
-        w = self.module.weight
+        w = self.weight
         return int(w.shape[0] if self.layout == "linear" else w.shape[1])
 
 
@@ -262,7 +270,7 @@ def find_head(model: nn.Module, blocks: str | None = None) -> dict[str, nn.Modul
     """The pooler and task-head modules of ``model`` by dotted path (possibly
     empty), i.e. the known head names outside the block list."""
     stack = find_blocks(model, blocks)
-    heads = {}
+    heads: dict[str, nn.Module] = {}
     for path, module in model.named_modules():
         name = path.rpartition(".")[2]
         inside = path == stack.path or path.startswith(stack.path + ".")

@@ -29,7 +29,7 @@ from toast.hf.capture import Tokens, stream_states
 __all__ = ["RowSample", "capture_rows"]
 
 
-def _human(nbytes: int) -> str:
+def _human(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if nbytes < 1024 or unit == "GiB":
             return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
@@ -137,8 +137,7 @@ class RowSample:
         buf = getattr(self, "_buf", None)
         if buf is not None:
             mm = getattr(buf, "_mmap", None)
-            self._buf = None
-            del buf
+            del self._buf, buf  # the mapping closes once no array refers to it
             if mm is not None:
                 mm.close()
         shutil.rmtree(getattr(self, "_dir", ""), ignore_errors=True)

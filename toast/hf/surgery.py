@@ -31,10 +31,10 @@ def _renumber_layers(blocks: nn.ModuleList) -> None:
     for position, block in enumerate(blocks):
         for module in block.modules():
             if isinstance(getattr(module, "layer_idx", None), int):
-                module.layer_idx = position
+                setattr(module, "layer_idx", position)  # noqa: B010 (nn.Module typing)
 
 
-def _backbone_outputs(config, kept: list[int | tuple[int, int]], total: int) -> dict | None:
+def _backbone_outputs(config, kept: Sequence[int | tuple[int, int]], total: int) -> dict | None:
     """New ``stage_names`` / ``out_indices`` / ``out_features`` of a backbone
     config, or None when the config has none. Stage k is state k (stage 0
     the stem); a stage inside a removed span has no equivalent."""
@@ -65,7 +65,7 @@ def _backbone_outputs(config, kept: list[int | tuple[int, int]], total: int) -> 
 
 
 def _update_config(
-    config, kept: list[int | tuple[int, int]], total: int, backbone: dict | None
+    config, kept: Sequence[int | tuple[int, int]], total: int, backbone: dict | None
 ) -> None:
     for name in ("num_hidden_layers", "n_layer", "num_layers"):
         if isinstance(getattr(config, name, None), int) and getattr(config, name) == total:
@@ -84,7 +84,7 @@ def _install_blocks(
     model: nn.Module,
     stack: BlockStack,
     new_blocks: list[nn.Module],
-    kept: list[int | tuple[int, int]],
+    kept: Sequence[int | tuple[int, int]],
 ) -> None:
     """Puts ``new_blocks`` in place of the block list, renumbers ``layer_idx``
     and updates the config. ``kept`` says what each new position holds: an

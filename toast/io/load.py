@@ -143,17 +143,14 @@ def _no_init() -> Iterator[None]:
     frequencies are still computed, on the CPU."""
     try:
         from transformers.initialization import no_init_weights
-    except ImportError:  # pragma: no cover - older transformers
-        try:
-            from transformers.modeling_utils import no_init_weights
-        except ImportError:
-            no_init_weights = contextlib.nullcontext
+    except ImportError:  # pragma: no cover - transformers < 5
+        no_init_weights = contextlib.nullcontext  # type: ignore[assignment]
     with no_init_weights():
         yield
 
 
 def _build(plan: dict[str, Any], file: Path) -> nn.Module:
-    cls = _import_model_class(plan["model_class"], file)
+    cls: Any = _import_model_class(plan["model_class"], file)
     dtype = getattr(torch, plan["dtype"])
     kwargs: dict[str, Any] = {"dtype": dtype}
     if isinstance(plan.get("attn_implementation"), str):
@@ -304,10 +301,11 @@ def _load_weights(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
             tensor = loaded[source]
             if is_param:
                 old = module._parameters[attr]
-                tensor = nn.Parameter(tensor, requires_grad=old.requires_grad)
+                grad = old.requires_grad if old is not None else True
+                tensor = nn.Parameter(tensor, requires_grad=grad)
             made[source] = tensor
         if is_param:
-            module._parameters[attr] = made[source]
+            module._parameters[attr] = made[source]  # type: ignore[assignment]
         else:
             module._buffers[attr] = made[source]
 

@@ -65,8 +65,13 @@ def _aliases(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], d
     for name, tensor in state.items():
         tensor = tensor.detach()
         storage = (tensor.device, tensor.untyped_storage().data_ptr())
-        view = (*storage, tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
-        view += (tensor.dtype,)
+        view = (
+            *storage,
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+        )
         if tensor.numel() == 0 or storage[1] == 0:
             stored[name] = tensor.contiguous().cpu()
         elif view in views:
@@ -197,7 +202,7 @@ def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[st
         "model_class": model_class,
         "config": _config_dict(model.config, stack.num_blocks),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
-        "dtype": _dtype_name(model.dtype),
+        "dtype": _dtype_name(getattr(model, "dtype", torch.float32)),
         "blocks_path": stack.path,
         "layout": layout,
         "modules": _outer_modules(model, stack),

@@ -53,7 +53,7 @@ class Analysis:
         return error_matrix(
             self.moments,
             metric=metric or self.metric,
-            estimator=estimator or self.estimator,
+            estimator=estimator or self.estimator,  # type: ignore[arg-type]
             ridge=self.ridge if ridge is None else ridge,
         )
 

@@ -56,7 +56,7 @@ class Fitter:
         module = train_translator(
             sample.state(i),
             sample.state(j),
-            config.translator,
+            config.translator,  # type: ignore[arg-type]
             steps=config.train_steps,
             lr=config.lr,
             seed=config.calibration.seed,
