@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from toast._validation import Interval, check
+
 __all__ = ["Span", "plan_spans", "validate_spans"]
 
 
@@ -82,8 +84,8 @@ def plan_spans(
     """
     if max_blocks is None and max_error is None:
         raise ValueError("give max_blocks=..., max_error=..., or both")
-    if max_blocks is not None and max_blocks < 1:
-        raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
+    check("max_blocks", max_blocks, Interval(int, 1, None), None)
+    check("max_error", max_error, Interval(float, None, None), None)
     n = errors.shape[0]  # states 0..L
     limit = n - 1 if max_blocks is None else min(max_blocks, n - 1)
     gap = 0 if allow_adjacent else 1

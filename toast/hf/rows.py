@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from toast._validation import Interval, check
 from toast.hf.blocks import BlockStack
 from toast.hf.calibration import Calibration
 from toast.hf.capture import Tokens, stream_states
@@ -71,10 +72,10 @@ class RowSample:
         seed: int = 0,
         verbose: bool = True,
     ) -> None:
-        for name, value in (("num_states", num_states), ("dim", dim), ("capacity", capacity)):
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        self.num_states, self.dim, self.capacity = int(num_states), int(dim), int(capacity)
+        positive = Interval(int, 1, None)
+        self.num_states = check("num_states", num_states, positive)
+        self.dim = check("dim", dim, positive)
+        self.capacity = check("capacity", capacity, positive)
         self.dtype = np.dtype(dtype)
         nbytes = self.capacity * self.num_states * self.dim * self.dtype.itemsize
         self._dir = tempfile.mkdtemp(prefix="toast-rows-", dir=directory)

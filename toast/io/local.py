@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from toast._validation import Interval, check
 from toast.data import image_folder, text_file
 
 __all__ = ["load_batches", "load_model"]
@@ -128,8 +129,7 @@ def load_batches(
     """Batches of ``data`` for the model in ``model_dir`` (read lazily, one
     batch at a time, on every pass): image tensors for a folder of images,
     tokenizer outputs for a ``.txt``/``.jsonl`` file."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    check("batch_size", batch_size, Interval(int, 1, None))
     root, source = Path(model_dir), Path(data)
     if source.is_dir():
         import transformers

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from toast._validation import Interval, Options, check
 from toast.translators.modules import MLPTranslator, ResMLPTranslator
 
 __all__ = ["train_translator"]
@@ -38,14 +39,10 @@ def train_translator(
     float32 for MLP. Returns the module in eval mode, on the CPU, in
     ``dtype``.
     """
-    if kind not in ("mlp", "resmlp"):
-        raise ValueError(f"kind must be 'mlp' or 'resmlp', got {kind!r}")
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
-    if not lr > 0:
-        raise ValueError(f"lr must be > 0, got {lr!r}")
-    if batch_size is not None and batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size!r}")
+    check("kind", kind, Options(("mlp", "resmlp")))
+    steps = check("steps", steps, Interval(int, 1, None))
+    check("lr", lr, Interval(float, 0, None, closed="neither"))
+    check("batch_size", batch_size, Interval(int, 1, None), None)
     if np.shape(x) != np.shape(y) or len(np.shape(x)) != 2:
         raise ValueError(
             f"x and y must be (rows, dim) of one shape, got {np.shape(x)} and {np.shape(y)}"

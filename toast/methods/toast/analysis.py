@@ -16,7 +16,7 @@ from typing import Any, Literal
 import numpy as np
 from torch import nn
 
-from toast._validation import Options, check
+from toast._validation import Interval, Options, check
 from toast.core import METRICS, Moments, Pairs, error_matrix
 from toast.hf.blocks import BlockStack
 from toast.hf.calibration import Calibration
@@ -77,12 +77,10 @@ class Analysis:
         Block 0 is never removed unless ``include_first_block`` (the papers
         always keep it).
         """
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        k = check("k", k, Interval(int, 1, None))
+        check("budget", budget, Interval(int, 1, None), None)
         spans = self._candidates(include_first_block)
         if budget is not None:
-            if budget < 1:
-                raise ValueError(f"budget must be >= 1, got {budget}")
             spans = [s for s in spans if s.num_blocks == budget]
         descending = METRICS[self.metric] == "higher"
         spans.sort(key=lambda s: (-s.error if descending else s.error, s.start, s.stop))
