@@ -3,7 +3,7 @@
 Reads a local causal-LM directory (``save_pretrained`` output with its
 tokenizer; nothing downloads) and a local ``.txt`` (one text per line) or
 ``.jsonl`` (a ``"text"`` field) file, removes ``N`` blocks by ReplaceMe
-(:func:`toast.methods.replaceme.replaceme`) and writes a standard checkpoint to
+(:func:`toast.replaceme`) and writes a standard checkpoint to
 ``DIR`` (``model.save_pretrained`` plus the tokenizer) that plain
 ``transformers`` loads, with ``replaceme_report.md``, the reference code's
 ``layer_distances.csv`` and ``distances.png``.
@@ -17,6 +17,10 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from toast.methods.replaceme.config import ReplaceMeConfig
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -76,37 +80,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def _run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        raise FileExistsError(f"{out} exists and is not empty (pass --overwrite)")
-    model_dir = Path(args.model)
-    if not (model_dir / "config.json").is_file():
-        raise ValueError(f"{model_dir} is not a local model directory (no config.json)")
-    if not Path(args.data).is_file():
-        raise ValueError(f"--data {args.data} is not a file")
+def _config(args: argparse.Namespace) -> ReplaceMeConfig:
+    """The method's options from the command line (calibration: the first
+    ``--max-samples`` texts, ``--seed``, progress bars unless
+    ``--no-progress``)."""
+    from toast.hf.calibration import Calibration
+    from toast.methods.replaceme.config import ReplaceMeConfig
 
-    import torch
-    import transformers
-
-    from toast.io.local import load_batches
-    from toast.methods.replaceme import replaceme
-
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, local_files_only=True, dtype=dtype
+    calibration = Calibration(
+        max_samples=args.max_samples, seed=args.seed, progress=not args.no_progress
     )
-    model.to(device).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-    batches = load_batches(
-        model_dir, args.data, batch_size=args.batch_size, max_length=args.max_length
-    )
-    model, report = replaceme(
-        model,
-        batches,
+    return ReplaceMeConfig(
         num_blocks=args.blocks,
         objective=args.objective,
         num_cuts=args.num_cuts,
@@ -122,24 +106,54 @@ def _run(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         max_buffer_bytes=args.max_buffer,
         include_padding=args.include_padding,
-        max_samples=args.max_samples,
-        seed=args.seed,
-        progress=not args.no_progress,
+        calibration=calibration,
     )
+
+
+def _run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise FileExistsError(f"{out} exists and is not empty (pass --overwrite)")
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"{model_dir} is not a local model directory (no config.json)")
+    if not Path(args.data).is_file():
+        raise ValueError(f"--data {args.data} is not a file")
+    config = _config(args)  # bad options fail before the model loads
+
+    import torch
+    import transformers
+
+    from toast.io.local import load_batches
+    from toast.methods.replaceme.method import replaceme
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, local_files_only=True, dtype=dtype
+    )
+    model.to(device).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    batches = load_batches(
+        model_dir, args.data, batch_size=args.batch_size, max_length=args.max_length
+    )
+    _, report = replaceme(model, batches, config)  # in place
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     summary = report.to_markdown()
     (out / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
+    profile = report.profile
+    assert profile is not None  # --blocks always chooses the cut from a profile
     window = args.blocks // args.num_cuts
-    report.profile.to_csv(out / "layer_distances.csv", window, metric=args.distance)
+    profile.to_csv(out / "layer_distances.csv", window, metric=args.distance)
     try:
         import matplotlib
 
         matplotlib.use("Agg")
-        fig = report.profile.plot(
-            window, args.distance, cuts=report.spans, min_start=args.min_start
-        )
+        fig = profile.plot(window, args.distance, cuts=report.spans, min_start=args.min_start)
         fig.savefig(out / "distances.png", dpi=120, bbox_inches="tight")
     except ImportError:  # matplotlib is an optional dependency
         pass
