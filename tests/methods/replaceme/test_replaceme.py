@@ -663,3 +663,92 @@ def test_uidl_report_says_no_transform_was_fitted():
     _, report = _compress(R.decoder("llama"), R.text_loader(), num_blocks=2, objective="identity")
     md = report.to_markdown()
     assert "identity (UIDL: plain removal)" in md and "cut chosen on 48 rows" in md
+
+
+# -- the config and the one discovery per call -------------------------------------------
+
+
+def test_a_config_and_keywords_give_the_same_result():
+    loader = R.text_loader()
+    config = toast.ReplaceMeConfig(
+        num_blocks=2, calibration=toast.Calibration(max_samples=16, progress=False)
+    )
+    _, by_config = replaceme(R.decoder("llama"), loader, config)
+    _, by_keywords = _compress(R.decoder("llama"), loader, num_blocks=2, max_samples=16)
+    assert by_config.spans == by_keywords.spans
+    assert np.array_equal(by_config.transforms[0], by_keywords.transforms[0])
+    # keywords override a config's fields (and its calibration's)
+    _, overridden = replaceme(R.decoder("llama"), loader, config, spans=[SPAN], num_blocks=None)
+    assert [(s.start, s.stop) for s in overridden.spans] == [SPAN]
+
+
+def test_the_registered_method_runs_the_config_directly():
+    method = toast.methods.base.get_method("replaceme")
+    assert method.config is toast.ReplaceMeConfig and method.run is replaceme
+    config = toast.ReplaceMeConfig(spans=[SPAN], calibration=toast.Calibration(progress=False))
+    model, report = method.run(R.decoder("llama"), R.text_loader(), config)
+    assert report.blocks_after == R.LAYERS - 2 == find_blocks(model).num_blocks
+
+
+def test_the_package_and_the_top_level_function_resolve():
+    import toast.methods.replaceme as package
+
+    assert toast.replaceme is package.replaceme and callable(toast.replaceme)
+    assert toast.profile_distances is package.profile_distances
+
+
+@pytest.mark.parametrize("fit", ["independent", "sequential"])
+def test_one_call_searches_for_the_blocks_once(monkeypatch, fit):
+    model = R.decoder("llama")
+    modules = len(list(model.named_modules()))
+    calls = []
+    original = toast.hf.blocks._is_block_list
+
+    def counting(module):
+        calls.append(module)
+        return original(module)
+
+    monkeypatch.setattr(toast.hf.blocks, "_is_block_list", counting)
+    _compress(model, R.text_loader(), num_blocks=2, num_cuts=2, adjacent="forbid", fit=fit)
+    assert len(calls) == modules  # one search over the model, then lookups by path
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_blocks": 2, "num_cuts": 0}, r"num_cuts must be an int in \[1, inf\); got 0"),
+        ({"num_blocks": 2, "adjacent": "fuse"}, "adjacent must be one of 'merge', 'forbid'"),
+        ({"num_blocks": 2, "distance_tokens": "first"}, "distance_tokens must be one of"),
+        ({"num_blocks": 2, "min_start": 0}, r"min_start must be an int in \[1, inf\); got 0"),
+        ({"num_blocks": 2, "loss": "mse"}, "loss must be one of 'approximate', 'exact'"),
+        ({"num_blocks": 2, "solver": "sgd"}, "solver must be one of 'adam', 'lbfgs'"),
+        ({"num_blocks": 2, "lr": 0.0}, r"lr must be a number in \(0, inf\); got 0.0"),
+        ({"num_blocks": 2, "batch_size": 0}, r"batch_size must be an int in \[1, inf\)"),
+        ({"num_blocks": 2, "epochs": -1}, r"epochs must be an int in \[0, inf\)"),
+        ({"num_blocks": 2, "lbfgs_steps": 0}, r"lbfgs_steps must be an int in \[1, inf\)"),
+        ({"num_blocks": 2, "penalty": "l0"}, "penalty must be one of 'l1', 'l2' or None"),
+        ({"num_blocks": 2, "penalty_weight": math.inf}, "penalty_weight must be a number in"),
+        ({"num_blocks": 2, "init": "random"}, "init must be one of 'identity', 'ls'"),
+        ({"num_blocks": 2, "fit": "joint"}, "fit must be one of 'independent', 'sequential'"),
+        ({"num_blocks": 2, "include_padding": 1}, "include_padding must be a bool; got 1"),
+        ({"num_blocks": 2, "max_buffer_bytes": 0}, r"max_buffer_bytes must be an int in \[1"),
+        ({"num_blocks": 2, "buffer_dtype": "int8"}, "buffer_dtype must be a floating-point"),
+        ({"num_blocks": 2, "buffer_dir": 3}, "buffer_dir must be a str or a PathLike or None"),
+        ({"num_blocks": 2, "backend": "gpu"}, "backend must be one of 'auto', 'c', 'torch'"),
+        ({"num_blocks": 2, "check": "yes"}, "check must be a bool"),
+        ({"num_blocks": 2, "spans": 3}, r"spans must be a list of \(start, stop\) or None"),
+        ({"num_blocks": 2, "calibration": {}}, "calibration must be a Calibration"),
+        ({"num_blocks": 2.0}, r"num_blocks must be an int in \[1, inf\) or None; got 2.0"),
+    ],
+)
+def test_every_config_field_is_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        toast.ReplaceMeConfig(**kwargs)
+
+
+def test_fit_cosine_checks_its_options_in_the_common_format():
+    x = np.ones((4, 3))
+    with pytest.raises(ValueError, match="structure must be one of 'full', 'diagonal'"):
+        fit_cosine(x, x, structure="orthogonal")
+    with pytest.raises(ValueError, match=r"lr must be a number in \(0, inf\); got -1"):
+        fit_cosine(x, x, lr=-1)

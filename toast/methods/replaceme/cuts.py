@@ -65,11 +65,12 @@ def choose_cuts(
     assert num_blocks is not None  # ReplaceMeConfig requires it without spans
     # Checked before the profile pass, so that a bad request fails at once.
     check_selection(num_blocks, config.num_cuts, config.min_start, total)
+    tokens, padding = config.distance_tokens, config.include_padding
     profile = profile_distances(
         model,
         data,
-        tokens=config.distance_tokens,
-        include_padding=config.include_padding,
+        tokens=tokens,
+        include_padding=padding,
         calibration=config.calibration,
         stack=stack,
     )

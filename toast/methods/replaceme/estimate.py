@@ -14,6 +14,7 @@ bounded, reservoir-sampled disk buffer.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from toast.core import Moments, fit_translator
-from toast.hf.blocks import BlockStack
+from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.capture import ForwardError, stream_states, uses_torch
 from toast.hf.rows import RowSample
 from toast.hf.torch_moments import TorchMoments
@@ -32,8 +33,18 @@ from toast.methods.replaceme.cosine import fit_cosine
 from toast.methods.replaceme.hooks import MlpOutputs, NotFoldableError, no_kv_cache
 from toast.spans import Span
 
-__all__ = ["Fitted", "fit_cuts"]
+__all__ = ["Estimation", "Fitted"]
 
+# ReplaceMeConfig fields that fit_cosine takes under the same names.
+_COSINE_OPTIONS = (
+    "solver",
+    "lr",
+    "batch_size",
+    "epochs",
+    "lbfgs_steps",
+    "penalty",
+    "penalty_weight",
+)
 _STRUCTURE_KIND = {"full": "linear", "diagonal": "diagonal", "orthogonal": "orthogonal"}
 
 
@@ -150,47 +161,6 @@ class _Estimator:
         cut.rows += int(a.shape[0])
 
 
-def _estimate(
-    model: nn.Module,
-    data: Iterable,
-    spans: Sequence[Span],
-    config: ReplaceMeConfig,
-    stack: BlockStack,
-    expected_rows: int | None,
-) -> list[_Cut]:
-    """One pass over ``data`` filling the accumulators of every cut."""
-    cuts = [_Cut(s) for s in spans]
-    wanted = sorted({k for s in spans for k in (s.start, s.stop)})
-    positions = {state: i for i, state in enumerate(wanted)}
-    folding = config.placement != "block"
-    recorder = MlpOutputs(stack, [c.kept for c in cuts], config.check) if folding else None
-    consume = _Estimator(cuts, config, positions, recorder, expected_rows)
-    try:
-        with no_kv_cache(model):
-            stream_states(
-                model,
-                data,
-                consume,
-                config.calibration,
-                stack=stack,
-                states=wanted,
-                tokens="all",
-                desc="replaceme: estimating",
-            )
-    except BaseException as exc:
-        for cut in cuts:
-            cut.close()
-        if isinstance(exc, ForwardError) and isinstance(exc.__cause__, NotFoldableError):
-            raise exc.__cause__ from None
-        raise
-    finally:
-        if recorder is not None:
-            recorder.remove()
-    if cuts[0].rows == 0:
-        raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
-    return cuts
-
-
 def _solve(cut: _Cut, config: ReplaceMeConfig, device: torch.device) -> Fitted:
     """The transform of one estimated cut (closes its row buffer)."""
     ls, cond = None, math.nan
@@ -207,22 +177,17 @@ def _solve(cut: _Cut, config: ReplaceMeConfig, device: torch.device) -> Fitted:
     try:
         buffer_bytes = sample.capacity * sample.num_states * sample.dim * sample.dtype.itemsize
         three = sample.num_states == 3
+        options = {name: getattr(config, name) for name in _COSINE_OPTIONS}
         result = fit_cosine(
             sample.state(0),
             sample.state(2) if three else sample.state(1),
             sample.state(1) if three else None,
             init=ls,
             structure="diagonal" if config.structure == "diagonal" else "full",
-            solver=config.solver,
-            lr=config.lr,
-            batch_size=config.batch_size,
-            epochs=config.epochs,
-            lbfgs_steps=config.lbfgs_steps,
-            penalty=config.penalty,
-            penalty_weight=config.penalty_weight,
             seed=config.calibration.seed,
             device=device,
             progress=config.calibration.progress,
+            **options,
         )
         return Fitted(
             result.transform, cond, (result.initial, result.final), buffer_bytes, sample.rows
@@ -231,22 +196,65 @@ def _solve(cut: _Cut, config: ReplaceMeConfig, device: torch.device) -> Fitted:
         sample.close()
 
 
-def fit_cuts(
-    model: nn.Module,
-    data: Iterable,
-    spans: Sequence[Span],
-    config: ReplaceMeConfig,
-    stack: BlockStack,
-    expected_rows: int | None = None,
-) -> tuple[list[Fitted], int]:
-    """Estimates the transforms of ``spans`` in one pass over ``data`` on the
-    model as it is; returns them and the calibration rows used.
-    ``expected_rows`` (the token rows a profile pass counted) caps the
-    cosine buffer when all rows fit."""
-    cuts = _estimate(model, data, spans, config, stack, expected_rows)
-    device = next(model.parameters()).device
-    try:
-        return [_solve(cut, config, device) for cut in cuts], cuts[0].rows
-    finally:
-        for cut in cuts:
-            cut.close()
+@dataclass(frozen=True)
+class Estimation:
+    """What the estimation passes of one :func:`toast.replaceme` call share:
+    the model and its block stack (found once), the calibration data, the
+    options, and the token rows a profile pass counted (they cap the cosine
+    buffer when all rows fit)."""
+
+    model: nn.Module
+    data: Iterable
+    config: ReplaceMeConfig
+    stack: BlockStack
+    expected_rows: int | None = None
+
+    def after_surgery(self) -> Estimation:
+        """The same, with the block stack looked up again by its path."""
+        return dataclasses.replace(self, stack=find_blocks(self.model, self.stack))
+
+    def fit(self, spans: Sequence[Span]) -> tuple[list[Fitted], int]:
+        """Estimates the transforms of ``spans`` in one pass over the data on
+        the model as it is; returns them and the calibration rows used."""
+        cuts = self._estimate(spans)
+        device = next(self.model.parameters()).device
+        try:
+            return [_solve(cut, self.config, device) for cut in cuts], cuts[0].rows
+        finally:
+            for cut in cuts:
+                cut.close()
+
+    def _estimate(self, spans: Sequence[Span]) -> list[_Cut]:
+        """One pass over the data filling the accumulators of every cut."""
+        config = self.config
+        cuts = [_Cut(s) for s in spans]
+        wanted = sorted({k for s in spans for k in (s.start, s.stop)})
+        positions = {state: i for i, state in enumerate(wanted)}
+        folding = config.placement != "block"
+        kept = [c.kept for c in cuts]
+        recorder = MlpOutputs(self.stack, kept, config.check) if folding else None
+        consume = _Estimator(cuts, config, positions, recorder, self.expected_rows)
+        try:
+            with no_kv_cache(self.model):
+                stream_states(
+                    self.model,
+                    self.data,
+                    consume,
+                    config.calibration,
+                    stack=self.stack,
+                    states=wanted,
+                    tokens="all",
+                    desc="replaceme: estimating",
+                )
+        except BaseException as exc:
+            for cut in cuts:
+                cut.close()
+            if isinstance(exc, ForwardError) and isinstance(exc.__cause__, NotFoldableError):
+                raise exc.__cause__ from None
+            raise
+        finally:
+            if recorder is not None:
+                recorder.remove()
+        if cuts[0].rows == 0:
+            raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
+        return cuts

@@ -25,11 +25,11 @@ from typing import Any
 
 from torch import nn
 
-from toast.hf.blocks import BlockStack, find_blocks
+from toast.hf.blocks import find_blocks
 from toast.hf.params import count_params
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import choose_cuts
-from toast.methods.replaceme.estimate import Fitted, fit_cuts
+from toast.methods.replaceme.estimate import Estimation, Fitted
 from toast.methods.replaceme.fold import apply_cuts
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.spans import Span
@@ -63,14 +63,15 @@ def replaceme(
     blocks_before, params_before = stack.num_blocks, count_params(model)
     spans, profile = choose_cuts(model, data, config, stack)
     expected_rows = profile.token_rows if profile is not None else None
+    estimation = Estimation(model, data, config, stack, expected_rows)
     if config.objective == "identity":
         fitted, rows = [Fitted(None) for _ in spans], 0
-        _apply(model, stack, spans, fitted, config)
+        _apply(estimation, spans, fitted)
     elif config.fit == "independent" or len(spans) == 1:
-        fitted, rows = fit_cuts(model, data, spans, config, stack, expected_rows)
-        _apply(model, stack, spans, fitted, config)
+        fitted, rows = estimation.fit(spans)
+        _apply(estimation, spans, fitted)
     else:
-        fitted, rows = _fit_sequentially(model, data, spans, config, stack, expected_rows)
+        fitted, rows = _fit_sequentially(estimation, spans)
     report = ReplaceMeReport(
         objective=config.objective,
         structure=config.structure,
@@ -93,25 +94,15 @@ def replaceme(
     return model, report
 
 
-def _apply(
-    model: nn.Module,
-    stack: BlockStack,
-    spans: Sequence[Span],
-    fitted: Sequence[Fitted],
-    config: ReplaceMeConfig,
-) -> None:
+def _apply(estimation: Estimation, spans: Sequence[Span], fitted: Sequence[Fitted]) -> None:
+    config = estimation.config
     transforms = [f.transform for f in fitted]
-    apply_cuts(model, stack, spans, transforms, config.placement, config.structure)
+    apply_cuts(
+        estimation.model, estimation.stack, spans, transforms, config.placement, config.structure
+    )
 
 
-def _fit_sequentially(
-    model: nn.Module,
-    data: Iterable,
-    spans: Sequence[Span],
-    config: ReplaceMeConfig,
-    stack: BlockStack,
-    expected_rows: int | None,
-) -> tuple[list[Fitted], int]:
+def _fit_sequentially(estimation: Estimation, spans: Sequence[Span]) -> tuple[list[Fitted], int]:
     """Each cut estimated on the model with the previous cuts applied (the
     reference code's cosine multi-LT): one pass per cut. Cuts are given in
     the original model's indices and shifted by the blocks removed before
@@ -119,12 +110,12 @@ def _fit_sequentially(
     fitted: list[Fitted] = []
     rows, removed = 0, 0
     for span in spans:
-        shift = removed if config.placement != "block" else removed - len(fitted)
+        shift = removed if estimation.config.placement != "block" else removed - len(fitted)
         where = Span(span.start - shift, span.stop - shift, span.error)
-        (one,), used = fit_cuts(model, data, [where], config, stack, expected_rows)
+        (one,), used = estimation.fit([where])
         rows = max(rows, used)
         fitted.append(one)
-        _apply(model, stack, [where], [one], config)
-        stack = find_blocks(model, stack)  # the same path, the new block list
+        _apply(estimation, [where], [one])
+        estimation = estimation.after_surgery()  # the same path, the new block list
         removed += span.num_blocks
     return fitted, rows

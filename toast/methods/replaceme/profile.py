@@ -80,13 +80,14 @@ class DistanceProfile:
     block_path: str
     token_rows: int = 0
 
-    @property
-    def num_blocks(self) -> int:
-        return self.distances[DISTANCES[0]].shape[0] - 1
-
     def matrix(self, metric: str = "angular") -> np.ndarray:
         """The ``(L + 1, L + 1)`` matrix of one metric."""
         return self.distances[check("metric", metric, Options(self.distances))]
+
+    @property
+    def num_blocks(self) -> int:
+        """``L``, the blocks of the profiled model."""
+        return self.distances[DISTANCES[0]].shape[0] - 1
 
     def windows(self, window: int, metric: str = "angular") -> np.ndarray:
         """Distances of every window of ``window`` blocks: entry ``s`` is the
