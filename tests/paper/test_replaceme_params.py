@@ -1,7 +1,6 @@
 """ReplaceMe parameter counts and Eq. 10 compression ratios from configs
-alone (meta device, no weights), against the numbers derivable from the
-paper (``/work/shared/papers/notes/002_replaceme.md`` §3, "Numbers
-reproducible WITHOUT pretrained weights"):
+alone (meta device, no weights), against the numbers of Shopkhoev et al.,
+"ReplaceMe" (arXiv 2505.02819) that need no pretrained weights:
 
 - Table 14: full-model healing of the pruned Llama-3-8B trains "6.3B"
   parameters = Llama-3-8B minus 8 blocks = 6,285,365,248; LT-only healing

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["BlockParts", "BlockStack", "Projection", "block_parts", "find_blocks", "find_head"]
+__all__ = [
+    "BlockParts",
+    "BlockStack",
+    "Projection",
+    "block_parts",
+    "find_blocks",
+    "find_head",
+    "find_projections",
+]
 
 # Attribute names of the norm applied after the last block, by family.
 _FINAL_NORM_NAMES = (
@@ -210,7 +218,12 @@ class BlockParts:
     down: Projection
 
 
-def _projections(block: nn.Module) -> dict[str, Projection]:
+def find_projections(block: nn.Module) -> dict[str, Projection]:
+    """Every projection of ``block`` whose path toast recognises, by part
+    (``"q"``, ``"qkv"``, ``"out"``, ``"up"``, ``"down"``...), without
+    requiring the full set that :func:`block_parts` does: a block whose
+    attention toast cannot name may still show its MLP down-projection.
+    Raises ``ValueError`` when two modules match one part."""
     found: dict[str, Projection] = {}
     for path, module in block.named_modules():
         weight = getattr(module, "weight", None)
@@ -240,7 +253,7 @@ def block_parts(block: nn.Module) -> BlockParts:
     Raises ``ValueError`` naming what is missing when the block's layout is
     not one toast knows.
     """
-    found = _projections(block)
+    found = find_projections(block)
     separate = all(p in found for p in ("q", "k", "v"))
     missing = [p for p in ("out", "up", "down") if p not in found]
     if not separate and "qkv" not in found:

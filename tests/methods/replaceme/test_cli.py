@@ -93,8 +93,8 @@ def test_replaceme_cli_cosine_with_several_cuts(local_llama, tmp_path):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--blocks", "6"], "must be below the model's depth"),
-        (["--blocks", "2", "--min-start", "5"], "min_start=5 is too large"),
+        (["--blocks", "6"], "num_blocks must be an int in [1, 5]; got 6"),
+        (["--blocks", "2", "--min-start", "5"], "min_start must be an int in [1, 4]; got 5"),
         (["--blocks", "2", "--data", "missing.txt"], "is not a file"),
     ],
 )

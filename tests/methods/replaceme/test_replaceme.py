@@ -23,11 +23,12 @@ from toast.hf.blocks import find_blocks  # noqa: E402
 from toast.methods.replaceme import (  # noqa: E402
     DistanceProfile,
     NotFoldableError,
+    down_projection,
     fit_cosine,
     fold_transform,
     replaceme,
 )
-from toast.methods.toast.analysis import Span  # noqa: E402
+from toast.spans import Span  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -35,9 +36,7 @@ SPAN = (2, 4)  # blocks 2 and 3 removed, T folded into block 1
 
 
 def _down(model, block):
-    from toast.methods.replaceme.method import _down_projection
-
-    return _down_projection(find_blocks(model).blocks[block])
+    return down_projection(find_blocks(model).blocks[block])
 
 
 def _compress(model, loader, **kw):
@@ -409,9 +408,9 @@ def test_min_start_is_enforced():
     profile = _profile([0.0, 0.01, 0.5, 0.4, 0.3, 0.2, 0.9])
     assert profile.select(2, min_start=1)[0].start == 1
     assert profile.select(2, min_start=3)[0].start == 5
-    with pytest.raises(ValueError, match="min_start=7 is too large"):
+    with pytest.raises(ValueError, match=r"min_start must be an int in \[1, 6\]; got 7"):
         profile.select(2, min_start=7)
-    with pytest.raises(ValueError, match="min_start must be >= 1"):
+    with pytest.raises(ValueError, match=r"min_start must be an int in \[1, 6\]; got 0"):
         profile.select(2, min_start=0)
 
 
@@ -563,15 +562,15 @@ def test_post_norm_blocks_are_refused_for_folding(case):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"num_blocks": 6}, r"num_blocks=6 must be below the model's depth \(6 blocks\)"),
-        ({"num_blocks": 0}, "num_blocks must be >= 1"),
+        ({"num_blocks": 6}, r"num_blocks must be an int in \[1, 5\]; got 6"),
+        ({"num_blocks": 0}, r"num_blocks must be an int in \[1, inf\) or None; got 0"),
         ({"num_blocks": 3, "num_cuts": 2}, "not a multiple of num_cuts=2"),
-        ({"num_blocks": 2, "min_start": 5}, "min_start=5 is too large"),
-        ({"num_blocks": 2, "objective": "mse"}, "objective must be one of"),
+        ({"num_blocks": 2, "min_start": 5}, r"min_start must be an int in \[1, 4\]; got 5"),
+        ({"num_blocks": 2, "objective": "mse"}, "objective must be one of 'ls', 'cosine'"),
         ({"num_blocks": 2, "structure": "orthogonal", "objective": "cosine"}, "least-squares"),
-        ({"num_blocks": 2, "placement": "inline"}, "placement must be one of"),
-        ({"num_blocks": 2, "distance": "kl"}, "distance must be one of"),
-        ({"num_blocks": 2, "ridge": -1.0}, "ridge must be"),
+        ({"num_blocks": 2, "placement": "inline"}, "placement must be one of 'fold'"),
+        ({"num_blocks": 2, "distance": "kl"}, "distance must be one of 'angular'"),
+        ({"num_blocks": 2, "ridge": -1.0}, r"ridge must be a number in \[0, inf\); got -1.0"),
         ({"spans": [(0, 2)]}, "starts at block 0"),
         ({"spans": [(2, 9)]}, "must satisfy 0 <= start < stop <= 6"),
         ({"spans": [(2, 4)], "num_blocks": 3}, "but the spans remove 2"),
@@ -664,3 +663,92 @@ def test_uidl_report_says_no_transform_was_fitted():
     _, report = _compress(R.decoder("llama"), R.text_loader(), num_blocks=2, objective="identity")
     md = report.to_markdown()
     assert "identity (UIDL: plain removal)" in md and "cut chosen on 48 rows" in md
+
+
+# -- the config and the one discovery per call -------------------------------------------
+
+
+def test_a_config_and_keywords_give_the_same_result():
+    loader = R.text_loader()
+    config = toast.ReplaceMeConfig(
+        num_blocks=2, calibration=toast.Calibration(max_samples=16, progress=False)
+    )
+    _, by_config = replaceme(R.decoder("llama"), loader, config)
+    _, by_keywords = _compress(R.decoder("llama"), loader, num_blocks=2, max_samples=16)
+    assert by_config.spans == by_keywords.spans
+    assert np.array_equal(by_config.transforms[0], by_keywords.transforms[0])
+    # keywords override a config's fields (and its calibration's)
+    _, overridden = replaceme(R.decoder("llama"), loader, config, spans=[SPAN], num_blocks=None)
+    assert [(s.start, s.stop) for s in overridden.spans] == [SPAN]
+
+
+def test_the_registered_method_runs_the_config_directly():
+    method = toast.methods.base.get_method("replaceme")
+    assert method.config is toast.ReplaceMeConfig and method.run is replaceme
+    config = toast.ReplaceMeConfig(spans=[SPAN], calibration=toast.Calibration(progress=False))
+    model, report = method.run(R.decoder("llama"), R.text_loader(), config)
+    assert report.blocks_after == R.LAYERS - 2 == find_blocks(model).num_blocks
+
+
+def test_the_package_and_the_top_level_function_resolve():
+    import toast.methods.replaceme as package
+
+    assert toast.replaceme is package.replaceme and callable(toast.replaceme)
+    assert toast.profile_distances is package.profile_distances
+
+
+@pytest.mark.parametrize("fit", ["independent", "sequential"])
+def test_one_call_searches_for_the_blocks_once(monkeypatch, fit):
+    model = R.decoder("llama")
+    modules = len(list(model.named_modules()))
+    calls = []
+    original = toast.hf.blocks._is_block_list
+
+    def counting(module):
+        calls.append(module)
+        return original(module)
+
+    monkeypatch.setattr(toast.hf.blocks, "_is_block_list", counting)
+    _compress(model, R.text_loader(), num_blocks=2, num_cuts=2, adjacent="forbid", fit=fit)
+    assert len(calls) == modules  # one search over the model, then lookups by path
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_blocks": 2, "num_cuts": 0}, r"num_cuts must be an int in \[1, inf\); got 0"),
+        ({"num_blocks": 2, "adjacent": "fuse"}, "adjacent must be one of 'merge', 'forbid'"),
+        ({"num_blocks": 2, "distance_tokens": "first"}, "distance_tokens must be one of"),
+        ({"num_blocks": 2, "min_start": 0}, r"min_start must be an int in \[1, inf\); got 0"),
+        ({"num_blocks": 2, "loss": "mse"}, "loss must be one of 'approximate', 'exact'"),
+        ({"num_blocks": 2, "solver": "sgd"}, "solver must be one of 'adam', 'lbfgs'"),
+        ({"num_blocks": 2, "lr": 0.0}, r"lr must be a number in \(0, inf\); got 0.0"),
+        ({"num_blocks": 2, "batch_size": 0}, r"batch_size must be an int in \[1, inf\)"),
+        ({"num_blocks": 2, "epochs": -1}, r"epochs must be an int in \[0, inf\)"),
+        ({"num_blocks": 2, "lbfgs_steps": 0}, r"lbfgs_steps must be an int in \[1, inf\)"),
+        ({"num_blocks": 2, "penalty": "l0"}, "penalty must be one of 'l1', 'l2' or None"),
+        ({"num_blocks": 2, "penalty_weight": math.inf}, "penalty_weight must be a number in"),
+        ({"num_blocks": 2, "init": "random"}, "init must be one of 'identity', 'ls'"),
+        ({"num_blocks": 2, "fit": "joint"}, "fit must be one of 'independent', 'sequential'"),
+        ({"num_blocks": 2, "include_padding": 1}, "include_padding must be a bool; got 1"),
+        ({"num_blocks": 2, "max_buffer_bytes": 0}, r"max_buffer_bytes must be an int in \[1"),
+        ({"num_blocks": 2, "buffer_dtype": "int8"}, "buffer_dtype must be a floating-point"),
+        ({"num_blocks": 2, "buffer_dir": 3}, "buffer_dir must be a str or a PathLike or None"),
+        ({"num_blocks": 2, "backend": "gpu"}, "backend must be one of 'auto', 'c', 'torch'"),
+        ({"num_blocks": 2, "check": "yes"}, "check must be a bool"),
+        ({"num_blocks": 2, "spans": 3}, r"spans must be a list of \(start, stop\) or None"),
+        ({"num_blocks": 2, "calibration": {}}, "calibration must be a Calibration"),
+        ({"num_blocks": 2.0}, r"num_blocks must be an int in \[1, inf\) or None; got 2.0"),
+    ],
+)
+def test_every_config_field_is_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        toast.ReplaceMeConfig(**kwargs)
+
+
+def test_fit_cosine_checks_its_options_in_the_common_format():
+    x = np.ones((4, 3))
+    with pytest.raises(ValueError, match="structure must be one of 'full', 'diagonal'"):
+        fit_cosine(x, x, structure="orthogonal")
+    with pytest.raises(ValueError, match=r"lr must be a number in \(0, inf\); got -1"):
+        fit_cosine(x, x, lr=-1)

@@ -3,7 +3,7 @@
 Reads a local causal-LM directory (``save_pretrained`` output with its
 tokenizer; nothing downloads) and a local ``.txt`` (one text per line) or
 ``.jsonl`` (a ``"text"`` field) file, removes ``N`` blocks by ReplaceMe
-(:func:`toast.methods.replaceme.replaceme`) and writes a standard checkpoint to
+(:func:`toast.replaceme`) and writes a standard checkpoint to
 ``DIR`` (``model.save_pretrained`` plus the tokenizer) that plain
 ``transformers`` loads, with ``replaceme_report.md``, the reference code's
 ``layer_distances.csv`` and ``distances.png``.
@@ -17,7 +17,30 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from toast.methods.replaceme.config import ReplaceMeConfig
+
+# The options that go to ReplaceMeConfig under their own names (the
+# CLI's --batch-size is texts per batch, not the cosine fit's rows per step).
+_CONFIG_OPTIONS = (
+    "num_blocks",
+    "objective",
+    "num_cuts",
+    "adjacent",
+    "distance",
+    "distance_tokens",
+    "min_start",
+    "structure",
+    "ridge",
+    "loss",
+    "solver",
+    "lr",
+    "epochs",
+    "max_buffer_bytes",
+    "include_padding",
+)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -41,7 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", metavar="MODEL_PATH", help="local model directory (with tokenizer)")
     p.add_argument("--data", required=True, help="calibration text: .txt or .jsonl ('text')")
-    p.add_argument("--blocks", type=int, required=True, help="number of blocks to remove")
+    p.add_argument(
+        "--blocks", dest="num_blocks", type=int, required=True, help="number of blocks to remove"
+    )
     p.add_argument("--out", required=True, help="output directory for the pruned model")
     p.add_argument("--objective", default="ls", choices=["ls", "cosine", "identity"])
     p.add_argument("--num-cuts", type=int, default=1, help="number of transforms (1)")
@@ -55,7 +80,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--solver", default="adam", choices=["adam", "lbfgs"])
     p.add_argument("--lr", type=float, default=1e-4, help="cosine: Adam learning rate (1e-4)")
     p.add_argument("--epochs", type=int, default=10, help="cosine: Adam epochs (10)")
-    p.add_argument("--max-buffer", type=_bytes, default="8GiB", help="cosine row buffer (8GiB)")
+    p.add_argument(
+        "--max-buffer",
+        dest="max_buffer_bytes",
+        type=_bytes,
+        default="8GiB",
+        help="cosine row buffer (8GiB)",
+    )
     p.add_argument("--max-samples", type=int, default=None, help="calibration texts (all)")
     p.add_argument("--max-length", type=int, default=1024, help="tokens per text (1024)")
     p.add_argument("--batch-size", type=int, default=8, help="texts per batch (8)")
@@ -76,6 +107,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+def _config(args: argparse.Namespace) -> ReplaceMeConfig:
+    """The method's options from the command line (calibration: the first
+    ``--max-samples`` texts, ``--seed``, progress bars unless
+    ``--no-progress``)."""
+    from toast.hf.calibration import Calibration
+    from toast.methods.replaceme.config import ReplaceMeConfig
+
+    calibration = Calibration(
+        max_samples=args.max_samples, seed=args.seed, progress=not args.no_progress
+    )
+    return ReplaceMeConfig(
+        **{name: getattr(args, name) for name in _CONFIG_OPTIONS}, calibration=calibration
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
@@ -85,12 +131,13 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"{model_dir} is not a local model directory (no config.json)")
     if not Path(args.data).is_file():
         raise ValueError(f"--data {args.data} is not a file")
+    config = _config(args)  # bad options fail before the model loads
 
     import torch
     import transformers
 
     from toast.io.local import load_batches
-    from toast.methods.replaceme import replaceme
+    from toast.methods.replaceme.method import replaceme
 
     device = args.device
     if device == "auto":
@@ -104,42 +151,21 @@ def _run(args: argparse.Namespace) -> int:
     batches = load_batches(
         model_dir, args.data, batch_size=args.batch_size, max_length=args.max_length
     )
-    model, report = replaceme(
-        model,
-        batches,
-        num_blocks=args.blocks,
-        objective=args.objective,
-        num_cuts=args.num_cuts,
-        adjacent=args.adjacent,
-        distance=args.distance,
-        distance_tokens=args.distance_tokens,
-        min_start=args.min_start,
-        structure=args.structure,
-        ridge=args.ridge,
-        loss=args.loss,
-        solver=args.solver,
-        lr=args.lr,
-        epochs=args.epochs,
-        max_buffer_bytes=args.max_buffer,
-        include_padding=args.include_padding,
-        max_samples=args.max_samples,
-        seed=args.seed,
-        progress=not args.no_progress,
-    )
+    _, report = replaceme(model, batches, config)  # in place
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     summary = report.to_markdown()
     (out / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
-    window = args.blocks // args.num_cuts
-    report.profile.to_csv(out / "layer_distances.csv", window, metric=args.distance)
+    profile = report.profile
+    assert profile is not None  # --blocks always chooses the cut from a profile
+    window = args.num_blocks // args.num_cuts
+    profile.to_csv(out / "layer_distances.csv", window, metric=args.distance)
     try:
         import matplotlib
 
         matplotlib.use("Agg")
-        fig = report.profile.plot(
-            window, args.distance, cuts=report.spans, min_start=args.min_start
-        )
+        fig = profile.plot(window, args.distance, cuts=report.spans, min_start=args.min_start)
         fig.savefig(out / "distances.png", dpi=120, bbox_inches="tight")
     except ImportError:  # matplotlib is an optional dependency
         pass

@@ -1,23 +1,87 @@
-"""The options of ``toast.compress(..., method="replaceme")``."""
+"""The options of :func:`toast.replaceme` and ``toast.compress(...,
+method="replaceme")``: one frozen, validated dataclass.
+
+The defaults follow Shopkhoev et al., "ReplaceMe" (arXiv 2505.02819) and
+its reference code: one cut chosen by the angular distance on the last
+token (§3.1, Eq. 4), a least-squares transform (Eq. 6) folded into the
+down-projection, and for the cosine objective the settings of Table 13
+(Adam, lr 1e-4, batches of 1024 rows, 10 epochs, identity start).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from toast._validation import Interval, Options, Predicate, check, validate
 from toast.hf.calibration import Calibration
+from toast.hf.capture import BACKENDS, TOKENS, Tokens
+from toast.methods.replaceme.profile import ADJACENT, DISTANCES
 
-__all__ = ["ReplaceMeConfig"]
+__all__ = ["OBJECTIVES", "PLACEMENTS", "STRUCTURES", "ReplaceMeConfig"]
+
+OBJECTIVES = ("ls", "cosine", "identity")
+STRUCTURES = ("full", "diagonal", "orthogonal")
+PLACEMENTS = ("fold", "mlp", "block")
+LOSSES = ("approximate", "exact")
+SOLVERS = ("adam", "lbfgs")
+PENALTIES = ("l1", "l2")
+INITS = ("identity", "ls")
+FITS = ("independent", "sequential")
+
+
+def _is_dtype(value: Any) -> bool:
+    try:
+        return np.dtype(value).kind == "f"
+    except (TypeError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
 class ReplaceMeConfig:
-    """How ReplaceMe cuts and estimates; see :func:`toast.replaceme` for
-    each field."""
+    """How ReplaceMe cuts, estimates and places its transforms.
+
+    **Cut** (§3.1): ``num_blocks`` blocks in ``num_cuts`` windows chosen by
+    the ``distance`` (``"angular"``, the reference code's; ``"cosine"``;
+    ``"l2"``) on ``distance_tokens`` (the ``"last"`` non-pad token by
+    default), none starting before block ``min_start``; ``adjacent`` windows
+    merge into one cut or are forbidden (see
+    :meth:`toast.methods.replaceme.DistanceProfile.select`). Or explicit
+    ``spans=[(start, stop), ...]`` and no profile.
+
+    **Transform**, per cut ``blocks[s:e]``, T with ``M T + Y ≈ L_e`` where
+    ``M`` is the MLP output of block ``s − 1`` and ``Y`` its attention
+    residual, on every non-pad token (every token with
+    ``include_padding=True``, as the reference does):
+
+    - ``objective="ls"`` (Eq. 6): ``T = (MᵀM + ridge·I)⁻¹ Mᵀ(L − Y)`` from
+      float64 moments (``backend``: where the sums are formed);
+      ``structure="diagonal"`` (Eq. 13) or ``"orthogonal"`` (Procrustes) for
+      the Table 6 variants.
+    - ``objective="cosine"``: :func:`toast.methods.replaceme.fit_cosine` on
+      rows kept in a disk-backed buffer of at most ``max_buffer_bytes``
+      (``buffer_dtype``, under ``buffer_dir``; reservoir-sampled beyond
+      that); ``loss="approximate"`` (Eq. 8) or ``"exact"`` (Eq. 7);
+      ``solver``, ``lr``, ``batch_size``, ``epochs``, ``lbfgs_steps``,
+      ``penalty``/``penalty_weight``; ``init="ls"`` starts from the LS
+      solution (one pass gives both).
+    - ``objective="identity"``: T = I, plain removal (UIDL, the baseline).
+
+    **Placement**: ``"fold"`` into the down-projection of block ``s − 1``
+    (a standard checkpoint); ``"mlp"``: an explicit module after it
+    (``d²`` extra parameters); ``"block"``: the paper's A.9 separate
+    transform on the residual stream. ``fit="independent"`` estimates every
+    cut in one pass on the original model; ``"sequential"`` each on the
+    model with the previous cuts applied (one pass per cut). ``check``
+    verifies on the first batch that each fold target's output moves
+    exactly with its MLP output. ``calibration`` bounds every pass.
+    """
 
     num_blocks: int | None = None
     objective: Literal["ls", "cosine", "identity"] = "ls"
@@ -25,7 +89,7 @@ class ReplaceMeConfig:
     adjacent: Literal["merge", "forbid"] = "merge"
     spans: Sequence[tuple[int, int]] | None = None
     distance: Literal["angular", "cosine", "l2"] = "angular"
-    distance_tokens: str = "last"
+    distance_tokens: Tokens = "last"
     min_start: int = 1
     structure: Literal["full", "diagonal", "orthogonal"] = "full"
     ridge: float = 0.0
@@ -47,3 +111,83 @@ class ReplaceMeConfig:
     backend: Literal["auto", "c", "torch"] = "auto"
     check: bool = True
     calibration: Calibration = field(default_factory=Calibration)
+
+    _validation: ClassVar[dict[str, list[Any]]] = {
+        "num_blocks": [Interval(int, 1, None), None],
+        "objective": [Options(OBJECTIVES)],
+        "num_cuts": [Interval(int, 1, None)],
+        "adjacent": [Options(ADJACENT)],
+        "spans": [Predicate(lambda v: isinstance(v, Sequence), "a list of (start, stop)"), None],
+        "distance": [Options(DISTANCES)],
+        "distance_tokens": [Options(TOKENS)],
+        "min_start": [Interval(int, 1, None)],
+        "structure": [Options(STRUCTURES)],
+        "ridge": [Interval(float, 0, math.inf, closed="left")],
+        "loss": [Options(LOSSES)],
+        "solver": [Options(SOLVERS)],
+        "lr": [Interval(float, 0, math.inf, closed="neither")],
+        "batch_size": [Interval(int, 1, None)],
+        "epochs": [Interval(int, 0, None)],
+        "lbfgs_steps": [Interval(int, 1, None)],
+        "penalty": [Options(PENALTIES), None],
+        "penalty_weight": [Interval(float, 0, math.inf, closed="left")],
+        "init": [Options(INITS)],
+        "placement": [Options(PLACEMENTS)],
+        "fit": [Options(FITS)],
+        "include_padding": [bool],
+        "max_buffer_bytes": [Interval(int, 1, None)],
+        "buffer_dtype": [Predicate(_is_dtype, "a floating-point NumPy dtype")],
+        "buffer_dir": [str, os.PathLike, None],
+        "backend": [Options(BACKENDS)],
+        "check": [bool],
+        "calibration": [Calibration],
+    }
+
+    def __post_init__(self) -> None:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in validate(self._validation, fields).items():
+            object.__setattr__(self, name, value)
+        if self.spans is None and self.num_blocks is None:
+            raise ValueError("give num_blocks=<blocks to remove> (or spans=[(start, stop), ...])")
+        if self.objective == "cosine" and self.structure == "orthogonal":
+            raise ValueError(
+                "structure='orthogonal' is a least-squares variant; use objective='ls'"
+            )
+        if self.spans is None and self.num_blocks is not None and self.num_blocks % self.num_cuts:
+            raise ValueError(
+                f"num_blocks={self.num_blocks} is not a multiple of num_cuts={self.num_cuts}: "
+                "every cut removes num_blocks / num_cuts blocks"
+            )
+
+    @property
+    def needs_moments(self) -> bool:
+        """Whether the estimation pass accumulates least-squares moments."""
+        return self.objective == "ls" or (self.objective == "cosine" and self.init == "ls")
+
+    @property
+    def buffer_states(self) -> int:
+        """States kept per cosine row: ``(M, L − Y)``, or ``(M, Y, L)`` for
+        the exact loss (Eq. 7) of a folded transform."""
+        return 3 if (self.placement != "block" and self.loss == "exact") else 2
+
+    @classmethod
+    def from_options(
+        cls, config: ReplaceMeConfig | None = None, options: Mapping[str, Any] | None = None
+    ) -> ReplaceMeConfig:
+        """``config`` (or the defaults) with ``options`` overriding its
+        fields; calibration options (``max_samples``, ``seed``, ``progress``,
+        see :class:`toast.Calibration`) go into its ``calibration``."""
+        calibration_options, own = Calibration.split(options or {})
+        check("config", config, cls, None)
+        if config is not None and not own and not calibration_options:
+            return config
+        base = (
+            {}
+            if config is None
+            else {f.name: getattr(config, f.name) for f in dataclasses.fields(cls)}
+        )
+        merged = {**base, **own}
+        merged["calibration"] = Calibration.from_options(
+            merged.get("calibration"), **calibration_options
+        )
+        return cls(**merged)

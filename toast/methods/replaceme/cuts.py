@@ -1,0 +1,85 @@
+"""Which blocks ReplaceMe removes: explicit spans, checked against the
+model, or the windows of smallest distance from a profile pass.
+
+Shopkhoev et al., "ReplaceMe" (arXiv 2505.02819), §3.1: the transform of a
+cut goes into the block before it, so a folded cut never starts at block
+0 and two folded cuts never touch (the second one's target block would be
+removed by the first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from torch import nn
+
+from toast.hf.blocks import BlockStack
+from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.methods.replaceme.profile import DistanceProfile, check_selection, profile_distances
+from toast.spans import Span, validate_spans
+
+__all__ = ["check_spans", "choose_cuts"]
+
+
+def check_spans(
+    spans: Sequence[tuple[int, int]], total: int, placement: str
+) -> list[tuple[int, int]]:
+    """``spans`` sorted and checked for a model of ``total`` blocks: inside
+    it, not overlapping, not removing every block, and (unless the
+    transform is a separate block) leaving a block before each cut to fold
+    into."""
+    checked = validate_spans(spans, total)
+    if sum(b - a for a, b in checked) >= total:
+        raise ValueError(f"spans {checked} would remove every one of the {total} blocks")
+    if placement == "block":
+        return checked
+    for a, b in checked:
+        if a < 1:
+            raise ValueError(
+                f"span ({a}, {b}) starts at block 0: the transform is folded into the block "
+                "before the cut, so a cut must start at block 1 or later"
+            )
+    for (a1, b1), (a2, b2) in zip(checked, checked[1:], strict=False):
+        if b1 == a2:
+            raise ValueError(
+                f"spans ({a1}, {b1}) and ({a2}, {b2}) are adjacent: the second one's "
+                f"transform would go into block {a2 - 1}, which the first removes; merge "
+                f"them into ({a1}, {b2}) or keep a block between them"
+            )
+    return checked
+
+
+def choose_cuts(
+    model: nn.Module, data: Iterable, config: ReplaceMeConfig, stack: BlockStack
+) -> tuple[list[Span], DistanceProfile | None]:
+    """The cuts of ``config`` on ``model``, and the distance profile they were
+    chosen from (None for explicit spans, whose ``Span.error`` is NaN)."""
+    total = stack.num_blocks
+    if config.spans is not None:
+        checked = check_spans(config.spans, total, config.placement)
+        removed = sum(b - a for a, b in checked)
+        if config.num_blocks is not None and config.num_blocks != removed:
+            raise ValueError(f"num_blocks={config.num_blocks} but the spans remove {removed}")
+        return [Span(a, b, float("nan")) for a, b in checked], None
+    num_blocks = config.num_blocks
+    assert num_blocks is not None  # ReplaceMeConfig requires it without spans
+    # Checked before the profile pass, so that a bad request fails at once.
+    check_selection(num_blocks, config.num_cuts, config.min_start, total)
+    tokens, padding = config.distance_tokens, config.include_padding
+    profile = profile_distances(
+        model,
+        data,
+        tokens=tokens,
+        include_padding=padding,
+        calibration=config.calibration,
+        stack=stack,
+    )
+    chosen = profile.select(
+        num_blocks,
+        config.num_cuts,
+        metric=config.distance,
+        min_start=config.min_start,
+        adjacent=config.adjacent,
+    )
+    check_spans([(s.start, s.stop) for s in chosen], total, config.placement)
+    return chosen, profile

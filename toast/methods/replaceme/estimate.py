@@ -1,0 +1,260 @@
+"""ReplaceMe's estimation pass: one pass over the calibration data fills,
+for every cut, least-squares moments and/or a row buffer; then each cut's
+transform is solved.
+
+Shopkhoev et al., "ReplaceMe" (arXiv 2505.02819), §3.2: for a cut after
+block ``i*``, T maps the MLP output ``M`` of block ``i*`` onto the part of
+the state after the cut that its attention residual ``Y`` does not carry,
+``M T ≈ L_{i*+n} − Y``. Least squares (Eq. 6) needs only the float64
+moments ``MᵀM`` and ``Mᵀ(L − Y)``, solved in closed form by the C core
+(with the Table 6 structures: diagonal, Eq. 13, or orthogonal); the
+cosine objectives (Eqs. 7 and 8) need the rows themselves, kept in a
+bounded, reservoir-sampled disk buffer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from toast.core import Moments, fit_translator
+from toast.hf.blocks import BlockStack, find_blocks
+from toast.hf.capture import ForwardError, stream_states, uses_torch
+from toast.hf.rows import RowSample
+from toast.hf.torch_moments import TorchMoments
+from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.methods.replaceme.cosine import fit_cosine
+from toast.methods.replaceme.hooks import MlpOutputs, NotFoldableError, no_kv_cache
+from toast.spans import Span
+
+__all__ = ["Estimation", "Fitted"]
+
+# ReplaceMeConfig fields that fit_cosine takes under the same names.
+_COSINE_OPTIONS = (
+    "solver",
+    "lr",
+    "batch_size",
+    "epochs",
+    "lbfgs_steps",
+    "penalty",
+    "penalty_weight",
+)
+_STRUCTURE_KIND = {"full": "linear", "diagonal": "diagonal", "orthogonal": "orthogonal"}
+
+
+@dataclass
+class _Cut:
+    """One span being estimated, with its accumulators."""
+
+    span: Span
+    moments: Moments | TorchMoments | None = None
+    sample: RowSample | None = None
+    rows: int = 0
+
+    @property
+    def kept(self) -> int:
+        """The block before the cut, whose down-projection receives T."""
+        return self.span.start - 1
+
+    def close(self) -> None:
+        if self.sample is not None:
+            self.sample.close()
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """One cut's result: its transform (None for UIDL), the LS Gram
+    conditioning (NaN without LS), the cosine objective before and after
+    training (None without it) and the size of its row buffer."""
+
+    transform: np.ndarray | None
+    condition: float = math.nan
+    objective: tuple[float, float] | None = None
+    buffer_bytes: int = 0
+    rows_kept: int = 0
+
+
+def _flat(x: torch.Tensor, d: int, keep: torch.Tensor | None) -> torch.Tensor:
+    x = x.reshape(-1, d)
+    return x if keep is None else x[keep]
+
+
+class _Estimator:
+    """The consumer of the estimation pass: opens each cut's accumulators
+    on the first batch (when the width and device are known) and adds
+    every batch's rows to them."""
+
+    def __init__(
+        self,
+        cuts: list[_Cut],
+        config: ReplaceMeConfig,
+        positions: dict[int, int],
+        recorder: MlpOutputs | None,
+        expected_rows: int | None,
+    ) -> None:
+        self.cuts, self.config, self.positions = cuts, config, positions
+        self.recorder, self.expected_rows = recorder, expected_rows
+
+    def _open(self, cut: _Cut, d: int, device: torch.device) -> None:
+        config = self.config
+        if config.needs_moments:
+            cut.moments = (
+                TorchMoments(2, d, folds=0, pairs="all", device=device)
+                if uses_torch(config.backend, device)
+                else Moments(2, d, folds=0, pairs="all")
+            )
+        if config.objective != "cosine":
+            return
+        itemsize = np.dtype(config.buffer_dtype).itemsize
+        row_bytes = config.buffer_states * d * itemsize
+        capacity = config.max_buffer_bytes // len(self.cuts) // row_bytes
+        if self.expected_rows:
+            capacity = min(capacity, self.expected_rows)
+        if capacity < 1:
+            raise ValueError(
+                f"max_buffer_bytes={config.max_buffer_bytes} cannot hold one row of "
+                f"{row_bytes} bytes ({config.buffer_states} states x {d} x {itemsize} B)"
+                + (f" for each of {len(self.cuts)} cuts" if len(self.cuts) > 1 else "")
+            )
+        cut.sample = RowSample(
+            config.buffer_states,
+            d,
+            int(capacity),
+            dtype=config.buffer_dtype,
+            directory=config.buffer_dir,
+            seed=config.calibration.seed,
+            verbose=config.calibration.progress,
+        )
+
+    def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
+        d = int(rows[0].shape[-1])
+        keep = None if (mask is None or self.config.include_padding) else mask.reshape(-1)
+        for cut in self.cuts:
+            if cut.moments is None and cut.sample is None:
+                self._open(cut, d, rows[0].device)
+            lk = _flat(rows[self.positions[cut.span.start]], d, keep)
+            ls = _flat(rows[self.positions[cut.span.stop]], d, keep)
+            m = None if self.recorder is None else _flat(self.recorder.take(cut.kept), d, keep)
+            self._add(cut, lk, ls, m)
+        return self.cuts[0].rows
+
+    def _add(self, cut: _Cut, lk: torch.Tensor, ls: torch.Tensor, m: torch.Tensor | None) -> None:
+        if m is not None:
+            a, target = m, ls.double() - lk.double() + m.double()  # L_{k+n} − Y_k
+        else:
+            a, target = lk, ls
+        if isinstance(cut.moments, TorchMoments):
+            cut.moments.update([a.double(), target.double()])
+        elif cut.moments is not None:
+            cut.moments.update([a.detach().cpu().double(), target.detach().cpu().double()])
+        if cut.sample is not None:
+            if self.config.buffer_states == 3 and m is not None:  # exact loss: M, Y, L_{k+n}
+                cut.sample.add([m, lk.double() - m.double(), ls])
+            else:
+                cut.sample.add([a, target])
+        cut.rows += int(a.shape[0])
+
+
+def _solve(cut: _Cut, config: ReplaceMeConfig, device: torch.device) -> Fitted:
+    """The transform of one estimated cut (closes its row buffer)."""
+    ls, cond = None, math.nan
+    if cut.moments is not None:
+        moments = cut.moments
+        if isinstance(moments, TorchMoments):
+            moments = moments.to_moments()
+        kind = _STRUCTURE_KIND[config.structure]
+        t = fit_translator(moments, 0, 1, kind=kind, ridge=float(config.ridge))
+        ls, cond = t.weight, t.condition
+    if cut.sample is None:
+        return Fitted(ls, cond)
+    sample = cut.sample
+    try:
+        buffer_bytes = sample.capacity * sample.num_states * sample.dim * sample.dtype.itemsize
+        three = sample.num_states == 3
+        options = {name: getattr(config, name) for name in _COSINE_OPTIONS}
+        result = fit_cosine(
+            sample.state(0),
+            sample.state(2) if three else sample.state(1),
+            sample.state(1) if three else None,
+            init=ls,
+            structure="diagonal" if config.structure == "diagonal" else "full",
+            seed=config.calibration.seed,
+            device=device,
+            progress=config.calibration.progress,
+            **options,
+        )
+        return Fitted(
+            result.transform, cond, (result.initial, result.final), buffer_bytes, sample.rows
+        )
+    finally:
+        sample.close()
+
+
+@dataclass(frozen=True)
+class Estimation:
+    """What the estimation passes of one :func:`toast.replaceme` call share:
+    the model and its block stack (found once), the calibration data, the
+    options, and the token rows a profile pass counted (they cap the cosine
+    buffer when all rows fit)."""
+
+    model: nn.Module
+    data: Iterable
+    config: ReplaceMeConfig
+    stack: BlockStack
+    expected_rows: int | None = None
+
+    def after_surgery(self) -> Estimation:
+        """The same, with the block stack looked up again by its path."""
+        return dataclasses.replace(self, stack=find_blocks(self.model, self.stack))
+
+    def fit(self, spans: Sequence[Span]) -> tuple[list[Fitted], int]:
+        """Estimates the transforms of ``spans`` in one pass over the data on
+        the model as it is; returns them and the calibration rows used."""
+        cuts = self._estimate(spans)
+        device = next(self.model.parameters()).device
+        try:
+            return [_solve(cut, self.config, device) for cut in cuts], cuts[0].rows
+        finally:
+            for cut in cuts:
+                cut.close()
+
+    def _estimate(self, spans: Sequence[Span]) -> list[_Cut]:
+        """One pass over the data filling the accumulators of every cut."""
+        config = self.config
+        cuts = [_Cut(s) for s in spans]
+        wanted = sorted({k for s in spans for k in (s.start, s.stop)})
+        positions = {state: i for i, state in enumerate(wanted)}
+        folding = config.placement != "block"
+        kept = [c.kept for c in cuts]
+        recorder = MlpOutputs(self.stack, kept, config.check) if folding else None
+        consume = _Estimator(cuts, config, positions, recorder, self.expected_rows)
+        try:
+            with no_kv_cache(self.model):
+                stream_states(
+                    self.model,
+                    self.data,
+                    consume,
+                    config.calibration,
+                    stack=self.stack,
+                    states=wanted,
+                    tokens="all",
+                    desc="replaceme: estimating",
+                )
+        except BaseException as exc:
+            for cut in cuts:
+                cut.close()
+            if isinstance(exc, ForwardError) and isinstance(exc.__cause__, NotFoldableError):
+                raise exc.__cause__ from None
+            raise
+        finally:
+            if recorder is not None:
+                recorder.remove()
+        if cuts[0].rows == 0:
+            raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
+        return cuts

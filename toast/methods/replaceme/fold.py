@@ -1,0 +1,136 @@
+"""Putting ReplaceMe's transform into the model and removing the cut blocks.
+
+Shopkhoev et al., "ReplaceMe" (arXiv 2505.02819), §3: the transform T of a
+cut ``blocks[s:e]`` acts on the MLP output ``M`` of block ``s − 1``
+(``M T + Y ≈ L_e``), so it folds into that block's down-projection
+(``W ← Tᵀ W``, ``b ← b T``) and the compressed model is a standard
+checkpoint with no extra parameters. Appendix A.9's variant keeps T as a
+separate block on the residual stream instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from toast.core import Translator
+from toast.hf.blocks import BlockStack, Projection, block_parts, find_blocks, find_projections
+from toast.hf.surgery import remove_blocks, replace_spans
+from toast.spans import Span
+
+__all__ = ["TransformedProjection", "apply_cuts", "down_projection", "fold_transform"]
+
+
+def down_projection(block: nn.Module) -> Projection:
+    """The projection that writes a block's MLP output into the residual stream."""
+    try:
+        return block_parts(block).down
+    except ValueError:
+        # Layouts block_parts does not fully know (no recognisable
+        # attention, say) may still have a recognisable down projection.
+        found = find_projections(block).get("down")
+        if found is None:
+            raise ValueError(
+                f"cannot find the MLP down-projection of {type(block).__name__} (looked for "
+                "down_proj, fc2, mlp.c_proj, output.dense, mlp.Wo)"
+            ) from None
+        return found
+
+
+def _weight(module: nn.Module) -> torch.Tensor:
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"{type(module).__name__} has no weight tensor to transform")
+    return weight
+
+
+def fold_transform(projection: Projection, transform: np.ndarray | torch.Tensor) -> None:
+    """Folds ``y ↦ y T`` into a projection, in place: ``W ← Tᵀ W`` for
+    torch's ``(out, in)`` layout, ``W ← W T`` for GPT-2's ``Conv1D``
+    ``(in, out)`` layout, and ``b ← b T`` when it has a bias (ReplaceMe §3,
+    the transform merged into the down-projection). Computed in float64 on
+    the CPU and cast back to the weight's dtype and device."""
+    module = projection.module
+    t = torch.as_tensor(np.asarray(transform, dtype=np.float64))
+    d = projection.out_features
+    if t.shape != (d, d):
+        raise ValueError(
+            f"the transform has shape {tuple(t.shape)} but {projection.path} writes {d} features"
+        )
+    with torch.no_grad():
+        w = _weight(module)
+        w64 = w.detach().to("cpu", torch.float64)
+        new = t.T @ w64 if projection.layout == "linear" else w64 @ t
+        w.copy_(new.to(w.dtype))
+        bias = getattr(module, "bias", None)
+        if isinstance(bias, torch.Tensor):
+            bias.copy_((bias.detach().to("cpu", torch.float64) @ t).to(bias.dtype))
+
+
+class TransformedProjection(nn.Module):
+    """A projection followed by an explicit ``d × d`` transform,
+    ``y = inner(x) @ T`` (ReplaceMe's transform before folding; ``d²`` extra
+    parameters). ``transform`` is an ``nn.Linear`` without bias holding ``Tᵀ``."""
+
+    def __init__(self, inner: nn.Module, transform: np.ndarray) -> None:
+        super().__init__()
+        t = torch.as_tensor(np.asarray(transform, dtype=np.float64))
+        reference = _weight(inner)
+        self.inner = inner
+        self.transform = nn.Linear(t.shape[0], t.shape[1], bias=False, dtype=torch.float64)
+        with torch.no_grad():
+            self.transform.weight.copy_(t.T)
+        self.transform.to(dtype=reference.dtype, device=reference.device)
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.transform(self.inner(*args, **kwargs))
+
+
+def _wrap_projection(block: nn.Module, projection: Projection, transform: np.ndarray) -> None:
+    parent_path, _, name = projection.path.rpartition(".")
+    parent = block.get_submodule(parent_path) if parent_path else block
+    setattr(parent, name, TransformedProjection(projection.module, transform))
+
+
+def _linear_translator(transform: np.ndarray, kind: str) -> Translator:
+    d = transform.shape[0]
+    return Translator(kind, transform, np.zeros(d), float("nan"), d, "replaceme")
+
+
+def apply_cuts(
+    model: nn.Module,
+    stack: BlockStack,
+    spans: Sequence[Span],
+    transforms: Sequence[np.ndarray | None],
+    placement: str,
+    structure: str,
+) -> None:
+    """Applies the cuts ``spans`` with their ``transforms`` to ``model``, in place.
+
+    ``placement="fold"`` folds each T into the down-projection of the block
+    before its cut, ``"mlp"`` keeps it as a :class:`TransformedProjection`
+    there, ``"block"`` replaces the cut by a translator block on the
+    residual stream (ReplaceMe A.9); a None transform (UIDL) just removes
+    the blocks. ``stack`` is looked up again by path, never searched for.
+    """
+    where = [(s.start, s.stop) for s in spans]
+    if placement == "block" and all(t is not None for t in transforms):
+        kind = "diagonal" if structure == "diagonal" else "linear"
+        translators = [_linear_translator(np.asarray(t), kind) for t in transforms]
+        replace_spans(model, where, translators, blocks=stack)
+        return
+    current = find_blocks(model, stack)
+    for span, t in zip(spans, transforms, strict=True):
+        if t is None:
+            continue
+        block = current.blocks[span.start - 1]
+        projection = down_projection(block)
+        if placement == "fold":
+            fold_transform(projection, t)
+        else:
+            _wrap_projection(block, projection, t)
+    remove_blocks(model, where, blocks=stack)

@@ -1,0 +1,110 @@
+"""What :func:`toast.replaceme` did: the cuts in both index notations, the
+transforms, and the compression by parameters (the ReplaceMe paper's
+Eq. 10) and by blocks.
+
+Shopkhoev et al., "ReplaceMe" (arXiv 2505.02819): a cut ``blocks[s:e]``
+of toast is the paper's ``i* → i* + n`` with ``i* = s − 1`` and the
+reference code's block tuple ``(s, e)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from toast.methods.base import Report
+from toast.methods.replaceme.params import compression_ratio
+from toast.methods.replaceme.profile import DistanceProfile
+from toast.spans import Span
+
+__all__ = ["ReplaceMeReport"]
+
+_OBJECTIVES = {
+    "ls": "least-squares",
+    "cosine": "cosine",
+    "identity": "identity (UIDL: plain removal)",
+}
+_PLACEMENTS = {
+    "fold": "folded into the down-projection",
+    "mlp": "kept as a separate d×d module after the down-projection",
+    "block": "as a separate d×d block on the residual stream (A.9)",
+}
+
+
+def _number(value: float, spec: str) -> str:
+    return "—" if value != value else format(value, spec)  # NaN: nothing was measured
+
+
+@dataclass
+class ReplaceMeReport(Report):
+    """What :func:`toast.replaceme` did.
+
+    ``spans`` are the cuts (``Span.error`` holds the selection distance, NaN
+    when the spans were given); ``transforms`` the fitted T (float64, the
+    row-vector convention ``M T``; None for ``objective="identity"``);
+    ``conditions`` the LS Gram conditioning (NaN otherwise); ``objectives``
+    the cosine objective before and after training per cut (None for LS).
+    ``buffer_bytes`` and ``rows_kept`` describe the cosine row buffers.
+    """
+
+    objective: str
+    structure: str
+    placement: str
+    metric: str
+    spans: list[Span]
+    transforms: list[np.ndarray | None] = field(repr=False)
+    conditions: list[float]
+    objectives: list[tuple[float, float] | None]
+    blocks_before: int
+    blocks_after: int
+    params_before: int
+    params_after: int
+    rows: int
+    profile: DistanceProfile | None = field(default=None, repr=False)
+    buffer_bytes: int = 0
+    rows_kept: int = 0
+    method: str = "replaceme"
+    fit: str = "independent"
+
+    @property
+    def eq10_ratio(self) -> float:
+        """The paper's Eq. 10 compression ratio, in percent."""
+        return compression_ratio(self.params_before, self.params_after)
+
+    def _cut_line(self, k: int) -> str:
+        span, obj = self.spans[k], self.objectives[k]
+        trained = "—" if obj is None else f"{obj[0]:.5g} → {obj[1]:.5g}"
+        return (
+            f"| blocks[{span.start}:{span.stop}] | {span.paper} | "
+            f"({span.start}, {span.stop}) | {_number(span.error, '.4g')} | "
+            f"{_number(self.conditions[k], '.3g')} | {trained} |"
+        )
+
+    def to_markdown(self) -> str:
+        if self.objective == "identity":
+            data = "no fit" if self.profile is None else f"cut chosen on {self.profile.rows:,} rows"
+            what_fit = f"({data})"
+        else:
+            what_fit = f"({self.fit} fit, {self.rows:,} calibration rows)"
+        lines = [
+            f"**ReplaceMe** ({_OBJECTIVES[self.objective]}, {self.structure} T, "
+            f"{_PLACEMENTS[self.placement]}): {self.blocks_removed} of "
+            f"{self.blocks_before} blocks removed in {len(self.spans)} cut(s) {what_fit}.",
+            "",
+            "| cut (toast) | paper i*→i*+n | reference (start, end) | "
+            f"{self.metric} distance | LS condition | cosine objective |",
+            "|---|---|---|---:|---:|---|",
+            *(self._cut_line(k) for k in range(len(self.spans))),
+            "",
+            f"Parameters: {self.params_before:,} → {self.params_after:,}; compression "
+            f"{self.eq10_ratio:.2f}% by parameters (Eq. 10), "
+            f"{100 * self.compression_by_blocks:.2f}% by blocks "
+            f"({self.blocks_before} → {self.blocks_after}).",
+        ]
+        if self.buffer_bytes:
+            lines.append(
+                f"Cosine rows: {self.rows_kept:,} kept of {self.rows:,} in a "
+                f"{self.buffer_bytes / 2**20:,.1f} MiB disk buffer."
+            )
+        return "\n".join(lines)
