@@ -10,10 +10,10 @@ sets the count for a block of code::
         analysis = toast.analyze(model, loader)
 
 Results agree to rounding whatever the count. They are bit-identical from
-run to run with a fixed count; across counts, only while OpenBLAS runs the
-products on one thread anyway (small chunks of rows). Pin one thread for
-bit-identical results everywhere (``tests/test_determinism.py``). The
-setting is process-wide.
+run to run with a fixed count, but not across counts: OpenBLAS threads even
+products of a few hundred rows, and how it splits them changes the last
+bits (``tests/core/test_determinism.py`` records the measurements). Pin one
+thread for bit-identical results everywhere. The setting is process-wide.
 """
 
 from __future__ import annotations
