@@ -24,12 +24,13 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any
 
 __all__ = ["blas_threads", "get_blas_threads", "set_blas_threads"]
 
 
 @lru_cache(maxsize=1)
-def _functions() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr] | None:
+def _functions() -> tuple[Any, Any] | None:
     """OpenBLAS's get/set thread-count functions, or None when not found.
 
     The core links the scipy-openblas32 wheel (symbols prefixed ``scipy_``)

@@ -37,7 +37,7 @@ class IllConditionedWarning(UserWarning):
     """A Gram matrix was singular or nearly so; a pseudo-inverse was used."""
 
 
-def non_finite_error(message: str, state: int | None) -> NonFiniteError:
+def non_finite_error(message: str, state: int | None) -> ValueError:
     """A :class:`NonFiniteError` carrying ``state`` (to raise)."""
     exc = NonFiniteError(message)
     exc.state = state

@@ -84,7 +84,8 @@ def error_matrix(
         check_ridge(ridge),
         bool(ridge_relative),
     )
-    bad = np.flatnonzero(~np.isnan(cond) & ~(cond < ILL_CONDITIONED)) if linear else []
+    ill = ~np.isnan(cond) & ~(cond < ILL_CONDITIONED)
+    bad = np.flatnonzero(ill) if linear else np.empty(0, dtype=np.intp)
     if len(bad):
         warn_ill_conditioned(
             f"states {[int(k) for k in bad]} have ill-conditioned Gram matrices; their "

@@ -45,10 +45,16 @@ Pairs = Literal["all", "consecutive"] | int
 
 _PAIRS = (Options(("all", "consecutive")), Interval(int, 1, None))
 _COUNT = Interval(int, 1, None)
-_FOLDS = Predicate(
-    lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool) and (v == 0 or v >= 2),
-    "0 or an int >= 2",
-)
+
+
+def _is_fold_count(value: Any) -> bool:
+    """0 (no folds) or K >= 2: one fold would leave nothing to train on."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return False
+    return int(value) == 0 or int(value) >= 2
+
+
+_FOLDS = Predicate(_is_fold_count, "0 or an int >= 2")
 
 
 def _span_of(pairs: Pairs, num_states: int) -> int:
@@ -197,7 +203,7 @@ class Moments(_core.Moments):
         if len(states) != self.num_states:
             raise ValueError(f"expected {self.num_states} states, got {len(states)}")
         states = [_as_state(x) for x in states]
-        lead = None
+        lead: tuple[int, ...] = ()
         if mask is not None or fold is not None:
             first = states[0]
             if not hasattr(first, "shape"):
@@ -303,7 +309,7 @@ def checked_moments(moments: Any) -> Moments:
         raise TypeError(f"moments must be a toast.Moments, got {type(moments).__name__}")
     if moments.rows == 0:
         raise ValueError("the moments hold no rows: call update() first")
-    return moments  # type: ignore[return-value]
+    return moments
 
 
 def check_state_index(moments: Any, name: str, value: Any) -> int:

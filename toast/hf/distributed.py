@@ -48,7 +48,7 @@ Notes:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -105,9 +105,8 @@ def all_reduce_moments(moments: Any, group: Any = None) -> Any:
     for k, name in enumerate(_FIELDS):
         seen = [layout[k] for layout in layouts]
         if len(set(seen)) > 1:
-            if name == "precision":
-                seen = [_PRECISION_NAMES.get(v, v) for v in seen]
-            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(seen))
+            shown = [_PRECISION_NAMES.get(v, v) if name == "precision" else v for v in seen]
+            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown))
             raise ValueError(
                 f"all_reduce: the ranks' moments differ in {name} ({per_rank}); every rank "
                 "must build Moments with the same num_states, dim, folds, pairs and precision"
@@ -139,7 +138,7 @@ def reduce_captured(
     num_states: int,
     folds: int,
     pairs: Any,
-    precision: str,
+    precision: Literal["float64", "mixed"],
     group: Any = None,
 ) -> Any:
     """Sums the moments each rank captured from its shard of the data.
