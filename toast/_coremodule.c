@@ -667,11 +667,8 @@ static PyObject *Moments_set_data(MomentsObject *self, PyObject *args)
         (int64_t)next_row, &err);
     PyThread_release_lock(self->lock);
     Py_DECREF(a);
-    if (st != TOAST_OK) {
-        /* a wrong length is a wrong value here, not a shape mismatch */
-        PyErr_SetString(PyExc_ValueError, err.msg);
-        return NULL;
-    }
+    if (st != TOAST_OK)
+        return raise_core_error(&err); /* ValueError */
     Py_RETURN_NONE;
 }
 
