@@ -83,7 +83,7 @@ static double frob_dot(const double *a, const double *b, size_t n)
 
 static int has_rows(const toast_moments *m, int i)
 {
-    for (int j = i + 1; j < m->S; j++)
+    for (int j = i + 1; j < toast_moments_num_states(m); j++)
         if (toast_moments_pair(m, i, j) >= 0)
             return 1;
     return 0;
@@ -96,7 +96,7 @@ static toast_status factor_source(const toast_moments *m, em_work *w, int i,
                                   double ridge, int ridge_rel, int eigh,
                                   double n, toast_error *err)
 {
-    const int d = m->d;
+    const int d = toast_moments_dim(m);
     toast_status st = toast_moments_cross(m, sel, k, i, i, w->A0, err);
     if (st != TOAST_OK)
         return st;
@@ -114,7 +114,7 @@ static toast_status solve_target(const toast_moments *m, em_work *w, int i,
                                  int j, toast_sets sel, int k, int affine,
                                  double n, toast_error *err)
 {
-    const int d = m->d;
+    const int d = toast_moments_dim(m);
     toast_status st = toast_moments_cross(m, sel, k, i, j, w->B, err);
     if (st != TOAST_OK)
         return st;
@@ -144,7 +144,7 @@ static toast_status trace_of_block(const toast_moments *m, toast_sets sel,
 {
     toast_status st = toast_moments_cross(m, sel, k, j, j, scratch, err);
     if (st == TOAST_OK)
-        *out = toast_trace(scratch, m->d);
+        *out = toast_trace(scratch, toast_moments_dim(m));
     return st;
 }
 
@@ -164,7 +164,7 @@ static toast_status test_rss(const toast_moments *m, em_work *w, int i, int j,
                              toast_sets sel, int k, double *rss,
                              double *tyy, toast_error *err)
 {
-    const int d = m->d;
+    const int d = toast_moments_dim(m);
     const size_t dd = (size_t)d * d;
     double n = toast_moments_count(m, sel, k);
     toast_status st;
@@ -201,7 +201,7 @@ static toast_status gcv_error(const toast_moments *m, em_work *w, int i, int j,
                               int affine, double n, double *out,
                               toast_error *err)
 {
-    const int d = m->d;
+    const int d = toast_moments_dim(m);
     double rss, tyy;
     toast_status st = solve_target(m, w, i, j, TOAST_SETS_ALL, 0, affine, n,
                                    err);
@@ -243,19 +243,19 @@ static toast_status linear_matrix(const toast_moments *m, int affine,
                                   int ridge_rel, double *E, double *cond,
                                   const em_poll *poll, toast_error *err)
 {
-    const int S = m->S;
+    const int S = toast_moments_num_states(m);
     em_work w;
     toast_status st;
 
-    if (est == TOAST_EST_CV && m->folds < 2)
+    if (est == TOAST_EST_CV && toast_moments_folds(m) < 2)
         return toast_set_error(err, TOAST_EINVAL, -1,
                                "the cv estimator needs moments with folds "
                                ">= 2");
-    st = em_init(&w, m->d, err);
+    st = em_init(&w, toast_moments_dim(m), err);
     if (st != TOAST_OK)
         return st;
 
-    const int nfolds = est == TOAST_EST_CV ? m->folds : 1;
+    const int nfolds = est == TOAST_EST_CV ? toast_moments_folds(m) : 1;
     const toast_sets sel = est == TOAST_EST_CV ? TOAST_SETS_EXCEPT
                                                : TOAST_SETS_ALL;
     const toast_sets test_sel = est == TOAST_EST_CV ? TOAST_SETS_ONLY
@@ -325,7 +325,7 @@ done:
 static toast_status cka_matrix(const toast_moments *m, double *E,
                                const em_poll *poll, toast_error *err)
 {
-    const int S = m->S, d = m->d;
+    const int S = toast_moments_num_states(m), d = toast_moments_dim(m);
     const size_t dd = (size_t)d * d;
     double n = toast_moments_count(m, TOAST_SETS_ALL, 0);
     double *G = malloc(dd * sizeof(double));
@@ -376,7 +376,7 @@ done:
 static void row_metric_matrix(const toast_moments *m, toast_metric metric,
                               double *E)
 {
-    const int S = m->S;
+    const int S = toast_moments_num_states(m);
     double n = toast_moments_count(m, TOAST_SETS_ALL, 0);
     if (!(n > 0.0))
         return;
@@ -425,7 +425,7 @@ toast_status toast_error_matrix_poll(const toast_moments *m,
                                      toast_poll_fn poll_fn, void *poll_ctx,
                                      toast_error *err)
 {
-    const int S = m->S;
+    const int S = toast_moments_num_states(m);
     const em_poll poll = {poll_fn, poll_ctx};
     for (size_t e = 0; e < (size_t)S * S; e++)
         E[e] = NAN;

@@ -18,11 +18,22 @@
 /* Workspace target for one chunk of converted rows. */
 #define CHUNK_BYTES ((size_t)96 << 20)
 #define CHUNK_MIN_ROWS 64
-#define CHUNK_MAX_ROWS 4096
 
 #ifndef M_PI
 #define M_PI 3.14159265358979323846
 #endif
+
+/* The opaque moments (see toast_core.h for the storage layout). */
+struct toast_moments {
+    toast_moments_layout lay;
+    toast_precision precision;
+    int *pair_index;   /* S*S; block index of (i, j), i <= j, or -1 */
+    int *panel_blocks; /* S: blocks in the row panel of state i */
+    size_t *panel_off; /* S: offset of that panel within a set */
+    double *data;      /* nsets * set_len */
+    int64_t next_row;  /* rows accepted so far: row id of the next row */
+    void *workspace;   /* update scratch kept between updates, or NULL */
+};
 
 /* ------------------------------------------------------------ sizes */
 
@@ -88,83 +99,126 @@ static toast_status check_shape(int S, int d, int folds, int *span,
     return TOAST_OK;
 }
 
-toast_status toast_moments_nbytes(int S, int d, int folds, int span,
-                                  size_t *out, toast_error *err)
+static toast_status too_large(int S, int d, int folds, toast_error *err)
 {
-    size_t len, data_bytes, index_bytes, total;
+    return toast_set_error(err, TOAST_EOVERFLOW, -1,
+                           "moments of %d states x %d features with %d "
+                           "folds do not fit in memory addresses", S, d,
+                           folds);
+}
+
+toast_status toast_moments_layout_of(int S, int d, int folds, int span,
+                                     toast_moments_layout *out,
+                                     toast_error *err)
+{
+    toast_moments_layout l;
     toast_status st = check_shape(S, d, folds, &span, err);
     if (st != TOAST_OK)
         return st;
-    int nsets = folds > 0 ? folds : 1;
-    int npairs = count_pairs(S, span);
-    if (npairs < 0 || !set_length(S, d, npairs, &len) ||
-        !mul_size(len, (size_t)nsets, &len) ||
+    l.num_states = S;
+    l.dim = d;
+    l.folds = folds;
+    l.span = span;
+    l.nsets = folds > 0 ? folds : 1;
+    l.npairs = count_pairs(S, span);
+    if (l.npairs < 0 || !set_length(S, d, l.npairs, &l.set_len))
+        return too_large(S, d, folds, err);
+    /* set_length proved that these offsets do not overflow */
+    l.off_count = 0;
+    l.off_sums = 1;
+    l.off_rowstats = l.off_sums + (size_t)S * d;
+    l.off_blocks = l.off_rowstats + (size_t)TOAST_RS_COUNT * S * S;
+    *out = l;
+    return TOAST_OK;
+}
+
+void toast_moments_panels(const toast_moments_layout *layout, size_t *offsets,
+                          int *blocks)
+{
+    const int S = layout->num_states, span = layout->span;
+    const size_t dd = (size_t)layout->dim * layout->dim;
+    size_t off = layout->off_blocks;
+    for (int i = 0; i < S; i++) {
+        blocks[i] = (span < S - 1 - i ? span : S - 1 - i) + 1;
+        offsets[i] = off;
+        off += (size_t)blocks[i] * dd;
+    }
+}
+
+/* Bytes of the pair index and panel tables of S states. */
+static int index_bytes(int S, size_t *out)
+{
+    size_t n;
+    return mul_size((size_t)S * (size_t)S + (size_t)S, sizeof(int), &n) &&
+           add_size(n, (size_t)S * sizeof(size_t), out);
+}
+
+toast_status toast_moments_nbytes(int S, int d, int folds, int span,
+                                  size_t *out, toast_error *err)
+{
+    toast_moments_layout l;
+    size_t len, data_bytes, index, total;
+    toast_status st = toast_moments_layout_of(S, d, folds, span, &l, err);
+    if (st != TOAST_OK)
+        return st;
+    if (!mul_size(l.set_len, (size_t)l.nsets, &len) ||
         !mul_size(len, sizeof(double), &data_bytes) ||
-        !mul_size((size_t)S * (size_t)S + (size_t)S,
-                  sizeof(int), &index_bytes) ||
-        !add_size(index_bytes, (size_t)S * sizeof(size_t), &index_bytes) ||
-        !add_size(data_bytes, index_bytes, &total) ||
+        !index_bytes(S, &index) ||
+        !add_size(data_bytes, index, &total) ||
         !add_size(total, sizeof(toast_moments), &total))
-        return toast_set_error(err, TOAST_EOVERFLOW, -1,
-                               "moments of %d states x %d features with %d "
-                               "folds do not fit in memory addresses",
-                               S, d, folds);
+        return too_large(S, d, folds, err);
     *out = total;
     return TOAST_OK;
 }
 
 /* ------------------------------------------------------------ lifetime */
 
+/* Allocates the tables and the zeroed storage of m (layout set). */
+static int moments_alloc(toast_moments *m)
+{
+    const int S = m->lay.num_states;
+    m->pair_index = malloc((size_t)S * S * sizeof(int));
+    m->panel_blocks = malloc((size_t)S * sizeof(int));
+    m->panel_off = malloc((size_t)S * sizeof(size_t));
+    /* the product was checked by toast_moments_nbytes */
+    m->data = calloc(m->lay.set_len * (size_t)m->lay.nsets, sizeof(double));
+    return m->pair_index != NULL && m->panel_blocks != NULL &&
+           m->panel_off != NULL && m->data != NULL;
+}
+
+static void fill_pair_index(toast_moments *m)
+{
+    const int S = m->lay.num_states, span = m->lay.span;
+    int p = 0;
+    for (int i = 0; i < S; i++)
+        for (int j = 0; j < S; j++)
+            m->pair_index[i * S + j] = (j >= i && j - i <= span) ? p++ : -1;
+}
+
 toast_status toast_moments_new(int S, int d, int folds, int span,
                                toast_precision precision,
                                toast_moments **out, toast_error *err)
 {
-    size_t nbytes, len = 0, total;
+    size_t nbytes;
     toast_moments *m;
 
     *out = NULL;
     toast_status st = toast_moments_nbytes(S, d, folds, span, &nbytes, err);
     if (st != TOAST_OK)
         return st;
-    check_shape(S, d, folds, &span, err);
     if (precision != TOAST_PRECISION_FLOAT64 &&
         precision != TOAST_PRECISION_MIXED)
         return toast_set_error(err, TOAST_EINVAL, -1, "unknown precision %d",
                                (int)precision);
-
     m = calloc(1, sizeof *m);
     if (m == NULL)
         goto nomem;
-    m->S = S;
-    m->d = d;
-    m->folds = folds;
-    m->span = span;
+    toast_moments_layout_of(S, d, folds, span, &m->lay, err); /* checked */
     m->precision = precision;
-    m->nsets = folds > 0 ? folds : 1;
-    m->npairs = count_pairs(S, span);
-    set_length(S, d, m->npairs, &len);
-    m->set_len = len;
-    m->off_sums = 1;
-    m->off_rowstats = m->off_sums + (size_t)S * d;
-    m->off_blocks = m->off_rowstats + (size_t)TOAST_RS_COUNT * S * S;
-    total = len * (size_t)m->nsets; /* checked by toast_moments_nbytes */
-
-    m->pair_index = malloc((size_t)S * S * sizeof(int));
-    m->panel_blocks = malloc((size_t)S * sizeof(int));
-    m->panel_off = malloc((size_t)S * sizeof(size_t));
-    m->data = calloc(total, sizeof(double));
-    if (m->pair_index == NULL || m->panel_blocks == NULL ||
-        m->panel_off == NULL || m->data == NULL)
+    if (!moments_alloc(m))
         goto nomem;
-    int p = 0;
-    size_t off = m->off_blocks;
-    for (int i = 0; i < S; i++) {
-        for (int j = 0; j < S; j++)
-            m->pair_index[i * S + j] = (j >= i && j - i <= span) ? p++ : -1;
-        m->panel_blocks[i] = (span < S - 1 - i ? span : S - 1 - i) + 1;
-        m->panel_off[i] = off;
-        off += (size_t)m->panel_blocks[i] * d * d;
-    }
+    fill_pair_index(m);
+    toast_moments_panels(&m->lay, m->panel_off, m->panel_blocks);
     *out = m;
     return TOAST_OK;
 
@@ -186,11 +240,63 @@ void toast_moments_free(toast_moments *m)
     free(m);
 }
 
+/* ------------------------------------------------------------ accessors */
+
+int toast_moments_num_states(const toast_moments *m)
+{
+    return m->lay.num_states;
+}
+
+int toast_moments_dim(const toast_moments *m) { return m->lay.dim; }
+
+int toast_moments_folds(const toast_moments *m) { return m->lay.folds; }
+
+int toast_moments_span(const toast_moments *m) { return m->lay.span; }
+
+toast_precision toast_moments_precision(const toast_moments *m)
+{
+    return m->precision;
+}
+
+int64_t toast_moments_rows(const toast_moments *m) { return m->next_row; }
+
+void toast_moments_get_layout(const toast_moments *m,
+                              toast_moments_layout *out)
+{
+    *out = m->lay;
+}
+
+size_t toast_moments_storage_len(const toast_moments *m)
+{
+    return m->lay.set_len * (size_t)m->lay.nsets;
+}
+
+const double *toast_moments_data(const toast_moments *m) { return m->data; }
+
+toast_status toast_moments_set_data(toast_moments *m, const double *data,
+                                    size_t len, int64_t rows,
+                                    toast_error *err)
+{
+    const size_t want = toast_moments_storage_len(m);
+    if (len != want)
+        return toast_set_error(err, TOAST_ESHAPE, -1,
+                               "state has %zu values but these moments hold "
+                               "%zu", len, want);
+    if (rows < 0)
+        return toast_set_error(err, TOAST_EINVAL, -1,
+                               "the row count must be >= 0, got %lld",
+                               (long long)rows);
+    memmove(m->data, data, len * sizeof(double));
+    m->next_row = rows;
+    return TOAST_OK;
+}
+
 int toast_moments_pair(const toast_moments *m, int i, int j)
 {
-    if (i < 0 || j < 0 || i >= m->S || j >= m->S || i > j)
+    const int S = m->lay.num_states;
+    if (i < 0 || j < 0 || i >= S || j >= S || i > j)
         return -1;
-    return m->pair_index[i * m->S + j];
+    return m->pair_index[i * S + j];
 }
 
 /* ------------------------------------------------------------ reading input */
@@ -332,7 +438,7 @@ static toast_status validate_update(const toast_moments *m,
                                     toast_error *err)
 {
     int64_t rows = -1;
-    for (int s = 0; s < m->S; s++) {
+    for (int s = 0; s < m->lay.num_states; s++) {
         const toast_view *v = &views[s];
         if (v->dtype != TOAST_FLOAT16 && v->dtype != TOAST_BFLOAT16 &&
             v->dtype != TOAST_FLOAT32 && v->dtype != TOAST_FLOAT64)
@@ -353,22 +459,22 @@ static toast_status validate_update(const toast_moments *m,
     if (rows == 0)
         return toast_set_error(err, TOAST_EINVAL, -1,
                                "states have zero rows");
-    if (fold_ids != NULL && m->folds == 0)
+    if (fold_ids != NULL && m->lay.folds == 0)
         return toast_set_error(err, TOAST_EINVAL, -1,
                                "fold ids were given but the moments have "
                                "no folds");
     for (int64_t r = 0; fold_ids != NULL && r < rows; r++) {
         if ((mask == NULL || mask[r]) &&
-            (fold_ids[r] < 0 || fold_ids[r] >= m->folds))
+            (fold_ids[r] < 0 || fold_ids[r] >= m->lay.folds))
             return toast_set_error(err, TOAST_ERANGE, -1,
                                    "fold id %lld at row %lld is outside "
                                    "[0, %d)", (long long)fold_ids[r],
-                                   (long long)r, m->folds);
+                                   (long long)r, m->lay.folds);
     }
-    for (int s = 0; s < m->S; s++) {
+    for (int s = 0; s < m->lay.num_states; s++) {
         for (int64_t r = 0; r < rows; r++) {
             if ((mask == NULL || mask[r]) &&
-                !row_is_finite(&views[s], r, m->d))
+                !row_is_finite(&views[s], r, m->lay.dim))
                 return toast_set_error(err, TOAST_ENONFINITE, s,
                                        "states[%d] contains NaN or Inf (row "
                                        "%lld, %s)", s, (long long)r,
@@ -444,12 +550,12 @@ static size_t chunk_capacity(const toast_moments *m, int64_t rows,
     size_t elem = m->precision == TOAST_PRECISION_MIXED ? sizeof(float)
                                                         : sizeof(double);
     size_t cap;
-    *per_row = (size_t)m->S * m->d * elem;
+    *per_row = (size_t)m->lay.num_states * m->lay.dim * elem;
     cap = CHUNK_BYTES / *per_row;
     if (cap < CHUNK_MIN_ROWS)
         cap = CHUNK_MIN_ROWS;
-    if (cap > CHUNK_MAX_ROWS)
-        cap = CHUNK_MAX_ROWS;
+    if (cap > TOAST_CHUNK_MAX_ROWS)
+        cap = TOAST_CHUNK_MAX_ROWS;
     if ((int64_t)cap > rows)
         cap = (size_t)rows;
     return cap;
@@ -474,18 +580,18 @@ static toast_status chunk_get(toast_moments *m, int64_t rows, chunk **out,
     if (c == NULL)
         return toast_set_error(err, TOAST_ENOMEM, -1,
                                "cannot allocate the update workspace");
-    c->S = m->S;
-    c->d = m->d;
+    c->S = m->lay.num_states;
+    c->d = m->lay.dim;
     c->cap = (int)cap;
     c->mixed = m->precision == TOAST_PRECISION_MIXED;
     c->buf = malloc(cap * per_row);
-    c->norms = malloc((size_t)m->S * sizeof(double));
+    c->norms = malloc((size_t)m->lay.num_states * sizeof(double));
     c->row = malloc(cap * sizeof(int64_t));
     c->fold = malloc(cap * sizeof(int));
     c->slot = malloc(cap * sizeof(int));
-    c->start = malloc(((size_t)m->nsets + 1) * sizeof(int));
+    c->start = malloc(((size_t)m->lay.nsets + 1) * sizeof(int));
     if (c->mixed)
-        c->scratch = malloc((size_t)m->d * m->d * m->panel_blocks[0] *
+        c->scratch = malloc((size_t)c->d * c->d * m->panel_blocks[0] *
                             sizeof(float));
     if (c->buf == NULL || c->norms == NULL || c->row == NULL ||
         c->fold == NULL || c->slot == NULL || c->start == NULL ||
@@ -564,14 +670,14 @@ static double packed_dot(const chunk *c, int si, int sj, int slot)
 static void add_row_stats(const toast_moments *m, const chunk *c, int a, int b,
                           double *set)
 {
-    const int S = m->S, d = m->d;
-    double *rs = set + m->off_rowstats;
+    const int S = m->lay.num_states, d = m->lay.dim;
+    double *rs = set + m->lay.off_rowstats;
     const size_t plane = (size_t)S * S;
 
     set[0] += (double)(b - a);
     for (int k = a; k < b; k++) {
         /* packed row k holds the S states back to back, as do the sums */
-        double *sum = set + m->off_sums;
+        double *sum = set + m->lay.off_sums;
         const size_t at = packed_offset(c, 0, k), len = (size_t)S * d;
         if (c->mixed) {
             const float *x = (const float *)c->buf + at;
@@ -608,9 +714,9 @@ static void add_row_stats(const toast_moments *m, const chunk *c, int a, int b,
 static void add_cross_blocks(const toast_moments *m, const chunk *c, int a,
                              int b, double *set)
 {
-    const int d = m->d, n = b - a, ld = m->S * m->d;
+    const int d = m->lay.dim, n = b - a, ld = m->lay.num_states * d;
 
-    for (int i = 0; i < m->S; i++) {
+    for (int i = 0; i < m->lay.num_states; i++) {
         const int width = m->panel_blocks[i] * d;
         double *P = set + m->panel_off[i];
         size_t oi = packed_offset(c, i, a);
@@ -632,11 +738,11 @@ static void add_cross_blocks(const toast_moments *m, const chunk *c, int a,
 
 static void chunk_accumulate(toast_moments *m, const chunk *c)
 {
-    for (int f = 0; f < m->nsets; f++) {
+    for (int f = 0; f < m->lay.nsets; f++) {
         int a = c->start[f], b = c->start[f + 1];
         if (b <= a)
             continue;
-        double *set = m->data + (size_t)f * m->set_len;
+        double *set = m->data + (size_t)f * m->lay.set_len;
         add_row_stats(m, c, a, b, set);
         add_cross_blocks(m, c, a, b, set);
     }
@@ -667,19 +773,19 @@ toast_status toast_moments_update(toast_moments *m, const toast_view *views,
         c->row[n] = r;
         if (fold_ids != NULL)
             c->fold[n] = (int)fold_ids[r];
-        else if (m->folds > 0)
-            c->fold[n] = (int)((m->next_row + accepted) % m->folds);
+        else if (m->lay.folds > 0)
+            c->fold[n] = (int)((m->next_row + accepted) % m->lay.folds);
         else
             c->fold[n] = 0;
         accepted++;
         if (++n == c->cap) {
-            chunk_pack(c, views, n, m->nsets);
+            chunk_pack(c, views, n, m->lay.nsets);
             chunk_accumulate(m, c);
             n = 0;
         }
     }
     if (n > 0) {
-        chunk_pack(c, views, n, m->nsets);
+        chunk_pack(c, views, n, m->lay.nsets);
         chunk_accumulate(m, c);
     }
     m->next_row += accepted;
@@ -689,20 +795,21 @@ toast_status toast_moments_update(toast_moments *m, const toast_view *views,
 toast_status toast_moments_merge(toast_moments *dst, const toast_moments *src,
                                  toast_error *err)
 {
-    if (dst->S != src->S || dst->d != src->d || dst->folds != src->folds ||
-        dst->span != src->span)
+    const toast_moments_layout *a = &src->lay, *b = &dst->lay;
+    if (a->num_states != b->num_states || a->dim != b->dim ||
+        a->folds != b->folds || a->span != b->span)
         return toast_set_error(err, TOAST_EINVAL, -1,
                                "cannot merge moments of (states=%d, dim=%d, "
                                "folds=%d, span=%d) into (states=%d, dim=%d, "
-                               "folds=%d, span=%d)", src->S, src->d,
-                               src->folds, src->span, dst->S, dst->d,
-                               dst->folds, dst->span);
+                               "folds=%d, span=%d)", a->num_states, a->dim,
+                               a->folds, a->span, b->num_states, b->dim,
+                               b->folds, b->span);
     if (src->next_row > INT64_MAX - dst->next_row)
         return toast_set_error(err, TOAST_EOVERFLOW, -1,
                                "the merged row counter (%lld + %lld) would "
                                "overflow", (long long)dst->next_row,
                                (long long)src->next_row);
-    size_t total = dst->set_len * (size_t)dst->nsets;
+    size_t total = toast_moments_storage_len(dst);
     for (size_t e = 0; e < total; e++)
         dst->data[e] += src->data[e];
     dst->next_row += src->next_row;
@@ -725,10 +832,10 @@ static void combine(const toast_moments *m, toast_sets sel, int k, size_t off,
                     size_t len, double *out)
 {
     memset(out, 0, len * sizeof(double));
-    for (int f = 0; f < m->nsets; f++) {
+    for (int f = 0; f < m->lay.nsets; f++) {
         if (!set_selected(sel, k, f))
             continue;
-        const double *src = m->data + (size_t)f * m->set_len + off;
+        const double *src = m->data + (size_t)f * m->lay.set_len + off;
         for (size_t e = 0; e < len; e++)
             out[e] += src[e];
     }
@@ -744,15 +851,16 @@ double toast_moments_count(const toast_moments *m, toast_sets sel, int k)
 void toast_moments_sums(const toast_moments *m, toast_sets sel, int k, int i,
                         double *out)
 {
-    combine(m, sel, k, m->off_sums + (size_t)i * m->d, (size_t)m->d, out);
+    const size_t d = (size_t)m->lay.dim;
+    combine(m, sel, k, m->lay.off_sums + (size_t)i * d, d, out);
 }
 
 double toast_moments_rowstat(const toast_moments *m, toast_sets sel, int k,
                              int stat, int i, int j)
 {
     double v;
-    size_t at = m->off_rowstats + (size_t)stat * m->S * m->S +
-                (size_t)i * m->S + j;
+    const size_t S = (size_t)m->lay.num_states;
+    size_t at = m->lay.off_rowstats + (size_t)stat * S * S + (size_t)i * S + j;
     combine(m, sel, k, at, 1, &v);
     return v;
 }
@@ -762,14 +870,14 @@ double toast_moments_rowstat(const toast_moments *m, toast_sets sel, int k,
 static void combine_block(const toast_moments *m, toast_sets sel, int k,
                           int i, int j, double *out)
 {
-    const int d = m->d;
+    const int d = m->lay.dim;
     const size_t width = (size_t)m->panel_blocks[i] * d;
     const size_t first = m->panel_off[i] + (size_t)(j - i) * d;
     memset(out, 0, (size_t)d * d * sizeof(double));
-    for (int f = 0; f < m->nsets; f++) {
+    for (int f = 0; f < m->lay.nsets; f++) {
         if (!set_selected(sel, k, f))
             continue;
-        const double *panel = m->data + (size_t)f * m->set_len + first;
+        const double *panel = m->data + (size_t)f * m->lay.set_len + first;
         for (int r = 0; r < d; r++) {
             const double *src = panel + (size_t)r * width;
             double *dst = out + (size_t)r * d;
@@ -792,18 +900,18 @@ static void transpose_square(double *a, int d)
 toast_status toast_moments_cross(const toast_moments *m, toast_sets sel, int k,
                                  int i, int j, double *out, toast_error *err)
 {
-    const int d = m->d;
+    const int d = m->lay.dim;
     int lo = i < j ? i : j, hi = i < j ? j : i;
-    if (i < 0 || j < 0 || i >= m->S || j >= m->S)
+    if (i < 0 || j < 0 || i >= m->lay.num_states || j >= m->lay.num_states)
         return toast_set_error(err, TOAST_ERANGE, -1,
                                "state pair (%d, %d) is out of range for %d "
-                               "states", i, j, m->S);
+                               "states", i, j, m->lay.num_states);
     int p = toast_moments_pair(m, lo, hi);
     if (p < 0)
         return toast_set_error(err, TOAST_ENOTSTORED, -1,
                                "the cross block (%d, %d) is not kept: these "
                                "moments keep pairs up to span %d", lo, hi,
-                               m->span);
+                               m->lay.span);
     combine_block(m, sel, k, lo, hi, out);
     if (lo == hi) {
         for (int r = 0; r < d; r++)

@@ -253,14 +253,14 @@ static toast_status check_options(const toast_moments *m,
                                "ridge must be a finite number >= 0, got %g",
                                opt->ridge);
     if (opt->sel != TOAST_SETS_ALL) {
-        if (m->folds == 0)
+        if (toast_moments_folds(m) == 0)
             return toast_set_error(err, TOAST_EINVAL, -1,
                                    "a fold was selected but the moments "
                                    "have no folds");
-        if (opt->fold < 0 || opt->fold >= m->folds)
+        if (opt->fold < 0 || opt->fold >= toast_moments_folds(m))
             return toast_set_error(err, TOAST_ERANGE, -1,
                                    "fold %d is out of range [0, %d)",
-                                   opt->fold, m->folds);
+                                   opt->fold, toast_moments_folds(m));
     }
     return TOAST_OK;
 }
@@ -268,10 +268,10 @@ static toast_status check_options(const toast_moments *m,
 static toast_status check_state(const toast_moments *m, int i, const char *what,
                                 toast_error *err)
 {
-    if (i < 0 || i >= m->S)
+    if (i < 0 || i >= toast_moments_num_states(m))
         return toast_set_error(err, TOAST_ERANGE, -1,
                                "%s state %d is out of range [0, %d)", what, i,
-                               m->S);
+                               toast_moments_num_states(m));
     return TOAST_OK;
 }
 
@@ -281,7 +281,7 @@ static toast_status load_system(const toast_moments *m, int i, int yp, int ym,
                                 const toast_fit_options *opt, fit_work *w,
                                 toast_error *err)
 {
-    const int d = m->d;
+    const int d = toast_moments_dim(m);
     toast_status st;
 
     w->n = toast_moments_count(m, opt->sel, opt->fold);
@@ -488,10 +488,10 @@ toast_status toast_fit(const toast_moments *m, int i, int j,
         (st = check_options(m, opt, err)) != TOAST_OK)
         return st;
     if (opt->kind == TOAST_FIT_IDENTITY) {
-        set_identity(m->d, W, b, info);
+        set_identity(toast_moments_dim(m), W, b, info);
         return TOAST_OK;
     }
-    st = fit_work_init(&w, m->d, err);
+    st = fit_work_init(&w, toast_moments_dim(m), err);
     if (st != TOAST_OK)
         return st;
     st = load_system(m, i, j, -1, opt, &w, err);
@@ -518,7 +518,7 @@ toast_status toast_fit_residual(const toast_moments *m, int mi, int yi, int li,
         return toast_set_error(err, TOAST_EINVAL, -1,
                                "the residual form supports least squares "
                                "only");
-    st = fit_work_init(&w, m->d, err);
+    st = fit_work_init(&w, toast_moments_dim(m), err);
     if (st != TOAST_OK)
         return st;
     st = load_system(m, mi, li, yi, opt, &w, err);

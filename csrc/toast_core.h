@@ -99,39 +99,54 @@ typedef enum {
 } toast_precision;
 
 /*
- * Streaming moments. The struct is public so that bindings can expose the
- * storage; mutate it only through the functions below.
+ * Streaming moments: an opaque object, created by toast_moments_new and
+ * read through the functions below.
  *
  * Storage: nsets = max(folds, 1) sets, each of set_len doubles, in one
- * contiguous array `data`. Within a set (offsets in doubles):
- *   [0]                      row count n
- *   [off_sums, + S*d)        per-state column sums, state-major
- *   [off_rowstats, + 4*S*S)  row statistics, TOAST_RS_* major, then i*S+j
- *                            (only i < j is used)
- *   [off_blocks, ...)        cross blocks as one row panel per state i:
- *                            a d x (panel_blocks[i] * d) row-major matrix
- *                            [X_i^T X_i | X_i^T X_i+1 | ...] starting at
- *                            panel_off[i], panel_blocks[i] =
- *                            min(span, S-1-i) + 1. Each symmetric pair is
- *                            stored once (j >= i); diagonal blocks are full
- *                            and symmetric up to rounding.
+ * contiguous array (toast_moments_data). Within a set (offsets in doubles,
+ * given by toast_moments_layout):
+ *   [off_count]                  row count n (always 0)
+ *   [off_sums, + S*d)            per-state column sums, state-major
+ *   [off_rowstats, + RS*S*S)     row statistics (RS = TOAST_RS_COUNT),
+ *                                TOAST_RS_* major, then i*S+j (only i < j
+ *                                is used)
+ *   [off_blocks, ...)            cross blocks as one row panel per state i:
+ *                                a d x (panel_blocks[i] * d) row-major
+ *                                matrix [X_i^T X_i | X_i^T X_i+1 | ...]
+ *                                starting at panel_offset[i],
+ *                                panel_blocks[i] = min(span, S-1-i) + 1.
+ *                                Each symmetric pair is stored once
+ *                                (j >= i); diagonal blocks are full and
+ *                                symmetric up to rounding.
  * Keeping every quantity as a float64 sum makes merge an element-wise add.
  */
+typedef struct toast_moments toast_moments;
+
+/* Rows converted and multiplied per chunk of an update: at most this many
+ * (fewer when S * d is large, see moments.c). In mixed precision each
+ * chunk's products are formed in float32 and added to the float64 sums. */
+#define TOAST_CHUNK_MAX_ROWS 4096
+
+/* Where each quantity lives within one set of the storage. */
 typedef struct {
-    int S, d;
-    int folds;         /* 0 (none) or >= 2 */
-    int span;          /* pairs kept: j - i <= span; span = S-1 keeps all */
-    toast_precision precision;
-    int nsets;
-    int npairs;
-    int *pair_index;   /* S*S; block index of (i, j), i <= j, or -1 */
-    int *panel_blocks; /* S: blocks in the row panel of state i */
-    size_t *panel_off; /* S: offset of that panel within a set */
-    size_t set_len, off_sums, off_rowstats, off_blocks;
-    double *data;      /* nsets * set_len */
-    int64_t next_row;  /* rows accepted so far: row id of the next row */
-    void *workspace;   /* update scratch kept between updates, or NULL */
-} toast_moments;
+    int num_states, dim, folds;
+    int span;          /* pairs kept: j - i <= span (normalised, <= S-1) */
+    int nsets;         /* max(folds, 1) */
+    int npairs;        /* kept pairs (i, j), i <= j */
+    size_t set_len;    /* doubles per set */
+    size_t off_count, off_sums, off_rowstats, off_blocks;
+} toast_moments_layout;
+
+/* The layout of moments of this shape, computed without allocating. span
+ * < 0 means all pairs. Fails like toast_moments_nbytes. */
+toast_status toast_moments_layout_of(int S, int d, int folds, int span,
+                                     toast_moments_layout *out,
+                                     toast_error *err);
+
+/* Offsets (within a set, in doubles) and block counts of the S row panels
+ * of a layout: offsets and blocks have S entries each. */
+void toast_moments_panels(const toast_moments_layout *layout, size_t *offsets,
+                          int *blocks);
 
 /* Bytes that toast_moments_new would allocate (storage + index), computed
  * without allocating. Fails with TOAST_EOVERFLOW when it does not fit. */
@@ -145,6 +160,28 @@ toast_status toast_moments_new(int S, int d, int folds, int span,
 
 void toast_moments_free(toast_moments *m);
 
+/* Accessors. None fails; m must be a live object from toast_moments_new. */
+int toast_moments_num_states(const toast_moments *m);
+int toast_moments_dim(const toast_moments *m);
+int toast_moments_folds(const toast_moments *m);   /* 0 or >= 2 */
+int toast_moments_span(const toast_moments *m);    /* normalised span */
+toast_precision toast_moments_precision(const toast_moments *m);
+/* Rows accepted so far (the row id of the next row). */
+int64_t toast_moments_rows(const toast_moments *m);
+/* The storage layout (a copy). */
+void toast_moments_get_layout(const toast_moments *m,
+                              toast_moments_layout *out);
+/* Doubles in the whole storage: nsets * set_len. */
+size_t toast_moments_storage_len(const toast_moments *m);
+/* The storage, read-only (storage_len doubles, laid out as above). */
+const double *toast_moments_data(const toast_moments *m);
+
+/* Replaces the storage (len doubles, must equal the storage length) and
+ * the row counter (rows >= 0): restores pickled or reduced moments. */
+toast_status toast_moments_set_data(toast_moments *m, const double *data,
+                                    size_t len, int64_t rows,
+                                    toast_error *err);
+
 /* Block index of (i, j) with i <= j, or -1 when not kept / out of range. */
 int toast_moments_pair(const toast_moments *m, int i, int j);
 
@@ -155,8 +192,9 @@ int toast_moments_pair(const toast_moments *m, int i, int j);
  * without ids, accepted row r (counting next_row) goes to fold r mod folds.
  * The data is checked for NaN/Inf before anything is added, so a failed
  * update leaves the moments unchanged. Not reentrant: one update (or merge)
- * at a time per object; the binding serialises them. Zero input rows is an error; rows
- * that are all masked out are not.
+ * at a time per object; the binding serialises them. Zero input rows is an
+ * error; rows that are all masked out are not. On TOAST_ENONFINITE,
+ * err->arg is the index of the first state holding NaN or Inf.
  */
 toast_status toast_moments_update(toast_moments *m, const toast_view *views,
                                   const uint8_t *mask, const int64_t *fold_ids,

@@ -10,6 +10,7 @@ from toast.core import (
     IllConditionedWarning,
     InSampleWarning,
     Moments,
+    NonFiniteError,
     Translator,
     error_matrix,
     fit_residual,
@@ -24,6 +25,7 @@ from toast.core.blas import blas_threads
 # The Hugging Face glue needs torch; load it on first use so that the core
 # (NumPy only) imports without it.
 _LAZY = {
+    "all_reduce_moments": "toast.hf.distributed",
     "Analysis": "toast.methods.toast.analysis",
     "Span": "toast.spans",
     "analyze": "toast.methods.toast.analysis",
@@ -106,10 +108,12 @@ __all__ = [
     "MLPTranslator",
     "MacReport",
     "Moments",
+    "NonFiniteError",
     "ResMLPTranslator",
     "RowSample",
     "Translator",
     "__version__",
+    "all_reduce_moments",
     "error_matrix",
     "fit_residual",
     "fit_translator",

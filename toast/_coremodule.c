@@ -56,7 +56,32 @@ enum { DL_FLOAT = 2, DL_BFLOAT = 4 };
 
 /* ------------------------------------------------------------ errors */
 
-static PyObject *raise_core_error(const toast_error *err)
+/* toast._core.NonFiniteError(ValueError): the data holds NaN or Inf. Its
+ * `state` attribute is the index of the failing entry of the states list
+ * of Moments._update, or None where the failure is not about a state. */
+static PyObject *NonFiniteError;
+
+/* Raises NonFiniteError(msg) with .state = state (None when < 0). */
+static PyObject *raise_non_finite(const char *msg, int state)
+{
+    PyObject *exc = PyObject_CallFunction(NonFiniteError, "s", msg);
+    if (exc == NULL)
+        return NULL;
+    PyObject *value = state >= 0 ? PyLong_FromLong(state) : Py_NewRef(Py_None);
+    if (value == NULL || PyObject_SetAttrString(exc, "state", value) < 0) {
+        Py_XDECREF(value);
+        Py_DECREF(exc);
+        return NULL;
+    }
+    Py_DECREF(value);
+    PyErr_SetObject(NonFiniteError, exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+/* Turns a core error into an exception. state_arg: err->arg names a state
+ * (Moments updates), reported as NonFiniteError.state. */
+static PyObject *raise_error_of(const toast_error *err, int state_arg)
 {
     PyObject *type;
     switch (err->code) {
@@ -64,10 +89,17 @@ static PyObject *raise_core_error(const toast_error *err)
     case TOAST_ETYPE: type = PyExc_TypeError; break;
     case TOAST_EOVERFLOW: type = PyExc_OverflowError; break;
     case TOAST_ELAPACK: type = PyExc_RuntimeError; break;
+    case TOAST_ENONFINITE:
+        return raise_non_finite(err->msg, state_arg ? err->arg : -1);
     default: type = PyExc_ValueError; break;
     }
     PyErr_SetString(type, err->msg);
     return NULL;
+}
+
+static PyObject *raise_core_error(const toast_error *err)
+{
+    return raise_error_of(err, 0);
 }
 
 /* ------------------------------------------------------------ Moments */
@@ -401,7 +433,7 @@ static PyObject *Moments_update(MomentsObject *self, PyObject *args)
         return NULL;
     if (!moments_ready(self))
         return NULL;
-    const int S = self->m->S;
+    const int S = toast_moments_num_states(self->m);
     if (!PyList_Check(states) && !PyTuple_Check(states)) {
         PyErr_SetString(PyExc_TypeError,
                         "states must be a list or tuple of arrays");
@@ -427,7 +459,7 @@ static PyObject *Moments_update(MomentsObject *self, PyObject *args)
         }
         views[got] = refs[got].view;
     }
-    if (!check_state_shapes(refs, S, self->m->d))
+    if (!check_state_shapes(refs, S, toast_moments_dim(self->m)))
         goto done;
     int64_t rows = views[0].outer * views[0].inner;
     if (mask_obj != Py_None &&
@@ -446,7 +478,7 @@ static PyObject *Moments_update(MomentsObject *self, PyObject *args)
     PyThread_release_lock(self->lock);
     Py_END_ALLOW_THREADS
     if (st != TOAST_OK) {
-        raise_core_error(&err);
+        raise_error_of(&err, 1);
         goto done;
     }
     result = Py_NewRef(self);
@@ -514,10 +546,11 @@ static int parse_sets(const toast_moments *m, int sel, int k)
         PyErr_Format(PyExc_ValueError, "unknown fold selection %d", sel);
         return 0;
     }
-    if (sel != TOAST_SETS_ALL && (m->folds == 0 || k < 0 || k >= m->folds)) {
+    const int folds = toast_moments_folds(m);
+    if (sel != TOAST_SETS_ALL && (folds == 0 || k < 0 || k >= folds)) {
         PyErr_Format(PyExc_ValueError,
                      "fold %d is out of range for moments with %d folds", k,
-                     m->folds);
+                     folds);
         return 0;
     }
     return 1;
@@ -537,9 +570,10 @@ static PyObject *Moments_count(MomentsObject *self, PyObject *args)
 
 static int check_index(const toast_moments *m, int i, const char *name)
 {
-    if (i < 0 || i >= m->S) {
+    const int S = toast_moments_num_states(m);
+    if (i < 0 || i >= S) {
         PyErr_Format(PyExc_ValueError,
-                     "%s=%d is out of range for %d states", name, i, m->S);
+                     "%s=%d is out of range for %d states", name, i, S);
         return 0;
     }
     return 1;
@@ -551,7 +585,7 @@ static PyObject *Moments_sums(MomentsObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "i|ii", &i, &sel, &k) || !moments_ready(self) ||
         !check_index(self->m, i, "i") || !parse_sets(self->m, sel, k))
         return NULL;
-    npy_intp dims[1] = {self->m->d};
+    npy_intp dims[1] = {toast_moments_dim(self->m)};
     PyObject *out = PyArray_SimpleNew(1, dims, NPY_DOUBLE);
     if (out == NULL)
         return NULL;
@@ -572,7 +606,8 @@ static PyObject *Moments_cross(MomentsObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "ii|ii", &i, &j, &sel, &k) ||
         !moments_ready(self) || !parse_sets(self->m, sel, k))
         return NULL;
-    npy_intp dims[2] = {self->m->d, self->m->d};
+    const int d = toast_moments_dim(self->m);
+    npy_intp dims[2] = {d, d};
     PyObject *out = PyArray_SimpleNew(2, dims, NPY_DOUBLE);
     if (out == NULL)
         return NULL;
@@ -604,12 +639,12 @@ static PyObject *Moments_get_data(MomentsObject *self, PyObject *unused)
     (void)unused;
     if (!moments_ready(self))
         return NULL;
-    npy_intp dims[1] = {(npy_intp)(self->m->set_len * self->m->nsets)};
+    npy_intp dims[1] = {(npy_intp)toast_moments_storage_len(self->m)};
     PyObject *out = PyArray_SimpleNew(1, dims, NPY_DOUBLE);
     if (out == NULL)
         return NULL;
     PyThread_acquire_lock(self->lock, WAIT_LOCK);
-    memcpy(PyArray_DATA((PyArrayObject *)out), self->m->data,
+    memcpy(PyArray_DATA((PyArrayObject *)out), toast_moments_data(self->m),
            (size_t)dims[0] * sizeof(double));
     PyThread_release_lock(self->lock);
     return out;
@@ -619,25 +654,21 @@ static PyObject *Moments_set_data(MomentsObject *self, PyObject *args)
 {
     PyObject *obj;
     long long next_row;
+    toast_error err = {0};
     if (!PyArg_ParseTuple(args, "OL", &obj, &next_row) || !moments_ready(self))
         return NULL;
-    size_t len = self->m->set_len * self->m->nsets;
     PyArrayObject *a = (PyArrayObject *)PyArray_FROMANY(
         obj, NPY_DOUBLE, 1, 1, NPY_ARRAY_IN_ARRAY);
     if (a == NULL)
         return NULL;
-    if ((size_t)PyArray_DIM(a, 0) != len || next_row < 0) {
-        Py_DECREF(a);
-        PyErr_Format(PyExc_ValueError,
-                     "state has %lld values but these moments hold %zu",
-                     (long long)PyArray_DIM(a, 0), len);
-        return NULL;
-    }
     PyThread_acquire_lock(self->lock, WAIT_LOCK);
-    memcpy(self->m->data, PyArray_DATA(a), len * sizeof(double));
-    self->m->next_row = next_row;
+    toast_status st = toast_moments_set_data(
+        self->m, PyArray_DATA(a), (size_t)PyArray_DIM(a, 0),
+        (int64_t)next_row, &err);
     PyThread_release_lock(self->lock);
     Py_DECREF(a);
+    if (st != TOAST_OK)
+        return raise_core_error(&err); /* ValueError */
     Py_RETURN_NONE;
 }
 
@@ -650,12 +681,12 @@ static PyObject *Moments_set_data(MomentsObject *self, PyObject *args)
         return PyLong_FromLongLong((long long)(EXPR));                     \
     }
 
-MOMENTS_INT_GETTER(num_states, self->m->S)
-MOMENTS_INT_GETTER(dim, self->m->d)
-MOMENTS_INT_GETTER(folds, self->m->folds)
-MOMENTS_INT_GETTER(span, self->m->span)
-MOMENTS_INT_GETTER(precision_code, self->m->precision)
-MOMENTS_INT_GETTER(rows, self->m->next_row)
+MOMENTS_INT_GETTER(num_states, toast_moments_num_states(self->m))
+MOMENTS_INT_GETTER(dim, toast_moments_dim(self->m))
+MOMENTS_INT_GETTER(folds, toast_moments_folds(self->m))
+MOMENTS_INT_GETTER(span, toast_moments_span(self->m))
+MOMENTS_INT_GETTER(precision_code, toast_moments_precision(self->m))
+MOMENTS_INT_GETTER(rows, toast_moments_rows(self->m))
 
 static PyObject *Moments_get_nbytes(MomentsObject *self, void *c)
 {
@@ -663,31 +694,115 @@ static PyObject *Moments_get_nbytes(MomentsObject *self, void *c)
     (void)c;
     if (!moments_ready(self))
         return NULL;
-    toast_moments_nbytes(self->m->S, self->m->d, self->m->folds,
-                         self->m->span, &n, NULL);
+    const toast_moments *m = self->m;
+    toast_moments_nbytes(toast_moments_num_states(m), toast_moments_dim(m),
+                         toast_moments_folds(m), toast_moments_span(m), &n,
+                         NULL);
     return PyLong_FromSize_t(n);
+}
+
+/* --- the storage layout, from the core (Python never restates it) */
+
+/* A tuple of n ints from size_t or int values. */
+static PyObject *int_tuple(const size_t *sizes, const int *ints, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (int k = 0; t != NULL && k < n; k++) {
+        PyObject *v = sizes != NULL ? PyLong_FromSize_t(sizes[k])
+                                    : PyLong_FromLong(ints[k]);
+        if (v == NULL)
+            Py_CLEAR(t);
+        else
+            PyTuple_SET_ITEM(t, k, v);
+    }
+    return t;
+}
+
+/* The panel offsets and block counts of a layout as two tuples. */
+static int panel_tuples(const toast_moments_layout *l, PyObject **offsets,
+                        PyObject **blocks)
+{
+    const int S = l->num_states;
+    size_t *off = PyMem_Malloc((size_t)S * sizeof *off);
+    int *nb = PyMem_Malloc((size_t)S * sizeof *nb);
+    *offsets = *blocks = NULL;
+    if (off == NULL || nb == NULL) {
+        PyErr_NoMemory();
+    } else {
+        toast_moments_panels(l, off, nb);
+        *offsets = int_tuple(off, NULL, S);
+        *blocks = *offsets == NULL ? NULL : int_tuple(NULL, nb, S);
+        if (*blocks == NULL)
+            Py_CLEAR(*offsets);
+    }
+    PyMem_Free(off);
+    PyMem_Free(nb);
+    return *blocks != NULL;
+}
+
+/* The layout as a dict (keys as in toast_moments_layout, plus rowstats,
+ * storage_len, panel_offsets and panel_blocks). */
+static PyObject *layout_dict(const toast_moments_layout *l)
+{
+    PyObject *offsets, *blocks;
+    if (!panel_tuples(l, &offsets, &blocks))
+        return NULL;
+    return Py_BuildValue(
+        "{sisisisisisisisnsnsnsnsnsnsNsN}", "num_states", l->num_states,
+        "dim", l->dim, "folds", l->folds, "span", l->span, "nsets", l->nsets,
+        "npairs", l->npairs, "rowstats", (int)TOAST_RS_COUNT, "set_len",
+        (Py_ssize_t)l->set_len, "storage_len",
+        (Py_ssize_t)(l->set_len * (size_t)l->nsets), "off_count",
+        (Py_ssize_t)l->off_count, "off_sums", (Py_ssize_t)l->off_sums,
+        "off_rowstats", (Py_ssize_t)l->off_rowstats, "off_blocks",
+        (Py_ssize_t)l->off_blocks, "panel_offsets", offsets, "panel_blocks",
+        blocks);
+}
+
+static PyObject *Moments_layout(MomentsObject *self, PyObject *unused)
+{
+    toast_moments_layout l;
+    (void)unused;
+    if (!moments_ready(self))
+        return NULL;
+    toast_moments_get_layout(self->m, &l);
+    return layout_dict(&l);
 }
 
 static PyMethodDef Moments_methods[] = {
     {"_update", (PyCFunction)Moments_update, METH_VARARGS,
-     "_update(states, mask=None, fold=None): add rows (GIL released)."},
+     "_update($self, states, mask=None, fold=None, /)\n--\n\n"
+     "Add rows (GIL released). NaN or Inf raises NonFiniteError with "
+     ".state the index of the failing entry of states."},
     {"release_workspace", (PyCFunction)Moments_release_workspace, METH_NOARGS,
-     "release_workspace(): free the scratch memory updates keep between "
-     "batches (up to ~100 MB); the next update allocates it again."},
+     "release_workspace($self, /)\n--\n\n"
+     "Free the scratch memory updates keep between batches (up to "
+     "~100 MB); the next update allocates it again."},
     {"_merge", (PyCFunction)Moments_merge, METH_O,
-     "_merge(other): add another Moments of the same shape in place."},
+     "_merge($self, other, /)\n--\n\n"
+     "Add another Moments of the same shape in place."},
     {"_count", (PyCFunction)Moments_count, METH_VARARGS,
-     "_count(sel=0, fold=0) -> rows in the selected folds."},
+     "_count($self, sel=0, fold=0, /)\n--\n\n"
+     "Rows in the selected folds (sel: SETS_ALL, SETS_ONLY, SETS_EXCEPT)."},
     {"_sums", (PyCFunction)Moments_sums, METH_VARARGS,
-     "_sums(i, sel=0, fold=0) -> (d,) column sums of state i."},
+     "_sums($self, i, sel=0, fold=0, /)\n--\n\n"
+     "(d,) column sums of state i."},
     {"_cross", (PyCFunction)Moments_cross, METH_VARARGS,
-     "_cross(i, j, sel=0, fold=0) -> (d, d) X_i^T X_j."},
+     "_cross($self, i, j, sel=0, fold=0, /)\n--\n\n"
+     "(d, d) X_i^T X_j."},
     {"_has_pair", (PyCFunction)Moments_has_pair, METH_VARARGS,
-     "_has_pair(i, j) -> whether the cross block is kept."},
+     "_has_pair($self, i, j, /)\n--\n\n"
+     "Whether the cross block of states i and j is kept."},
     {"_get_data", (PyCFunction)Moments_get_data, METH_NOARGS,
-     "_get_data() -> copy of the flat float64 storage."},
+     "_get_data($self, /)\n--\n\n"
+     "A copy of the flat float64 storage (see layout())."},
     {"_set_data", (PyCFunction)Moments_set_data, METH_VARARGS,
-     "_set_data(data, next_row): replace the storage (unpickling)."},
+     "_set_data($self, data, next_row, /)\n--\n\n"
+     "Replace the storage and the row counter (unpickling, reductions)."},
+    {"layout", (PyCFunction)Moments_layout, METH_NOARGS,
+     "layout($self, /)\n--\n\n"
+     "Where each quantity lives in the storage, as a dict: see "
+     "toast._core.moments_layout."},
     {NULL, NULL, 0, NULL}
 };
 
@@ -712,7 +827,9 @@ static PyTypeObject Moments_Type = {
     .tp_basicsize = sizeof(MomentsObject),
     .tp_dealloc = (destructor)Moments_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Streaming moments (C storage). Use toast.Moments.",
+    .tp_doc = "Moments(num_states, dim, folds=0, span=-1, precision=0)\n"
+              "--\n\n"
+              "Streaming moments (C storage). Use toast.Moments.",
     .tp_methods = Moments_methods,
     .tp_getset = Moments_getset,
     .tp_init = (initproc)Moments_init,
@@ -743,6 +860,19 @@ static PyObject *core_estimate_nbytes(PyObject *mod, PyObject *args)
     if (toast_moments_nbytes(S, d, folds, span, &n, &err) != TOAST_OK)
         return raise_core_error(&err);
     return PyLong_FromSize_t(n);
+}
+
+static PyObject *core_moments_layout(PyObject *mod, PyObject *args)
+{
+    int S, d, folds = 0, span = -1;
+    toast_moments_layout l;
+    toast_error err = {0};
+    (void)mod;
+    if (!PyArg_ParseTuple(args, "ii|ii", &S, &d, &folds, &span))
+        return NULL;
+    if (toast_moments_layout_of(S, d, folds, span, &l, &err) != TOAST_OK)
+        return raise_core_error(&err);
+    return layout_dict(&l);
 }
 
 /* Poll function for long kernels run without the GIL: takes the GIL and
@@ -783,7 +913,7 @@ static PyObject *core_error_matrix(PyObject *mod, PyObject *args)
     MomentsObject *mo = as_moments(obj);
     if (mo == NULL)
         return NULL;
-    const int S = mo->m->S;
+    const int S = toast_moments_num_states(mo->m);
     npy_intp dims[2] = {S, S}, cdims[1] = {S};
     PyObject *E = PyArray_SimpleNew(2, dims, NPY_DOUBLE);
     PyObject *cond = PyArray_SimpleNew(1, cdims, NPY_DOUBLE);
@@ -843,7 +973,7 @@ static PyObject *run_fit(PyObject *obj, const int idx[3], int residual,
     toast_solve_info info = {0};
     toast_status st;
     MomentsObject *mo = as_moments(obj);
-    if (mo == NULL || !new_fit_arrays(mo->m->d, &W, &b))
+    if (mo == NULL || !new_fit_arrays(toast_moments_dim(mo->m), &W, &b))
         return NULL;
     double *w = PyArray_DATA((PyArrayObject *)W);
     double *bias = PyArray_DATA((PyArrayObject *)b);
@@ -1257,34 +1387,50 @@ done:
 
 static PyMethodDef core_methods[] = {
     {"estimate_nbytes", core_estimate_nbytes, METH_VARARGS,
-     "estimate_nbytes(S, d, folds=0, span=-1) -> bytes of storage."},
+     "estimate_nbytes($module, num_states, dim, folds=0, span=-1, /)\n--\n\n"
+     "Bytes of storage moments of this shape would hold."},
+    {"moments_layout", core_moments_layout, METH_VARARGS,
+     "moments_layout($module, num_states, dim, folds=0, span=-1, /)\n--\n\n"
+     "The storage layout of moments of this shape as a dict: num_states, "
+     "dim, folds, span, nsets, npairs, rowstats (RS_COUNT), set_len and "
+     "storage_len (doubles), off_count, off_sums, off_rowstats, off_blocks "
+     "(offsets within a set), panel_offsets and panel_blocks (per state)."},
     {"error_matrix", core_error_matrix, METH_VARARGS,
-     "error_matrix(m, metric, estimator, ridge=0, ridge_relative=False, "
-     "poll=None) -> (E, cond). Checks for signals as it goes."},
-
+     "error_matrix($module, m, metric, estimator, ridge=0.0, "
+     "ridge_relative=False, poll=None, /)\n--\n\n"
+     "(E, cond) for METRIC_* and EST_* codes. Checks for signals as it "
+     "goes."},
     {"fit", core_fit, METH_VARARGS,
-     "fit(m, i, j, kind, center=False, ridge=0, ridge_relative=False, "
-     "sel=0, fold=0) -> (W, b, condition, rank, method)."},
+     "fit($module, m, i, j, kind, center=False, ridge=0.0, "
+     "ridge_relative=False, sel=0, fold=0, /)\n--\n\n"
+     "(W, b, condition, rank, method) for a FIT_* kind; method is a "
+     "METHOD_* code."},
     {"fit_residual", core_fit_residual, METH_VARARGS,
-     "fit_residual(m, mi, yi, li, center=False, ridge=0, "
-     "ridge_relative=False) -> (W, b, condition, rank, method)."},
+     "fit_residual($module, m, mi, yi, li, center=False, ridge=0.0, "
+     "ridge_relative=False, /)\n--\n\n"
+     "(W, b, condition, rank, method): argmin_T ||M T + Y - L||."},
     {"solve_gram", core_solve_gram, METH_VARARGS,
-     "solve_gram(A, B, ridge=0) -> (W, condition, rank, method)."},
+     "solve_gram($module, A, B, ridge=0.0, /)\n--\n\n"
+     "(W, condition, rank, method): (A + ridge I) W = B."},
     {"geometric_median", core_geometric_median, METH_VARARGS,
-     "geometric_median(X, weights=None, tol=1e-10, max_iter=1000) -> "
+     "geometric_median($module, X, weights=None, tol=1e-10, max_iter=1000, "
+     "/)\n--\n\n"
      "(y, iterations, converged, hits). Weiszfeld with Vardi-Zhang steps."},
     {"coordinate_median", core_coordinate_median, METH_O,
-     "coordinate_median(X) -> y, the lower median of every column."},
+     "coordinate_median($module, X, /)\n--\n\n"
+     "y, the lower median of every column."},
     {"dim_scores", core_dim_scores, METH_VARARGS,
-     "dim_scores(X, kind, tol=1e-10, max_iter=1000) -> (scores, iterations, "
-     "converged) for X of shape (groups, n, p); kind: 0 geometric median, "
-     "1 coordinate median, 2 FPGM, 3 L1, 4 L2."},
+     "dim_scores($module, X, kind, tol=1e-10, max_iter=1000, /)\n--\n\n"
+     "(scores, iterations, converged) for X of shape (groups, n, p); kind: "
+     "a DIMSCORE_* code."},
     {"tcs_cls_attention", core_tcs_cls_attention, METH_VARARGS,
-     "tcs_cls_attention(q, K, heads, scale) -> (B, N) float32: the CLS "
-     "attention row averaged over heads, q (B, H*d), K (B, N, H*d)."},
+     "tcs_cls_attention($module, q, K, heads, scale, /)\n--\n\n"
+     "(B, N) float32: the CLS attention row averaged over heads, q (B, H*d), "
+     "K (B, N, H*d)."},
     {"tcs_select", core_tcs_select, METH_VARARGS,
-     "tcs_select(X, sample, attn, k, cls_weight, patch_weight, batch_scope) "
-     "-> (B or 1, k) int64 kept channels, ascending; X (B, N, C) float32, "
+     "tcs_select($module, X, sample, attn, k, cls_weight, patch_weight, "
+     "batch_scope, /)\n--\n\n"
+     "(B or 1, k) int64 kept channels, ascending; X (B, N, C) float32, "
      "sample int64 token positions, attn (B, N) float32 or None."},
     {NULL, NULL, 0, NULL}
 };
@@ -1298,6 +1444,84 @@ static struct PyModuleDef core_module = {
     .m_methods = core_methods,
 };
 
+/* The core's enums and limits, as module constants. */
+static const struct {
+    const char *name;
+    long value;
+} core_constants[] = {
+    {"METRIC_LINEAR", TOAST_METRIC_LINEAR},
+    {"METRIC_AFFINE", TOAST_METRIC_AFFINE},
+    {"METRIC_MSE", TOAST_METRIC_MSE},
+    {"METRIC_BR", TOAST_METRIC_BR},
+    {"METRIC_COSINE", TOAST_METRIC_COSINE},
+    {"METRIC_ANGULAR", TOAST_METRIC_ANGULAR},
+    {"METRIC_EUCLIDEAN", TOAST_METRIC_EUCLIDEAN},
+    {"METRIC_CKA", TOAST_METRIC_CKA},
+    {"EST_IN_SAMPLE", TOAST_EST_IN_SAMPLE},
+    {"EST_CV", TOAST_EST_CV},
+    {"EST_GCV", TOAST_EST_GCV},
+    {"PRECISION_FLOAT64", TOAST_PRECISION_FLOAT64},
+    {"PRECISION_MIXED", TOAST_PRECISION_MIXED},
+    {"FIT_IDENTITY", TOAST_FIT_IDENTITY},
+    {"FIT_LEASTSQ", TOAST_FIT_LEASTSQ},
+    {"FIT_DIAGONAL", TOAST_FIT_DIAGONAL},
+    {"FIT_ORTHOGONAL", TOAST_FIT_ORTHOGONAL},
+    {"METHOD_NONE", TOAST_METHOD_NONE},
+    {"METHOD_CHOLESKY", TOAST_METHOD_CHOLESKY},
+    {"METHOD_EIGH", TOAST_METHOD_EIGH},
+    {"METHOD_SVD", TOAST_METHOD_SVD},
+    {"SETS_ALL", TOAST_SETS_ALL},
+    {"SETS_ONLY", TOAST_SETS_ONLY},
+    {"SETS_EXCEPT", TOAST_SETS_EXCEPT},
+    {"RS_COS", TOAST_RS_COS},
+    {"RS_ANGLE", TOAST_RS_ANGLE},
+    {"RS_DIST", TOAST_RS_DIST},
+    {"RS_SQDIST", TOAST_RS_SQDIST},
+    {"RS_COUNT", TOAST_RS_COUNT},
+    {"DIMSCORE_GEOMEDIAN", TOAST_DIMSCORE_GEOMEDIAN},
+    {"DIMSCORE_COORD_MEDIAN", TOAST_DIMSCORE_COORD_MEDIAN},
+    {"DIMSCORE_FPGM", TOAST_DIMSCORE_FPGM},
+    {"DIMSCORE_L1", TOAST_DIMSCORE_L1},
+    {"DIMSCORE_L2", TOAST_DIMSCORE_L2},
+    {"CHUNK_MAX_ROWS", TOAST_CHUNK_MAX_ROWS},
+    {"GM_MAX_ITER", TOAST_GM_MAX_ITER},
+};
+
+static int add_float(PyObject *mod, const char *name, double value)
+{
+    PyObject *v = PyFloat_FromDouble(value);
+    int ok = v != NULL && PyModule_AddObjectRef(mod, name, v) == 0;
+    Py_XDECREF(v);
+    return ok;
+}
+
+static int add_constants(PyObject *mod)
+{
+    const size_t n = sizeof core_constants / sizeof core_constants[0];
+    for (size_t k = 0; k < n; k++)
+        if (PyModule_AddIntConstant(mod, core_constants[k].name,
+                                    core_constants[k].value) < 0)
+            return 0;
+    return add_float(mod, "GM_TOL", TOAST_GM_TOL) &&
+           add_float(mod, "CHOL_MIN_RCOND", TOAST_CHOL_MIN_RCOND);
+}
+
+/* NonFiniteError, a ValueError whose instances carry `state`. */
+static int add_non_finite_error(PyObject *mod)
+{
+    PyObject *dict = Py_BuildValue("{sO}", "state", Py_None);
+    if (dict == NULL)
+        return 0;
+    NonFiniteError = PyErr_NewExceptionWithDoc(
+        "toast._core.NonFiniteError",
+        "The data holds NaN or Inf. `state`: the index of the failing entry "
+        "of the states passed to an update, or None.",
+        PyExc_ValueError, dict);
+    Py_DECREF(dict);
+    return NonFiniteError != NULL &&
+           PyModule_AddObjectRef(mod, "NonFiniteError", NonFiniteError) == 0;
+}
+
 PyMODINIT_FUNC PyInit__core(void)
 {
     import_array();
@@ -1306,7 +1530,8 @@ PyMODINIT_FUNC PyInit__core(void)
     PyObject *mod = PyModule_Create(&core_module);
     if (mod == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(mod, "Moments", (PyObject *)&Moments_Type) < 0) {
+    if (PyModule_AddObjectRef(mod, "Moments", (PyObject *)&Moments_Type) < 0 ||
+        !add_constants(mod) || !add_non_finite_error(mod)) {
         Py_DECREF(mod);
         return NULL;
     }

@@ -102,7 +102,7 @@ static toast_moments *new_moments(int S, int d, int folds, int span,
 
 static size_t storage_len(const toast_moments *m)
 {
-    return m->set_len * (size_t)m->nsets;
+    return toast_moments_storage_len(m);
 }
 
 /* Largest |a - b| / max(1, |b|) over the whole storage. */
@@ -112,8 +112,8 @@ static double storage_diff(const toast_moments *a, const toast_moments *b)
     if (storage_len(a) != storage_len(b))
         return INFINITY;
     for (size_t e = 0; e < storage_len(a); e++) {
-        double s = fabs(b->data[e]) > 1.0 ? fabs(b->data[e]) : 1.0;
-        double r = fabs(a->data[e] - b->data[e]) / s;
+        double s = fabs(toast_moments_data(b)[e]) > 1.0 ? fabs(toast_moments_data(b)[e]) : 1.0;
+        double r = fabs(toast_moments_data(a)[e] - toast_moments_data(b)[e]) / s;
         if (!(r <= worst))
             worst = r;
     }
@@ -136,7 +136,7 @@ static void test_known_moments(void)
         toast_view v[2] = {dview(X0, 3, 2), dview(X1, 3, 2)};
         CHECK_STATUS(toast_moments_update(m, v, NULL, NULL, &err), TOAST_OK,
                      &err);
-        CHECK(m->next_row == 3);
+        CHECK(toast_moments_rows(m) == 3);
         CHECK(toast_moments_count(m, TOAST_SETS_ALL, 0) == 3.0);
 
         toast_moments_sums(m, TOAST_SETS_ALL, 0, 0, s);
@@ -304,7 +304,7 @@ static void test_streaming_and_merge(void)
             update_rows(one, x, 0, SN, NULL);
             update_rows(two, x, 0, 20, NULL);
             update_rows(two, x, 20, SN - 20, NULL);
-            CHECK(one->next_row == SN && two->next_row == SN);
+            CHECK(toast_moments_rows(one) == SN && toast_moments_rows(two) == SN);
             CHECK(storage_diff(two, one) <= 1e-13);
             toast_moments_free(one);
             toast_moments_free(two);
@@ -320,7 +320,7 @@ static void test_streaming_and_merge(void)
     update_rows(a, x, 0, 11, ids);
     update_rows(b, x, 11, SN - 11, ids + 11);
     CHECK_STATUS(toast_moments_merge(a, b, &err), TOAST_OK, &err);
-    CHECK(a->next_row == SN);
+    CHECK(toast_moments_rows(a) == SN);
     CHECK(storage_diff(a, one) <= 1e-13);
     for (int k = 0; k < 4; k++) {
         int expect = 0;
@@ -332,29 +332,31 @@ static void test_streaming_and_merge(void)
 
     /* row counters that would overflow: an error, nothing changed */
     toast_moments *big = new_moments(SS, SD, 4, 1, TOAST_PRECISION_FLOAT64);
-    big->next_row = INT64_MAX - 5;
-    double first = a->data[0];
+    CHECK_STATUS(toast_moments_set_data(big, toast_moments_data(big),
+                                        storage_len(big), INT64_MAX - 5,
+                                        &err), TOAST_OK, &err);
+    double first = toast_moments_data(a)[0];
     CHECK_STATUS(toast_moments_merge(a, big, &err), TOAST_EOVERFLOW, &err);
-    CHECK(a->next_row == SN && a->data[0] == first);
+    CHECK(toast_moments_rows(a) == SN && toast_moments_data(a)[0] == first);
     CHECK_STATUS(toast_moments_merge(big, a, &err), TOAST_EOVERFLOW, &err);
-    CHECK(big->next_row == INT64_MAX - 5 && big->data[0] == 0.0);
+    CHECK(toast_moments_rows(big) == INT64_MAX - 5 && toast_moments_data(big)[0] == 0.0);
     toast_view vb[SS];
     for (int s = 0; s < SS; s++)
         vb[s] = dview(x[s], 6, SD);
     CHECK_STATUS(toast_moments_update(big, vb, NULL, NULL, &err),
                  TOAST_EOVERFLOW, &err);
-    CHECK(big->next_row == INT64_MAX - 5 && big->data[0] == 0.0);
+    CHECK(toast_moments_rows(big) == INT64_MAX - 5 && toast_moments_data(big)[0] == 0.0);
     vb[0].outer = vb[1].outer = vb[2].outer = 5; /* exactly fits */
     CHECK_STATUS(toast_moments_update(big, vb, NULL, NULL, &err), TOAST_OK,
                  &err);
-    CHECK(big->next_row == INT64_MAX);
+    CHECK(toast_moments_rows(big) == INT64_MAX);
     toast_moments_free(big);
 
     /* merging mismatched moments fails and changes nothing */
     toast_moments *other = new_moments(SS, SD, 4, 2, TOAST_PRECISION_FLOAT64);
-    double before = a->data[0];
+    double before = toast_moments_data(a)[0];
     CHECK_STATUS(toast_moments_merge(a, other, &err), TOAST_EINVAL, &err);
-    CHECK(a->data[0] == before && a->next_row == SN);
+    CHECK(toast_moments_data(a)[0] == before && toast_moments_rows(a) == SN);
     toast_moments_free(other);
     other = new_moments(SS, SD + 1, 4, 1, TOAST_PRECISION_FLOAT64);
     CHECK_STATUS(toast_moments_merge(a, other, &err), TOAST_EINVAL, &err);
@@ -508,7 +510,7 @@ static void test_half_formats(void)
                 TOAST_ENONFINITE)
                 accepted++;
         }
-        CHECK(m->next_row == 0 && m->data[0] == 0.0);
+        CHECK(toast_moments_rows(m) == 0 && toast_moments_data(m)[0] == 0.0);
         toast_moments_free(m);
     }
     CHECK(accepted == 0);
@@ -528,7 +530,7 @@ static void test_nonfinite_rejected(void)
     CHECK(copy != NULL);
     if (copy == NULL)
         return;
-    memcpy(copy, m->data, len * sizeof(double));
+    memcpy(copy, toast_moments_data(m), len * sizeof(double));
 
     const double bad[] = {NAN, INFINITY, -INFINITY};
     for (int b = 0; b < 3; b++) {
@@ -540,8 +542,8 @@ static void test_nonfinite_rejected(void)
         CHECK_STATUS(toast_moments_update(m, v, NULL, NULL, &err),
                      TOAST_ENONFINITE, &err);
         CHECK(err.arg == 2);
-        CHECK(m->next_row == 10);
-        CHECK(memcmp(copy, m->data, len * sizeof(double)) == 0);
+        CHECK(toast_moments_rows(m) == 10);
+        CHECK(memcmp(copy, toast_moments_data(m), len * sizeof(double)) == 0);
 
         /* a masked-out NaN row is not an error */
         uint8_t mask[SN];
@@ -551,7 +553,7 @@ static void test_nonfinite_rejected(void)
                                        TOAST_PRECISION_FLOAT64);
         CHECK_STATUS(toast_moments_update(t, v, mask, NULL, &err), TOAST_OK,
                      &err);
-        CHECK(t->next_row == SN - 1);
+        CHECK(toast_moments_rows(t) == SN - 1);
         toast_moments_free(t);
         x[2][(SN - 1) * SD + 4] = saved;
     }
@@ -561,7 +563,7 @@ static void test_nonfinite_rejected(void)
     toast_view vf = view2(f, TOAST_FLOAT32, 2, 2, sizeof(float));
     CHECK_STATUS(toast_moments_update(one, &vf, NULL, NULL, &err),
                  TOAST_ENONFINITE, &err);
-    CHECK(one->next_row == 0 && one->data[0] == 0.0);
+    CHECK(toast_moments_rows(one) == 0 && toast_moments_data(one)[0] == 0.0);
     toast_moments_free(one);
     free(copy);
     toast_moments_free(m);
@@ -601,7 +603,7 @@ static void test_fold_assignment(void)
     CHECK(s == 2 + 5 + 8);
     toast_moments_sums(m, TOAST_SETS_ONLY, 2, 0, &s);
     CHECK(s == 3 + 6 + 9);
-    CHECK(m->next_row == 9);
+    CHECK(toast_moments_rows(m) == 9);
     toast_moments_free(m);
 
     /* masked rows are skipped entirely: they take no fold slot */
@@ -615,7 +617,7 @@ static void test_fold_assignment(void)
     CHECK(s == 1 + 4 + 8);
     toast_moments_sums(m, TOAST_SETS_ONLY, 1, 0, &s);
     CHECK(s == 3 + 7 + 9);
-    CHECK(m->next_row == 6);
+    CHECK(toast_moments_rows(m) == 6);
     toast_moments_free(m);
 
     /* explicit ids win; ids of masked rows are not checked */
@@ -915,10 +917,10 @@ static void test_bad_arguments(void)
     ids[4] = INT64_MIN;
     CHECK_STATUS(toast_moments_update(m, v, NULL, ids, &err), TOAST_ERANGE,
                  &err);
-    CHECK(m->next_row == 0 && m->data[0] == 0.0);
+    CHECK(toast_moments_rows(m) == 0 && toast_moments_data(m)[0] == 0.0);
     ids[4] = 1;
     CHECK_STATUS(toast_moments_update(m, v, NULL, ids, &err), TOAST_OK, &err);
-    CHECK(m->next_row == 6);
+    CHECK(toast_moments_rows(m) == 6);
 
     /* fits and error matrices with bad options on filled moments */
     opt.ridge = -1.0;
@@ -1444,9 +1446,76 @@ static void test_tcs_select(void)
     CHECK(err.arg == 7);
 }
 
+/* ------------------------------------------------------------ layout */
+
+/* The accessors, the layout and the panels agree with the documented
+ * storage, and set_data round-trips (or refuses a wrong length). */
+static void test_layout_and_accessors(void)
+{
+    enum { LS = 4, LD = 3 };
+    toast_error err = {0};
+    toast_moments_layout l, got;
+    CHECK_STATUS(toast_moments_layout_of(LS, LD, 2, 1, &l, &err), TOAST_OK,
+                 &err);
+    CHECK(l.num_states == LS && l.dim == LD && l.folds == 2 && l.span == 1);
+    CHECK(l.nsets == 2 && l.npairs == LS + (LS - 1));
+    CHECK(l.off_count == 0 && l.off_sums == 1);
+    CHECK(l.off_rowstats == 1 + (size_t)LS * LD);
+    CHECK(l.off_blocks == l.off_rowstats + (size_t)TOAST_RS_COUNT * LS * LS);
+    CHECK(l.set_len == l.off_blocks + (size_t)l.npairs * LD * LD);
+    size_t off[LS];
+    int blocks[LS];
+    toast_moments_panels(&l, off, blocks);
+    for (int i = 0; i < LS; i++) {
+        CHECK(blocks[i] == (i < LS - 1 ? 2 : 1));
+        CHECK(off[i] == l.off_blocks + (size_t)2 * i * LD * LD);
+    }
+    /* span < 0 or beyond S - 1 keeps every pair */
+    CHECK_STATUS(toast_moments_layout_of(LS, LD, 0, -1, &l, &err), TOAST_OK,
+                 &err);
+    CHECK(l.span == LS - 1 && l.nsets == 1 &&
+          l.npairs == LS * (LS + 1) / 2);
+    CHECK_STATUS(toast_moments_layout_of(LS, LD, 1, -1, &l, &err),
+                 TOAST_EINVAL, &err);
+    CHECK_STATUS(toast_moments_layout_of(INT32_MAX, INT32_MAX, 0, -1, &l,
+                                         &err), TOAST_EOVERFLOW, &err);
+
+    toast_moments *m = new_moments(LS, LD, 2, 1, TOAST_PRECISION_MIXED);
+    CHECK(toast_moments_num_states(m) == LS && toast_moments_dim(m) == LD);
+    CHECK(toast_moments_folds(m) == 2 && toast_moments_span(m) == 1);
+    CHECK(toast_moments_precision(m) == TOAST_PRECISION_MIXED);
+    CHECK(toast_moments_rows(m) == 0);
+    toast_moments_get_layout(m, &got);
+    CHECK_STATUS(toast_moments_layout_of(LS, LD, 2, 1, &l, &err), TOAST_OK,
+                 &err);
+    CHECK(memcmp(&got, &l, sizeof l) == 0);
+    const size_t len = toast_moments_storage_len(m);
+    CHECK(len == 2 * l.set_len);
+    double *data = calloc(len, sizeof(double));
+    CHECK(data != NULL);
+    if (data != NULL) {
+        for (size_t e = 0; e < len; e++)
+            data[e] = (double)e;
+        CHECK_STATUS(toast_moments_set_data(m, data, len, 7, &err), TOAST_OK,
+                     &err);
+        CHECK(toast_moments_rows(m) == 7);
+        CHECK(memcmp(toast_moments_data(m), data, len * sizeof(double)) == 0);
+        /* the count of fold 1 sits at the start of the second set */
+        CHECK(toast_moments_count(m, TOAST_SETS_ONLY, 1) == (double)l.set_len);
+        CHECK_STATUS(toast_moments_set_data(m, data, len - 1, 7, &err),
+                     TOAST_ESHAPE, &err);
+        CHECK_STATUS(toast_moments_set_data(m, data, len, -1, &err),
+                     TOAST_EINVAL, &err);
+        CHECK(toast_moments_rows(m) == 7);
+    }
+    free(data);
+    toast_moments_free(m);
+}
+
 int main(void)
 {
     test_known_moments();
+    test_layout_and_accessors();
     test_strided_views();
     test_streaming_and_merge();
     test_half_formats();

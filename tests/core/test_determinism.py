@@ -1,18 +1,26 @@
-"""Determinism: the same inputs give bit-identical moments and error matrices.
+"""Determinism: the same inputs give bit-identical moments and error matrices
+for a fixed OpenBLAS thread count, and agree to rounding across counts.
 
 Each run is a fresh process (so OpenBLAS starts with the thread count given by
 OPENBLAS_NUM_THREADS) that accumulates the same data in float64 and mixed
-precision and writes the raw storage, error matrices and a translator. Runs
-are compared byte for byte.
+precision and writes the raw storage, error matrices and translators. Runs
+are compared byte for byte, or to rounding.
 
-Findings (scipy-openblas32 0.3.34, x86-64, 2 cores):
+Findings (scipy-openblas32 0.3.34, core type Haswell, 2-core AMD EPYC):
 
 - Repeated runs with the same thread count are bit-identical, always.
-- Across OPENBLAS_NUM_THREADS=1 and 2, results are bit-identical while each
-  GEMM of the update is small (here: chunks of ~330 rows per fold), because
-  OpenBLAS then runs it on one thread anyway. Larger chunks (here 3,000 rows
-  in one update, no folds) are threaded and the summation order changes:
-  the moments then agree only to rounding (relative ~1e-16).
+- Across OPENBLAS_NUM_THREADS=1 and 2, this OpenBLAS threads even the
+  products of a few hundred rows (here ~333 rows per fold, d x 4d panels), and
+  which microkernel computes which tile depends on the split: the cross blocks
+  then differ in the last bits. Measured (max |difference| / max |value|):
+  float64 storage 2e-18, float64 error matrices and translators <= 1.2e-14;
+  mixed-precision storage 1e-9 (float32 products), its error matrices
+  <= 2e-8 and translators <= 5e-7 (orthogonal Procrustes, the most sensitive).
+  Bit-identity across counts held only when the rows of each product were a
+  multiple of 8 (100, 257, 300, 333, 513 rows differ; 200, 256, 400, 512,
+  600, 1000, 3000 do not), which is a property of the kernels, not a promise:
+  an earlier reading of this module that "small chunks run on one thread and
+  are bit-identical" does not hold on this machine.
 - Pinning the count in the process with ``toast.blas_threads(1)`` restores
   bit-identity with a one-thread process, whatever OPENBLAS_NUM_THREADS says.
 
@@ -132,14 +140,31 @@ def test_repeated_runs_are_bit_identical(runs, threads):
     assert keys == [], f"runs with {threads} OpenBLAS thread(s) differ in {keys}"
 
 
-def test_thread_counts_give_bit_identical_results_for_small_chunks(runs):
-    small = {k: v for k, v in runs[(1, 0)].items() if not k.startswith("large/")}
-    keys, worst = _differences(small, runs[(2, 0)])
-    assert worst <= 1e-13, f"1 vs 2 OpenBLAS threads: {keys} differ by up to {worst:.2e}"
-    assert keys == [], (
-        f"1 vs 2 OpenBLAS threads: {keys} are not bit-identical (largest relative "
-        f"difference {worst:.2e}); see the finding in this module's docstring"
-    )
+# Bounds on max |difference| / max |value| across thread counts. float64:
+# sums of a few thousand products reordered, a few hundred ulps at most.
+# mixed: the products are float32 (unit roundoff 6e-8), and the solves behind
+# error matrices and translators amplify storage differences by the condition
+# of the 96 x 96 Gram matrices (~1e2-1e3 here): 20x margin over the measured.
+ROUNDING = {"float64/": 1e-13, "mixed/data": 1e-6, "mixed/": 1e-5}
+
+
+def _bound(key):
+    return next(tol for prefix, tol in ROUNDING.items() if key.startswith(prefix))
+
+
+def test_thread_counts_agree_to_rounding(runs):
+    one, two = runs[(1, 0)], runs[(2, 0)]
+    for key in one:
+        if key == "threads" or key.startswith("large/"):
+            continue
+        _, worst = _differences({key: one[key]}, {key: two[key]})
+        assert worst <= _bound(key), f"1 vs 2 OpenBLAS threads: {key} differs by {worst:.2e}"
+
+
+def test_metrics_without_blas_are_bit_identical_across_thread_counts(runs):
+    # the row statistics behind mse are summed by the core's own loops
+    for key in ("float64/E_mse", "mixed/E_mse"):
+        assert runs[(1, 0)][key].tobytes() == runs[(2, 0)][key].tobytes(), key
 
 
 def test_threaded_large_chunks_agree_to_rounding_only(runs):

@@ -8,7 +8,7 @@ import pytest
 
 import toast
 from toast import _core
-from toast.core.moments import _ESTIMATOR_CODES, _METRIC_CODES
+from toast.core.metrics import _ESTIMATOR_CODES, _METRIC_CODES
 
 
 def _moments(S=6, d=8, folds=3):

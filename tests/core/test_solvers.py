@@ -2,6 +2,7 @@
 references computed from the stored activations (float64 data)."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -514,8 +515,8 @@ def _moments_for_errors(folds=0, pairs="all"):
 BAD_FITS = [
     # id, moments kwargs, fit args, fit kwargs, match
     ("same_state", {}, (1, 1), {}, None),
-    ("i_out_of_range", {}, (4, 1), {}, "range"),
-    ("j_out_of_range", {}, (0, 4), {}, "range"),
+    ("i_out_of_range", {}, (4, 1), {}, re.escape("i must be an int in [0, 3]; got 4")),
+    ("j_out_of_range", {}, (0, 4), {}, re.escape("j must be an int in [0, 3]; got 4")),
     ("unknown_kind", {}, (0, 1), {"kind": "quadratic"}, None),
     ("negative_ridge", {}, (0, 1), {"kind": "ridge", "ridge": -0.1}, None),
     ("pair_not_stored", {"pairs": "consecutive"}, (0, 2), {"kind": "linear"}, None),
@@ -536,7 +537,7 @@ def test_fit_translator_rejects_bad_arguments(mkw, args, kwargs, match):
 
 def test_fit_residual_rejects_out_of_range_state():
     m = _moments_for_errors()
-    with pytest.raises(ValueError, match="range"):
+    with pytest.raises(ValueError, match=re.escape("target must be an int in [0, 3]; got 4")):
         toast.fit_residual(m, 0, 1, 4)
 
 

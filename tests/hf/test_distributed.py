@@ -1,7 +1,7 @@
-"""Moments.all_reduce across processes (torch.distributed, gloo on loopback).
+"""toast.all_reduce_moments across processes (torch.distributed, gloo on loopback).
 
 Two worker processes each accumulate half of a deterministic dataset, sum
-their moments with ``Moments.all_reduce`` and write what they then compute;
+their moments with ``toast.all_reduce_moments`` and write what they then compute;
 the test compares that with a single-process run of the whole dataset.
 """
 
@@ -53,7 +53,7 @@ WORKER = textwrap.dedent(
         for a, b in ((lo, mid), (mid, hi)):
             m.update([s[a:b] for s in states], fold=np.arange(a, b) % FOLDS)
         assert m.rows == hi - lo
-        assert m.all_reduce() is m
+        assert toast.all_reduce_moments(m) is m
         result[pairs + "/data"] = m._get_data()
         result[pairs + "/rows"] = np.array(m.rows)
         result[pairs + "/E_cv"] = toast.error_matrix(m, "linear", "cv")
@@ -67,7 +67,7 @@ WORKER = textwrap.dedent(
     bad = toast.Moments(S, D + rank, folds=FOLDS)
     bad.update([np.ones((2, D + rank))] * S)
     try:
-        bad.all_reduce()
+        toast.all_reduce_moments(bad)
         result["mismatch"] = np.array("no error")
     except ValueError as exc:
         result["mismatch"] = np.array(str(exc))
@@ -154,7 +154,7 @@ def test_all_reduce_needs_an_initialised_group():
     if dist.is_initialized():  # pragma: no cover - not in this test suite
         pytest.skip("a process group is initialised in this process")
     with pytest.raises(RuntimeError, match="init_process_group"):
-        m.all_reduce()
+        toast.all_reduce_moments(m)
     from toast.hf.distributed import all_reduce_moments
 
     with pytest.raises(TypeError, match="toast.Moments"):

@@ -10,10 +10,10 @@ sets the count for a block of code::
         analysis = toast.analyze(model, loader)
 
 Results agree to rounding whatever the count. They are bit-identical from
-run to run with a fixed count; across counts, only while OpenBLAS runs the
-products on one thread anyway (small chunks of rows). Pin one thread for
-bit-identical results everywhere (``tests/test_determinism.py``). The
-setting is process-wide.
+run to run with a fixed count, but not across counts: OpenBLAS threads even
+products of a few hundred rows, and how it splits them changes the last
+bits (``tests/core/test_determinism.py`` records the measurements). Pin one
+thread for bit-identical results everywhere. The setting is process-wide.
 """
 
 from __future__ import annotations
@@ -24,12 +24,13 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any
 
 __all__ = ["blas_threads", "get_blas_threads", "set_blas_threads"]
 
 
 @lru_cache(maxsize=1)
-def _functions() -> tuple[ctypes._CFuncPtr, ctypes._CFuncPtr] | None:
+def _functions() -> tuple[Any, Any] | None:
     """OpenBLAS's get/set thread-count functions, or None when not found.
 
     The core links the scipy-openblas32 wheel (symbols prefixed ``scipy_``)

@@ -1,90 +1,86 @@
-"""Python surface of the C core: moments, error matrices and translators.
+"""Streaming moments of layer states: :class:`Moments` over the C core.
 
 Everything numeric happens in :mod:`toast._core` (C, float64, OpenBLAS);
 this module validates arguments, names them in error messages, and returns
-NumPy arrays and small result objects.
-
-States are indexed ``0..S-1``; ``E[i, j]`` (``i < j``) scores predicting
-state ``j`` from state ``i``. Translators use the row-vector convention of
-the papers: ``y ≈ x @ weight + bias``.
+NumPy arrays. States are indexed ``0..S-1``. The storage layout is the
+core's (``toast._core.moments_layout``); nothing here restates it.
 """
 
 from __future__ import annotations
 
-import warnings
+import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from toast import _core
+from toast._validation import Interval, Options, Predicate, check
 
 __all__ = [
-    "METRICS",
-    "InSampleWarning",
-    "IllConditionedWarning",
+    "MIXED_CHUNK_ROWS",
+    "PRECISIONS",
+    "ROW_STATS",
     "Moments",
-    "Translator",
-    "error_matrix",
-    "fit_residual",
-    "fit_translator",
-    "solve_gram",
+    "Pairs",
+    "checked_moments",
+    "storage_layout",
 ]
 
-#: Direction in which each metric marks a span as redundant.
-METRICS: dict[str, str] = {
-    "linear": "lower",
-    "affine": "lower",
-    "mse": "lower",
-    "br": "higher",
-    "cosine": "lower",
-    "angular": "lower",
-    "euclidean": "lower",
-    "cka": "higher",
+PRECISIONS: dict[str, int] = {
+    "float64": _core.PRECISION_FLOAT64,
+    "mixed": _core.PRECISION_MIXED,
 }
-_METRIC_CODES = {name: code for code, name in enumerate(METRICS)}
-_ESTIMATOR_CODES = {"in_sample": 0, "cv": 1, "gcv": 2}
-_PRECISION_CODES = {"float64": 0, "mixed": 1}
-_METHOD_NAMES = {0: "none", 1: "cholesky", 2: "eigh", 3: "svd"}
-# Sets selected by a query: every fold, one fold, every fold but one.
-_SETS_ALL, _SETS_ONLY, _SETS_EXCEPT = 0, 1, 2
-# Kinds understood by the C solver.
-_FIT_IDENTITY, _FIT_LEASTSQ, _FIT_DIAGONAL, _FIT_ORTHOGONAL = 0, 1, 2, 3
-# Condition number above which a fit is reported as ill-conditioned.
-ILL_CONDITIONED = 1e10
+#: Rows per chunk of an update at most (the core's TOAST_CHUNK_MAX_ROWS): in
+#: mixed precision each chunk's products are formed in float32.
+MIXED_CHUNK_ROWS: int = _core.CHUNK_MAX_ROWS
+
+#: The per-row pair statistics kept for every pair, in the core's storage
+#: order (TOAST_RS_*): cosine, angle / pi, distance, squared distance.
+ROW_STATS: tuple[str, ...] = tuple(
+    sorted(("cos", "angle", "dist", "sqdist"), key=lambda n: getattr(_core, f"RS_{n.upper()}"))
+)
 
 Pairs = Literal["all", "consecutive"] | int
 
+_PAIRS = (Options(("all", "consecutive")), Interval(int, 1, None))
+_COUNT = Interval(int, 1, None)
 
-class InSampleWarning(UserWarning):
-    """In-sample error with no more rows than features: the fit is exact."""
+
+def _is_fold_count(value: Any) -> bool:
+    """0 (no folds) or K >= 2: one fold would leave nothing to train on."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return False
+    return int(value) == 0 or int(value) >= 2
 
 
-class IllConditionedWarning(UserWarning):
-    """A Gram matrix was singular or nearly so; a pseudo-inverse was used."""
+_FOLDS = Predicate(_is_fold_count, "0 or an int >= 2")
 
 
 def _span_of(pairs: Pairs, num_states: int) -> int:
-    if isinstance(pairs, str):
-        if pairs == "all":
-            return max(num_states - 1, 0)
-        if pairs == "consecutive":
-            return 1
-        raise ValueError(f"pairs must be 'all', 'consecutive' or an int >= 1, got {pairs!r}")
-    if isinstance(pairs, (bool, np.bool_)) or not isinstance(pairs, (int, np.integer)):
-        raise ValueError(f"pairs must be 'all', 'consecutive' or an int >= 1, got {pairs!r}")
-    if pairs < 1:
-        raise ValueError(f"pairs as a span length must be >= 1, got {pairs}")
+    """The largest ``j - i`` whose cross block ``pairs`` keeps."""
+    pairs = check("pairs", pairs, *_PAIRS)
+    if pairs == "all":
+        return max(num_states - 1, 0)
+    if pairs == "consecutive":
+        return 1
     return min(int(pairs), max(num_states - 1, 0))
 
 
-def _check_count(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
+def _check_folds(folds: Any) -> int:
+    return int(check("folds", folds, _FOLDS))
+
+
+def storage_layout(
+    num_states: int, dim: int, folds: int = 0, pairs: Pairs = "all"
+) -> dict[str, Any]:
+    """The core's storage layout of moments of this shape, without allocating
+    them: offsets (in doubles) of the count, sums, row statistics and cross
+    block panels within one of the ``nsets`` sets (``toast._core.moments_layout``)."""
+    num_states = check("num_states", num_states, _COUNT)
+    dim = check("dim", dim, _COUNT)
+    folds = _check_folds(folds)
+    return _core.moments_layout(num_states, dim, folds, _span_of(pairs, num_states))
 
 
 def _is_torch_tensor(x: Any) -> bool:
@@ -144,9 +140,10 @@ class Moments(_core.Moments):
         always kept. Row statistics are kept for every pair regardless.
     precision:
         ``"float64"`` (default): products and sums in float64, so streaming
-        equals one-shot to rounding. ``"mixed"``: each chunk of up to 2048
-        rows is multiplied in float32 and added to float64 sums; about twice
-        as fast, with relative errors around 1e-6.
+        equals one-shot to rounding. ``"mixed"``: each chunk of up to
+        :data:`MIXED_CHUNK_ROWS` (4096) rows is multiplied in float32 and
+        added to float64 sums; about twice as fast, with relative errors
+        around 1e-6.
 
     Memory: :attr:`nbytes` is the storage; an update also keeps a scratch
     workspace of up to ~100 MB between batches (so that many small batches do
@@ -164,30 +161,21 @@ class Moments(_core.Moments):
         pairs: Pairs = "all",
         precision: Literal["float64", "mixed"] = "float64",
     ) -> None:
-        num_states = _check_count("num_states", num_states, 1)
-        dim = _check_count("dim", dim, 1)
-        folds = self._check_folds(folds)
-        if precision not in _PRECISION_CODES:
-            raise ValueError(f"precision must be 'float64' or 'mixed', got {precision!r}")
+        num_states = check("num_states", num_states, _COUNT)
+        dim = check("dim", dim, _COUNT)
+        folds = _check_folds(folds)
+        check("precision", precision, Options(PRECISIONS))
         span = _span_of(pairs, num_states)
-        super().__init__(num_states, dim, folds, span, _PRECISION_CODES[precision])
+        super().__init__(num_states, dim, folds, span, PRECISIONS[precision])
         self._pairs = pairs
         self._precision = precision
 
     @staticmethod
-    def _check_folds(folds: Any) -> int:
-        if isinstance(folds, (bool, np.bool_)) or not isinstance(folds, (int, np.integer)):
-            raise TypeError(f"folds must be an int, got {type(folds).__name__}")
-        if folds == 1 or folds < 0:
-            raise ValueError(f"folds must be 0 or >= 2, got {folds}")
-        return int(folds)
-
-    @staticmethod
     def estimate_nbytes(num_states: int, dim: int, folds: int = 0, pairs: Pairs = "all") -> int:
         """Bytes the moments would hold, computed without allocating."""
-        num_states = _check_count("num_states", num_states, 1)
-        dim = _check_count("dim", dim, 1)
-        folds = Moments._check_folds(folds)
+        num_states = check("num_states", num_states, _COUNT)
+        dim = check("dim", dim, _COUNT)
+        folds = _check_folds(folds)
         return _core.estimate_nbytes(num_states, dim, folds, _span_of(pairs, num_states))
 
     # -- accumulation -----------------------------------------------------
@@ -215,7 +203,7 @@ class Moments(_core.Moments):
         if len(states) != self.num_states:
             raise ValueError(f"expected {self.num_states} states, got {len(states)}")
         states = [_as_state(x) for x in states]
-        lead = None
+        lead: tuple[int, ...] = ()
         if mask is not None or fold is not None:
             first = states[0]
             if not hasattr(first, "shape"):
@@ -239,13 +227,6 @@ class Moments(_core.Moments):
         self._merge(other)
         return self
 
-    def all_reduce(self, group: Any = None) -> Moments:
-        """Sums these moments over the ranks of a torch.distributed process group,
-        in place (collective; see :func:`toast.hf.distributed.all_reduce_moments`)."""
-        from toast.hf.distributed import all_reduce_moments
-
-        return all_reduce_moments(self, group=group)
-
     # -- reading ----------------------------------------------------------
 
     @property
@@ -259,16 +240,16 @@ class Moments(_core.Moments):
     @property
     def fold_rows(self) -> np.ndarray:
         """Rows per fold, shape ``(folds,)`` (empty without folds)."""
-        return np.array([self._count(_SETS_ONLY, k) for k in range(self.folds)], dtype=np.int64)
+        return np.array(
+            [self._count(_core.SETS_ONLY, k) for k in range(self.folds)], dtype=np.int64
+        )
 
     def _sets(self, fold: int | None) -> tuple[int, int]:
         if fold is None:
-            return _SETS_ALL, 0
+            return _core.SETS_ALL, 0
         if self.folds == 0:
             raise ValueError("fold was given but the moments have no folds")
-        if not 0 <= fold < self.folds:
-            raise ValueError(f"fold={fold} is out of range [0, {self.folds})")
-        return _SETS_ONLY, int(fold)
+        return _core.SETS_ONLY, check("fold", fold, Interval(int, 0, self.folds - 1))
 
     def has_pair(self, i: int, j: int) -> bool:
         """Whether the cross block of states ``i`` and ``j`` is kept."""
@@ -284,9 +265,7 @@ class Moments(_core.Moments):
 
     def cross(self, i: int, j: int, fold: int | None = None) -> np.ndarray:
         """``X_iᵀ X_j``, shape ``(dim, dim)``; the pair must be kept."""
-        for name, v in (("i", i), ("j", j)):
-            if not 0 <= v < self.num_states:
-                raise ValueError(f"{name}={v} is out of range for {self.num_states} states")
+        i, j = check_state_index(self, "i", i), check_state_index(self, "j", j)
         return self._cross(i, j, *self._sets(fold))
 
     # -- pickling and repr -------------------------------------------------
@@ -306,6 +285,11 @@ class Moments(_core.Moments):
             ),
         )
 
+    def layout(self) -> dict[str, Any]:
+        """Where each quantity lives in :meth:`_get_data`'s storage (the
+        core's layout: offsets in doubles, see ``toast._core.moments_layout``)."""
+        return super().layout()
+
     def __repr__(self) -> str:
         return (
             f"Moments(num_states={self.num_states}, dim={self.dim}, folds={self.folds}, "
@@ -319,41 +303,8 @@ def _restore_moments(cls, num_states, dim, folds, pairs, precision, data, rows):
     return m
 
 
-# -- translators ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Translator:
-    """A fitted map ``y ≈ x @ weight + bias`` between two states."""
-
-    kind: str
-    weight: np.ndarray = field(repr=False)
-    bias: np.ndarray = field(repr=False)
-    condition: float
-    rank: int
-    method: str
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(x) @ self.weight + self.bias
-
-    @property
-    def ill_conditioned(self) -> bool:
-        return not self.condition < ILL_CONDITIONED
-
-
-_KINDS = {
-    # name: (C kind, default center)
-    "identity": (_FIT_IDENTITY, False),
-    "linear": (_FIT_LEASTSQ, False),
-    "affine": (_FIT_LEASTSQ, True),
-    "ridge": (_FIT_LEASTSQ, True),
-    "diagonal": (_FIT_DIAGONAL, False),
-    "orthogonal": (_FIT_ORTHOGONAL, False),
-}
-_DEFAULT_RIDGE = 1e-3
-
-
-def _check_moments(moments: Any) -> Moments:
+def checked_moments(moments: Any) -> Moments:
+    """``moments`` if it is a :class:`Moments` holding rows; else raises."""
     if not isinstance(moments, _core.Moments):
         raise TypeError(f"moments must be a toast.Moments, got {type(moments).__name__}")
     if moments.rows == 0:
@@ -361,194 +312,6 @@ def _check_moments(moments: Any) -> Moments:
     return moments
 
 
-def _check_state_index(moments: Moments, name: str, value: Any) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not 0 <= value < moments.num_states:
-        raise ValueError(f"{name}={value} is out of range for {moments.num_states} states")
-    return int(value)
-
-
-def _check_ridge(ridge: Any) -> float:
-    ridge = float(ridge)
-    if not np.isfinite(ridge) or ridge < 0:
-        raise ValueError(f"ridge must be a finite number >= 0, got {ridge}")
-    return ridge
-
-
-def _warn_condition(t: Translator, what: str) -> None:
-    if t.ill_conditioned:
-        warnings.warn(
-            f"{what}: the Gram matrix is ill-conditioned (condition {t.condition:.3g}, "
-            f"rank {t.rank}); the {t.method} solution was used. Consider ridge=...",
-            IllConditionedWarning,
-            stacklevel=3,
-        )
-
-
-def fit_translator(
-    moments: Moments,
-    i: int,
-    j: int,
-    kind: str = "affine",
-    ridge: float | None = None,
-    ridge_relative: bool = False,
-    center: bool | None = None,
-    exclude_fold: int | None = None,
-) -> Translator:
-    """Fits a closed-form map from state ``i`` to state ``j``.
-
-    Kinds: ``"identity"``; ``"linear"`` (least squares, no bias);
-    ``"affine"`` (least squares with bias); ``"ridge"`` (affine with
-    ``ridge`` λ, default ``1e-3`` relative to the mean diagonal of XᵀX);
-    ``"diagonal"`` (per-feature scale); ``"orthogonal"`` (Procrustes).
-    ``center`` overrides whether a bias is fitted (diagonal and orthogonal
-    default to no bias). ``exclude_fold`` fits on every fold but that one.
-    Solved in float64: Cholesky, or an eigendecomposition pseudo-inverse
-    when singular or ill-conditioned (minimum-norm solution); ``condition``
-    reports the conditioning and an :class:`IllConditionedWarning` is issued
-    above 1e10.
-    """
-    moments = _check_moments(moments)
-    i = _check_state_index(moments, "i", i)
-    j = _check_state_index(moments, "j", j)
-    if i == j:
-        raise ValueError(f"i and j must differ, got i=j={i}")
-    if kind not in _KINDS:
-        raise ValueError(f"kind must be one of {sorted(_KINDS)}, got {kind!r}")
-    code, default_center = _KINDS[kind]
-    if kind == "ridge" and ridge is None:
-        ridge, ridge_relative = _DEFAULT_RIDGE, True
-    ridge = _check_ridge(0.0 if ridge is None else ridge)
-    if kind == "ridge" and ridge == 0.0:
-        raise ValueError("kind='ridge' needs ridge > 0")
-    if kind == "affine" and center is False:
-        raise ValueError("kind='affine' always fits a bias; use kind='linear'")
-    center = default_center if center is None else bool(center)
-    sel, fold = _SETS_ALL, 0
-    if exclude_fold is not None:
-        if moments.folds == 0:
-            raise ValueError("exclude_fold was given but the moments have no folds")
-        if not 0 <= exclude_fold < moments.folds:
-            raise ValueError(f"exclude_fold={exclude_fold} is out of range [0, {moments.folds})")
-        sel, fold = _SETS_EXCEPT, int(exclude_fold)
-    weight, bias, condition, rank, method = _core.fit(
-        moments, i, j, code, center, ridge, bool(ridge_relative), sel, fold
-    )
-    t = Translator(kind, weight, bias, condition, rank, _METHOD_NAMES[method])
-    if code == _FIT_LEASTSQ:
-        _warn_condition(t, f"fit_translator({i}, {j}, kind={kind!r})")
-    return t
-
-
-def fit_residual(
-    moments: Moments,
-    m: int,
-    y: int,
-    target: int,
-    ridge: float = 0.0,
-    ridge_relative: bool = False,
-    center: bool = False,
-) -> Translator:
-    """ReplaceMe's residual form: ``argmin_T ‖M T + Y − L‖``.
-
-    ``M`` is state ``m`` (e.g. the MLP output of the last kept block), ``Y``
-    state ``y`` (its attention residual) and ``L`` state ``target``; the
-    moments must keep the pairs ``(m, y)`` and ``(m, target)``. Equals the
-    least-squares solution of ``M T ≈ L − Y``.
-    """
-    moments = _check_moments(moments)
-    m = _check_state_index(moments, "m", m)
-    y = _check_state_index(moments, "y", y)
-    target = _check_state_index(moments, "target", target)
-    weight, bias, condition, rank, method = _core.fit_residual(
-        moments, m, y, target, bool(center), _check_ridge(ridge), bool(ridge_relative)
-    )
-    t = Translator("residual", weight, bias, condition, rank, _METHOD_NAMES[method])
-    _warn_condition(t, f"fit_residual({m}, {y}, {target})")
-    return t
-
-
-def solve_gram(
-    A: np.ndarray, B: np.ndarray, ridge: float = 0.0
-) -> tuple[np.ndarray, float, int, str]:
-    """Solves ``(A + ridge I) W = B`` for symmetric PSD ``A`` with the core's
-    policy (Cholesky, else eigen pseudo-inverse). Returns
-    ``(W, condition, rank, method)``."""
-    for name, value in (("A", A), ("B", B)):
-        dtype = np.asarray(value).dtype
-        if dtype.kind not in "biuf":
-            raise TypeError(f"{name} must be a real numeric array, got dtype {dtype}")
-    A = np.asarray(A, dtype=np.float64)
-    B = np.asarray(B, dtype=np.float64)
-    if A.ndim != 2 or A.shape[0] != A.shape[1]:
-        raise ValueError(f"A must be a square matrix, got shape {A.shape}")
-    if B.ndim != 2 or B.shape[0] != A.shape[0]:
-        raise ValueError(f"B must have shape ({A.shape[0]}, m), got {B.shape}")
-    if not (np.isfinite(A).all() and np.isfinite(B).all()):
-        raise ValueError("A and B must not contain NaN or Inf")
-    W, condition, rank, method = _core.solve_gram(A, B, _check_ridge(ridge))
-    return W, condition, rank, _METHOD_NAMES[method]
-
-
-# -- error matrix -------------------------------------------------------------
-
-
-def error_matrix(
-    moments: Moments,
-    metric: str = "linear",
-    estimator: Literal["cv", "gcv", "in_sample"] = "cv",
-    ridge: float = 0.0,
-    ridge_relative: bool = False,
-) -> np.ndarray:
-    """The ``(S, S)`` matrix of a block metric for every pair ``i < j``.
-
-    Metrics (see :data:`METRICS` for their direction): ``"linear"`` —
-    ``‖Y − X W*‖_F / ‖Y‖_F`` without bias (TOAST Alg. 2); ``"affine"`` — the
-    same with a bias; ``"mse"`` — mean over rows of ``‖y − x‖²`` (TBA);
-    ``"br"`` — ``−mse`` (RBA block redundancy); ``"cosine"`` — mean of
-    ``1 − cos``; ``"angular"`` — mean of ``acos(cos)/π``; ``"euclidean"`` —
-    mean of ``‖y − x‖``; ``"cka"`` — linear CKA similarity.
-
-    ``estimator`` applies to the linear metrics: ``"cv"`` (K-fold held-out,
-    needs ``folds >= 2``), ``"gcv"`` (generalized cross-validation from the
-    eigenvalues of XᵀX, no folds needed; NaN where ``tr(H) >= n``) or
-    ``"in_sample"`` (warns when rows <= dim, where the fit is exact).
-    Entries on and below the diagonal, and pairs whose cross block the
-    moments do not keep, are NaN.
-    """
-    moments = _check_moments(moments)
-    if metric not in _METRIC_CODES:
-        raise ValueError(f"metric must be one of {list(METRICS)}, got {metric!r}")
-    if estimator not in _ESTIMATOR_CODES:
-        raise ValueError(f"estimator must be one of {list(_ESTIMATOR_CODES)}, got {estimator!r}")
-    linear = metric in ("linear", "affine")
-    if linear and estimator == "cv" and moments.folds < 2:
-        raise ValueError(
-            "estimator='cv' needs moments with folds >= 2 (Moments(..., folds=5)); "
-            "use estimator='gcv' for a held-out estimate without folds"
-        )
-    if linear and estimator == "in_sample" and moments.rows <= moments.dim:
-        warnings.warn(
-            f"in-sample error with {moments.rows} rows <= dim {moments.dim}: the fit is "
-            "exact and every error is ~0; use estimator='cv' or 'gcv'",
-            InSampleWarning,
-            stacklevel=2,
-        )
-    E, cond = _core.error_matrix(
-        moments,
-        _METRIC_CODES[metric],
-        _ESTIMATOR_CODES[estimator],
-        _check_ridge(ridge),
-        bool(ridge_relative),
-    )
-    bad = np.flatnonzero(~np.isnan(cond) & ~(cond < ILL_CONDITIONED)) if linear else []
-    if len(bad):
-        warnings.warn(
-            f"states {[int(k) for k in bad]} have ill-conditioned Gram matrices; their "
-            "errors use the minimum-norm solution. Consider ridge=... (e.g. ridge=1e-6, "
-            "ridge_relative=True)",
-            IllConditionedWarning,
-            stacklevel=2,
-        )
-    return E
+def check_state_index(moments: Any, name: str, value: Any) -> int:
+    """``value`` as a state index of ``moments`` (an int in [0, S - 1])."""
+    return check(name, value, Interval(int, 0, moments.num_states - 1))

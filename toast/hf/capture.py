@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from toast._validation import Options, check
-from toast.core import Moments, Pairs
+from toast.core import Moments, NonFiniteError, Pairs
 from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.calibration import BACKENDS, TOKENS, Calibration, Tokens, limited
 from toast.hf.distributed import reduce_captured
@@ -385,13 +385,12 @@ def _update(
 ) -> None:
     try:
         moments.update(states, mask=mask)
-    except ValueError as exc:
-        message = str(exc)
-        if "NaN or Inf" in message and message.startswith("states["):
-            state = chosen[int(message[len("states[") : message.index("]")])]
-            where = "the embedding output" if state == 0 else f"the output of block {state - 1}"
-            raise ValueError(
-                f"{where} (state {state}) contains NaN or Inf; in float16 this is usually "
-                "an overflow: run the model in bfloat16 or float32"
-            ) from exc
-        raise
+    except NonFiniteError as exc:
+        if exc.state is None:
+            raise
+        state = chosen[exc.state]
+        where = "the embedding output" if state == 0 else f"the output of block {state - 1}"
+        raise ValueError(
+            f"{where} (state {state}) contains NaN or Inf; in float16 this is usually "
+            "an overflow: run the model in bfloat16 or float32"
+        ) from exc

@@ -3,7 +3,7 @@
 Every quantity a :class:`~toast.Moments` keeps is a float64 sum (row counts,
 column sums, row statistics, cross blocks), so combining the moments of
 several processes is one element-wise sum: each rank accumulates its shard of
-the rows, then :func:`all_reduce_moments` (or ``moments.all_reduce()``)
+the rows, then :func:`all_reduce_moments` (``toast.all_reduce_moments``)
 replaces every rank's moments by the sum over all ranks, after which every
 rank computes the same error matrices and translators.
 
@@ -15,14 +15,15 @@ rank computes the same error matrices and translators.
     m = toast.Moments(S, d, folds=5)
     for batch in my_shard_of_the_data:           # e.g. rows rank::world_size
         m.update(states_of(batch), fold=global_row_ids % 5)
-    m.all_reduce()                               # every rank: moments of all rows
+    toast.all_reduce_moments(m)                  # every rank: moments of all rows
     E = toast.error_matrix(m, "linear", "cv")
 
 Notes:
 
 * All ranks must hold moments of the same layout: ``num_states``, ``dim``,
   ``folds``, ``span`` (from ``pairs``) and ``precision``. This is checked
-  first (one all_gather of five int64 values); on a mismatch every rank raises
+  first (one all_gather of six int64 values: those and the storage length
+  the core reports); on a mismatch every rank raises
   the same :class:`ValueError`, which names the field and the ranks' values,
   and nothing is summed.
 * Folds: without explicit ``fold=`` ids, rows are dealt to folds by each
@@ -47,26 +48,24 @@ Notes:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from toast import _core
+from toast.core.moments import PRECISIONS
 
 __all__ = ["all_reduce_moments"]
 
-# Layout fields that must agree on every rank, in the order they are gathered.
-_FIELDS = ("num_states", "dim", "folds", "span", "precision")
+# Layout fields that must agree on every rank, in the order they are gathered
+# (all but precision are read from the core's layout of the moments).
+_FIELDS = ("num_states", "dim", "folds", "span", "storage_len", "precision")
+_PRECISION_NAMES = {code: name for name, code in PRECISIONS.items()}
 
 
 def _layout(moments: _core.Moments) -> list[int]:
-    return [
-        moments.num_states,
-        moments.dim,
-        moments.folds,
-        moments.span,
-        moments._precision_code,
-    ]
+    layout = moments.layout()
+    return [*(int(layout[name]) for name in _FIELDS[:-1]), moments._precision_code]
 
 
 def _device_for(dist: Any, group: Any) -> Any:
@@ -106,10 +105,8 @@ def all_reduce_moments(moments: Any, group: Any = None) -> Any:
     for k, name in enumerate(_FIELDS):
         seen = [layout[k] for layout in layouts]
         if len(set(seen)) > 1:
-            if name == "precision":
-                codes = {0: "float64", 1: "mixed"}
-                seen = [codes.get(v, v) for v in seen]
-            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(seen))
+            shown = [_PRECISION_NAMES.get(v, v) if name == "precision" else v for v in seen]
+            per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown))
             raise ValueError(
                 f"all_reduce: the ranks' moments differ in {name} ({per_rank}); every rank "
                 "must build Moments with the same num_states, dim, folds, pairs and precision"
@@ -141,7 +138,7 @@ def reduce_captured(
     num_states: int,
     folds: int,
     pairs: Any,
-    precision: str,
+    precision: Literal["float64", "mixed"],
     group: Any = None,
 ) -> Any:
     """Sums the moments each rank captured from its shard of the data.

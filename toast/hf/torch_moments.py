@@ -4,7 +4,8 @@ When a model runs on a GPU, copying every batch of activations to the host
 would dominate calibration. :class:`TorchMoments` keeps the same sums as
 :class:`toast.Moments` (row count, column sums, per-row pair statistics and
 the cross blocks ``X_iᵀ X_j``) as one float64 tensor on the device, laid out
-exactly as the C core lays out its storage (see ``csrc/toast_core.h``), so
+exactly as the C core lays out its storage (read from the core through
+:func:`toast.core.moments.storage_layout`, never restated here), so
 that :meth:`TorchMoments.to_moments` hands the d×d results to the C solvers
 with a single copy. On the CPU it is the reference the C path is tested
 against (``capture_moments(..., backend="torch")``).
@@ -17,11 +18,11 @@ from typing import Literal
 
 import torch
 
-from toast.core.moments import Moments, Pairs, _span_of
+from toast._validation import Options, check
+from toast.core.errors import non_finite_error
+from toast.core.moments import PRECISIONS, ROW_STATS, Moments, Pairs, storage_layout
 
 __all__ = ["TorchMoments"]
-
-_RS_COUNT = 4  # cos, angle, dist, sqdist: the order of TOAST_RS_* in the core
 
 
 class TorchMoments:
@@ -43,27 +44,23 @@ class TorchMoments:
         precision: Literal["float64", "mixed"] = "float64",
         device: torch.device | str = "cpu",
     ) -> None:
-        # Validate through the C type so both accept exactly the same layouts.
-        Moments.estimate_nbytes(num_states, dim, folds, pairs)
-        if precision not in ("float64", "mixed"):
-            raise ValueError(f"precision must be 'float64' or 'mixed', got {precision!r}")
-        self.num_states, self.dim, self.folds = int(num_states), int(dim), int(folds)
+        # The core validates the shape and says where everything goes.
+        layout = storage_layout(num_states, dim, folds, pairs)
+        check("precision", precision, Options(PRECISIONS))
+        self.num_states, self.dim, self.folds = layout["num_states"], layout["dim"], layout["folds"]
         self.pairs, self.precision = pairs, precision
-        self.span = _span_of(pairs, self.num_states)
+        self.span = layout["span"]
         self.device = torch.device(device)
-        S, d = self.num_states, self.dim
-        self._panel_blocks = [min(self.span, S - 1 - i) + 1 for i in range(S)]
-        self._off_sums = 1
-        self._off_rowstats = 1 + S * d
-        self._off_blocks = self._off_rowstats + _RS_COUNT * S * S
-        self._panel_off = []
-        off = self._off_blocks
-        for blocks in self._panel_blocks:
-            self._panel_off.append(off)
-            off += blocks * d * d
-        self._set_len = off
-        self._nsets = max(self.folds, 1)
-        self.data = torch.zeros(self._nsets, self._set_len, dtype=torch.float64, device=self.device)
+        S = self.num_states
+        self._panel_blocks = list(layout["panel_blocks"])
+        self._panel_off = list(layout["panel_offsets"])
+        self._off_count = layout["off_count"]
+        self._off_sums = layout["off_sums"]
+        self._off_rowstats = layout["off_rowstats"]
+        self._off_blocks = layout["off_blocks"]
+        self.data = torch.zeros(
+            layout["nsets"], layout["set_len"], dtype=torch.float64, device=self.device
+        )
         self.rows = 0
         upper = torch.triu(torch.ones(S, S, dtype=torch.bool, device=self.device), diagonal=1)
         self._upper = upper
@@ -92,7 +89,7 @@ class TorchMoments:
             z = z[mask.reshape(-1).to(self.device, torch.bool)]
         if not bool(torch.isfinite(z).all()):
             bad = int((~torch.isfinite(z)).flatten(2).any(dim=2).any(dim=0).nonzero()[0])
-            raise ValueError(f"states[{bad}] contains NaN or Inf")
+            raise non_finite_error(f"states[{bad}] contains NaN or Inf", bad)
         n = z.shape[0]
         if n == 0:
             return
@@ -110,7 +107,7 @@ class TorchMoments:
             return
         S, d = self.num_states, self.dim
         row = self.data[f]
-        row[0] += n
+        row[self._off_count] += n
         row[self._off_sums : self._off_rowstats] += z.sum(dim=0, dtype=torch.float64).reshape(-1)
         self._add_row_stats(z.to(torch.float64), row)
         flat = z.reshape(n, S * d)
@@ -130,7 +127,8 @@ class TorchMoments:
         cos = torch.where(one_zero, 0.0, cos)
         cos = torch.where(both_zero, 1.0, cos)
         sq = (ni + nj - 2.0 * dots).clamp_min(0.0)
-        stats = torch.stack([cos, torch.acos(cos) / math.pi, sq.sqrt(), sq])  # (4, n, S, S)
+        by_name = {"cos": cos, "angle": torch.acos(cos) / math.pi, "dist": sq.sqrt(), "sqdist": sq}
+        stats = torch.stack([by_name[name] for name in ROW_STATS])  # (RS_COUNT, n, S, S)
         stats = stats * self._upper  # only i < j is stored
         row[self._off_rowstats : self._off_blocks] += stats.sum(dim=1).reshape(-1)
 
