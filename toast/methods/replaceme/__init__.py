@@ -5,43 +5,37 @@ down-projection.
 :func:`replaceme` runs the method; :class:`ReplaceMeConfig` holds its
 options; ``toast.compress(model, data, method="replaceme", ...)`` reaches
 it through the method registry.
+
+- :mod:`~toast.methods.replaceme.config`: :class:`ReplaceMeConfig` (torch-free);
+- :mod:`~toast.methods.replaceme.profile`: the distance profile and cut selection;
+- :mod:`~toast.methods.replaceme.cuts`: explicit or profiled cuts;
+- :mod:`~toast.methods.replaceme.estimate`: the pass estimating each cut's transform;
+- :mod:`~toast.methods.replaceme.cosine`: the cosine objective (Adam, L-BFGS);
+- :mod:`~toast.methods.replaceme.fold`: folding T into the down-projection;
+- :mod:`~toast.methods.replaceme.report`, :mod:`~toast.methods.replaceme.params`;
+- :mod:`~toast.methods.replaceme.method`: the orchestrator, registered as ``"replaceme"``;
+- :mod:`~toast.methods.replaceme.cli`: ``toast replaceme ...``.
 """
 
-from __future__ import annotations
+from toast._lazy import lazy_getattr
 
-from toast.methods.base import Method, register
-from toast.methods.replaceme.config import ReplaceMeConfig
-from toast.methods.replaceme.cosine import CosineFit, fit_cosine
-from toast.methods.replaceme.fold import TransformedProjection, down_projection, fold_transform
-from toast.methods.replaceme.hooks import NotFoldableError
-from toast.methods.replaceme.method import replaceme
-from toast.methods.replaceme.params import compression_ratio, params_from_config
-from toast.methods.replaceme.profile import DISTANCES, DistanceProfile, profile_distances
-from toast.methods.replaceme.report import ReplaceMeReport
+_NAMES = {
+    "ReplaceMeConfig": "toast.methods.replaceme.config",
+    "DISTANCES": "toast.methods.replaceme.config",
+    "CosineFit": "toast.methods.replaceme.cosine",
+    "fit_cosine": "toast.methods.replaceme.cosine",
+    "TransformedProjection": "toast.methods.replaceme.fold",
+    "down_projection": "toast.methods.replaceme.fold",
+    "fold_transform": "toast.methods.replaceme.fold",
+    "NotFoldableError": "toast.methods.replaceme.hooks",
+    "METHOD": "toast.methods.replaceme.method",
+    "replaceme": "toast.methods.replaceme.method",
+    "compression_ratio": "toast.methods.replaceme.params",
+    "params_from_config": "toast.methods.replaceme.params",
+    "DistanceProfile": "toast.methods.replaceme.profile",
+    "profile_distances": "toast.methods.replaceme.profile",
+    "ReplaceMeReport": "toast.methods.replaceme.report",
+}
 
-__all__ = [
-    "DISTANCES",
-    "METHOD",
-    "CosineFit",
-    "DistanceProfile",
-    "NotFoldableError",
-    "ReplaceMeConfig",
-    "ReplaceMeReport",
-    "TransformedProjection",
-    "compression_ratio",
-    "down_projection",
-    "fit_cosine",
-    "fold_transform",
-    "params_from_config",
-    "profile_distances",
-    "replaceme",
-]
-
-METHOD = register(
-    Method(
-        name="replaceme",
-        config=ReplaceMeConfig,
-        run=replaceme,
-        summary="remove blocks, fold a least-squares or cosine transform into the last kept one",
-    )
-)
+__all__ = sorted(_NAMES)
+__getattr__ = lazy_getattr(__name__, _NAMES)

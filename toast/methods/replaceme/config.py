@@ -20,12 +20,15 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from toast._validation import Interval, Options, Predicate, check, validate
-from toast.hf.calibration import Calibration
-from toast.hf.capture import BACKENDS, TOKENS, Tokens
-from toast.methods.replaceme.profile import ADJACENT, DISTANCES
+from toast.hf.calibration import BACKENDS, TOKENS, Calibration, Tokens
 
-__all__ = ["OBJECTIVES", "PLACEMENTS", "STRUCTURES", "ReplaceMeConfig"]
+__all__ = ["ADJACENT", "DISTANCES", "OBJECTIVES", "PLACEMENTS", "STRUCTURES", "ReplaceMeConfig"]
 
+#: Distances between two states, averaged over rows: ``"angular"`` =
+#: ``acos(cos)/π`` (the reference code), ``"cosine"`` = ``1 − cos`` (the
+#: paper's text), ``"l2"`` = ``‖a − b‖`` (the paper's ablation, Fig. 5).
+DISTANCES = ("angular", "cosine", "l2")
+ADJACENT = ("merge", "forbid")
 OBJECTIVES = ("ls", "cosine", "identity")
 STRUCTURES = ("full", "diagonal", "orthogonal")
 PLACEMENTS = ("fold", "mlp", "block")

@@ -27,6 +27,7 @@ from torch import nn
 
 from toast.hf.blocks import find_blocks
 from toast.hf.params import count_params
+from toast.methods.base import Method, register
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import choose_cuts
 from toast.methods.replaceme.estimate import Estimation, Fitted
@@ -119,3 +120,13 @@ def _fit_sequentially(estimation: Estimation, spans: Sequence[Span]) -> tuple[li
         estimation = estimation.after_surgery()  # the same path, the new block list
         removed += span.num_blocks
     return fitted, rows
+
+
+METHOD = register(
+    Method(
+        name="replaceme",
+        config=ReplaceMeConfig,
+        run=replaceme,
+        summary="remove blocks, fold a least-squares or cosine transform into the last kept one",
+    )
+)

@@ -30,16 +30,12 @@ from toast._validation import Interval, Options, check
 from toast.hf.blocks import BlockStack
 from toast.hf.calibration import Calibration
 from toast.hf.capture import TOKENS, Tokens, select_tokens, stream_states
+from toast.methods.replaceme.config import ADJACENT, DISTANCES
 from toast.methods.replaceme.hooks import no_kv_cache
 from toast.spans import Span
 
-__all__ = ["DISTANCES", "DistanceProfile", "check_selection", "profile_distances"]
+__all__ = ["DistanceProfile", "check_selection", "profile_distances"]
 
-#: Distances between two states, averaged over rows: ``"angular"`` =
-#: ``acos(cos)/π`` (the reference code), ``"cosine"`` = ``1 − cos`` (the
-#: paper's text), ``"l2"`` = ``‖a − b‖`` (the paper's ablation, Fig. 5).
-DISTANCES = ("angular", "cosine", "l2")
-ADJACENT = ("merge", "forbid")
 # Bytes of float64 row-pair scratch per chunk of the distance pass.
 _PROFILE_CHUNK_BYTES = 64 * 2**20
 
