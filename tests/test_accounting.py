@@ -94,7 +94,7 @@ def _inputs(family, batch, image=None):
     if family == "bert":
         return {"input_ids": torch.randint(0, 97, (batch, SEQ), generator=gen)}
     cfg = _config(family)
-    h, w = accounting._pair(image if image is not None else cfg.image_size)
+    h, w = accounting.pair(image if image is not None else cfg.image_size)
     return {"pixel_values": torch.randn(batch, 3, h, w, generator=gen)}
 
 
@@ -202,7 +202,7 @@ def test_removing_blocks_with_identity_subtracts_whole_blocks():
     cfg = _config("vit")
     full = accounting.macs(cfg)
     cut = accounting.macs(cfg, removed_spans=[(0, 1), SPAN], translator="identity")
-    assert full.total.toast_flops - cut.total.toast_flops == 3 * full.per_block[0].toast_flops
+    assert full.total.fvcore_flops - cut.total.fvcore_flops == 3 * full.per_block[0].fvcore_flops
     assert full.macs - cut.macs == 3 * full.per_block[0].macs
 
 
@@ -222,7 +222,7 @@ def test_counts_scale_linearly_with_the_batch():
 
 def test_conventions_weight_the_components():
     c = accounting.Counts(dense=1, attention=2, softmax=3, norm=4)
-    assert (c.macs, c.flops, c.toast_flops) == (3, 6, 1 + 2 * 2 + 2 * 3 + 5 * 4)
+    assert (c.macs, c.flops, c.fvcore_flops) == (3, 6, 1 + 2 * 2 + 2 * 3 + 5 * 4)
     report = accounting.macs(_config("vit"))
     assert report.gflops == pytest.approx(2 * report.gmacs)
     assert report.gmacs == report.macs / 1e9
