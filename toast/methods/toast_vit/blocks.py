@@ -33,6 +33,7 @@ class Attention(Protocol):
     head_dim: int
     scaling: float
 
+
 _SUPPORTED = ("vit", "deit", "dinov2", "dinov2_with_registers", "vit_mae", "swin")
 _STAGE = re.compile(r"(?:^|\.)layers\.(\d+)\.blocks\.\d+$")
 
