@@ -26,6 +26,18 @@ from toast.methods.toast_vit.tcs import TcsHandle, enable_tcs
 
 __all__ = ["METHOD", "ToastVitReport", "compress_vit"]
 
+# Which config field feeds each keyword of the three steps ({keyword: field}).
+_SCWP = {k: k for k in ("center", "index_sets", "coupling", "form", "rescale", "mask_bias")}
+_FINETUNE = {
+    "steps": "finetune_steps",
+    **{k: k for k in ("lr", "min_lr", "weight_decay", "loss_fn")},
+}
+_TCS = {
+    "scope": "tcs_scope",
+    "form": "tcs_form",
+    **{k: k for k in ("score", "weights", "sample_ratio", "hidden")},
+}
+
 
 @dataclass
 class ToastVitReport(Report):
@@ -101,17 +113,7 @@ def compress_vit(
     rho = dict(enumerate(_head_sparsity(config, sched, skip_blocks(config.skip, vm.stage_firsts))))
     gmacs_before = toast_macs(model.config, head_sparsity=0.0, image_size=config.image_size).gmacs
     params_before = count_params(model)
-    pruning = prune_heads(
-        model,
-        rho,
-        center=config.center,
-        index_sets=config.index_sets,
-        coupling=config.coupling,
-        form=config.form,
-        skip=(),
-        rescale=config.rescale,
-        mask_bias=config.mask_bias,
-    )
+    pruning = prune_heads(model, rho, skip=(), **_arguments(config, _SCWP))
     losses = _finetune(model, data, config)
     handle = _enable_tcs(model, sched, config)
     gmacs_after = toast_macs(
@@ -133,6 +135,11 @@ def compress_vit(
     return model, report
 
 
+def _arguments(config: ToastVitConfig, names: dict[str, str]) -> dict[str, Any]:
+    """Keyword arguments ``{keyword: config.<field>}`` for ``names``."""
+    return {keyword: getattr(config, name) for keyword, name in names.items()}
+
+
 def _head_sparsity(config: ToastVitConfig, sched: Schedule, skip: list[int]) -> tuple[float, ...]:
     """ρ per block: the config's, else the named schedule's, else 0.9."""
     rho = config.head_sparsity
@@ -144,32 +151,14 @@ def _head_sparsity(config: ToastVitConfig, sched: Schedule, skip: list[int]) -> 
 def _finetune(model: nn.Module, data: Iterable[Any] | None, config: ToastVitConfig) -> list[float]:
     if not config.finetune_steps or data is None:
         return []
-    return finetune(
-        model,
-        data,
-        steps=config.finetune_steps,
-        lr=config.lr,
-        min_lr=config.min_lr,
-        weight_decay=config.weight_decay,
-        loss_fn=config.loss_fn,
-        seed=config.calibration.seed,
-    )
+    options = _arguments(config, _FINETUNE)
+    return finetune(model, data, seed=config.calibration.seed, **options)
 
 
 def _enable_tcs(model: nn.Module, sched: Schedule, config: ToastVitConfig) -> TcsHandle | None:
     if not sched.active_blocks:
         return None
-    return enable_tcs(
-        model,
-        sched,
-        scope=config.tcs_scope,
-        seed=config.calibration.seed,
-        score=config.score,
-        weights=config.weights,
-        form=config.tcs_form,
-        sample_ratio=config.sample_ratio,
-        hidden=config.hidden,
-    )
+    return enable_tcs(model, sched, seed=config.calibration.seed, **_arguments(config, _TCS))
 
 
 METHOD = register(

@@ -275,7 +275,11 @@ def _sliced_linear(
     b: torch.Tensor | None = lin.bias
     if b is not None and rows is not None:
         b = b.detach()[rows.to(b.device)]
-    new = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device=w.device, dtype=w.dtype)
+    # skip_init: the weights are copied in below, and an initialisation
+    # would draw from (and so move) torch's global generator.
+    new = nn.utils.skip_init(
+        nn.Linear, w.shape[1], w.shape[0], bias=b is not None, device=w.device, dtype=w.dtype
+    )
     with torch.no_grad():
         new.weight.copy_(w)
         if b is not None:

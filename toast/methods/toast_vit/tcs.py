@@ -184,6 +184,21 @@ class TcsHandle:
             delattr(self.model, _HANDLE)
 
 
+@dataclass(frozen=True)
+class _Scoring:
+    """What one forward pass scores channels on: the sampled token
+    positions, the CLS attention row (Eq. 6; None for Eq. 7), the block's
+    token count and the profiling clock (None when not profiling)."""
+
+    sample: torch.Tensor
+    attn: torch.Tensor | None
+    n: int
+    clock: Clock
+
+    def now(self) -> float:
+        return self.clock() if self.clock else 0.0
+
+
 def _seed_for(seed: int, block: int, which: int) -> int:
     return (int(seed) * 1_000_003 + block * 7_919 + which * 104_729) % (2**63 - 1)
 
@@ -373,12 +388,13 @@ class TcsMLP(nn.Module):
             if self.k1 < z.shape[-1]:
                 idx1 = self._select(z, sample, attn, n, self.k1)
         select_time = clock() - t_start if clock else 0.0
+        ctx = _Scoring(sample, attn, n, clock)
         if o.form == "masked":
-            out, idx2, dt = self._masked(z, idx1, sample, attn, n, clock)
+            out, idx2, dt = self._masked(z, idx1, ctx)
         elif o.hidden == "kept" and self.k2 < self.fc2.in_features:
-            out, idx2, dt = self._dense_kept(z, idx1, sample, attn, n, clock)
+            out, idx2, dt = self._dense_kept(z, idx1, ctx)
         else:
-            out, idx2, dt = self._dense(z, idx1, sample, attn, n, clock)
+            out, idx2, dt = self._dense(z, idx1, ctx)
         if h.record:
             h.selections[self.block_index] = (idx1, idx2)
         if clock:
@@ -386,30 +402,17 @@ class TcsMLP(nn.Module):
             h.timings["mlp"] = h.timings.get("mlp", 0.0) + clock() - t_start
         return out
 
-    def _fc2_indices(
-        self,
-        hid: torch.Tensor,
-        sample: torch.Tensor,
-        attn: torch.Tensor | None,
-        n: int,
-        clock: Clock,
-    ) -> tuple[torch.Tensor, float]:
+    def _fc2_indices(self, hid: torch.Tensor, ctx: _Scoring) -> tuple[torch.Tensor, float]:
         """Top FC2 channels of the hidden activation ``(B, N, F)`` and the
         time it took."""
-        t0 = clock() if clock else 0.0
+        t0 = ctx.now()
         with torch.no_grad():
-            sample = self._fc2_sample(sample, n, hid.device)
-            idx2 = self._select(hid, sample, attn, n, self.k2)
-        return idx2, (clock() - t0 if clock else 0.0)
+            sample = self._fc2_sample(ctx.sample, ctx.n, hid.device)
+            idx2 = self._select(hid, sample, ctx.attn, ctx.n, self.k2)
+        return idx2, ctx.now() - t0
 
     def _masked(
-        self,
-        z: torch.Tensor,
-        idx1: Indices,
-        sample: torch.Tensor,
-        attn: torch.Tensor | None,
-        n: int,
-        clock: Clock,
+        self, z: torch.Tensor, idx1: Indices, ctx: _Scoring
     ) -> tuple[torch.Tensor, Indices, float]:
         if idx1 is not None:
             z = z * _mask(idx1, z.shape[-1], z)
@@ -417,25 +420,19 @@ class TcsMLP(nn.Module):
         idx2: Indices = None
         dt = 0.0
         if self.k2 < hid.shape[-1]:
-            idx2, dt = self._fc2_indices(hid, sample, attn, n, clock)
+            idx2, dt = self._fc2_indices(hid, ctx)
             hid = hid * _mask(idx2, hid.shape[-1], hid)
         return self.fc2(hid), idx2, dt
 
     def _dense(
-        self,
-        z: torch.Tensor,
-        idx1: Indices,
-        sample: torch.Tensor,
-        attn: torch.Tensor | None,
-        n: int,
-        clock: Clock,
+        self, z: torch.Tensor, idx1: Indices, ctx: _Scoring
     ) -> tuple[torch.Tensor, Indices, float]:
         hid = self._linear_in(z, idx1, self.fc1, "fc1")
         hid = self.activation_fn(hid)
         idx2: Indices = None
         dt = 0.0
         if self.k2 < hid.shape[-1]:
-            idx2, dt = self._fc2_indices(hid, sample, attn, n, clock)
+            idx2, dt = self._fc2_indices(hid, ctx)
         return self._linear_in(hid, idx2, self.fc2, "fc2"), idx2, dt
 
     def _rows(self, name: str, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -475,20 +472,15 @@ class TcsMLP(nn.Module):
         return torch.baddbmm(lin.bias, xs, w)
 
     def _dense_kept(
-        self,
-        z: torch.Tensor,
-        idx1: Indices,
-        sample: torch.Tensor,
-        attn: torch.Tensor | None,
-        n: int,
-        clock: Clock,
+        self, z: torch.Tensor, idx1: Indices, ctx: _Scoring
     ) -> tuple[torch.Tensor, Indices, float]:
         """Dense form computing only the kept hidden channels for all tokens."""
-        sample = self._fc2_sample(sample, n, z.device)
+        sample = self._fc2_sample(ctx.sample, ctx.n, z.device)
+        attn = ctx.attn
         # fc1 on the tokens FC2 scores on (the CLS first for Eq. 6), with the
         # dropped FC1 channels zeroed (a few rows: no weight gather); this
         # counts as selection time.
-        t0 = clock() if clock else 0.0
+        t0 = ctx.now()
         with torch.no_grad():
             if self.eq6:
                 rows = torch.cat([sample.new_zeros(1), sample])
@@ -499,8 +491,8 @@ class TcsMLP(nn.Module):
             if idx1 is not None:
                 zr = zr * _mask(idx1, zr.shape[-1], zr)
             sub = self.activation_fn(self.fc1(zr))
-            idx2 = self._select(sub, where, None if attn is None else attn[:, rows], n, self.k2)
-        dt = clock() - t0 if clock else 0.0
+            idx2 = self._select(sub, where, None if attn is None else attn[:, rows], ctx.n, self.k2)
+        dt = ctx.now() - t0
         w1 = self.fc1.weight  # (F, D)
         w2t = self._transposed("fc2", self.fc2)  # (F, D)
         b1, b2 = self.fc1.bias, self.fc2.bias
