@@ -94,7 +94,7 @@ def _inputs(family, batch, image=None):
     if family == "bert":
         return {"input_ids": torch.randint(0, 97, (batch, SEQ), generator=gen)}
     cfg = _config(family)
-    h, w = accounting._pair(image if image is not None else cfg.image_size)
+    h, w = accounting.pair(image if image is not None else cfg.image_size)
     return {"pixel_values": torch.randn(batch, 3, h, w, generator=gen)}
 
 
@@ -202,7 +202,7 @@ def test_removing_blocks_with_identity_subtracts_whole_blocks():
     cfg = _config("vit")
     full = accounting.macs(cfg)
     cut = accounting.macs(cfg, removed_spans=[(0, 1), SPAN], translator="identity")
-    assert full.total.toast_flops - cut.total.toast_flops == 3 * full.per_block[0].toast_flops
+    assert full.total.fvcore_flops - cut.total.fvcore_flops == 3 * full.per_block[0].fvcore_flops
     assert full.macs - cut.macs == 3 * full.per_block[0].macs
 
 
@@ -222,7 +222,7 @@ def test_counts_scale_linearly_with_the_batch():
 
 def test_conventions_weight_the_components():
     c = accounting.Counts(dense=1, attention=2, softmax=3, norm=4)
-    assert (c.macs, c.flops, c.toast_flops) == (3, 6, 1 + 2 * 2 + 2 * 3 + 5 * 4)
+    assert (c.macs, c.flops, c.fvcore_flops) == (3, 6, 1 + 2 * 2 + 2 * 3 + 5 * 4)
     report = accounting.macs(_config("vit"))
     assert report.gflops == pytest.approx(2 * report.gmacs)
     assert report.gmacs == report.macs / 1e9
@@ -261,10 +261,12 @@ def test_invalid_spans_are_rejected(spans):
 
 
 def test_unknown_translator_and_head_are_rejected():
-    with pytest.raises(ValueError, match="translator"):
+    with pytest.raises(ValueError, match="translator must be one of 'identity', .*; got 'conv'"):
         accounting.macs(_config("vit"), translator="conv")
-    with pytest.raises(ValueError, match="head"):
+    with pytest.raises(ValueError, match="head must be one of 'base', 'none', 'classifier'"):
         accounting.count_params_from_config(_config("vit"), head="pooled")
+    with pytest.raises(ValueError, match=r"batch must be an int in \[1, inf\); got 0"):
+        accounting.macs(_config("vit"), batch=0)
     with pytest.raises(ValueError, match="CLIP"):
         accounting.count_params_from_config(_config("clip_vision"), head="classifier")
 
@@ -299,3 +301,24 @@ def test_translator_of_an_unknown_structure_is_refused():
     toast.replace_spans(model, [SPAN], [nn.Conv1d(D, D, 1)])
     with pytest.raises(TypeError, match="Conv1d"):
         accounting.macs(model)
+
+
+def test_macs_returns_a_mac_report_only():
+    """One return type: ToaSt's pruned-ViT convention is toast.toast_macs."""
+    assert isinstance(toast.macs(_config("vit")), accounting.MacReport)
+    with pytest.raises(TypeError, match="head_sparsity"):
+        accounting.macs(_config("vit"), head_sparsity=0.9)
+    from toast.methods.toast_vit.macs import toast_macs
+
+    assert toast.toast_macs is toast_macs
+
+
+@pytest.mark.parametrize(("value", "expected"), [(224, (224, 224)), ((16, 14), (16, 14))])
+def test_pair_reads_square_and_rectangular_sizes(value, expected):
+    assert accounting.pair(value) == expected
+    assert accounting.pair(list(value) if isinstance(value, tuple) else value) == expected
+
+
+def test_pair_refuses_other_lengths():
+    with pytest.raises(ValueError, match="pair"):
+        accounting.pair((1, 2, 3))

@@ -68,6 +68,7 @@ _LAZY = {
     "enable_tcs": "toast.methods.toast_vit.tcs",
     "disable_tcs": "toast.methods.toast_vit.tcs",
     "ToastVitReport": "toast.methods.toast_vit.compress",
+    "toast_macs": "toast.methods.toast_vit.macs",
 }
 
 
@@ -124,6 +125,7 @@ __all__ = [
     "enable_tcs",
     "disable_tcs",
     "ToastVitReport",
+    "toast_macs",
     "remove_blocks",
     "replace_spans",
     "replaceme",

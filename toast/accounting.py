@@ -32,7 +32,7 @@ interpolation and other element-wise work are not counted.
 - ``gflops``: ``2 × macs`` (one multiply and one add), the convention of
   ``torch.utils.flop_counter.FlopCounterMode``; with eager attention it equals
   that counter's total exactly (``tests/test_accounting.py``).
-- ``toast_gflops``: the convention of TOAST's "GFLOPs" columns (the paper says
+- ``fvcore_gflops``: the convention of TOAST's "GFLOPs" columns (the paper says
   fvcore): one FLOP per multiply-accumulate of linear layers and the patch
   convolution (fvcore's ``1 MAC = 1 FLOP``), five per LayerNorm element
   (fvcore's norm handle with an affine), and for scaled-dot-product attention
@@ -45,6 +45,11 @@ interpolation and other element-wise work are not counted.
   (24.42, 22.39/22.54, …, 16.32/16.47; three DINO-B entries land 0.005–0.009
   above the printed value). Counting attention as plain MACs (``2·N²·d``)
   instead gives DeiT-S 4.61, not 4.97.
+
+ToaSt's "GFLOPs" (head-dimension pruning and Token Channel Selection on
+ViTs) are a third convention, matmul MACs with pruned head widths and TCS
+fractions; they live with that method, in
+:func:`toast.methods.toast_vit.macs.toast_macs` (``toast.toast_macs``).
 
 **Parameters**: :func:`count_params_from_config` is the exact count
 (``sum(p.numel())``) of the model a config builds, with ``head``:
@@ -65,15 +70,14 @@ subtracts ``d² + d`` per *removed block* rather than per span.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from toast._validation import Interval, Options, check
 from toast.spans import validate_spans
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
-
-    from toast.methods.toast_vit.macs import ToastMacReport
 
 __all__ = [
     "TRANSLATOR_KINDS",
@@ -82,6 +86,7 @@ __all__ = [
     "block_params_from_config",
     "count_params_from_config",
     "macs",
+    "pair",
     "paper_params_removed",
     "translator_params",
 ]
@@ -146,8 +151,8 @@ class Counts:
         return 2 * self.macs
 
     @property
-    def toast_flops(self) -> int:
-        """TOAST's (fvcore-style) convention:
+    def fvcore_flops(self) -> int:
+        """TOAST's tables' (fvcore-style) convention:
         ``dense + 2·attention + 2·softmax + 5·norm``."""
         return self.dense + 2 * self.attention + 2 * self.softmax + 5 * self.norm
 
@@ -225,9 +230,10 @@ class MacReport:
         return self.total.flops / 1e9
 
     @property
-    def toast_gflops(self) -> float:
-        """GFLOPs in the convention of TOAST's tables (see the module docstring)."""
-        return self.total.toast_flops / 1e9
+    def fvcore_gflops(self) -> float:
+        """GFLOPs in the fvcore-style convention of TOAST's tables (see the
+        module docstring)."""
+        return self.total.fvcore_flops / 1e9
 
 
 @dataclass(frozen=True)
@@ -262,7 +268,8 @@ class _Arch:
         return (image[0] // self.patch[0]) * (image[1] // self.patch[1])
 
 
-def _pair(value: Any) -> tuple[int, int]:
+def pair(value: Any) -> tuple[int, int]:
+    """``(h, w)`` from an HF size field: an int (square) or a 2-sequence."""
     if isinstance(value, (list, tuple)):
         if len(value) != 2:
             raise ValueError(f"expected an int or a pair, got {value!r}")
@@ -272,7 +279,7 @@ def _pair(value: Any) -> tuple[int, int]:
 
 def _arch(config: Any) -> _Arch:
     model_type = getattr(config, "model_type", None)
-    family = _FAMILIES.get(model_type)
+    family = _FAMILIES.get(str(model_type))
     if family is None:
         raise ValueError(
             f"toast.accounting counts {sorted(_FAMILIES)} configs, got model_type "
@@ -282,75 +289,68 @@ def _arch(config: Any) -> _Arch:
     heads = int(config.num_attention_heads)
     if hidden % heads:
         raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
-    num_labels = int(getattr(config, "num_labels", 0) or 0)
-    common = dict(
+    # The fields every family shares; each family below fills in the rest.
+    common = _Arch(
         family=family,
         hidden=hidden,
         heads=heads,
         layers=int(config.num_hidden_layers),
-        num_labels=num_labels,
+        ffn=0,
+        swiglu=False,
+        qkv_bias=True,
+        num_labels=int(getattr(config, "num_labels", 0) or 0),
+        pooler_out=0,
     )
     if family == "bert":
-        return _Arch(
-            **common,
+        return replace(
+            common,
             ffn=int(config.intermediate_size),
-            swiglu=False,
-            qkv_bias=True,
             pooler_out=hidden,
             vocab=int(config.vocab_size),
             max_positions=int(config.max_position_embeddings),
             type_vocab=int(config.type_vocab_size),
         )
-    vision = dict(
+    vision = replace(
+        common,
         channels=int(config.num_channels),
-        patch=_pair(config.patch_size),
-        grid_image=_pair(config.image_size),
+        patch=pair(config.patch_size),
+        grid_image=pair(config.image_size),
+        prefix=1,
     )
     if family == "dinov2":
-        ffn = int(hidden * config.mlp_ratio)
-        swiglu = bool(getattr(config, "use_swiglu_ffn", False))
-        if swiglu:
-            ffn = (int(ffn * 2 / 3) + 7) // 8 * 8
-        return _Arch(
-            **common,
-            **vision,
-            ffn=ffn,
-            swiglu=swiglu,
-            qkv_bias=bool(config.qkv_bias),
-            pooler_out=0,
-            prefix=1,
-            mask_token=bool(getattr(config, "use_mask_token", True)),
-        )
+        return _dinov2_arch(vision, config)
     if family == "clip_vision":
-        return _Arch(
-            **common,
-            **vision,
-            ffn=int(config.intermediate_size),
-            swiglu=False,
-            qkv_bias=True,
-            pooler_out=0,
-            prefix=1,
-        )
+        return replace(vision, ffn=int(config.intermediate_size))
     # vit, deit
-    return _Arch(
-        **common,
-        **vision,
+    return replace(
+        vision,
         ffn=int(config.intermediate_size),
-        swiglu=False,
         qkv_bias=bool(config.qkv_bias),
         pooler_out=int(getattr(config, "pooler_output_size", None) or hidden),
         prefix=2 if family == "deit" else 1,
     )
 
 
+def _dinov2_arch(vision: _Arch, config: Any) -> _Arch:
+    ffn = int(vision.hidden * config.mlp_ratio)
+    swiglu = bool(getattr(config, "use_swiglu_ffn", False))
+    if swiglu:  # Dinov2SwiGLUFFN's hidden width, rounded up to a multiple of 8
+        ffn = (int(ffn * 2 / 3) + 7) // 8 * 8
+    return replace(
+        vision,
+        ffn=ffn,
+        swiglu=swiglu,
+        qkv_bias=bool(config.qkv_bias),
+        mask_token=bool(getattr(config, "use_mask_token", True)),
+    )
+
+
 def _check_translator(translator: str) -> None:
-    if translator not in TRANSLATOR_KINDS:
-        raise ValueError(f"translator must be one of {TRANSLATOR_KINDS}, got {translator!r}")
+    check("translator", translator, Options(TRANSLATOR_KINDS))
 
 
 def _check_head(arch: _Arch, head: str) -> None:
-    if head not in _HEADS:
-        raise ValueError(f"head must be one of {_HEADS}, got {head!r}")
+    check("head", head, Options(_HEADS))
     if head == "classifier" and arch.family == "clip_vision":
         raise ValueError(
             "a CLIP vision config has no classification model (CLIPForImageClassification "
@@ -561,7 +561,7 @@ def _module_counts(module: nn.Module, n: int) -> Counts:
 
 def _tokens(a: _Arch, image_size: Any, seq_len: int | None) -> tuple[int, tuple[int, int] | None]:
     if a.vision:
-        image = _pair(image_size) if image_size is not None else a.grid_image
+        image = pair(image_size) if image_size is not None else a.grid_image
         if image[0] < a.patch[0] or image[1] < a.patch[1]:
             raise ValueError(f"image_size {image} is smaller than the patch {a.patch}")
         return a.patches(image) + a.prefix, image
@@ -582,19 +582,9 @@ def macs(
     translator: TranslatorKind | str = "identity",
     head: Head | str | None = None,
     blocks: str | None = None,
-    head_sparsity: Any = None,
-    schedule: Any = None,
-) -> MacReport | ToastMacReport:
+) -> MacReport:
     """Analytic operation counts of one forward pass (see the module
     docstring for what is counted and the GMACs / GFLOPs conventions).
-
-    With ``head_sparsity`` or ``schedule`` (ToaSt for ViTs), the count
-    follows ToaSt's convention instead and a
-    :class:`toast.methods.toast_vit.macs.ToastMacReport` is returned (its
-    ``gmacs`` is the paper's "GFLOPs"): see
-    :func:`toast.methods.toast_vit.macs.toast_macs`, which has more options
-    (``skip``, ``num_classes``). ``head_sparsity=0`` gives the uncompressed
-    baseline in that convention.
 
     ``model_or_config`` is either a ``transformers`` config (nothing is
     instantiated) or an ``nn.Module`` built from one, possibly patched by
@@ -611,24 +601,11 @@ def macs(
     (default ``"base"``) chooses the model class as in
     :func:`count_params_from_config`. ``blocks`` names a model's block list
     when :func:`toast.find_blocks` cannot find it alone.
-    """
-    if head_sparsity is not None or schedule is not None:
-        from toast.methods.toast_vit.macs import toast_macs
 
-        if hasattr(model_or_config, "named_modules"):
-            raise ValueError("head_sparsity/schedule describe a config; pass model.config")
-        return toast_macs(
-            model_or_config,
-            head_sparsity=head_sparsity,
-            schedule=schedule,
-            image_size=image_size,
-            batch=batch,
-        )
-    if not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    ToaSt's pruned-ViT convention is :func:`toast.toast_macs`.
+    """
+    batch = check("batch", batch, Interval(int, 1, None))
     _check_translator(translator)
-    config = model_or_config
-    module = None
     if hasattr(model_or_config, "named_modules"):  # an nn.Module (configs have no modules)
         if removed_spans or translator != "identity" or head is not None:
             raise ValueError(
@@ -639,18 +616,15 @@ def macs(
         config = getattr(module, "config", None)
         if config is None:
             raise ValueError(f"{type(module).__name__} has no .config to read sizes from")
-    a = _arch(config)
-    n, image = _tokens(a, image_size, seq_len)
-    if module is None:
-        head = "base" if head is None else head
-        _check_head(a, head)
-        spans = validate_spans(removed_spans, a.layers)
-        removed = sum(stop - start for start, stop in spans)
-        block_counts = (_block_counts(a, n),) * (a.layers - removed)
-        translators = tuple(_translator_counts(translator, a.hidden, n) for _ in spans)
-        head_counts = _head_counts(a, head)
-    else:
+        a = _arch(config)
+        n, image = _tokens(a, image_size, seq_len)
         block_counts, translators, head_counts = _count_module(module, a, n, blocks)
+    else:
+        a = _arch(model_or_config)
+        n, image = _tokens(a, image_size, seq_len)
+        block_counts, translators, head_counts = _count_config(
+            a, n, removed_spans, translator, "base" if head is None else head
+        )
     return MacReport(
         embedding=_embedding_counts(a, n, image).scaled(batch),
         per_block=tuple(b.scaled(batch) for b in block_counts),
@@ -662,12 +636,28 @@ def macs(
     )
 
 
-def _count_module(
-    module: nn.Module, a: _Arch, n: int, blocks: str | None
-) -> tuple[tuple[Counts, ...], tuple[Counts, ...], Counts]:
+_Parts = tuple[tuple[Counts, ...], tuple[Counts, ...], Counts]
+
+
+def _count_config(
+    a: _Arch, n: int, removed_spans: Sequence[tuple[int, int]], translator: str, head: str
+) -> _Parts:
+    """Blocks, translators and head of the model a config builds, with
+    ``removed_spans`` replaced by one ``translator`` each."""
+    _check_head(a, head)
+    spans = validate_spans(removed_spans, a.layers)
+    removed = sum(stop - start for start, stop in spans)
+    block_counts = (_block_counts(a, n),) * (a.layers - removed)
+    translators = tuple(_translator_counts(translator, a.hidden, n) for _ in spans)
+    return block_counts, translators, _head_counts(a, head)
+
+
+def _count_module(module: nn.Module, a: _Arch, n: int, blocks: str | None) -> _Parts:
+    """Blocks, translators and head of a (possibly patched) model."""
     from torch import nn
 
     from toast.hf.blocks import find_blocks
+    from toast.translators import TranslatorBlock
 
     name = type(module).__name__
     if any(tag in name for tag in _PER_TOKEN_HEADS):
@@ -679,7 +669,7 @@ def _count_module(
     block_counts: list[Counts] = []
     translators: list[Counts] = []
     for child in stack.blocks:
-        if getattr(child, "_toast_stand_in", False):
+        if isinstance(child, TranslatorBlock):
             translators.append(_module_counts(child.translator, n))
         else:
             block_counts.append(_block_counts(a, n))

@@ -1,8 +1,7 @@
 """TOAST Tables 1–3 (and Table 18's "Params."): the "Params." and "GFLOPs"
 columns reproduced from architecture configs alone (no weights, no model).
 
-Configs are those of the checkpoints the paper's code loads
-(``/work/shared/papers/notes/000_toast.md`` §3):
+Configs are those of the checkpoints the paper's code loads:
 
 - DeiT-S: ``facebook/deit-small-patch16-224``, a ``ViTConfig`` (d = 384, 6
   heads, 12 layers, MLP 1536, patch 16, 224).
@@ -18,7 +17,7 @@ removes blocks s+1…e: toast's span ``(s + 1, e + 1)``.
 
 Conventions (``toast.accounting``): "Params." of a compressed row is
 ``paper_params_removed`` (TOAST subtracts ``d² + d`` per removed block);
-"GFLOPs" is ``MacReport.toast_gflops`` at batch 1 and 224×224.
+"GFLOPs" is ``MacReport.fvcore_gflops`` at batch 1 and 224×224.
 """
 
 import pytest
@@ -163,11 +162,11 @@ def gflops(model, approximation, translator):
     report = accounting.macs(
         CONFIGS[model](), image_size=224, removed_spans=spans(approximation), translator=translator
     )
-    return report.toast_gflops
+    return report.fvcore_gflops
 
 
 def test_spans_follow_the_papers_block_numbering():
-    """TOAST "s→e" removes blocks s+1…e (notes §5.3 item 2)."""
+    """TOAST "s→e" (the tables' span notation) removes blocks s+1…e."""
     assert spans("2→4") == [(3, 5)]
     assert spans("3→4, 9→11") == [(4, 5), (10, 12)]
 
@@ -189,7 +188,7 @@ def test_params_column(table, model, approx, params, _id, _lin, paper_record):
 @pytest.mark.parametrize(("table", "model", "approx", "_params", "ident", "lin"), ROWS, ids=ROW_IDS)
 def test_gflops_columns(table, model, approx, _params, ident, lin, paper_record):
     """TOAST Tables 1–3, "Id. GFLOPs" and "Lin. GFLOPs": one 224×224 image,
-    ``toast_gflops`` convention; a linear translator per span adds N·d²."""
+    ``fvcore_gflops`` convention; a linear translator per span adds N·d²."""
     for translator, printed in (("identity", ident), ("linear", lin)):
         value = gflops(model, approx, translator)
         item = f"{model} {approx}: GFLOPs ({translator})"

@@ -13,10 +13,26 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 from torch import nn
 
-__all__ = ["VitBlock", "VitModel", "vit_blocks"]
+__all__ = ["Attention", "VitBlock", "VitModel", "vit_blocks"]
+
+
+class Attention(Protocol):
+    """The attention attributes ToaSt reads and rewrites (HF's ViT-family
+    self-attention in transformers 5.x): the four projections, the heads and
+    their width, and the softmax scale."""
+
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    o_proj: nn.Linear
+    num_attention_heads: int
+    head_dim: int
+    scaling: float
+
 
 _SUPPORTED = ("vit", "deit", "dinov2", "dinov2_with_registers", "vit_mae", "swin")
 _STAGE = re.compile(r"(?:^|\.)layers\.(\d+)\.blocks\.\d+$")
@@ -31,7 +47,7 @@ class VitBlock:
     stage: int
     path: str
     block: nn.Module
-    attention: nn.Module
+    attention: Attention
     mlp: nn.Module
 
     @property
@@ -71,13 +87,14 @@ class VitModel:
         return sorted(seen.values())
 
 
-def _is_attention(module: nn.Module | None) -> bool:
-    if module is None:
-        return False
+def _attention(module: object) -> Attention | None:
+    """``module`` as an :class:`Attention`, or None if it is not one."""
     names = ("q_proj", "k_proj", "v_proj", "o_proj")
-    return all(isinstance(getattr(module, n, None), nn.Linear) for n in names) and hasattr(
-        module, "head_dim"
-    )
+    if not all(isinstance(getattr(module, n, None), nn.Linear) for n in names):
+        return None
+    if not all(hasattr(module, n) for n in ("num_attention_heads", "head_dim", "scaling")):
+        return None
+    return cast(Attention, module)
 
 
 def vit_blocks(model: nn.Module) -> VitModel:
@@ -93,13 +110,13 @@ def vit_blocks(model: nn.Module) -> VitModel:
             f"ToaSt for ViTs supports Hugging Face {list(_SUPPORTED)} models, got "
             f"{type(model).__name__} (model_type {model_type!r})"
         )
-    found = []
+    found: list[tuple[str, nn.Module, Attention, nn.Module, int]] = []
     for path, module in model.named_modules():
         if "decoder" in path.split("."):
             continue
-        attention = getattr(module, "attention", None)
+        attention = _attention(getattr(module, "attention", None))
         mlp = getattr(module, "mlp", None)
-        if not _is_attention(attention) or mlp is None:
+        if attention is None or not isinstance(mlp, nn.Module):
             continue
         match = _STAGE.search(path)
         stage = int(match.group(1)) if match else 0

@@ -3,44 +3,59 @@ optional recovery fine-tune, then Token Channel Selection — in place."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
 from toast.hf.params import count_params
-from toast.methods.base import Method, register
+from toast.methods.base import Method, Report, register
 from toast.methods.toast_vit.blocks import vit_blocks
 from toast.methods.toast_vit.config import ToastVitConfig
 from toast.methods.toast_vit.finetune import finetune
 from toast.methods.toast_vit.macs import toast_macs
-from toast.methods.toast_vit.schedules import Schedule, get_schedule, per_block_sparsity
+from toast.methods.toast_vit.schedules import (
+    Schedule,
+    get_schedule,
+    per_block_sparsity,
+    skip_blocks,
+)
 from toast.methods.toast_vit.scwp import PruneReport, prune_heads
 from toast.methods.toast_vit.tcs import TcsHandle, enable_tcs
 
-__all__ = ["ToastVitReport", "compress_vit"]
+__all__ = ["METHOD", "ToastVitReport", "compress_vit"]
+
+# Which config field feeds each keyword of the three steps ({keyword: field}).
+_SCWP = {k: k for k in ("center", "index_sets", "coupling", "form", "rescale", "mask_bias")}
+_FINETUNE = {
+    "steps": "finetune_steps",
+    **{k: k for k in ("lr", "min_lr", "weight_decay", "loss_fn")},
+}
+_TCS = {
+    "scope": "tcs_scope",
+    "form": "tcs_form",
+    **{k: k for k in ("score", "weights", "sample_ratio", "hidden")},
+}
 
 
 @dataclass
-class ToastVitReport:
-    """What ``compress(..., method="toast-vit")`` did. ``gmacs_*`` are
-    ToaSt-convention GMACs per image (:func:`toast.methods.toast_vit.macs.toast_macs`)."""
+class ToastVitReport(Report):
+    """What ``compress(..., method="toast-vit")`` did. ToaSt removes no
+    block (``blocks_before == blocks_after``); ``gmacs_*`` are
+    ToaSt-convention GMACs per image (:func:`toast.toast_macs`)."""
 
     method: str
+    blocks_before: int
+    blocks_after: int
+    params_before: int
+    params_after: int
     pruning: PruneReport
     schedule: Schedule
     tcs: TcsHandle | None = field(repr=False)
-    params_before: int
-    params_after: int
     gmacs_before: float
     gmacs_after: float
     finetune_losses: list[float] = field(default_factory=list, repr=False)
-
-    @property
-    def compression_by_params(self) -> float:
-        return 1.0 - self.params_after / self.params_before
 
     @property
     def mac_reduction(self) -> float:
@@ -64,8 +79,7 @@ class ToastVitReport:
             "",
             f"GMACs: {self.gmacs_before:.4g} → {self.gmacs_after:.4g} "
             f"(−{100 * self.mac_reduction:.1f}%, ×{self.gmacs_before / self.gmacs_after:.2f}); "
-            f"parameters: {self.params_before:,} → {self.params_after:,} "
-            f"(−{100 * self.compression_by_params:.1f}%).",
+            f"{self.params_line()}.",
         ]
         if self.finetune_losses:
             lines.append(
@@ -76,103 +90,44 @@ class ToastVitReport:
 
 
 def compress_vit(
-    model: nn.Module,
-    loader: Iterable | None = None,
-    *,
-    head_sparsity: float | Sequence[float] | Mapping[int, float] | None = None,
-    schedule: Any = None,
-    center: str = "geomedian",
-    index_sets: str = "shared",
-    coupling: str = "coupled",
-    form: str = "dense",
-    skip: Sequence[int] | str = (0,),
-    rescale: bool = False,
-    mask_bias: bool = False,
-    tcs_scope: str = "image",
-    tcs_form: str = "dense",
-    score: str = "auto",
-    weights: str = "paper",
-    sample_ratio: float | None = None,
-    hidden: str = "kept",
-    seed: int = 0,
-    finetune_steps: int = 0,
-    lr: float = 1e-3,
-    min_lr: float = 1e-5,
-    weight_decay: float = 1e-4,
-    loss_fn: Callable | None = None,
-    image_size: int | None = None,
+    model: nn.Module, data: Iterable[Any] | None, config: ToastVitConfig
 ) -> tuple[nn.Module, ToastVitReport]:
-    """ToaSt on an HF ViT / DeiT / DINOv2 / ViT-MAE / Swin model, in place.
+    """ToaSt on an HF ViT / DeiT / DINOv2 / ViT-MAE / Swin model, in place
+    (the fields are described on :class:`ToastVitConfig`):
 
-    1. :func:`toast.prune_heads` with ``head_sparsity`` (default: the named
-       schedule's ρ, else 0.9) and ``center``, ``index_sets``, ``coupling``,
-       ``form``, ``skip``, ``rescale``, ``mask_bias``;
-    2. if ``finetune_steps`` > 0, :func:`toast.methods.toast_vit.finetune.finetune` on
-       ``loader`` (AdamW + cosine, masks re-applied; ``loss_fn(model, batch)``
-       or batches of ``(pixel_values, labels)`` / dicts with labels);
-    3. :func:`toast.enable_tcs` with ``schedule`` (``None``: no TCS) and
-       ``tcs_scope``, ``tcs_form``, ``score``, ``weights``, ``sample_ratio``,
-       ``hidden``, ``seed``.
+    1. SCWP, :func:`toast.prune_heads` with ``config.head_sparsity``
+       (default: the named schedule's ρ, else 0.9);
+    2. if ``config.finetune_steps`` > 0, the recovery fine-tune
+       (:func:`toast.methods.toast_vit.finetune.finetune`) on ``data``
+       (batches of ``(pixel_values, labels)``, dicts with labels, or
+       anything ``config.loss_fn(model, batch)`` takes);
+    3. TCS, :func:`toast.enable_tcs` with ``config.schedule`` (None: no TCS).
 
-    ``loader`` is only needed for the fine-tune: ToaSt itself uses no data.
-    Returns the model and a :class:`ToastVitReport`.
+    ``data`` is only needed for the fine-tune: ToaSt itself uses no data.
+    ``config.calibration.seed`` seeds the fine-tune and TCS's token samples.
     """
-    vm = vit_blocks(model)
-    sched = get_schedule(schedule, vm.num_blocks)
-    if head_sparsity is None:
-        head_sparsity = sched.head_sparsity if schedule is not None else 0.9
-    if finetune_steps and loader is None:
+    if config.finetune_steps and data is None:
         raise ValueError("finetune_steps > 0 needs a loader")
-    skip_blocks = vm.stage_firsts() if skip == "stage_first" else list(skip)
-    rho = per_block_sparsity(head_sparsity, vm.num_blocks, skip_blocks)
-    config = model.config
-    gmacs_before = toast_macs(config, head_sparsity=0.0, image_size=image_size).gmacs
+    vm = vit_blocks(model)
+    sched = get_schedule(config.schedule, vm.num_blocks)
+    rho = dict(enumerate(_head_sparsity(config, sched, skip_blocks(config.skip, vm.stage_firsts))))
+    gmacs_before = toast_macs(model.config, head_sparsity=0.0, image_size=config.image_size).gmacs
     params_before = count_params(model)
-    pruning = prune_heads(
-        model,
-        dict(enumerate(rho)),
-        center=center,
-        index_sets=index_sets,
-        coupling=coupling,
-        form=form,
-        skip=(),
-        rescale=rescale,
-        mask_bias=mask_bias,
-    )
-    losses: list[float] = []
-    if finetune_steps:
-        losses = finetune(
-            model,
-            loader,
-            steps=finetune_steps,
-            lr=lr,
-            min_lr=min_lr,
-            weight_decay=weight_decay,
-            loss_fn=loss_fn,
-        )
-    handle = None
-    if sched.active_blocks:
-        handle = enable_tcs(
-            model,
-            sched,
-            scope=tcs_scope,
-            seed=seed,
-            score=score,
-            weights=weights,
-            form=tcs_form,
-            sample_ratio=sample_ratio,
-            hidden=hidden,
-        )
+    pruning = prune_heads(model, rho, skip=(), **_arguments(config, _SCWP))
+    losses = _finetune(model, data, config)
+    handle = _enable_tcs(model, sched, config)
     gmacs_after = toast_macs(
-        config, head_sparsity=dict(enumerate(rho)), schedule=sched, skip=(), image_size=image_size
+        model.config, head_sparsity=rho, schedule=sched, skip=(), image_size=config.image_size
     ).gmacs
     report = ToastVitReport(
         method="toast-vit",
+        blocks_before=vm.num_blocks,
+        blocks_after=vm.num_blocks,
+        params_before=params_before,
+        params_after=count_params(model),
         pruning=pruning,
         schedule=sched,
         tcs=handle,
-        params_before=params_before,
-        params_after=pruning.params_after,
         gmacs_before=gmacs_before,
         gmacs_after=gmacs_after,
         finetune_losses=losses,
@@ -180,17 +135,37 @@ def compress_vit(
     return model, report
 
 
-def _run(model: nn.Module, data: Iterable | None, config: ToastVitConfig):
-    options = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    options.pop("calibration")
-    return compress_vit(model, data, seed=config.calibration.seed, **options)
+def _arguments(config: ToastVitConfig, names: dict[str, str]) -> dict[str, Any]:
+    """Keyword arguments ``{keyword: config.<field>}`` for ``names``."""
+    return {keyword: getattr(config, name) for keyword, name in names.items()}
+
+
+def _head_sparsity(config: ToastVitConfig, sched: Schedule, skip: list[int]) -> tuple[float, ...]:
+    """ρ per block: the config's, else the named schedule's, else 0.9."""
+    rho = config.head_sparsity
+    if rho is None:
+        rho = sched.head_sparsity if config.schedule is not None else 0.9
+    return per_block_sparsity(rho, sched.num_blocks, skip)
+
+
+def _finetune(model: nn.Module, data: Iterable[Any] | None, config: ToastVitConfig) -> list[float]:
+    if not config.finetune_steps or data is None:
+        return []
+    options = _arguments(config, _FINETUNE)
+    return finetune(model, data, seed=config.calibration.seed, **options)
+
+
+def _enable_tcs(model: nn.Module, sched: Schedule, config: ToastVitConfig) -> TcsHandle | None:
+    if not sched.active_blocks:
+        return None
+    return enable_tcs(model, sched, seed=config.calibration.seed, **_arguments(config, _TCS))
 
 
 METHOD = register(
     Method(
         name="toast-vit",
         config=ToastVitConfig,
-        run=_run,
+        run=compress_vit,
         needs_data=False,
         summary="ViT head-dimension pruning by geometric median and Token Channel Selection",
     )

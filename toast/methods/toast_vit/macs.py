@@ -20,6 +20,11 @@ classifier sees every patch, so ``mask_ratio`` is ignored) and Swin
 (``swin``). Block 0 is dense by default (``skip=(0,)``); a named schedule
 brings its own head sparsity unless ``head_sparsity`` is given.
 
+:func:`toast.macs` (:mod:`toast.accounting`) counts the other conventions
+(plain MACs, torch's FLOPs, TOAST's fvcore-style GFLOPs) of dense and
+block-removed models; ToaSt's pruned widths and TCS fractions are counted
+here only.
+
 This module does not import torch.
 """
 
@@ -29,17 +34,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from toast.methods.toast_vit.schedules import Schedule, get_schedule, head_keep, per_block_sparsity
+from toast._validation import Interval, check
+from toast.accounting import pair
+from toast.methods.toast_vit.schedules import (
+    Schedule,
+    get_schedule,
+    head_keep,
+    per_block_sparsity,
+    skip_blocks,
+)
 
-__all__ = ["BlockMacs", "ToastMacReport", "toast_macs", "vit_arch"]
+__all__ = ["BlockMacs", "ToastMacReport", "VitArch", "toast_macs", "vit_arch"]
 
 _VIT_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "vit_mae")
-
-
-def _pair(value: Any) -> tuple[int, int]:
-    if isinstance(value, (list, tuple)):
-        return int(value[0]), int(value[1])
-    return int(value), int(value)
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,8 @@ class VitArch:
 
     def stage_firsts(self) -> list[int]:
         """Global index of each stage's first block."""
-        firsts, b = [], 0
+        firsts: list[int] = []
+        b = 0
         for s in self.stages:
             firsts.append(b)
             b += s.depth
@@ -85,8 +93,8 @@ def vit_arch(config: Any, image_size: int | tuple[int, int] | None = None) -> Vi
     """Reads a ViT / DeiT / DINOv2 / ViT-MAE / Swin config (``ValueError``
     for anything else)."""
     mt = getattr(config, "model_type", None)
-    image = _pair(image_size if image_size is not None else config.image_size)
-    patch = _pair(config.patch_size)
+    image = pair(image_size if image_size is not None else config.image_size)
+    patch = pair(config.patch_size)
     channels = int(getattr(config, "num_channels", 3))
     if mt == "swin":
         return _swin_arch(config, image, patch, channels)
@@ -110,11 +118,13 @@ def vit_arch(config: Any, image_size: int | tuple[int, int] | None = None) -> Vi
     return VitArch(mt, (stage,), n_p, channels * patch[0] * patch[1] * d, prefix, swiglu)
 
 
-def _swin_arch(config: Any, image: tuple[int, int], patch: tuple[int, int], channels: int):
+def _swin_arch(
+    config: Any, image: tuple[int, int], patch: tuple[int, int], channels: int
+) -> VitArch:
     c = int(config.embed_dim)
     grid = (image[0] // patch[0], image[1] // patch[1])
     window = int(config.window_size)
-    stages = []
+    stages: list[_Stage] = []
     for k, (depth, heads) in enumerate(zip(config.depths, config.num_heads, strict=True)):
         dim = c * 2**k
         h, w = grid[0] // 2**k, grid[1] // 2**k
@@ -259,18 +269,15 @@ def toast_macs(
     skips the first block of every Swin stage, the Table 13 caption's
     reading). ``batch`` multiplies everything.
     """
-    if not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
-    if not isinstance(num_classes, int) or num_classes < 0:
-        raise ValueError(f"num_classes must be an int >= 0, got {num_classes!r}")
+    batch = check("batch", batch, Interval(int, 1, None))
+    num_classes = check("num_classes", num_classes, Interval(int, 0, None))
     arch = vit_arch(config, image_size)
     sched = get_schedule(schedule, arch.num_blocks)
     if arch.swiglu and sched.active_blocks:
         raise ValueError("TCS (fc1/fc2 ratios) is defined for fc1-GELU-fc2 MLPs, not SwiGLU")
     if head_sparsity is None:
         head_sparsity = sched.head_sparsity
-    skip_blocks = arch.stage_firsts() if skip == "stage_first" else list(skip)
-    rho = per_block_sparsity(head_sparsity, arch.num_blocks, skip_blocks)
+    rho = per_block_sparsity(head_sparsity, arch.num_blocks, skip_blocks(skip, arch.stage_firsts))
     stage_of = arch.stage_of()
     blocks = tuple(
         _block(arch.stages[stage_of[b]], rho[b], sched.fc1[b], sched.fc2[b])

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from toast import _core
+from toast._validation import Interval, Options, Predicate, check
 
 __all__ = [
     "CENTERS",
@@ -55,23 +57,26 @@ class GeometricMedian:
     hits: int  # steps where the iterate sat on a data point (Vardi-Zhang)
 
 
-def _real(name: str, value) -> np.ndarray:
+def _real(name: str, value: Any) -> np.ndarray:
     arr = np.asarray(value)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=np.float64)
 
 
+_TOL = Predicate(
+    lambda v: Interval(float, 0, None).accepts(v) and bool(np.isfinite(v)), "a finite number >= 0"
+)
+
+
 def _check_iteration(tol: float, max_iter: int) -> None:
-    if not (np.isfinite(tol) and tol >= 0):
-        raise ValueError(f"tol must be finite and >= 0, got {tol!r}")
-    if not isinstance(max_iter, (int, np.integer)) or max_iter < 0:
-        raise ValueError(f"max_iter must be an int >= 0, got {max_iter!r}")
+    check("tol", tol, _TOL)
+    check("max_iter", max_iter, Interval(int, 0, None))
 
 
 def geometric_median(
-    points,
-    weights=None,
+    points: Any,
+    weights: Any = None,
     *,
     tol: float = GM_TOL,
     max_iter: int = GM_MAX_ITER,
@@ -94,7 +99,7 @@ def geometric_median(
     return GeometricMedian(y, int(iterations), bool(converged), int(hits))
 
 
-def coordinate_median(points) -> np.ndarray:
+def coordinate_median(points: Any) -> np.ndarray:
     """The lower median of every column of ``points`` (``(n, p)``)."""
     X = _real("points", points)
     if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1:
@@ -103,7 +108,7 @@ def coordinate_median(points) -> np.ndarray:
 
 
 def dim_scores(
-    points,
+    points: Any,
     kind: str = "geomedian",
     *,
     tol: float = GM_TOL,
@@ -114,8 +119,7 @@ def dim_scores(
     ``(groups, n, p)`` of independent sets. Returns ``(scores, iterations)``
     with shapes ``(n,)`` / ``()`` or ``(groups, n)`` / ``(groups,)``
     (Weiszfeld steps; 0 for the other kinds)."""
-    if kind not in CENTERS:
-        raise ValueError(f"kind must be one of {CENTERS}, got {kind!r}")
+    check("kind", kind, Options(CENTERS))
     X = _real("points", points)
     single = X.ndim == 2
     if single:

@@ -5,8 +5,8 @@ stages are concatenated: Swin-T's 12 blocks are 0..11). The paper's tables
 number layers from 1; the named schedules below are written in the paper's
 numbering and converted.
 
-Named schedules (``"<model>@<reported GMACs>"``; sources in
-``/work/shared/papers/notes/004_toast_tcs.md`` §5-6):
+Named schedules (``"<model>@<reported GMACs>"``; from ToaSt's Tables 11-13
+and 26 and the reference code's ``configs/tcs.json``):
 
 ================  =====  ===============================================
 name              ρ      TCS ratios (1-based layers)
@@ -36,8 +36,8 @@ swin_base@coco    0.6    Table 26 (config 1): FC1 0.3 last; FC2 0.9 last 4
 ================  =====  ===============================================
 
 Aliases: ``table11`` = ``deit_small@2.5``, ``table12`` = ``mae_huge@103.4``
-(the notes show Table 12's ratios are the 103.4-GMAC schedule, not the
-101.4 headline), ``table13`` = ``swin_base@8.8``.
+(Table 12's ratios recount to the 103.4-GMAC schedule, not the 101.4
+headline), ``table13`` = ``swin_base@8.8``.
 
 Head sparsity ρ: 0.9 except DeiT-T and Swin-T, where the paper's text and
 its reported GFLOPs both say 0.8 (the reference code's config records 0.9
@@ -53,17 +53,19 @@ This module does not import torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from toast._validation import Interval, Options, Predicate, check
 
 __all__ = [
     "NAMED_SCHEDULES",
     "Schedule",
-    "fc2_heavy",
     "get_schedule",
     "head_keep",
     "per_block_sparsity",
+    "skip_blocks",
     "tcs_keep",
 ]
 
@@ -76,7 +78,7 @@ def head_keep(head_dim: int, sparsity: float) -> int:
     """Dimensions kept per head: ``floor(d_k · (1 − ρ))`` (the reference
     code's ``int(d_k · (100 − s) / 100)``), computed without float noise.
     Raises ``ValueError`` when nothing would be left."""
-    _check_ratio(sparsity, "head sparsity", allow_one=False)
+    _check_ratio(sparsity, "head sparsity")
     keep = math.floor(head_dim * (1.0 - sparsity) + _FLOOR_SLACK)
     if keep < 1:
         raise ValueError(
@@ -88,19 +90,18 @@ def head_keep(head_dim: int, sparsity: float) -> int:
 
 def tcs_keep(channels: int, ratio: float) -> int:
     """Channels TCS keeps: ``min(C, max(1, floor(C · (1 − r))))``."""
-    _check_ratio(ratio, "TCS ratio", allow_one=False)
+    _check_ratio(ratio, "TCS ratio")
     return min(channels, max(1, math.floor(channels * (1.0 - ratio) + _FLOOR_SLACK)))
 
 
-def _check_ratio(value: Any, what: str, allow_one: bool = False) -> float:
-    try:
-        r = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a number in [0, 1), got {value!r}") from None
-    upper_ok = r <= 1.0 if allow_one else r < 1.0
-    if not (r >= 0.0 and upper_ok) or math.isnan(r):
-        raise ValueError(f"{what} must be in [0, 1), got {value!r}")
-    return r
+#: A fraction to drop: head sparsity ρ, a TCS ratio (all of it would leave nothing).
+RATIO = Interval(float, 0, 1, closed="left")
+#: The fraction of patch tokens TCS scores on.
+SAMPLE_RATIO = Interval(float, 0, 1, closed="right")
+
+
+def _check_ratio(value: Any, what: str) -> float:
+    return float(check(what, value, RATIO))
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,7 @@ class Schedule:
             for b, r in enumerate(ratios):
                 _check_ratio(r, f"{what} ratio of block {b}")
         _check_ratio(self.head_sparsity, "head_sparsity")
-        s = float(self.sample_ratio)
-        if not 0.0 < s <= 1.0:
-            raise ValueError(f"sample_ratio must be in (0, 1], got {self.sample_ratio!r}")
+        check("sample_ratio", self.sample_ratio, SAMPLE_RATIO)
 
     @property
     def num_blocks(self) -> int:
@@ -368,60 +367,24 @@ def per_block_sparsity(
     return tuple(rho)
 
 
-# -- search ------------------------------------------------------------------------
+#: ``skip``: block indices, or ``"stage_first"`` (the first block of every Swin stage).
+SKIP = (
+    Predicate(
+        lambda v: (
+            isinstance(v, Sequence)
+            and not isinstance(v, str)
+            and all(isinstance(b, int) and not isinstance(b, bool) for b in v)
+        ),
+        "a list of block indices",
+    ),
+    Options(("stage_first",)),
+)
 
 
-def fc2_heavy(
-    config: Any,
-    target_gmacs: float,
-    *,
-    head_sparsity: float = 0.9,
-    skip: Sequence[int] = (0,),
-    fc2_max: float = 0.9,
-    fc1_max: float = 0.5,
-    step: float = 0.1,
-    sample_ratio: float | None = None,
-    image_size: int | None = None,
-) -> Schedule:
-    """The least aggressive fc2-heavy schedule whose ToaSt MACs (see
-    :func:`toast.methods.toast_vit.macs.toast_macs`) are at most
-    ``target_gmacs``.
-
-    The pattern of the paper's hand-made schedules ("fc2_heavy", Table 19):
-    FC2 ratios fill from the deepest block towards the input, each block up
-    to ``fc2_max``; only when every prunable block has FC2 at ``fc2_max``
-    do FC1 ratios fill the same way, up to ``fc1_max``. Ratios move in
-    steps of ``step`` and the block where the budget is met gets the
-    smallest step count that meets it, so the result is within one step of
-    one block of the budget. Blocks in ``skip`` get no TCS. Raises
-    ``ValueError`` when even the most aggressive pattern misses the budget.
-    """
-    from toast.methods.toast_vit.macs import toast_macs
-
-    arch_blocks = toast_macs(config, image_size=image_size).num_blocks
-    if sample_ratio is None:
-        sample_ratio = 0.2 if getattr(config, "model_type", "") == "swin" else 0.02
-    base = Schedule(
-        (0.0,) * arch_blocks, (0.0,) * arch_blocks, head_sparsity, sample_ratio, "fc2_heavy"
-    )
-
-    def cost(s: Schedule) -> float:
-        return toast_macs(config, schedule=s, skip=skip, image_size=image_size).gmacs
-
-    if cost(base) <= target_gmacs:
-        return replace(base, reported_gmacs=None)
-    order = [b for b in reversed(range(arch_blocks)) if b not in set(skip)]
-    levels = [round(step * k, 10) for k in range(1, int(round(1 / step)))]
-    r1, r2 = [0.0] * arch_blocks, [0.0] * arch_blocks
-    for ratios, top in ((r2, fc2_max), (r1, fc1_max)):
-        for b in order:
-            for level in (x for x in levels if x <= top + 1e-12):
-                ratios[b] = level
-                trial = replace(base, fc1=tuple(r1), fc2=tuple(r2))
-                if cost(trial) <= target_gmacs:
-                    return replace(trial, name=f"fc2_heavy@{target_gmacs:g}")
-    raise ValueError(
-        f"no fc2-heavy schedule reaches {target_gmacs} GMACs (the most aggressive one "
-        f"costs {cost(replace(base, fc1=tuple(r1), fc2=tuple(r2))):.3f}); lower "
-        "fc2_max/fc1_max limits or raise the budget"
-    )
+def skip_blocks(skip: Sequence[int] | str, stage_firsts: Callable[[], list[int]]) -> list[int]:
+    """The blocks ``skip`` keeps dense: its indices, or for ``"stage_first"``
+    those ``stage_firsts()`` returns (the Table 13 caption's reading)."""
+    check("skip", skip, *SKIP)
+    if isinstance(skip, str):
+        return stage_firsts()
+    return [int(b) for b in skip]

@@ -50,10 +50,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from toast._validation import Options, check
 from toast.hf.params import count_params
-from toast.methods.toast_vit.blocks import VitBlock, vit_blocks
+from toast.methods.toast_vit.blocks import Attention, VitBlock, VitModel, vit_blocks
 from toast.methods.toast_vit.median import CENTERS, GM_MAX_ITER, GM_TOL, dim_scores
-from toast.methods.toast_vit.schedules import head_keep, per_block_sparsity
+from toast.methods.toast_vit.schedules import head_keep, per_block_sparsity, skip_blocks
 
 __all__ = [
     "COUPLINGS",
@@ -68,6 +69,12 @@ __all__ = [
 INDEX_SETS = ("shared", "independent", "nonaligned")
 COUPLINGS = ("coupled", "q_only", "k_only", "proj_only", "average")
 FORMS = ("dense", "masked")
+
+# Markers left on a pruned attention module (plain attributes, so they follow
+# the module through copy.deepcopy): the masks of the masked form, the
+# original head width of the dense form.
+_MASKS = "_toast_scwp_masks"
+_ORIGINAL_HEAD_DIM = "_toast_scwp_original_head_dim"
 
 # Which halves score each pair in the single-sided ablations.
 _SIDES = {
@@ -234,7 +241,7 @@ class _MaskState:
 
 
 @torch.no_grad()
-def _apply_mask_state(attention: nn.Module, m: _MaskState) -> None:
+def _apply_mask_state(attention: Attention, m: _MaskState) -> None:
     for name, mask in (("q_proj", m.q), ("k_proj", m.k), ("v_proj", m.v)):
         lin = getattr(attention, name)
         lin.weight[~mask.to(lin.weight.device)] = 0
@@ -254,7 +261,7 @@ def _mask_block(blk: VitBlock, idx: dict[str, np.ndarray], mask_bias: bool) -> N
         mask_bias,
     )
     _apply_mask_state(a, state)
-    a._toast_scwp_masks = state
+    setattr(a, _MASKS, state)
 
 
 def _sliced_linear(
@@ -265,10 +272,14 @@ def _sliced_linear(
         w = w[rows.to(w.device)]
     if cols is not None:
         w = w[:, cols.to(w.device)]
-    b = lin.bias
+    b: torch.Tensor | None = lin.bias
     if b is not None and rows is not None:
         b = b.detach()[rows.to(b.device)]
-    new = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device=w.device, dtype=w.dtype)
+    # skip_init: the weights are copied in below, and an initialisation
+    # would draw from (and so move) torch's global generator.
+    new = nn.utils.skip_init(
+        nn.Linear, w.shape[1], w.shape[0], bias=b is not None, device=w.device, dtype=w.dtype
+    )
     with torch.no_grad():
         new.weight.copy_(w)
         if b is not None:
@@ -285,15 +296,38 @@ def _densify_block(blk: VitBlock, idx: dict[str, np.ndarray], keep: int, rescale
     a.k_proj = _sliced_linear(a.k_proj, qk_rows, None)
     a.v_proj = _sliced_linear(a.v_proj, vo_rows, None)
     a.o_proj = _sliced_linear(a.o_proj, None, vo_rows)
-    a._toast_scwp_original_head_dim = dk
+    setattr(a, _ORIGINAL_HEAD_DIM, dk)
     a.head_dim = keep
     if rescale:
         a.scaling = keep**-0.5
 
 
-def _check_choice(value: str, allowed: tuple[str, ...], what: str) -> None:
-    if value not in allowed:
-        raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
+def _check_options(center: str, index_sets: str, coupling: str, form: str) -> None:
+    check("center", center, Options(CENTERS))
+    check("index_sets", index_sets, Options(INDEX_SETS))
+    check("coupling", coupling, Options(COUPLINGS))
+    check("form", form, Options(FORMS))
+    if index_sets == "nonaligned" and form == "dense":
+        raise ValueError(
+            "index_sets='nonaligned' prunes Q and K (and V and O) at different dimensions, "
+            "which has no dense form; use form='masked'"
+        )
+    if index_sets == "nonaligned" and coupling != "coupled":
+        raise ValueError("index_sets='nonaligned' scores Q, K, V, O separately; leave coupling")
+
+
+def _plan(vm: VitModel, rho: Sequence[float]) -> list[tuple[VitBlock, float, int]]:
+    """``(block, ρ, kept width)`` of every block that loses dimensions."""
+    plans = []
+    for blk, r in zip(vm.blocks, rho, strict=True):
+        if r <= 0:
+            continue
+        if hasattr(blk.attention, _MASKS) or hasattr(blk.attention, _ORIGINAL_HEAD_DIM):
+            raise ValueError(f"block {blk.index} is already head-pruned")
+        keep = head_keep(blk.head_dim, r)
+        if keep < blk.head_dim:
+            plans.append((blk, r, keep))
+    return plans
 
 
 def prune_heads(
@@ -321,33 +355,12 @@ def prune_heads(
     ``sparsity=0`` is an exact no-op. ``tol``/``max_iter`` are Weiszfeld's.
     Returns a :class:`PruneReport`.
     """
-    _check_choice(center, CENTERS, "center")
-    _check_choice(index_sets, INDEX_SETS, "index_sets")
-    _check_choice(coupling, COUPLINGS, "coupling")
-    _check_choice(form, FORMS, "form")
-    if index_sets == "nonaligned" and form == "dense":
-        raise ValueError(
-            "index_sets='nonaligned' prunes Q and K (and V and O) at different dimensions, "
-            "which has no dense form; use form='masked'"
-        )
-    if index_sets == "nonaligned" and coupling != "coupled":
-        raise ValueError("index_sets='nonaligned' scores Q, K, V, O separately; leave coupling")
+    _check_options(center, index_sets, coupling, form)
     vm = vit_blocks(model)
-    skip_blocks = vm.stage_firsts() if skip == "stage_first" else list(skip)
-    rho = per_block_sparsity(sparsity, vm.num_blocks, skip_blocks)
+    rho = per_block_sparsity(sparsity, vm.num_blocks, skip_blocks(skip, vm.stage_firsts))
     params_before = count_params(model)
     done: list[BlockPruning] = []
-    plans = []
-    for blk, r in zip(vm.blocks, rho, strict=True):
-        if r <= 0:
-            continue
-        a = blk.attention
-        if hasattr(a, "_toast_scwp_masks") or hasattr(a, "_toast_scwp_original_head_dim"):
-            raise ValueError(f"block {blk.index} is already head-pruned")
-        keep = head_keep(blk.head_dim, r)
-        if keep == blk.head_dim:
-            continue
-        plans.append((blk, r, keep))
+    plans = _plan(vm, rho)
     # Score every block before changing any (a failure leaves the model as it was).
     scored = [
         (blk, r, keep, *_block_indices(blk, keep, center, index_sets, coupling, tol, max_iter))
@@ -370,8 +383,8 @@ def apply_masks(model: nn.Module) -> int:
     which regrow pruned weights); returns the number of blocks masked."""
     count = 0
     for blk in vit_blocks(model).blocks:
-        state = getattr(blk.attention, "_toast_scwp_masks", None)
-        if state is not None:
+        state = getattr(blk.attention, _MASKS, None)
+        if isinstance(state, _MaskState):
             _apply_mask_state(blk.attention, state)
             count += 1
     return count

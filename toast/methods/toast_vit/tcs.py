@@ -62,20 +62,39 @@ attention keeps its fused kernel, and blocks without TCS get no hook.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from toast import _core
-from toast.methods.toast_vit.blocks import VitBlock, vit_blocks
-from toast.methods.toast_vit.schedules import Schedule, get_schedule, tcs_keep
+from toast._validation import Interval, Options, check
+from toast.methods.toast_vit.blocks import Attention, VitBlock, VitModel, vit_blocks
+from toast.methods.toast_vit.schedules import SAMPLE_RATIO, Schedule, get_schedule, tcs_keep
 
-__all__ = ["TcsHandle", "TcsMLP", "TcsOptions", "disable_tcs", "enable_tcs"]
+__all__ = [
+    "TCS_CHOICES",
+    "TcsHandle",
+    "TcsMLP",
+    "TcsOptions",
+    "disable_tcs",
+    "enable_tcs",
+    "tcs_ratios",
+]
 
-_CHOICES = {
+# The model attribute that holds the installed handle (one TCS per model).
+_HANDLE = "_toast_tcs"
+
+#: A clock for profiling, or None when not profiling.
+Clock = Callable[[], float] | None
+#: Kept-channel indices, ``(B or 1, k)``; None where nothing is dropped.
+Indices = torch.Tensor | None
+
+#: The allowed values of every TCS choice (see the module docstring).
+TCS_CHOICES: dict[str, tuple[str, ...]] = {
     "score": ("auto", "eq6", "eq7"),
     "weights": ("paper", "normalized"),
     "scope": ("image", "batch"),
@@ -129,11 +148,11 @@ class TcsHandle:
     prefix: int
     modules: dict[int, TcsMLP] = field(default_factory=dict)
     originals: dict[int, tuple[nn.Module, nn.Module]] = field(default_factory=dict)
-    hooks: list = field(default_factory=list)
+    hooks: list[RemovableHandle] = field(default_factory=list)
     profile: bool = False
     record: bool = False
     timings: dict[str, float] = field(default_factory=dict)
-    selections: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    selections: dict[int, tuple[Indices, Indices]] = field(default_factory=dict)
     generator: torch.Generator | None = None
     workspace: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -161,8 +180,23 @@ class TcsHandle:
             block.mlp = mlp
         self.originals.clear()
         self.modules.clear()
-        if getattr(self.model, "_toast_tcs", None) is self:
-            del self.model._toast_tcs
+        if getattr(self.model, _HANDLE, None) is self:
+            delattr(self.model, _HANDLE)
+
+
+@dataclass(frozen=True)
+class _Scoring:
+    """What one forward pass scores channels on: the sampled token
+    positions, the CLS attention row (Eq. 6; None for Eq. 7), the block's
+    token count and the profiling clock (None when not profiling)."""
+
+    sample: torch.Tensor
+    attn: torch.Tensor | None
+    n: int
+    clock: Clock
+
+    def now(self) -> float:
+        return self.clock() if self.clock else 0.0
 
 
 def _seed_for(seed: int, block: int, which: int) -> int:
@@ -173,9 +207,15 @@ class TcsMLP(nn.Module):
     """An MLP ``fc2(act(fc1(z)))`` with token channel selection. Holds the
     original ``fc1`` and ``fc2`` modules (state-dict keys unchanged)."""
 
+    fc1: nn.Linear
+    fc2: nn.Linear
+    activation_fn: nn.Module
+    # Not submodules: the handle and the attention belong to the model already.
+    _handle: TcsHandle
+    _attention: Attention
+
     def __init__(
         self,
-        mlp: nn.Module,
         blk: VitBlock,
         r1: float,
         r2: float,
@@ -183,9 +223,7 @@ class TcsMLP(nn.Module):
         eq6: bool,
     ) -> None:
         super().__init__()
-        self.fc1 = mlp.fc1
-        self.fc2 = mlp.fc2
-        self.activation_fn = mlp.activation_fn
+        self.fc1, self.activation_fn, self.fc2 = _mlp_parts(blk)
         self.block_index = blk.index
         self.r1, self.r2 = float(r1), float(r2)
         self.k1 = tcs_keep(self.fc1.in_features, r1)
@@ -196,7 +234,7 @@ class TcsMLP(nn.Module):
         self._samples: dict[tuple[int, int], torch.Tensor] = {}
         self._q: torch.Tensor | None = None
         self._k: torch.Tensor | None = None
-        self._cache: dict[str, tuple[tuple, torch.Tensor]] = {}
+        self._cache: dict[str, tuple[tuple[Any, ...], torch.Tensor]] = {}
 
     def extra_repr(self) -> str:
         return f"block={self.block_index}, fc1_keep={self.k1}, fc2_keep={self.k2}"
@@ -213,10 +251,10 @@ class TcsMLP(nn.Module):
 
     # -- capture of the CLS attention row ------------------------------------
 
-    def _capture_q(self, module, args, out) -> None:
+    def _capture_q(self, module: nn.Module, args: Any, out: torch.Tensor) -> None:
         self._q = out[:, 0].detach()
 
-    def _capture_k(self, module, args, out) -> None:
+    def _capture_k(self, module: nn.Module, args: Any, out: torch.Tensor) -> None:
         self._k = out.detach()
 
     def _cls_attention(self) -> torch.Tensor:
@@ -260,6 +298,7 @@ class TcsMLP(nn.Module):
         else:
             if h.generator is None:
                 h.reseed()
+            assert h.generator is not None
             gen = h.generator
         if o.replace:
             pos = torch.randint(0, patches, (m,), generator=gen)
@@ -270,7 +309,7 @@ class TcsMLP(nn.Module):
             self._samples[key] = pos
         return pos
 
-    def _fc2_sample(self, sample: torch.Tensor, n: int, device) -> torch.Tensor:
+    def _fc2_sample(self, sample: torch.Tensor, n: int, device: torch.device) -> torch.Tensor:
         if self._handle.options.fc2_sample == "fresh":
             return self._sample(n, 1, device)
         return sample
@@ -349,12 +388,13 @@ class TcsMLP(nn.Module):
             if self.k1 < z.shape[-1]:
                 idx1 = self._select(z, sample, attn, n, self.k1)
         select_time = clock() - t_start if clock else 0.0
+        ctx = _Scoring(sample, attn, n, clock)
         if o.form == "masked":
-            out, idx2, dt = self._masked(z, idx1, sample, attn, n, clock)
+            out, idx2, dt = self._masked(z, idx1, ctx)
         elif o.hidden == "kept" and self.k2 < self.fc2.in_features:
-            out, idx2, dt = self._dense_kept(z, idx1, sample, attn, n, clock)
+            out, idx2, dt = self._dense_kept(z, idx1, ctx)
         else:
-            out, idx2, dt = self._dense(z, idx1, sample, attn, n, clock)
+            out, idx2, dt = self._dense(z, idx1, ctx)
         if h.record:
             h.selections[self.block_index] = (idx1, idx2)
         if clock:
@@ -362,31 +402,37 @@ class TcsMLP(nn.Module):
             h.timings["mlp"] = h.timings.get("mlp", 0.0) + clock() - t_start
         return out
 
-    def _fc2_indices(self, hid, sample, attn, n, clock):
+    def _fc2_indices(self, hid: torch.Tensor, ctx: _Scoring) -> tuple[torch.Tensor, float]:
         """Top FC2 channels of the hidden activation ``(B, N, F)`` and the
         time it took."""
-        t0 = clock() if clock else 0.0
+        t0 = ctx.now()
         with torch.no_grad():
-            sample = self._fc2_sample(sample, n, hid.device)
-            idx2 = self._select(hid, sample, attn, n, self.k2)
-        return idx2, (clock() - t0 if clock else 0.0)
+            sample = self._fc2_sample(ctx.sample, ctx.n, hid.device)
+            idx2 = self._select(hid, sample, ctx.attn, ctx.n, self.k2)
+        return idx2, ctx.now() - t0
 
-    def _masked(self, z, idx1, sample, attn, n, clock):
+    def _masked(
+        self, z: torch.Tensor, idx1: Indices, ctx: _Scoring
+    ) -> tuple[torch.Tensor, Indices, float]:
         if idx1 is not None:
             z = z * _mask(idx1, z.shape[-1], z)
         hid = self.activation_fn(self.fc1(z))
-        idx2, dt = None, 0.0
+        idx2: Indices = None
+        dt = 0.0
         if self.k2 < hid.shape[-1]:
-            idx2, dt = self._fc2_indices(hid, sample, attn, n, clock)
+            idx2, dt = self._fc2_indices(hid, ctx)
             hid = hid * _mask(idx2, hid.shape[-1], hid)
         return self.fc2(hid), idx2, dt
 
-    def _dense(self, z, idx1, sample, attn, n, clock):
+    def _dense(
+        self, z: torch.Tensor, idx1: Indices, ctx: _Scoring
+    ) -> tuple[torch.Tensor, Indices, float]:
         hid = self._linear_in(z, idx1, self.fc1, "fc1")
         hid = self.activation_fn(hid)
-        idx2, dt = None, 0.0
+        idx2: Indices = None
+        dt = 0.0
         if self.k2 < hid.shape[-1]:
-            idx2, dt = self._fc2_indices(hid, sample, attn, n, clock)
+            idx2, dt = self._fc2_indices(hid, ctx)
         return self._linear_in(hid, idx2, self.fc2, "fc2"), idx2, dt
 
     def _rows(self, name: str, w: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -407,7 +453,7 @@ class TcsMLP(nn.Module):
         torch.index_select(w, 0, idx.reshape(-1), out=out)
         return out.view(b, k, w.shape[1])
 
-    def _linear_in(self, x, idx, lin: nn.Linear, name: str) -> torch.Tensor:
+    def _linear_in(self, x: torch.Tensor, idx: Indices, lin: nn.Linear, name: str) -> torch.Tensor:
         """``lin`` applied to the channels ``idx`` of ``x`` only (all when
         ``idx`` is None); per image when ``idx`` has a row per image."""
         if idx is None:
@@ -425,13 +471,16 @@ class TcsMLP(nn.Module):
             return torch.bmm(xs, w)
         return torch.baddbmm(lin.bias, xs, w)
 
-    def _dense_kept(self, z, idx1, sample, attn, n, clock):
+    def _dense_kept(
+        self, z: torch.Tensor, idx1: Indices, ctx: _Scoring
+    ) -> tuple[torch.Tensor, Indices, float]:
         """Dense form computing only the kept hidden channels for all tokens."""
-        sample = self._fc2_sample(sample, n, z.device)
+        sample = self._fc2_sample(ctx.sample, ctx.n, z.device)
+        attn = ctx.attn
         # fc1 on the tokens FC2 scores on (the CLS first for Eq. 6), with the
         # dropped FC1 channels zeroed (a few rows: no weight gather); this
         # counts as selection time.
-        t0 = clock() if clock else 0.0
+        t0 = ctx.now()
         with torch.no_grad():
             if self.eq6:
                 rows = torch.cat([sample.new_zeros(1), sample])
@@ -442,8 +491,8 @@ class TcsMLP(nn.Module):
             if idx1 is not None:
                 zr = zr * _mask(idx1, zr.shape[-1], zr)
             sub = self.activation_fn(self.fc1(zr))
-            idx2 = self._select(sub, where, None if attn is None else attn[:, rows], n, self.k2)
-        dt = clock() - t0 if clock else 0.0
+            idx2 = self._select(sub, where, None if attn is None else attn[:, rows], ctx.n, self.k2)
+        dt = ctx.now() - t0
         w1 = self.fc1.weight  # (F, D)
         w2t = self._transposed("fc2", self.fc2)  # (F, D)
         b1, b2 = self.fc1.bias, self.fc2.bias
@@ -482,14 +531,18 @@ def _mask(idx: torch.Tensor, width: int, like: torch.Tensor) -> torch.Tensor:
     return m.unsqueeze(1)
 
 
-def _block_timer(handle: TcsHandle):
+def _block_timer(
+    handle: TcsHandle,
+) -> tuple[Callable[[nn.Module, Any], None], Callable[[nn.Module, Any, Any], None]]:
+    """Forward pre- and post-hooks adding a block's wall time to
+    ``handle.timings["block"]`` while ``handle.profile`` is set."""
     starts: list[float] = []
 
-    def pre(module, args):
+    def pre(module: nn.Module, args: Any) -> None:
         if handle.profile:
             starts.append(time.perf_counter())
 
-    def post(module, args, out):
+    def post(module: nn.Module, args: Any, out: Any) -> None:
         if handle.profile and starts:
             handle.timings["block"] = handle.timings.get("block", 0.0) + (
                 time.perf_counter() - starts.pop()
@@ -519,77 +572,109 @@ def enable_tcs(
     """Installs Token Channel Selection in ``model``'s MLPs, in place.
 
     ``schedule``: a named schedule (``"deit_small@2.5"``, ``"table11"``), a
-    :class:`~toast.vit.schedules.Schedule`, or ``{"fc1": ..., "fc2": ...}``
-    (see :func:`toast.methods.toast_vit.schedules.get_schedule`; 0-based global blocks).
-    ``score="auto"`` is Eq. 6 for models with a CLS token and Eq. 7 for
-    Swin. ``sample_ratio`` defaults to the schedule's. The other options
-    (``weights``, ``form``, ``replace``, ``resample``, ``fc2_sample``,
-    ``hidden``, ``backend``) are described in the module docstring. Blocks whose two
-    ratios are 0 are left untouched, so an all-zero schedule is an exact
-    no-op. Returns a :class:`TcsHandle` (``handle.disable()`` or
-    :func:`disable_tcs` undoes it).
+    :class:`~toast.methods.toast_vit.schedules.Schedule`, or ``{"fc1": ...,
+    "fc2": ...}`` (see :func:`toast.methods.toast_vit.schedules.get_schedule`;
+    0-based global blocks). ``score="auto"`` is Eq. 6 for models with a CLS
+    token and Eq. 7 for Swin. ``sample_ratio`` defaults to the schedule's.
+    The other options (``weights``, ``form``, ``replace``, ``resample``,
+    ``fc2_sample``, ``hidden``, ``backend``) are described in the module
+    docstring. Blocks whose two ratios are 0 are left untouched, so an
+    all-zero schedule is an exact no-op. Returns a :class:`TcsHandle`
+    (``handle.disable()`` or :func:`disable_tcs` undoes it).
     """
     vm = vit_blocks(model)
-    if getattr(model, "_toast_tcs", None) is not None:
+    if getattr(model, _HANDLE, None) is not None:
         raise ValueError(
             "TCS is already enabled on this model; call toast.disable_tcs(model) first"
         )
-    opts = dict(
-        score=score, weights=weights, scope=scope, form=form, resample=resample,
-        fc2_sample=fc2_sample, hidden=hidden, backend=backend,
-    )  # fmt: skip
-    for key, value in opts.items():
-        if value not in _CHOICES[key]:
-            raise ValueError(f"{key} must be one of {_CHOICES[key]}, got {value!r}")
+    choices = {
+        "score": score,
+        "weights": weights,
+        "scope": scope,
+        "form": form,
+        "resample": resample,
+        "fc2_sample": fc2_sample,
+        "hidden": hidden,
+        "backend": backend,
+    }
+    for key, value in choices.items():
+        check(key, value, Options(TCS_CHOICES[key]))
     sched = get_schedule(schedule, vm.num_blocks)
-    if score == "auto":
-        score = "eq6" if vm.has_cls else "eq7"
-    if score == "eq6" and not vm.has_cls:
-        raise ValueError(f"score='eq6' needs a CLS token; {vm.model_type} has none (use eq7)")
-    ratio = sched.sample_ratio if sample_ratio is None else float(sample_ratio)
-    if not 0.0 < ratio <= 1.0:
-        raise ValueError(f"sample_ratio must be in (0, 1], got {sample_ratio!r}")
-    for what, lam in (("lambda_cls", lambda_cls), ("lambda_patch", lambda_patch)):
-        if not lam >= 0:
-            raise ValueError(f"{what} must be >= 0, got {lam!r}")
+    ratio = sched.sample_ratio if sample_ratio is None else sample_ratio
     options = TcsOptions(
-        score, weights, float(lambda_cls), float(lambda_patch), scope, form, ratio,
-        bool(replace), resample, fc2_sample, hidden, int(seed), backend,
-    )  # fmt: skip
+        score=_score(vm, score),
+        weights=weights,
+        lambda_cls=float(check("lambda_cls", lambda_cls, Interval(float, 0, None))),
+        lambda_patch=float(check("lambda_patch", lambda_patch, Interval(float, 0, None))),
+        scope=scope,
+        form=form,
+        sample_ratio=float(check("sample_ratio", ratio, SAMPLE_RATIO)),
+        replace=bool(replace),
+        resample=resample,
+        fc2_sample=fc2_sample,
+        hidden=hidden,
+        seed=int(seed),
+        backend=backend,
+    )
     handle = TcsHandle(model, sched, options, vm.prefix)
     handle.reset_timings()
-    plans = []
-    for blk in vm.blocks:
-        r1, r2 = sched.fc1[blk.index], sched.fc2[blk.index]
-        if r1 == 0 and r2 == 0:
-            continue
-        mlp = blk.mlp
-        if not all(hasattr(mlp, n) for n in ("fc1", "fc2", "activation_fn")):
-            raise ValueError(
-                f"block {blk.index}'s MLP ({type(mlp).__name__}) is not fc1 → act → fc2 "
-                "(SwiGLU MLPs are not supported by TCS)"
-            )
-        plans.append((blk, r1, r2))
-    for blk, r1, r2 in plans:
-        tcs = TcsMLP(blk.mlp, blk, r1, r2, handle, score == "eq6")
-        handle.originals[blk.index] = (blk.block, blk.mlp)
-        handle.modules[blk.index] = tcs
-        blk.block.mlp = tcs
-        if tcs.eq6:
-            handle.hooks.append(blk.attention.q_proj.register_forward_hook(tcs._capture_q))
-            handle.hooks.append(blk.attention.k_proj.register_forward_hook(tcs._capture_k))
-        pre, post = _block_timer(handle)
-        handle.hooks.append(blk.block.register_forward_pre_hook(pre))
-        handle.hooks.append(blk.block.register_forward_hook(post))
-    model._toast_tcs = handle
+    for blk in _tcs_blocks(vm, sched):
+        _install(handle, blk)
+    setattr(model, _HANDLE, handle)
     return handle
+
+
+def _score(vm: VitModel, score: str) -> str:
+    """The scoring equation ``score`` names for this model (``"auto"``:
+    Eq. 6 with a CLS token, Eq. 7 without)."""
+    if score == "auto":
+        return "eq6" if vm.has_cls else "eq7"
+    if score == "eq6" and not vm.has_cls:
+        raise ValueError(f"score='eq6' needs a CLS token; {vm.model_type} has none (use eq7)")
+    return score
+
+
+def _mlp_parts(blk: VitBlock) -> tuple[nn.Linear, nn.Module, nn.Linear]:
+    """``(fc1, activation, fc2)`` of a block's MLP; ``ValueError`` for any
+    other MLP shape (SwiGLU)."""
+    mlp = blk.mlp
+    fc1, act, fc2 = (getattr(mlp, n, None) for n in ("fc1", "activation_fn", "fc2"))
+    if not (isinstance(fc1, nn.Linear) and isinstance(fc2, nn.Linear) and callable(act)):
+        raise ValueError(
+            f"block {blk.index}'s MLP ({type(mlp).__name__}) is not fc1 → act → fc2 "
+            "(SwiGLU MLPs are not supported by TCS)"
+        )
+    return fc1, act, fc2
+
+
+def _tcs_blocks(vm: VitModel, sched: Schedule) -> list[VitBlock]:
+    """The blocks with a nonzero ratio, every MLP checked before any changes."""
+    chosen = [b for b in vm.blocks if sched.fc1[b.index] > 0 or sched.fc2[b.index] > 0]
+    for blk in chosen:
+        _mlp_parts(blk)
+    return chosen
+
+
+def _install(handle: TcsHandle, blk: VitBlock) -> None:
+    """Swaps ``blk``'s MLP for a :class:`TcsMLP` and hooks what it needs."""
+    r1, r2 = handle.schedule.fc1[blk.index], handle.schedule.fc2[blk.index]
+    tcs = TcsMLP(blk, r1, r2, handle, handle.options.score == "eq6")
+    handle.originals[blk.index] = (blk.block, blk.mlp)
+    handle.modules[blk.index] = tcs
+    blk.block.mlp = tcs
+    if tcs.eq6:
+        handle.hooks.append(blk.attention.q_proj.register_forward_hook(tcs._capture_q))
+        handle.hooks.append(blk.attention.k_proj.register_forward_hook(tcs._capture_k))
+    pre, post = _block_timer(handle)
+    handle.hooks.append(blk.block.register_forward_pre_hook(pre))
+    handle.hooks.append(blk.block.register_forward_hook(post))
 
 
 def disable_tcs(model: nn.Module) -> bool:
     """Removes TCS from ``model`` (the original MLPs come back); returns
     whether it was enabled."""
-    handle = getattr(model, "_toast_tcs", None)
-    if handle is None:
+    handle = getattr(model, _HANDLE, None)
+    if not isinstance(handle, TcsHandle):
         return False
     handle.disable()
     return True
@@ -597,7 +682,7 @@ def disable_tcs(model: nn.Module) -> bool:
 
 def tcs_ratios(model: nn.Module) -> Mapping[int, tuple[float, float]]:
     """The ``(fc1, fc2)`` ratios of the TCS blocks of ``model`` ({} without TCS)."""
-    handle = getattr(model, "_toast_tcs", None)
-    if handle is None:
+    handle = getattr(model, _HANDLE, None)
+    if not isinstance(handle, TcsHandle):
         return {}
     return {b: (m.r1, m.r2) for b, m in handle.modules.items()}
