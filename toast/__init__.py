@@ -2,9 +2,18 @@
 
 The core measures how well each span of blocks is explained by a closed-form
 map (the block error matrix) from streaming moments of captured activations,
-and fits the translators that replace redundant spans.
+and fits the translators that replace redundant spans. Three methods share
+that infrastructure: TOAST (``toast.compress``), ReplaceMe
+(``toast.replaceme``) and ToaSt (``toast.prune_heads``, ``toast.enable_tcs``).
+
+The names below are the public surface. Lower-level pieces live in their
+packages: :mod:`toast.hf` (block discovery, capture, row samples, surgery),
+:mod:`toast.translators`, :mod:`toast.io`, :mod:`toast.accounting` and
+:mod:`toast.methods`. Only the NumPy core is imported eagerly; everything
+that needs torch loads on first use.
 """
 
+from toast._lazy import lazy_getattr
 from toast.core import (
     METRICS,
     IllConditionedWarning,
@@ -12,6 +21,7 @@ from toast.core import (
     Moments,
     NonFiniteError,
     Translator,
+    blas_threads,
     error_matrix,
     fit_residual,
     fit_translator,
@@ -20,120 +30,63 @@ from toast.core import (
 
 __version__ = "0.1.0"
 
-from toast.core.blas import blas_threads
-
-# The Hugging Face glue needs torch; load it on first use so that the core
-# (NumPy only) imports without it.
-_LAZY = {
-    "all_reduce_moments": "toast.hf.distributed",
-    "Analysis": "toast.methods.toast.analysis",
-    "Span": "toast.spans",
-    "analyze": "toast.methods.toast.analysis",
-    "capture_moments": "toast.hf.capture",
+_NAMES = {
+    # calibration and Hugging Face glue
     "Calibration": "toast.hf.calibration",
-    "ToastConfig": "toast.methods.toast",
-    "ReplaceMeConfig": "toast.methods.replaceme",
-    "ToastVitConfig": "toast.methods.toast_vit",
-    "find_blocks": "toast.hf.blocks",
-    "find_head": "toast.hf.blocks",
-    "block_parts": "toast.hf.blocks",
-    "BlockParts": "toast.hf.blocks",
-    "BlockStack": "toast.hf.blocks",
-    "CompressionReport": "toast.methods.toast",
-    "compress": "toast.methods",
-    "count_params": "toast.hf.params",
-    "CorruptedSaveError": "toast.io",
     "ForwardError": "toast.hf.capture",
-    "FewRowsWarning": "toast.methods.toast",
-    "MacReport": "toast.accounting",
-    "count_params_from_config": "toast.accounting",
-    "load_pretrained": "toast.io",
-    "macs": "toast.accounting",
-    "paper_params_removed": "toast.accounting",
-    "save_pretrained": "toast.io",
-    "MLPTranslator": "toast.translators",
-    "ResMLPTranslator": "toast.translators",
-    "RowSample": "toast.hf.rows",
-    "capture_rows": "toast.hf.rows",
-    "train_translator": "toast.translators",
-    "TranslatorBlock": "toast.translators",
+    "capture_moments": "toast.hf.capture",
+    "find_blocks": "toast.hf.blocks",
     "replace_spans": "toast.hf.surgery",
-    "translator_module": "toast.translators",
-    "remove_blocks": "toast.hf.surgery",
-    "DistanceProfile": "toast.methods.replaceme",
-    "ReplaceMeReport": "toast.methods.replaceme",
-    "profile_distances": "toast.methods.replaceme",
-    "replaceme": "toast.methods.replaceme",
+    "count_params": "toast.hf.params",
+    "all_reduce_moments": "toast.hf.distributed",
+    # every method
+    "compress": "toast.methods",
+    "Span": "toast.spans",
+    # TOAST
+    "Analysis": "toast.methods.toast.analysis",
+    "analyze": "toast.methods.toast.analysis",
+    "ToastConfig": "toast.methods.toast.config",
+    "CompressionReport": "toast.methods.toast.report",
+    "FewRowsWarning": "toast.methods.toast.fitting",
+    # ReplaceMe
+    "replaceme": "toast.methods.replaceme.method",
+    "profile_distances": "toast.methods.replaceme.profile",
+    "ReplaceMeConfig": "toast.methods.replaceme.config",
+    "ReplaceMeReport": "toast.methods.replaceme.report",
+    # ToaSt
     "prune_heads": "toast.methods.toast_vit.scwp",
     "enable_tcs": "toast.methods.toast_vit.tcs",
     "disable_tcs": "toast.methods.toast_vit.tcs",
+    "ToastVitConfig": "toast.methods.toast_vit.config",
     "ToastVitReport": "toast.methods.toast_vit.compress",
     "toast_macs": "toast.methods.toast_vit.macs",
+    # saving and accounting
+    "save_pretrained": "toast.io.save",
+    "load_pretrained": "toast.io.load",
+    "CorruptedSaveError": "toast.io.format",
+    "macs": "toast.accounting",
+    # subpackages, reachable as attributes without importing them first
+    "accounting": "toast.accounting",
+    "hf": "toast.hf",
+    "io": "toast.io",
+    "methods": "toast.methods",
+    "translators": "toast.translators",
 }
 
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'toast' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_getattr(__name__, _NAMES)
 
 __all__ = [
     "METRICS",
-    "Analysis",
-    "BlockParts",
-    "BlockStack",
-    "CompressionReport",
-    "CorruptedSaveError",
-    "FewRowsWarning",
-    "ForwardError",
-    "Span",
-    "TranslatorBlock",
-    "analyze",
-    "blas_threads",
-    "capture_moments",
-    "capture_rows",
-    "compress",
-    "count_params",
-    "count_params_from_config",
-    "block_parts",
-    "find_blocks",
-    "find_head",
     "IllConditionedWarning",
     "InSampleWarning",
-    "MLPTranslator",
-    "MacReport",
     "Moments",
     "NonFiniteError",
-    "ResMLPTranslator",
-    "RowSample",
     "Translator",
     "__version__",
-    "all_reduce_moments",
+    "blas_threads",
     "error_matrix",
     "fit_residual",
     "fit_translator",
-    "load_pretrained",
-    "macs",
-    "paper_params_removed",
-    "prune_heads",
-    "enable_tcs",
-    "disable_tcs",
-    "ToastVitReport",
-    "toast_macs",
-    "remove_blocks",
-    "replace_spans",
-    "replaceme",
-    "profile_distances",
-    "DistanceProfile",
-    "ReplaceMeReport",
-    "save_pretrained",
     "solve_gram",
-    "train_translator",
-    "translator_module",
+    *(name for name, module in _NAMES.items() if module != f"toast.{name}"),
 ]

@@ -17,13 +17,16 @@ __all__ = ["lazy_getattr"]
 
 
 def lazy_getattr(package: str, names: Mapping[str, str]) -> Callable[[str], Any]:
-    """A module ``__getattr__`` resolving ``names`` (public name → module)."""
+    """A module ``__getattr__`` resolving ``names`` (public name → module;
+    a name mapped to ``package.name`` is that submodule itself)."""
 
     def __getattr__(name: str) -> Any:
         module = names.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        imported = importlib.import_module(module)
+        # a subpackage maps to itself: ``toast.hf`` without ``import toast.hf``
+        value = imported if module == f"{package}.{name}" else getattr(imported, name)
         setattr(sys.modules[package], name, value)
         return value
 

@@ -97,8 +97,8 @@ Head = Literal["base", "none", "classifier"]
 #: Translator kinds a config-only prediction knows: ``identity`` (nothing),
 #: ``linear`` (``x W``), ``affine`` (``x W + b``), ``diagonal`` (per-feature
 #: scale and bias, :class:`toast.translators.DiagonalMap`), ``mlp``
-#: (:class:`toast.MLPTranslator`, hidden ``d // 2``) and ``resmlp``
-#: (:class:`toast.ResMLPTranslator`).
+#: (:class:`toast.translators.MLPTranslator`, hidden ``d // 2``) and ``resmlp``
+#: (:class:`toast.translators.ResMLPTranslator`).
 TRANSLATOR_KINDS: tuple[str, ...] = ("identity", "linear", "affine", "diagonal", "mlp", "resmlp")
 
 _HEADS = ("base", "none", "classifier")

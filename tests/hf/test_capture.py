@@ -200,7 +200,7 @@ def test_block_parts_have_the_shapes_of_their_roles(family):
     model = hf_models.build(family)
     d = hf_models.HIDDEN
     for block in toast.find_blocks(model).blocks:
-        parts = toast.block_parts(block)
+        parts = toast.hf.block_parts(block)
         if parts.qkv is None:
             assert (parts.q.in_features, parts.k.in_features, parts.v.in_features) == (d, d, d)
             assert parts.q.out_features == d
@@ -216,7 +216,7 @@ def test_block_parts_have_the_shapes_of_their_roles(family):
 
 def test_gpt2_projections_are_marked_as_transposed():
     model = hf_models.build(next(f for f in FAMILIES if f.name == "gpt2"))
-    parts = toast.block_parts(toast.find_blocks(model).blocks[0])
+    parts = toast.hf.block_parts(toast.find_blocks(model).blocks[0])
     assert parts.down.layout == "conv1d" and parts.down.path == "mlp.c_proj"
     assert parts.out.path == "attn.c_proj"
 
@@ -224,7 +224,7 @@ def test_gpt2_projections_are_marked_as_transposed():
 def test_unknown_block_layout_names_what_is_missing():
     block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
     with pytest.raises(ValueError, match=r"q/k/v \(or a fused qkv\), out, up, down"):
-        toast.block_parts(block)
+        toast.hf.block_parts(block)
 
 
 def test_heads_are_found_outside_the_blocks():
@@ -233,17 +233,17 @@ def test_heads_are_found_outside_the_blocks():
     vit = transformers.ViTForImageClassification(
         hf_models.config("vit", num_hidden_layers=2, num_labels=3)
     )
-    assert list(toast.find_head(vit)) == ["classifier"]
+    assert list(toast.hf.find_head(vit)) == ["classifier"]
     llama = transformers.LlamaForCausalLM(hf_models.config("llama", num_hidden_layers=2))
-    assert list(toast.find_head(llama)) == ["lm_head"]
+    assert list(toast.hf.find_head(llama)) == ["lm_head"]
     bert = transformers.BertModel(hf_models.config("bert", num_hidden_layers=2))
-    assert list(toast.find_head(bert)) == ["pooler"]
+    assert list(toast.hf.find_head(bert)) == ["pooler"]
 
 
 def test_fused_gate_up_projection_is_the_up_part():
     transformers = pytest.importorskip("transformers")
     cfg = hf_models.config("phi3", num_hidden_layers=2)
-    parts = toast.block_parts(toast.find_blocks(transformers.Phi3Model(cfg)).blocks[0])
+    parts = toast.hf.block_parts(toast.find_blocks(transformers.Phi3Model(cfg)).blocks[0])
     assert (parts.up.path, parts.up.out_features) == ("mlp.gate_up_proj", 128)
     assert parts.down.in_features == 64
     assert parts.qkv.path == "self_attn.qkv_proj"

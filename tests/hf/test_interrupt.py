@@ -57,7 +57,7 @@ def test_interrupted_sampling_removes_its_disk_buffer(tmp_path):
     model = hf_models.build(VIT)
     batches = _interrupted_after(hf_models.loader(VIT, 16, batch_size=4), 2)
     with pytest.raises(KeyboardInterrupt):
-        toast.capture_rows(model, batches, [1, 3], directory=tmp_path, progress=False)
+        toast.hf.capture_rows(model, batches, [1, 3], directory=tmp_path, progress=False)
     assert os.listdir(tmp_path) == []
 
 

@@ -248,5 +248,5 @@ def test_a_backbone_output_inside_a_span_is_refused_before_patching():
 
 def test_translators_follow_the_model_training_mode():
     model = hf_models.build(FAMILIES[0])  # eval mode
-    toast.replace_spans(model, [SPAN], [toast.ResMLPTranslator(hf_models.HIDDEN)])
+    toast.replace_spans(model, [SPAN], [toast.translators.ResMLPTranslator(hf_models.HIDDEN)])
     assert not toast.find_blocks(model).blocks[1].translator.training

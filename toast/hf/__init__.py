@@ -24,6 +24,13 @@ __all__ = [
     "count_params",
     "find_blocks",
     "find_head",
+    "capture_moments",
+    "capture_rows",
+    "RowSample",
+    "stream_states",
+    "replace_spans",
+    "remove_blocks",
+    "all_reduce_moments",
 ]
 
 __getattr__ = lazy_getattr(
@@ -37,5 +44,12 @@ __getattr__ = lazy_getattr(
         "find_head": "toast.hf.blocks",
         "Calibration": "toast.hf.calibration",
         "count_params": "toast.hf.params",
+        "capture_moments": "toast.hf.capture",
+        "stream_states": "toast.hf.capture",
+        "capture_rows": "toast.hf.rows",
+        "RowSample": "toast.hf.rows",
+        "replace_spans": "toast.hf.surgery",
+        "remove_blocks": "toast.hf.surgery",
+        "all_reduce_moments": "toast.hf.distributed",
     },
 )

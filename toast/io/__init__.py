@@ -8,7 +8,7 @@
   model class, the (patched) config, the dtype, the path of the block list
   and, for each position of the block list, either ``{"type": "block"}`` or
   the translator that stands there (the span it replaces, its JSON spec and
-  the plain attributes of its :class:`toast.TranslatorBlock`). A small
+  the plain attributes of its :class:`toast.translators.TranslatorBlock`). A small
   human-readable ``summary`` heads the plan.
 
 :func:`load_pretrained` rebuilds the model from the config (without random

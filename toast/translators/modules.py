@@ -2,7 +2,7 @@
 
 Closed-form translators (identity, linear, affine, diagonal, orthogonal) come
 from :func:`toast.fit_translator` and become modules through
-:func:`toast.translator_module`. The trained ones of TOAST's ablation live
+:func:`toast.translators.translator_module`. The trained ones of TOAST's ablation live
 here:
 
 - :class:`MLPTranslator`: ``Linear(d, d/2) → GELU → Linear(d/2, d)``.

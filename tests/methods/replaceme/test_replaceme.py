@@ -518,7 +518,7 @@ def test_remove_blocks_keeps_per_layer_config_lists():
     model = R.decoder("qwen2")
     model.config.layer_types = ["full_attention", "sliding_attention"] * 3
     model.config.no_rope_layers = [1, 0, 1, 0, 1, 1]
-    toast.remove_blocks(model, [(1, 3)])
+    toast.hf.remove_blocks(model, [(1, 3)])
     assert model.config.layer_types == ["full_attention", "sliding_attention"] * 2
     assert model.config.no_rope_layers == [1, 0, 1, 1]
 

@@ -82,7 +82,10 @@ def test_trained_translators_replace_the_span_with_their_own_parameters(kind):
         model, batches, spans=[(1, 3)], translator=kind, train_steps=5, progress=False
     )
     translator = toast.find_blocks(model).blocks[1].translator
-    expected = {"mlp": toast.MLPTranslator, "resmlp": toast.ResMLPTranslator}[kind]
+    expected = {
+        "mlp": toast.translators.MLPTranslator,
+        "resmlp": toast.translators.ResMLPTranslator,
+    }[kind]
     assert isinstance(translator, expected)
     assert next(translator.parameters()).dtype == torch.float32  # the model's dtype
     assert report.params_after == before - removed + toast.count_params(translator)
@@ -93,9 +96,9 @@ def test_trained_translators_replace_the_span_with_their_own_parameters(kind):
 def test_trained_translator_learns_the_span_it_replaces():
     # 300 Adam steps must beat the untrained module on the rows it was fit on.
     model, batches = _vit_and_batches()
-    with toast.capture_rows(model, batches, [1, 3], progress=False) as rows:
+    with toast.hf.capture_rows(model, batches, [1, 3], progress=False) as rows:
         x, y = torch.from_numpy(rows.state(0).copy()), torch.from_numpy(rows.state(1).copy())
-    untrained = toast.train_translator(x, y, "mlp", steps=1, lr=1e-12, progress=False)
+    untrained = toast.translators.train_translator(x, y, "mlp", steps=1, lr=1e-12, progress=False)
     _, report = toast.compress(model, batches, spans=[(1, 3)], translator="mlp", progress=False)
     trained = toast.find_blocks(model).blocks[1].translator
     with torch.inference_mode():

@@ -26,8 +26,15 @@ are torch-free):
   as ``toast.compress(..., method="toast-vit")``.
 """
 
-from toast.methods.toast_vit.compress import METHOD, ToastVitReport, compress_vit
-from toast.methods.toast_vit.config import ToastVitConfig
-from toast.methods.toast_vit.macs import toast_macs
+from toast._lazy import lazy_getattr
 
-__all__ = ["METHOD", "ToastVitConfig", "ToastVitReport", "compress_vit", "toast_macs"]
+_NAMES = {
+    "METHOD": "toast.methods.toast_vit.compress",
+    "ToastVitReport": "toast.methods.toast_vit.compress",
+    "compress_vit": "toast.methods.toast_vit.compress",
+    "ToastVitConfig": "toast.methods.toast_vit.config",
+    "toast_macs": "toast.methods.toast_vit.macs",
+}
+
+__all__ = sorted(_NAMES)
+__getattr__ = lazy_getattr(__name__, _NAMES)
