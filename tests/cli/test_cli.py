@@ -81,3 +81,18 @@ def test_bad_command_lines_exit_with_a_message(local_vit, tmp_path, capsys, argv
         argv += ["--out", str(tmp_path / "new")]
     assert main([*argv, "--no-progress"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_help_imports_no_torch():
+    # --help must answer at once: the parser is built from torch-free configs.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from toast.cli import main\n"
+        "try:\n    main(['compress', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "--translator" in out.stdout
+    assert out.stderr.strip().splitlines()[-1] == "False"

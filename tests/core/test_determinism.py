@@ -40,7 +40,7 @@ import toast
 from tests._helpers import make_states
 
 # the repository root, so that subprocesses can import tests._helpers
-TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Large enough that OpenBLAS splits the GEMMs over threads (d x 4d x rows).
 S, N, D, FOLDS = 4, 3000, 96, 3
@@ -50,8 +50,8 @@ WORKER = textwrap.dedent(
     import ctypes, glob, os, sys
     import numpy as np
 
-    tests_dir, out = sys.argv[1:3]
-    sys.path.insert(0, tests_dir)
+    repo_root, out = sys.argv[1:3]
+    sys.path.insert(0, repo_root)
     import scipy_openblas32
     import toast
     from tests._helpers import make_states
@@ -91,7 +91,7 @@ def _run(tmp_path_factory, script, threads):
     out = tmp_path_factory.mktemp(f"threads{threads}")
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(
-        [sys.executable, str(script), TESTS_DIR, str(out)],
+        [sys.executable, str(script), REPO_ROOT, str(out)],
         env=env,
         capture_output=True,
         text=True,

@@ -23,7 +23,7 @@ if not dist.is_available():
 
 S, N, D, FOLDS = 4, 240, 6, 3
 # the repository root, so that subprocesses can import tests._helpers
-TESTS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 WORKER = textwrap.dedent(
     """
@@ -31,9 +31,9 @@ WORKER = textwrap.dedent(
     import numpy as np
     import torch.distributed as dist
 
-    tests_dir, rank, world, out = sys.argv[1:5]
+    repo_root, rank, world, out = sys.argv[1:5]
     rank, world = int(rank), int(world)
-    sys.path.insert(0, tests_dir)
+    sys.path.insert(0, repo_root)
     import toast
     from tests._helpers import make_states
 
@@ -85,7 +85,7 @@ def _run_workers(tmp_path, world=2, worker=WORKER):
     # A file store for the rendezvous: no port to race for.
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), TESTS_DIR, str(r), str(world), str(tmp_path)],
+            [sys.executable, str(script), REPO_ROOT, str(r), str(world), str(tmp_path)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -167,9 +167,9 @@ HF_WORKER = textwrap.dedent(
     import numpy as np, torch
     import torch.distributed as dist
 
-    tests_dir, rank, world, out = sys.argv[1:5]
+    repo_root, rank, world, out = sys.argv[1:5]
     rank, world = int(rank), int(world)
-    sys.path.insert(0, tests_dir)
+    sys.path.insert(0, repo_root)
     import toast
     from tests._helpers import hf_models
 
