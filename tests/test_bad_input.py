@@ -150,12 +150,12 @@ CASES = {
     ),
     "NaN weights": (
         lambda: analyze(_nan_in_block_2(), images()),
-        ValueError,
+        toast.NonFiniteError,
         r"output of block 2 \(state 3\) contains NaN or Inf",
     ),
     "float16 overflow": (
         lambda: analyze(_half_overflow(), images()),
-        ValueError,
+        toast.NonFiniteError,
         r"block 1 \(state 2\) contains NaN or Inf; in float16",
     ),
     # -- analysis and spans ---------------------------------------------------
@@ -248,3 +248,9 @@ def test_a_translator_from_fewer_rows_than_features_warns_and_uses_ridge():
     with pytest.warns(FewRowsWarning, match="8 rows of width 32"):
         model, report = compress(model, images(8), spans=[(1, 3)], tokens="cls", folds=2)
     assert report.conditions[0] < 1e6  # the ridge keeps the system well posed
+
+
+def test_a_non_finite_state_is_named_by_its_index_in_the_model():
+    with pytest.raises(toast.NonFiniteError) as info:
+        analyze(_nan_in_block_2(), images())
+    assert info.value.state == 3  # the output of block 2

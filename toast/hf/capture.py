@@ -20,6 +20,7 @@ from torch import nn
 
 from toast._validation import Options, check
 from toast.core import Moments, NonFiniteError, Pairs
+from toast.core.errors import non_finite_error
 from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.calibration import BACKENDS, TOKENS, Calibration, Tokens, limited
 from toast.hf.distributed import reduce_captured
@@ -390,7 +391,9 @@ def _update(
             raise
         state = chosen[exc.state]
         where = "the embedding output" if state == 0 else f"the output of block {state - 1}"
-        raise ValueError(
+        # the same type, now naming the model's state rather than the list entry
+        raise non_finite_error(
             f"{where} (state {state}) contains NaN or Inf; in float16 this is usually "
-            "an overflow: run the model in bfloat16 or float32"
+            "an overflow: run the model in bfloat16 or float32",
+            state,
         ) from exc
