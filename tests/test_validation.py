@@ -85,3 +85,9 @@ def test_validate_params_refuses_a_table_naming_no_parameter():
         @validate_params({"missing": [int]})
         def f(n):
             return n
+
+
+def test_a_refused_object_is_named_by_its_type_not_printed_whole():
+    with pytest.raises(InvalidParameterError) as info:
+        check("model", np.zeros((1000, 1000)), str)
+    assert str(info.value) == "model must be a str; got a numpy.ndarray"

@@ -132,6 +132,23 @@ def _short(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
+_PLAIN = (str, bytes, numbers.Number, type(None))
+
+
+def _shown(value: Any) -> str:
+    # Plain values are shown as written; anything else (a model, an array)
+    # by its type, so that a message never prints a whole object.
+    plain = isinstance(value, _PLAIN) or (
+        isinstance(value, (tuple, list))
+        and len(value) <= 8
+        and all(isinstance(v, _PLAIN) for v in value)
+    )
+    if plain:
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return f"a {type(value).__module__}.{type(value).__qualname__}".replace("builtins.", "")
+
+
 def _describe(constraint: Constraint) -> str:
     if constraint is None:
         return "None"
@@ -163,7 +180,7 @@ def check(name: str, value: Any, *constraints: Constraint) -> Any:
                 return int(value)
             return value
     allowed = " or ".join(_describe(c) for c in constraints)
-    raise InvalidParameterError(f"{name} must be {allowed}; got {value!r}")
+    raise InvalidParameterError(f"{name} must be {allowed}; got {_shown(value)}")
 
 
 def validate(

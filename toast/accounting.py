@@ -567,8 +567,7 @@ def _tokens(a: _Arch, image_size: Any, seq_len: int | None) -> tuple[int, tuple[
         return a.patches(image) + a.prefix, image
     if seq_len is None:
         raise ValueError(f"a {a.family} model needs seq_len (the number of tokens per input)")
-    if not 1 <= int(seq_len) <= a.max_positions:
-        raise ValueError(f"seq_len must be in [1, {a.max_positions}], got {seq_len!r}")
+    check("seq_len", seq_len, Interval(int, 1, a.max_positions))
     return int(seq_len), None
 
 

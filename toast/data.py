@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from toast._validation import Interval, Options, check
+
 __all__ = ["Digits", "digits", "image_folder", "stdlib_sentences", "text_file"]
 
 
@@ -40,8 +42,7 @@ class Digits:
 def digits(split: str = "train", test_size: int = 500, seed: int = 0) -> Digits:
     """scikit-learn's digits, split into ``train`` (the rest) and ``test``
     (``test_size`` images), with a seeded permutation."""
-    if split not in ("train", "test", "all"):
-        raise ValueError(f"split must be 'train', 'test' or 'all', got {split!r}")
+    check("split", split, Options(("train", "test", "all")))
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:  # pragma: no cover - depends on the install
@@ -53,8 +54,7 @@ def digits(split: str = "train", test_size: int = 500, seed: int = 0) -> Digits:
     labels = bunch.target.astype(np.int64)
     if split == "all":
         return Digits(images, labels)
-    if not 0 < test_size < len(labels):
-        raise ValueError(f"test_size must be in (0, {len(labels)}), got {test_size}")
+    check("test_size", test_size, Interval(int, 0, len(labels), closed="neither"))
     order = np.random.default_rng(seed).permutation(len(labels))
     pick = order[:test_size] if split == "test" else order[test_size:]
     return Digits(images[pick], labels[pick])

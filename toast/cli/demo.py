@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from toast._validation import Interval, check
+
 __all__ = ["DemoResult", "run_demo"]
 
 
@@ -72,8 +74,7 @@ def run_demo(
     from toast.data import digits
     from toast.zoo import accuracy, digits_vit
 
-    if budget < 1:
-        raise ValueError(f"budget must be >= 1, got {budget}")
+    check("budget", budget, Interval(int, 1, None))
     quiet = not progress
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
+from toast._validation import Interval, check
+
 __all__ = ["blas_threads", "get_blas_threads", "set_blas_threads"]
 
 
@@ -69,8 +71,7 @@ def get_blas_threads() -> int | None:
 
 def set_blas_threads(threads: int) -> None:
     """Sets OpenBLAS's thread count for the whole process."""
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    check("threads", threads, Interval(int, 1, None))
     functions = _functions()
     if functions is None:
         raise RuntimeError("cannot find the OpenBLAS library the core links against")

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from toast._validation import Predicate, check
+
 __all__ = [
     "BlockParts",
     "BlockStack",
@@ -27,6 +29,9 @@ __all__ = [
 ]
 
 # Attribute names of the norm applied after the last block, by family.
+#: The constraint every entry point puts on its ``model`` argument.
+MODEL = Predicate(lambda value: isinstance(value, nn.Module), "a torch.nn.Module")
+
 _FINAL_NORM_NAMES = (
     "layernorm",  # ViT, DeiT, DINOv2
     "post_layernorm",  # CLIP vision
@@ -112,8 +117,7 @@ def find_blocks(model: nn.Module, blocks: str | BlockStack | None = None) -> Blo
     taken. Raises ``ValueError`` when nothing (or more than one equally good
     candidate) is found.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check("model", model, MODEL)
     if isinstance(blocks, BlockStack):
         blocks = blocks.path
     if blocks is not None:

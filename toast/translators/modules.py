@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from toast._validation import Interval, check
+
 __all__ = [
     "DiagonalMap",
     "MLPTranslator",
@@ -66,8 +68,7 @@ class ResMLPTranslator(nn.Module):
 
     def __init__(self, dim: int, dropout: float = 0.2, **factory: Any) -> None:
         super().__init__()
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        check("dropout", dropout, Interval(float, 0, 1, closed="left"))
         self.dim, self.dropout = int(dim), float(dropout)
         self.norm_in = nn.LayerNorm(dim, **factory)
         self.ff = nn.Sequential(

@@ -17,6 +17,9 @@ from typing import Protocol, cast
 
 from torch import nn
 
+from toast._validation import check
+from toast.hf.blocks import MODEL
+
 __all__ = ["Attention", "VitBlock", "VitModel", "vit_blocks"]
 
 
@@ -101,8 +104,7 @@ def vit_blocks(model: nn.Module) -> VitModel:
     """Finds the encoder blocks of an HF ViT, DeiT, DINOv2 (with or without
     registers), ViT-MAE or Swin model (base model or a task model around
     one). Raises ``ValueError`` for other models."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    check("model", model, MODEL)
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in _SUPPORTED:
