@@ -5,7 +5,7 @@
 - ``toast compress MODEL_DIR --data DATA --budget N --out DIR``: a compressed
   model saved with :func:`toast.save_pretrained`, with its report.
 - ``toast replaceme MODEL_PATH --data FILE --blocks N --out DIR``: ReplaceMe on
-  a local causal LM; a standard checkpoint out (:mod:`toast.methods.replaceme.cli`).
+  a local causal LM; a standard checkpoint out (:mod:`toast.cli.replaceme`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from toast.cli.options import (
     calibration_from_args,
     config_values,
 )
-from toast.methods.replaceme.cli import add_parser as _add_replaceme
+from toast.cli.replaceme import add_parser as _add_replaceme
 from toast.methods.toast.config import ToastConfig
 
 
@@ -137,7 +137,7 @@ def _run_local(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "replaceme":
-        from toast.methods.replaceme.cli import run
+        from toast.cli.replaceme import run
 
         return run(args)
     if args.command in ("analyze", "compress"):

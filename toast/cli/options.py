@@ -52,7 +52,7 @@ def add_config_arguments(
 ) -> None:
     """Adds ``--name`` options for the named fields of ``config``."""
     fields = {f.name: f for f in dataclasses.fields(config)}
-    constraints = getattr(config, "_constraints", {})
+    constraints = getattr(config, "_parameter_constraints", {})
     for name in names:
         field = fields[name]
         default = field.default if field.default is not dataclasses.MISSING else None
@@ -88,7 +88,12 @@ def add_calibration_arguments(parser: argparse.ArgumentParser, max_samples: int 
     )
     group.add_argument("--max-batches", type=int, default=None, help="calibration batches (all)")
     group.add_argument("--seed", type=int, default=0, help="seed of every sampled draw (0)")
-    group.add_argument("--blocks", default=None, help="dotted path of the block list (found)")
+    group.add_argument(
+        "--block-list",
+        dest="blocks",
+        default=None,
+        help="dotted path of the block list, when discovery is ambiguous (found)",
+    )
     group.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 

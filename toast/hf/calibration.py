@@ -52,7 +52,7 @@ class Calibration:
     distributed: bool | None = None
     group: Any = None
 
-    _constraints: ClassVar[dict[str, list[Any]]] = {
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "blocks": [str, None],
         "max_batches": [Interval(int, 1, None), None],
         "max_samples": [Interval(int, 1, None), None],
@@ -64,7 +64,7 @@ class Calibration:
 
     def __post_init__(self) -> None:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in validate(self._constraints, fields).items():
+        for name, value in validate(self._parameter_constraints, fields).items():
             object.__setattr__(self, name, value)
 
     @classmethod

@@ -1,8 +1,10 @@
 """What every compression method provides, and the registry that
 ``toast.compress(model, data, method=...)`` dispatches through.
 
-A method is a name, a typed config (a frozen dataclass that validates its
-fields in ``__post_init__``) and a ``run(model, data, config)`` returning
+A method is a name, a typed config (a frozen dataclass whose class-level
+``_parameter_constraints`` table, in :mod:`toast._validation`'s terms, its
+``__post_init__`` checks every field against, and from which the CLI takes
+each option's allowed values) and a ``run(model, data, config)`` returning
 the compressed model and a :class:`Report`. Methods register themselves
 when their package is imported; :mod:`toast.methods` imports them all.
 """

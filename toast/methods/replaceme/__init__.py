@@ -14,7 +14,7 @@ it through the method registry.
 - :mod:`~toast.methods.replaceme.fold`: folding T into the down-projection;
 - :mod:`~toast.methods.replaceme.report`, :mod:`~toast.methods.replaceme.params`;
 - :mod:`~toast.methods.replaceme.method`: the orchestrator, registered as ``"replaceme"``;
-- :mod:`~toast.methods.replaceme.cli`: ``toast replaceme ...``.
+- the command line ``toast replaceme ...`` is :mod:`toast.cli.replaceme`.
 """
 
 from toast._lazy import lazy_getattr

@@ -115,7 +115,7 @@ class ReplaceMeConfig:
     check: bool = True
     calibration: Calibration = field(default_factory=Calibration)
 
-    _validation: ClassVar[dict[str, list[Any]]] = {
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "num_blocks": [Interval(int, 1, None), None],
         "objective": [Options(OBJECTIVES)],
         "num_cuts": [Interval(int, 1, None)],
@@ -148,7 +148,7 @@ class ReplaceMeConfig:
 
     def __post_init__(self) -> None:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in validate(self._validation, fields).items():
+        for name, value in validate(self._parameter_constraints, fields).items():
             object.__setattr__(self, name, value)
         if self.spans is None and self.num_blocks is None:
             raise ValueError("give num_blocks=<blocks to remove> (or spans=[(start, stop), ...])")

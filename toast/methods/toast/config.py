@@ -47,7 +47,7 @@ class ToastConfig:
     backend: Literal["auto", "c", "torch"] = "auto"
     calibration: Calibration = field(default_factory=Calibration)
 
-    _constraints: ClassVar[dict[str, list[Any]]] = {
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "budget": [Interval(int, 1, None), None],
         "max_error": [Interval(float, 0, None), None],
         "spans": [Predicate(lambda v: isinstance(v, Sequence), "a list of (start, stop)"), None],
@@ -67,7 +67,7 @@ class ToastConfig:
 
     def __post_init__(self) -> None:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in validate(self._constraints, fields).items():
+        for name, value in validate(self._parameter_constraints, fields).items():
             object.__setattr__(self, name, value)
         if self.spans is not None and (self.budget is not None or self.max_error is not None):
             raise ValueError("give either spans=[(start, stop), ...] or budget/max_error, not both")

@@ -64,7 +64,7 @@ class ToastVitConfig:
     image_size: int | None = None
     calibration: Calibration = field(default_factory=Calibration)
 
-    _constraints: ClassVar[dict[str, list[Any]]] = {
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "head_sparsity": [RATIO, _PER_BLOCK, None],
         "schedule": [str, Schedule, Mapping, None],
         "center": [Options(CENTERS)],
@@ -91,7 +91,7 @@ class ToastVitConfig:
 
     def __post_init__(self) -> None:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in validate(self._constraints, fields).items():
+        for name, value in validate(self._parameter_constraints, fields).items():
             object.__setattr__(self, name, value)
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr must be <= lr; got min_lr={self.min_lr}, lr={self.lr}")

@@ -17,15 +17,32 @@ import argparse
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.cli.options import (
+    add_calibration_arguments,
+    add_config_arguments,
+    calibration_from_args,
+    config_values,
+)
+from toast.methods.replaceme.config import ReplaceMeConfig
 
-# The options that go to ReplaceMeConfig under their own names (the
-# CLI's --batch-size is texts per batch, not the cosine fit's rows per step).
-_CONFIG_OPTIONS = (
-    "num_blocks",
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def _bytes(text: str) -> int:
+    """``"8GiB"``, ``"512M"``, ``"1000000"`` → bytes (powers of 1024)."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8GiB, 512MiB, 1000000)")
+    unit = (match.group(2) or "").upper().rstrip("B").rstrip("I")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+# ReplaceMeConfig fields offered as --options under their own names, with
+# the config's defaults and allowed values (--blocks and --max-buffer below
+# keep their established spellings).
+_FIELDS = [
     "objective",
     "num_cuts",
     "adjacent",
@@ -38,20 +55,23 @@ _CONFIG_OPTIONS = (
     "solver",
     "lr",
     "epochs",
-    "max_buffer_bytes",
     "include_padding",
-)
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def _bytes(text: str) -> int:
-    """``"8GiB"``, ``"512M"``, ``"1000000"`` → bytes (powers of 1024)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 8GiB, 512MiB, 1000000)")
-    unit = (match.group(2) or "").upper().rstrip("B").rstrip("I")
-    return int(float(match.group(1)) * _UNITS[unit])
+]
+_HELP = {
+    "objective": "how the transform is fitted",
+    "num_cuts": "number of transforms",
+    "adjacent": "what to do with touching cuts",
+    "distance": "distance of the cut profile",
+    "distance_tokens": "tokens the profile measures",
+    "min_start": "first block that may be cut",
+    "structure": "structure of the LS transform",
+    "ridge": "LS ridge alpha",
+    "loss": "cosine objective",
+    "solver": "cosine solver",
+    "lr": "cosine: Adam learning rate",
+    "epochs": "cosine: Adam epochs",
+    "include_padding": "fit on pad tokens too",
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,18 +88,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--blocks", dest="num_blocks", type=int, required=True, help="number of blocks to remove"
     )
     p.add_argument("--out", required=True, help="output directory for the pruned model")
-    p.add_argument("--objective", default="ls", choices=["ls", "cosine", "identity"])
-    p.add_argument("--num-cuts", type=int, default=1, help="number of transforms (1)")
-    p.add_argument("--adjacent", default="merge", choices=["merge", "forbid"])
-    p.add_argument("--distance", default="angular", choices=["angular", "cosine", "l2"])
-    p.add_argument("--distance-tokens", default="last", choices=["last", "all", "mean"])
-    p.add_argument("--min-start", type=int, default=1, help="first block that may be cut (1)")
-    p.add_argument("--structure", default="full", choices=["full", "diagonal", "orthogonal"])
-    p.add_argument("--ridge", type=float, default=0.0, help="LS ridge alpha (0)")
-    p.add_argument("--loss", default="approximate", choices=["approximate", "exact"])
-    p.add_argument("--solver", default="adam", choices=["adam", "lbfgs"])
-    p.add_argument("--lr", type=float, default=1e-4, help="cosine: Adam learning rate (1e-4)")
-    p.add_argument("--epochs", type=int, default=10, help="cosine: Adam epochs (10)")
+    add_config_arguments(p, ReplaceMeConfig, _FIELDS, _HELP)
     p.add_argument(
         "--max-buffer",
         dest="max_buffer_bytes",
@@ -87,15 +96,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="8GiB",
         help="cosine row buffer (8GiB)",
     )
-    p.add_argument("--max-samples", type=int, default=None, help="calibration texts (all)")
     p.add_argument("--max-length", type=int, default=1024, help="tokens per text (1024)")
     p.add_argument("--batch-size", type=int, default=8, help="texts per batch (8)")
-    p.add_argument("--include-padding", action="store_true", help="fit on pad tokens too")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_calibration_arguments(p, max_samples=None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,17 +114,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> ReplaceMeConfig:
-    """The method's options from the command line (calibration: the first
-    ``--max-samples`` texts, ``--seed``, progress bars unless
-    ``--no-progress``)."""
-    from toast.hf.calibration import Calibration
-    from toast.methods.replaceme.config import ReplaceMeConfig
-
-    calibration = Calibration(
-        max_samples=args.max_samples, seed=args.seed, progress=not args.no_progress
-    )
+    """The method's options from the command line."""
     return ReplaceMeConfig(
-        **{name: getattr(args, name) for name in _CONFIG_OPTIONS}, calibration=calibration
+        num_blocks=args.num_blocks,
+        max_buffer_bytes=args.max_buffer_bytes,
+        calibration=calibration_from_args(args),
+        **config_values(args, _FIELDS),
     )
 
 
