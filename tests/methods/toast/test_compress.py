@@ -152,3 +152,35 @@ def test_bad_compress_arguments_are_rejected(kwargs, match):
     model, batches = _vit_and_batches(8)
     with pytest.raises(ValueError, match=match):
         toast.compress(model, batches, progress=False, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("translator", "fit"),
+    [("affine", "independent"), ("affine", "sequential"), ("mlp", "independent")],
+)
+def test_one_call_searches_for_the_blocks_once(monkeypatch, translator, fit):
+    model, batches = _vit_and_batches(16)
+    modules = len(list(model.named_modules()))
+    calls = []
+    from toast.hf import blocks
+
+    original = blocks._is_block_list
+
+    def counting(module):
+        calls.append(module)
+        return original(module)
+
+    monkeypatch.setattr(blocks, "_is_block_list", counting)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        toast.compress(
+            model,
+            batches,
+            spans=[(1, 2), (3, 4)],
+            translator=translator,
+            fit=fit,
+            train_steps=2,
+            estimator="gcv",
+            progress=False,
+        )
+    assert len(calls) == modules  # one search over the model, then lookups by path
