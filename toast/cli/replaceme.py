@@ -18,6 +18,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from toast.cli.options import (
     add_calibration_arguments,
@@ -152,6 +153,7 @@ def _run(args: argparse.Namespace) -> int:
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
+    model: Any  # a transformers causal LM either way
     if is_gguf:  # dequantized to float32
         model = load_model(model_path)
         if dtype != "auto":
