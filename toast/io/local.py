@@ -79,11 +79,10 @@ def _forget_gguf_origin(model: torch.nn.Module) -> None:
     # keeps the model marked as quantized, and save_pretrained then refuses to
     # write it. Nothing quantized is left: drop the marks, so that the model
     # (compressed or not) saves as a standard float32 checkpoint.
-    for name, value in (("hf_quantizer", None), ("is_quantized", False)):
+    marks = (("hf_quantizer", None), ("is_quantized", False), ("quantization_method", None))
+    for name, value in marks:
         if hasattr(model, name):
             setattr(model, name, value)
-    if hasattr(model, "quantization_method"):
-        setattr(model, "quantization_method", None)  # noqa: B010 (nn.Module typing)
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "quantization_config"):
         del config.quantization_config

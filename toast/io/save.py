@@ -161,7 +161,7 @@ def _buffer_dtypes(model: nn.Module) -> dict[str, str]:
     return dtypes
 
 
-def _summary(model: nn.Module, layout: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(model: nn.Module, layout: list[dict[str, Any]], model_class: str) -> dict[str, Any]:
     """The human-readable head of the plan (never read back)."""
     import transformers
 
@@ -175,7 +175,7 @@ def _summary(model: nn.Module, layout: list[dict[str, Any]]) -> dict[str, Any]:
         "toast_version": __version__,
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
-        "model_class": _model_class(model)["name"],
+        "model_class": model_class,
         "blocks": len(layout),
         "original_blocks": original,
         "spans": [e["span"] for e in replaced],
@@ -190,7 +190,7 @@ def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[st
     """The plan of ``model`` (without the weights' byte count) and the tensors
     to store. Raises before anything is written when the model cannot be
     described."""
-    model_class = _model_class(model)
+    model_class = _model_class(model)  # raises for a class the loader would not rebuild
     stack = find_blocks(model, blocks)
     _check_savable(model, stack)
     layout = _layout(stack)
@@ -198,7 +198,7 @@ def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[st
     plan = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "summary": _summary(model, layout),
+        "summary": _summary(model, layout, model_class["name"]),
         "model_class": model_class,
         "config": _config_dict(model.config, stack.num_blocks),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
