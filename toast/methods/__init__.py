@@ -10,7 +10,6 @@ and :func:`compress`, which dispatches to them by name.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch stays unimported until a method runs
@@ -39,10 +38,11 @@ def available_methods() -> list[str]:
 
 def compress(
     model: nn.Module,
-    data: Iterable | None = None,
+    data: Any = None,
     *,
     method: str = "toast",
     config: Any = None,
+    heldout: Any = None,
     **params: Any,
 ) -> tuple[nn.Module, Report]:
     """Compresses ``model`` in place with ``method``; returns it and the
@@ -50,7 +50,19 @@ def compress(
 
     ``data`` is the calibration data: an iterable of batches (tensors, dicts
     of model inputs such as a tokenizer's output, or ``(inputs, labels)``
-    pairs). The method's options come either as ``config`` (its config
+    pairs), or raw text with ``tokenizer=``: a ``.txt``/``.jsonl``/``.json``
+    file, a list of strings, a ``datasets``-style dataset, chat
+    ``"messages"`` rows (rendered by the tokenizer's chat template), read
+    with ``max_length``, ``batch_size``, ``num_samples``, ``pack``, ``field``
+    (see :class:`toast.hf.text.TextData`).
+
+    ``heldout`` (batches, or raw text read the same way) makes the report
+    state measured quality for the original model, plain removal of the same
+    blocks and the compressed model: perplexity for causal LMs, accuracy when
+    the batches carry labels, else the mean cosine of outputs to the
+    original's (:mod:`toast.hf.quality`; ``report.quality``).
+
+    The method's options come either as ``config`` (its config
     dataclass, e.g. :class:`toast.ToastConfig`) or as keywords, from which
     that config is built: its own fields plus the calibration options
     (``max_samples``, ``max_batches``, ``sample``, ``seed``, ``blocks``,
@@ -65,9 +77,11 @@ def compress(
       fine-tune.
     """
     from toast.methods.base import get_method, make_config
+    from toast.methods.runner import run_method, split_text_options
 
     _register_all()
     chosen = get_method(method)
+    text, params = split_text_options(params)
     if config is None:
         config = make_config(chosen, params)
     elif params:
@@ -76,6 +90,4 @@ def compress(
         raise TypeError(
             f"method={method!r} takes a {chosen.config.__name__}, got {type(config).__name__}"
         )
-    if chosen.needs_data and data is None:
-        raise ValueError(f"method={method!r} needs calibration data (a loader of batches)")
-    return chosen.run(model, data, config)
+    return run_method(chosen, model, data, config, heldout=heldout, text=text)

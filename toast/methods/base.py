@@ -4,15 +4,19 @@
 A method is a name, a typed config (a frozen dataclass whose class-level
 ``_parameter_constraints`` table, in :mod:`toast._validation`'s terms, its
 ``__post_init__`` checks every field against, and from which the CLI takes
-each option's allowed values) and a ``run(model, data, config)`` returning
-the compressed model and a :class:`Report`. Methods register themselves
+each option's allowed values) and a ``run(model, data, config,
+before_surgery=None)`` returning the compressed model and a :class:`Report`.
+A method that removes blocks calls ``before_surgery(spans, stack)`` once
+its spans are chosen and before it changes the model, so that the caller
+can measure plain removal of those very blocks on the intact model
+(:mod:`toast.methods.runner`). Methods register themselves
 when their package is imported; :mod:`toast.methods` imports them all.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +24,14 @@ from toast.hf.calibration import CALIBRATION_OPTIONS, Calibration
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from toast.hf.blocks import BlockStack
+    from toast.hf.quality import Quality
+    from toast.spans import Span
+
+#: Called by a method with its chosen spans and the model's block stack,
+#: before the model changes.
+BeforeSurgery = Callable[["Sequence[Span]", "BlockStack"], None]
 
 __all__ = ["Method", "Report", "get_method", "make_config", "method_names", "register"]
 
@@ -29,7 +41,9 @@ class Report:
 
     Subclasses are dataclasses with at least ``method``, ``blocks_before``,
     ``blocks_after``, ``params_before`` and ``params_after``, and write
-    :meth:`to_markdown`.
+    :meth:`to_markdown`, ending it with :meth:`quality_markdown`.
+    ``quality`` is the measured held-out quality (:class:`toast.hf.quality.Quality`)
+    when the method ran with held-out data, else None.
     """
 
     method: str
@@ -37,6 +51,7 @@ class Report:
     blocks_after: int
     params_before: int
     params_after: int
+    quality: Quality | None = None
 
     @property
     def blocks_removed(self) -> int:
@@ -61,6 +76,10 @@ class Report:
             f"(−{100 * self.compression_by_params:.1f}%)"
         )
 
+    def quality_markdown(self) -> str:
+        """The measured-quality section ("" when nothing was measured)."""
+        return "" if self.quality is None else "\n\n" + self.quality.to_markdown()
+
     def to_markdown(self) -> str:
         raise NotImplementedError
 
@@ -69,13 +88,14 @@ class Report:
 class Method:
     """A registered compression method.
 
-    ``config`` is its config dataclass; ``run(model, data, config)`` does
-    the work; ``needs_data`` says whether ``data`` may be None.
+    ``config`` is its config dataclass; ``run(model, data, config,
+    before_surgery)`` does the work; ``needs_data`` says whether ``data``
+    may be None.
     """
 
     name: str
     config: type
-    run: Callable[[nn.Module, Iterable | None, Any], tuple[nn.Module, Report]]
+    run: Callable[[nn.Module, Iterable | None, Any, BeforeSurgery | None], tuple[nn.Module, Report]]
     needs_data: bool = True
     summary: str = ""
 

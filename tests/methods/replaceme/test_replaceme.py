@@ -684,7 +684,7 @@ def test_a_config_and_keywords_give_the_same_result():
 
 def test_the_registered_method_runs_the_config_directly():
     method = toast.methods.base.get_method("replaceme")
-    assert method.config is toast.ReplaceMeConfig and method.run is replaceme
+    assert method.config is toast.ReplaceMeConfig
     config = toast.ReplaceMeConfig(spans=[SPAN], calibration=toast.Calibration(progress=False))
     model, report = method.run(R.decoder("llama"), R.text_loader(), config)
     assert report.blocks_after == R.LAYERS - 2 == find_blocks(model).num_blocks
@@ -723,7 +723,7 @@ def test_one_call_searches_for_the_blocks_once(monkeypatch, fit):
         ({"num_blocks": 2, "loss": "mse"}, "loss must be one of 'approximate', 'exact'"),
         ({"num_blocks": 2, "solver": "sgd"}, "solver must be one of 'adam', 'lbfgs'"),
         ({"num_blocks": 2, "lr": 0.0}, r"lr must be a number in \(0, inf\); got 0.0"),
-        ({"num_blocks": 2, "batch_size": 0}, r"batch_size must be an int in \[1, inf\)"),
+        ({"num_blocks": 2, "rows_per_step": 0}, r"rows_per_step must be an int in \[1, inf\)"),
         ({"num_blocks": 2, "epochs": -1}, r"epochs must be an int in \[0, inf\)"),
         ({"num_blocks": 2, "lbfgs_steps": 0}, r"lbfgs_steps must be an int in \[1, inf\)"),
         ({"num_blocks": 2, "penalty": "l0"}, "penalty must be one of 'l1', 'l2' or None"),

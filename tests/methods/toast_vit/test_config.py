@@ -88,7 +88,7 @@ def test_keywords_build_the_config_the_method_runs_with(monkeypatch):
     assert method.run is compress_vit and method.config is ToastVitConfig
     seen = {}
 
-    def spy(model, data, config):
+    def spy(model, data, config, before_surgery=None):
         seen["config"] = config
         return model, None
 

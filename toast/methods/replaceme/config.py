@@ -71,7 +71,7 @@ class ReplaceMeConfig:
       rows kept in a disk-backed buffer of at most ``max_buffer_bytes``
       (``buffer_dtype``, under ``buffer_dir``; reservoir-sampled beyond
       that); ``loss="approximate"`` (Eq. 8) or ``"exact"`` (Eq. 7);
-      ``solver``, ``lr``, ``batch_size``, ``epochs``, ``lbfgs_steps``,
+      ``solver``, ``lr``, ``rows_per_step`` (rows per optimizer step), ``epochs``, ``lbfgs_steps``,
       ``penalty``/``penalty_weight``; ``init="ls"`` starts from the LS
       solution (one pass gives both).
     - ``objective="identity"``: T = I, plain removal (UIDL, the baseline).
@@ -99,7 +99,7 @@ class ReplaceMeConfig:
     loss: Literal["approximate", "exact"] = "approximate"
     solver: Literal["adam", "lbfgs"] = "adam"
     lr: float = 1e-4
-    batch_size: int = 1024
+    rows_per_step: int = 1024
     epochs: int = 10
     lbfgs_steps: int = 100
     penalty: Literal["l1", "l2"] | None = None
@@ -129,7 +129,7 @@ class ReplaceMeConfig:
         "loss": [Options(LOSSES)],
         "solver": [Options(SOLVERS)],
         "lr": [Interval(float, 0, math.inf, closed="neither")],
-        "batch_size": [Interval(int, 1, None)],
+        "rows_per_step": [Interval(int, 1, None)],
         "epochs": [Interval(int, 0, None)],
         "lbfgs_steps": [Interval(int, 1, None)],
         "penalty": [Options(PENALTIES), None],

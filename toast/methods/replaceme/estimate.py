@@ -35,16 +35,16 @@ from toast.spans import Span
 
 __all__ = ["Estimation", "Fitted"]
 
-# ReplaceMeConfig fields that fit_cosine takes under the same names.
-_COSINE_OPTIONS = (
-    "solver",
-    "lr",
-    "batch_size",
-    "epochs",
-    "lbfgs_steps",
-    "penalty",
-    "penalty_weight",
-)
+# fit_cosine's arguments and the ReplaceMeConfig fields that fill them.
+_COSINE_OPTIONS = {
+    "solver": "solver",
+    "lr": "lr",
+    "batch_size": "rows_per_step",
+    "epochs": "epochs",
+    "lbfgs_steps": "lbfgs_steps",
+    "penalty": "penalty",
+    "penalty_weight": "penalty_weight",
+}
 _STRUCTURE_KIND = {"full": "linear", "diagonal": "diagonal", "orthogonal": "orthogonal"}
 
 
@@ -177,7 +177,7 @@ def _solve(cut: _Cut, config: ReplaceMeConfig, device: torch.device) -> Fitted:
     try:
         buffer_bytes = sample.capacity * sample.num_states * sample.dim * sample.dtype.itemsize
         three = sample.num_states == 3
-        options = {name: getattr(config, name) for name in _COSINE_OPTIONS}
+        options = {arg: getattr(config, name) for arg, name in _COSINE_OPTIONS.items()}
         result = fit_cosine(
             sample.state(0),
             sample.state(2) if three else sample.state(1),

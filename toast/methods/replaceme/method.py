@@ -27,12 +27,13 @@ from torch import nn
 
 from toast.hf.blocks import find_blocks
 from toast.hf.params import count_params
-from toast.methods.base import Method, register
+from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import choose_cuts
 from toast.methods.replaceme.estimate import Estimation, Fitted
 from toast.methods.replaceme.fold import apply_cuts
 from toast.methods.replaceme.report import ReplaceMeReport
+from toast.methods.runner import run_method, split_text_options
 from toast.spans import Span
 
 __all__ = ["replaceme"]
@@ -40,8 +41,10 @@ __all__ = ["replaceme"]
 
 def replaceme(
     model: nn.Module,
-    data: Iterable | None,
+    data: Any,
     config: ReplaceMeConfig | None = None,
+    *,
+    heldout: Any = None,
     **params: Any,
 ) -> tuple[nn.Module, ReplaceMeReport]:
     """Removes blocks of ``model`` by ReplaceMe, in place.
@@ -50,19 +53,40 @@ def replaceme(
     documents every option) and/or its fields as keywords
     (``num_blocks=2, objective="cosine"``), with the calibration options
     (``max_samples``, ``seed``, ``progress``...; see
-    :class:`toast.Calibration`) routed into its ``calibration``. A profile
-    pass over ``data`` chooses the cut(s) unless ``spans`` are given, one
-    more pass per fit estimates the transforms, and the blocks are folded
-    and removed. Raises :class:`~toast.methods.replaceme.NotFoldableError`
-    when a fold target's output does not move with its MLP output.
-    Returns the model and a :class:`~toast.methods.replaceme.ReplaceMeReport`.
+    :class:`toast.Calibration`) routed into its ``calibration``. ``data``
+    is a loader of batches or raw text with ``tokenizer=`` (and
+    ``max_length``, ``batch_size``, ``num_samples``, ``pack``, ``field``: see
+    :func:`toast.compress`); ``heldout`` data adds measured perplexity of
+    the original, plain removal and the pruned model to the report. A
+    profile pass over ``data`` chooses the cut(s) unless ``spans`` are
+    given, one more pass per fit estimates the transforms, and the blocks
+    are folded and removed. Raises
+    :class:`~toast.methods.replaceme.NotFoldableError` when a fold target's
+    output does not move with its MLP output. Returns the model and a
+    :class:`~toast.methods.replaceme.ReplaceMeReport`.
     """
+    text, params = split_text_options(params)
     config = ReplaceMeConfig.from_options(config, params)
     if data is None:
-        raise ValueError("ReplaceMe needs calibration data (a loader of batches)")
+        raise ValueError("ReplaceMe needs calibration data (a loader of batches, or raw text)")
+    _, report = run_method(METHOD, model, data, config, heldout=heldout, text=text)
+    assert isinstance(report, ReplaceMeReport)
+    return model, report
+
+
+def _replaceme(
+    model: nn.Module,
+    data: Iterable | None,
+    config: ReplaceMeConfig,
+    before_surgery: BeforeSurgery | None = None,
+) -> tuple[nn.Module, ReplaceMeReport]:
+    """The registered run: cut, estimate, fold (see :func:`replaceme`)."""
+    assert data is not None  # the runner refuses None for a method that needs data
     stack = find_blocks(model, config.calibration.blocks)
     blocks_before, params_before = stack.num_blocks, count_params(model)
     spans, profile = choose_cuts(model, data, config, stack)
+    if before_surgery is not None:
+        before_surgery(spans, stack)
     expected_rows = profile.token_rows if profile is not None else None
     estimation = Estimation(model, data, config, stack, expected_rows)
     if config.objective == "identity":
@@ -126,7 +150,7 @@ METHOD = register(
     Method(
         name="replaceme",
         config=ReplaceMeConfig,
-        run=replaceme,
+        run=_replaceme,
         summary="remove blocks, fold a least-squares or cosine transform into the last kept one",
     )
 )

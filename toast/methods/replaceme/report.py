@@ -107,4 +107,4 @@ class ReplaceMeReport(Report):
                 f"Cosine rows: {self.rows_kept:,} kept of {self.rows:,} in a "
                 f"{self.buffer_bytes / 2**20:,.1f} MiB disk buffer."
             )
-        return "\n".join(lines)
+        return "\n".join(lines) + self.quality_markdown()

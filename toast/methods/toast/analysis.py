@@ -21,6 +21,7 @@ from toast.core import METRICS, Moments, Pairs, error_matrix
 from toast.hf.blocks import BlockStack
 from toast.hf.calibration import Calibration
 from toast.hf.capture import Tokens, capture_moments
+from toast.hf.text import TEXT_OPTIONS, as_batches
 from toast.spans import Span, plan_spans
 
 __all__ = ["Analysis", "Span", "analyze"]
@@ -179,7 +180,7 @@ class Analysis:
 
 def analyze(
     model: nn.Module,
-    loader: Iterable,
+    loader: Any,
     *,
     metric: str = "linear",
     estimator: Literal["cv", "gcv", "in_sample"] = "cv",
@@ -204,12 +205,15 @@ def analyze(
     ``torch.distributed`` each rank passes its shard of the data and gets the
     same analysis (see :func:`toast.capture_moments`). ``calibration`` (or its
     fields as keywords: ``max_samples=...``, ``progress=False``...) bounds the
-    pass, see :class:`toast.Calibration`.
+    pass, see :class:`toast.Calibration`. ``loader`` may be raw text with
+    ``tokenizer=`` (and ``max_length``, ``batch_size``, ``num_samples``,
+    ``pack``, ``field``), as for :func:`toast.compress`.
     """
     check("metric", metric, Options(METRICS))
+    text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
     moments, stack = capture_moments(
         model,
-        loader,
+        as_batches(loader, **text),
         tokens=tokens,
         folds=folds if estimator == "cv" else 0,
         pairs=pairs,

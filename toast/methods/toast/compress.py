@@ -9,7 +9,7 @@ from torch import nn
 from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.params import count_params
 from toast.hf.surgery import replace_spans
-from toast.methods.base import Method, register
+from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.toast.analysis import Analysis, analyze
 from toast.methods.toast.config import ToastConfig
 from toast.methods.toast.fitting import Fitter
@@ -20,7 +20,10 @@ __all__ = ["METHOD", "compress_toast"]
 
 
 def compress_toast(
-    model: nn.Module, data: Iterable, config: ToastConfig
+    model: nn.Module,
+    data: Iterable,
+    config: ToastConfig,
+    before_surgery: BeforeSurgery | None = None,
 ) -> tuple[nn.Module, CompressionReport]:
     """Replaces redundant spans of ``model``'s blocks by translators, in place.
 
@@ -41,6 +44,8 @@ def compress_toast(
         stack=stack,
     )
     spans = _choose_spans(analysis, config)
+    if before_surgery is not None:
+        before_surgery(spans, stack)
     blocks_before, params_before = stack.num_blocks, count_params(model)
     fitter = Fitter(config)
     if config.fit == "independent":
@@ -96,9 +101,14 @@ def _fit_sequentially(
         removed += span.num_blocks - 1
 
 
-def _run(model: nn.Module, data: Iterable | None, config: ToastConfig):
-    assert data is not None  # toast.compress refuses None for a method that needs data
-    return compress_toast(model, data, config)
+def _run(
+    model: nn.Module,
+    data: Iterable | None,
+    config: ToastConfig,
+    before_surgery: BeforeSurgery | None = None,
+):
+    assert data is not None  # the runner refuses None for a method that needs data
+    return compress_toast(model, data, config, before_surgery)
 
 
 METHOD = register(

@@ -54,4 +54,4 @@ class CompressionReport(Report):
             f"{self.blocks_before} → {self.blocks_before - self.blocks_removed} "
             f"(−{100 * self.compression_by_blocks:.1f}%), plus {len(self.spans)} translator(s).",
         ]
-        return "\n".join(lines)
+        return "\n".join(lines) + self.quality_markdown()

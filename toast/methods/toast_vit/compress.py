@@ -10,7 +10,7 @@ from typing import Any
 from torch import nn
 
 from toast.hf.params import count_params
-from toast.methods.base import Method, Report, register
+from toast.methods.base import BeforeSurgery, Method, Report, register
 from toast.methods.toast_vit.blocks import vit_blocks
 from toast.methods.toast_vit.config import ToastVitConfig
 from toast.methods.toast_vit.finetune import finetune
@@ -86,11 +86,14 @@ class ToastVitReport(Report):
                 f"Fine-tuned {len(self.finetune_losses)} steps: loss "
                 f"{self.finetune_losses[0]:.4g} → {self.finetune_losses[-1]:.4g}."
             )
-        return "\n".join(lines)
+        return "\n".join(lines) + self.quality_markdown()
 
 
 def compress_vit(
-    model: nn.Module, data: Iterable[Any] | None, config: ToastVitConfig
+    model: nn.Module,
+    data: Iterable[Any] | None,
+    config: ToastVitConfig,
+    before_surgery: BeforeSurgery | None = None,
 ) -> tuple[nn.Module, ToastVitReport]:
     """ToaSt on an HF ViT / DeiT / DINOv2 / ViT-MAE / Swin model, in place
     (the fields are described on :class:`ToastVitConfig`):
@@ -105,6 +108,7 @@ def compress_vit(
 
     ``data`` is only needed for the fine-tune: ToaSt itself uses no data.
     ``config.calibration.seed`` seeds the fine-tune and TCS's token samples.
+    ToaSt removes no block, so ``before_surgery`` is never called.
     """
     if config.finetune_steps and data is None:
         raise ValueError("finetune_steps > 0 needs a loader")

@@ -1,0 +1,88 @@
+"""Running a registered method: raw data in, measured quality out.
+
+Every entry point (``toast.compress``, ``toast.replaceme``) goes through
+:func:`run_method`, which
+
+1. turns raw text (a file, a list of strings, a ``datasets``-style dataset,
+   chat ``"messages"``) into batches with the user's tokenizer
+   (:mod:`toast.hf.text`); loaders pass through unchanged;
+2. with ``heldout`` data, measures the original model first, then plain
+   removal of the blocks the method chose (on the intact model, just before
+   the method changes it: :func:`toast.hf.quality.skipped_blocks`), then the
+   compressed model, and puts the three figures in the report
+   (``report.quality``, shown by ``report.to_markdown()``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from toast.hf.text import TEXT_OPTIONS, as_batches
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from toast.hf.blocks import BlockStack
+    from toast.methods.base import Method, Report
+    from toast.spans import Span
+
+__all__ = ["TEXT_OPTIONS", "run_method", "split_text_options"]
+
+
+def split_text_options(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``params`` split into (raw-text options, everything else)."""
+    text = {k: v for k, v in params.items() if k in TEXT_OPTIONS}
+    rest = {k: v for k, v in params.items() if k not in TEXT_OPTIONS}
+    return text, rest
+
+
+def run_method(
+    method: Method,
+    model: nn.Module,
+    data: Iterable | None,
+    config: Any,
+    *,
+    heldout: Iterable | None = None,
+    text: Mapping[str, Any] | None = None,
+) -> tuple[nn.Module, Report]:
+    """Runs ``method`` on ``model`` with ``config``; ``data`` and ``heldout``
+    are batches, or raw text read with ``text`` (:data:`TEXT_OPTIONS`:
+    ``tokenizer``, ``max_length``, ``batch_size``, ``num_samples``, ``pack``,
+    ``field``)."""
+    text = dict(text or {})
+    if data is not None:
+        data = as_batches(data, **text)
+    if method.needs_data and data is None:
+        raise ValueError(f"method={method.name!r} needs calibration data (a loader of batches)")
+    if heldout is None:
+        return method.run(model, data, config, None)
+    return _run_measured(method, model, data, config, as_batches(heldout, **text))
+
+
+def _run_measured(
+    method: Method, model: nn.Module, data: Iterable | None, config: Any, heldout: Iterable
+) -> tuple[nn.Module, Report]:
+    from toast.hf.quality import Evaluator, Quality, skipped_blocks
+
+    calibration = getattr(config, "calibration", None)
+    evaluator = Evaluator(heldout, progress=getattr(calibration, "progress", True))
+    original = evaluator.measure(model, "original")
+    plain: list[float] = []
+
+    def before_surgery(spans: Sequence[Span], stack: BlockStack) -> None:
+        with skipped_blocks(stack, spans):
+            plain.append(evaluator.measure(model, "plain removal"))
+
+    model, report = method.run(model, data, config, before_surgery)
+    compressed = evaluator.measure(model, "compressed")
+    assert evaluator.metric is not None  # set by the first measurement
+    report.quality = Quality(
+        metric=evaluator.metric,
+        original=original,
+        compressed=compressed,
+        plain_removal=plain[0] if plain else None,
+        samples=evaluator.samples,
+        count=evaluator.count,
+    )
+    return model, report
