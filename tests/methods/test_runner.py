@@ -74,3 +74,8 @@ def test_a_method_that_removes_no_block_reports_no_plain_removal():
 def test_without_held_out_data_the_report_measures_nothing():
     _, report = toast.replaceme(decoder("llama"), text_loader(n=16), num_blocks=1, progress=False)
     assert report.quality is None and "Measured" not in report.to_markdown()
+
+
+def test_a_held_out_fraction_needs_raw_text():
+    with pytest.raises(ValueError, match="fraction of raw text"):
+        toast.replaceme(decoder("llama"), text_loader(n=16), num_blocks=1, heldout=0.25)

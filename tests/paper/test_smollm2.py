@@ -122,19 +122,40 @@ def test_the_folded_checkpoint_reloads_without_toast_with_identical_logits(smoll
     assert torch.equal(torch.load(tmp_path / "logits.pt"), expected)
 
 
-def test_the_cli_goes_from_a_gguf_file_and_a_text_file_to_a_standard_checkpoint(tmp_path):
+def test_the_cli_goes_from_a_gguf_file_and_a_text_file_to_a_checkpoint_and_measured_perplexity(
+    tmp_path,
+):
     from toast.cli import main
 
-    data = tmp_path / "calibration.txt"
-    data.write_text("\n".join(stdlib_sentences(limit=400)[:64]) + "\n", encoding="utf-8")
+    data = tmp_path / "corpus.txt"  # one file: the last quarter of it is held out
+    data.write_text("\n".join(stdlib_sentences(limit=400)[:96]) + "\n", encoding="utf-8")
     out = tmp_path / "pruned"
     argv = [
-        "replaceme", str(smollm2_gguf()), "--data", str(data), "--blocks", "2",
-        "--max-length", "64", "--out", str(out), "--no-progress",
+        "replaceme", str(smollm2_gguf()), "--data", str(data), "--heldout", "0.25",
+        "--blocks", "2", "--max-length", "64", "--pack", "--out", str(out), "--no-progress",
     ]  # fmt: skip
     assert main(argv) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["num_hidden_layers"] == 28
     assert "quantization_config" not in config  # the dequantized weights are plain float32
-    assert (out / "model.safetensors").is_file() and (out / "replaceme_report.md").is_file()
-    assert any(out.glob("tokenizer*"))
+    assert (out / "model.safetensors").is_file() and any(out.glob("tokenizer*"))
+    report = (out / "replaceme_report.md").read_text()
+    rows = {
+        line.split("|")[1].strip(): float(line.split("|")[2])
+        for line in report.splitlines()
+        if line.startswith(("| original", "| plain removal", "| compressed"))
+    }
+    assert set(rows) == {"original", "plain removal of the same blocks", "compressed"}
+    assert all(1 < value < 1e4 for value in rows.values())  # perplexities, measured
+
+
+def test_chat_rows_go_through_smollm2s_own_chat_template():
+    tokenizer = load_tokenizer(smollm2_gguf())
+    messages = [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is Paris."},
+    ]
+    (batch,) = toast.TextData([{"messages": messages}], tokenizer, max_length=512)
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    expected = tokenizer(rendered, add_special_tokens=False).input_ids
+    assert "<|im_start|>" in rendered and batch["input_ids"][0].tolist() == expected

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from toast.cli.options import (
+    HELDOUT_HELP,
     add_calibration_arguments,
     add_config_arguments,
     calibration_from_args,
     config_values,
+    heldout_value,
 )
 from toast.cli.replaceme import add_parser as _add_replaceme
 from toast.methods.toast.config import ToastConfig
@@ -84,13 +86,7 @@ def _add_local_commands(sub: Any) -> None:
         p.add_argument("--out", required=True, help="output directory")
         p.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
         if name == "compress":
-            p.add_argument(
-                "--heldout",
-                default=None,
-                help="held-out data, like --data: the report states measured quality (perplexity "
-                "for causal LMs, else the mean cosine of outputs to the original's) of the "
-                "original model, plain removal of the same blocks and the compressed model",
-            )
+            p.add_argument("--heldout", type=heldout_value, default=None, help=HELDOUT_HELP)
         add_config_arguments(p, ToastConfig, fields, _HELP)
         add_calibration_arguments(p, max_samples=512)
         if name == "compress":
@@ -121,9 +117,9 @@ def _compress(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> 
     config = ToastConfig(
         calibration=calibration_from_args(args), **config_values(args, _COMPRESS_FIELDS)
     )
-    heldout = None
-    if args.heldout is not None:
-        heldout = load_batches(args.model, args.heldout, batch_size=args.batch_size)
+    heldout = args.heldout  # None, or a fraction of the calibration texts
+    if isinstance(heldout, str):
+        heldout = load_batches(args.model, heldout, batch_size=args.batch_size)
     model, report = toast.compress(model, batches, config=config, heldout=heldout)
     toast.save_pretrained(model, out, overwrite=args.overwrite)
     summary = report.to_markdown()
@@ -147,7 +143,7 @@ def _run_local(args: argparse.Namespace) -> int:
         print("toast compress: give --budget and/or --max-error", file=sys.stderr)
         return 2
     heldout = getattr(args, "heldout", None)
-    if heldout is not None and not Path(heldout).exists():
+    if isinstance(heldout, str) and not Path(heldout).exists():
         print(f"toast compress: --heldout {heldout} does not exist", file=sys.stderr)
         return 2
     model = load_model(args.model)

@@ -14,17 +14,38 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from toast._validation import Options
 from toast.hf.calibration import Calibration
 
 __all__ = [
+    "HELDOUT_HELP",
+    "heldout_value",
     "add_calibration_arguments",
     "add_config_arguments",
     "calibration_from_args",
     "config_values",
 ]
+
+
+HELDOUT_HELP = (
+    "held-out data, read like --data, or a fraction such as 0.1 of --data's texts held "
+    "out (the last ones; calibration uses the rest): the report states measured quality "
+    "of the original model, plain removal of the same blocks and the compressed model"
+)
+
+
+def heldout_value(value: str) -> str | float:
+    """``--heldout``: a fraction in (0, 1) of the calibration texts, or a path."""
+    try:
+        fraction = float(value)
+    except ValueError:
+        return value
+    if 0 < fraction < 1 and not Path(value).exists():
+        return fraction
+    return value
 
 
 def _flag(name: str) -> str:

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from toast.cli.options import (
+    HELDOUT_HELP,
     add_calibration_arguments,
     add_config_arguments,
     calibration_from_args,
     config_values,
+    heldout_value,
 )
 from toast.methods.replaceme.config import ReplaceMeConfig
 
@@ -99,9 +101,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--heldout",
+        type=heldout_value,
         default=None,
-        help="held-out text, read like --data: the report states measured perplexity of the "
-        "original model, plain removal of the same blocks and the pruned model",
+        help=HELDOUT_HELP + " (for a causal LM: perplexity)",
     )
     p.add_argument(
         "--blocks", dest="num_blocks", type=int, required=True, help="number of blocks to remove"
@@ -160,7 +162,7 @@ def _check_paths(args: argparse.Namespace) -> Path:
     if not is_gguf and not (model_path / "config.json").is_file():
         raise ValueError(f"{model_path} is not a local model directory (no config.json)")
     for flag, path in (("--data", args.data), ("--heldout", args.heldout)):
-        if path is not None and not Path(path).is_file():
+        if isinstance(path, str) and not Path(path).is_file():
             raise ValueError(f"{flag} {path} is not a file")
     return model_path
 
@@ -200,7 +202,9 @@ def _run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(model_path)
     text = {"max_length": args.max_length, "batch_size": args.batch_size, "pack": args.pack}
     batches = TextData(args.data, tokenizer, **text)
-    heldout = None if args.heldout is None else TextData(args.heldout, tokenizer, **text)
+    heldout = args.heldout  # None, or a fraction of the calibration texts
+    if isinstance(heldout, str):
+        heldout = TextData(heldout, tokenizer, **text)
     _, report = replaceme(model, batches, config, heldout=heldout)  # in place
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,10 @@ surgery, distributed reductions and parameter counting.
 - :mod:`toast.hf.torch_moments`: moments formed on an accelerator with torch;
 - :mod:`toast.hf.surgery`: replace or remove spans of blocks in place;
 - :mod:`toast.hf.distributed`: sums over ``torch.distributed`` ranks;
-- :mod:`toast.hf.params`: the parameter counter.
+- :mod:`toast.hf.params`: the parameter counter;
+- :mod:`toast.hf.text`: raw text (files, lists, datasets, chat rows) → batches;
+- :mod:`toast.hf.quality`: measured held-out quality (perplexity, accuracy,
+  output cosine) and plain removal of spans by hooks.
 """
 
 from toast._lazy import lazy_getattr
@@ -31,6 +34,11 @@ __all__ = [
     "replace_spans",
     "remove_blocks",
     "all_reduce_moments",
+    "TextData",
+    "as_batches",
+    "Evaluator",
+    "Quality",
+    "skipped_blocks",
 ]
 
 __getattr__ = lazy_getattr(
@@ -51,5 +59,10 @@ __getattr__ = lazy_getattr(
         "replace_spans": "toast.hf.surgery",
         "remove_blocks": "toast.hf.surgery",
         "all_reduce_moments": "toast.hf.distributed",
+        "TextData": "toast.hf.text",
+        "as_batches": "toast.hf.text",
+        "Evaluator": "toast.hf.quality",
+        "Quality": "toast.hf.quality",
+        "skipped_blocks": "toast.hf.quality",
     },
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Literal
 
 import torch
@@ -263,7 +263,13 @@ def stream_states(
     try:
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc=desc, unit="batch", disable=not cal.progress, leave=False)
+        bar = tqdm(
+            desc=desc,
+            total=_expected_batches(loader, cal),
+            unit="batch",
+            disable=not cal.progress,
+            leave=False,
+        )
         model.eval()
         with torch.inference_mode():
             for args, kwargs in _batches(model, loader, cal):
@@ -273,13 +279,22 @@ def stream_states(
                 )
                 total = consume(rows, row_mask)
                 bar.update(1)
-                bar.set_postfix(rows=total, rss=f"{_rss_mib():.0f}MiB")
+                bar.set_postfix(rows=f"{total:,}", rss=f"{_rss_mib():.0f}MiB")
     finally:
         recorder.remove()
         model.train(was_training)
         if bar is not None:
             bar.close()
     return stack
+
+
+def _expected_batches(loader: Iterable, cal: Calibration) -> int | None:
+    """Batches a pass will read, for the progress bar (None when unknown:
+    a loader without a length, or a cut by samples)."""
+    if not isinstance(loader, Sized) or cal.max_samples is not None:
+        return cal.max_batches
+    count = len(loader)
+    return count if cal.max_batches is None else min(count, cal.max_batches)
 
 
 def _batches(model: nn.Module, loader: Iterable, cal: Calibration) -> Iterator[tuple[tuple, dict]]:

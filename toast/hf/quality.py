@@ -143,7 +143,9 @@ class Evaluator:
             return
         from tqdm.auto import tqdm
 
-        with tqdm(self.heldout, total=total, desc=f"held-out: {label}", unit="batch") as bar:
+        with tqdm(
+            self.heldout, total=total, desc=f"held-out: {label}", unit="batch", leave=False
+        ) as bar:
             yield from bar
 
     def measure(self, model: nn.Module, label: str = "model") -> float:

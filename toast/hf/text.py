@@ -24,6 +24,7 @@ blank lines of a ``.txt`` file are.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import os
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from toast._validation import Interval, Predicate, validate
+from toast._validation import Interval, Predicate, check, validate
 
 __all__ = ["TEXT_OPTIONS", "TextData", "as_batches", "is_raw"]
 
@@ -217,6 +218,28 @@ class TextData:
                     self._max_length,
                 )
                 yield _padded(rows, self._pad_id)
+
+    def split(self, heldout: float) -> tuple[TextData, TextData]:
+        """``(rest, held out)``: the last ``heldout`` fraction of the samples
+        (at least one) held out, the rest kept, with no sample in both; the
+        held-out part measures quality on text the calibration never saw."""
+        check("heldout", heldout, Interval(float, 0, 1, closed="neither"))
+        held = max(1, round(self._count * heldout))
+        if held >= self._count:
+            raise ValueError(
+                f"heldout={heldout} of {self._count} sample(s) leaves none for calibration: "
+                "give more text or a smaller fraction"
+            )
+        return self._part(0, self._count - held), self._part(self._count - held, self._count)
+
+    def _part(self, start: int, stop: int) -> TextData:
+        part = copy.copy(self)
+        part._count = stop - start
+        if self._pack:
+            part._ids = self._ids[start:stop]
+        else:
+            part._texts, part._chat = self._texts[start:stop], self._chat[start:stop]
+        return part
 
     def __repr__(self) -> str:
         return (

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from toast.hf.text import TEXT_OPTIONS, as_batches
+from toast.hf.text import TEXT_OPTIONS, TextData, as_batches
 
 if TYPE_CHECKING:
     from torch import nn
@@ -49,7 +49,8 @@ def run_method(
     """Runs ``method`` on ``model`` with ``config``; ``data`` and ``heldout``
     are batches, or raw text read with ``text`` (:data:`TEXT_OPTIONS`:
     ``tokenizer``, ``max_length``, ``batch_size``, ``num_samples``, ``pack``,
-    ``field``)."""
+    ``field``). A float ``heldout`` holds out that fraction of raw ``data``'s
+    samples (the last ones) and calibrates on the rest."""
     text = dict(text or {})
     if data is not None:
         data = as_batches(data, **text)
@@ -57,7 +58,20 @@ def run_method(
         raise ValueError(f"method={method.name!r} needs calibration data (a loader of batches)")
     if heldout is None:
         return method.run(model, data, config, None)
-    return _run_measured(method, model, data, config, as_batches(heldout, **text))
+    if isinstance(heldout, float):
+        data, heldout = _split(data, heldout)
+    else:
+        heldout = as_batches(heldout, **text)
+    return _run_measured(method, model, data, config, heldout)
+
+
+def _split(data: Iterable | None, fraction: float) -> tuple[TextData, TextData]:
+    if not isinstance(data, TextData):
+        raise ValueError(
+            f"heldout={fraction} holds out a fraction of raw text data (with tokenizer=); "
+            "with batches, pass held-out batches as heldout=..."
+        )
+    return data.split(fraction)
 
 
 def _run_measured(
