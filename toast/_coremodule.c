@@ -163,6 +163,19 @@ static int Moments_init(MomentsObject *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+/* Takes the object's lock from a thread that holds the GIL. Waiting for it
+ * with the GIL held would deadlock against a kernel that holds the lock and
+ * takes the GIL to poll for signals (error_matrix), so the GIL is released
+ * before any wait, as CPython's _bz2module.c does. */
+static void lock_holding_gil(MomentsObject *self)
+{
+    if (PyThread_acquire_lock(self->lock, NOWAIT_LOCK))
+        return;
+    Py_BEGIN_ALLOW_THREADS
+    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    Py_END_ALLOW_THREADS
+}
+
 static void Moments_dealloc(MomentsObject *self)
 {
     toast_moments_free(self->m);
@@ -562,7 +575,7 @@ static PyObject *Moments_count(MomentsObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "|ii", &sel, &k) || !moments_ready(self) ||
         !parse_sets(self->m, sel, k))
         return NULL;
-    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    lock_holding_gil(self);
     double n = toast_moments_count(self->m, (toast_sets)sel, k);
     PyThread_release_lock(self->lock);
     return PyLong_FromDouble(n);
@@ -643,7 +656,7 @@ static PyObject *Moments_get_data(MomentsObject *self, PyObject *unused)
     PyObject *out = PyArray_SimpleNew(1, dims, NPY_DOUBLE);
     if (out == NULL)
         return NULL;
-    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    lock_holding_gil(self);
     memcpy(PyArray_DATA((PyArrayObject *)out), toast_moments_data(self->m),
            (size_t)dims[0] * sizeof(double));
     PyThread_release_lock(self->lock);
@@ -661,7 +674,7 @@ static PyObject *Moments_set_data(MomentsObject *self, PyObject *args)
         obj, NPY_DOUBLE, 1, 1, NPY_ARRAY_IN_ARRAY);
     if (a == NULL)
         return NULL;
-    PyThread_acquire_lock(self->lock, WAIT_LOCK);
+    lock_holding_gil(self);
     toast_status st = toast_moments_set_data(
         self->m, PyArray_DATA(a), (size_t)PyArray_DIM(a, 0),
         (int64_t)next_row, &err);
