@@ -16,6 +16,8 @@ Each input drives one short scenario:
 * then queries, error_matrix, fit_translator, fit_residual, solve_gram and the
   raw ``toast._core`` entry points with random (often invalid) arguments,
   pickling and merging;
+* a second thread calling count, pickling, merging or updating the moments
+  while error_matrix holds them and polls for signals under the GIL;
 * the centers of ToaSt's head pruning (geometric_median, coordinate_median,
   dim_scores; raw and through toast.methods.toast_vit.median) and its token channel
   selection (tcs_select, tcs_cls_attention) on random, huge, non-finite and
@@ -53,6 +55,7 @@ import os
 import pickle
 import re
 import sys
+import threading
 import warnings
 import zlib
 
@@ -64,6 +67,7 @@ with atheris.instrument_imports(include=["toast"]):
     import toast
     from toast import _core
     from toast.core import IllConditionedWarning, InSampleWarning
+    from toast.core.metrics import _ESTIMATOR_CODES, _METRIC_CODES
     from toast.methods.toast_vit import median as toast_median
 
 EXPECTED = (TypeError, ValueError, OverflowError, MemoryError)
@@ -923,6 +927,55 @@ def fuzz_tcs(fdp, select: bool) -> None:
         feature("tcs_select", batch, attn is None)
 
 
+# ------------------------------------------------------------------ threads
+
+
+def _side_call(t: Target, side: str) -> None:
+    """One call on the moments from the second thread."""
+    m = t.m
+    if side == "count":
+        m.count()
+    elif side == "pickle":
+        pickle.loads(pickle.dumps(m))
+    elif side == "merge":
+        pickle.loads(pickle.dumps(m)).merge(m)
+    else:
+        m.update([np.zeros((2, t.d), np.float32) for _ in range(t.S)])
+
+
+def fuzz_threads(fdp, t: Target) -> None:
+    """error_matrix holds the moments' lock and takes the GIL at each signal
+    poll; a call from another thread that waited for the lock with the GIL
+    held would hang both (libFuzzer reports it through -timeout)."""
+    if t.raw or t.m.rows == 0:
+        return
+    side = fdp.PickValueInList(["count", "pickle", "merge", "update"])
+    metric = fdp.PickValueInList(sorted(_METRIC_CODES))
+    estimator = fdp.PickValueInList(sorted(_ESTIMATOR_CODES))
+    polled, errors = threading.Event(), []
+
+    def second() -> None:
+        polled.wait()
+        try:
+            _side_call(t, side)
+        except EXPECTED:
+            pass
+        except BaseException as exc:  # re-raised in the fuzzing thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    codes = (_METRIC_CODES[metric], _ESTIMATOR_CODES[estimator])
+    try:
+        attempt("threaded_error_matrix", _core.error_matrix, t.m, *codes, 0.0, False, polled.set)
+    finally:
+        polled.set()  # a kernel that failed before its first poll
+        thread.join()
+    if errors:
+        raise errors[0]
+    feature("threads", side, metric, estimator)
+
+
 # ------------------------------------------------------------------ entry point
 
 
@@ -944,6 +997,9 @@ def one_input(data: bytes) -> None:
     keep: list = []
     for _ in range(fdp.ConsumeIntInRange(1, 3)):
         do_update(fdp, t, keep)
+    if op == 3:
+        fuzz_threads(fdp, t)
+        return
     for _ in range(fdp.ConsumeIntInRange(0, 6)):
         query(fdp, t)
 
@@ -961,6 +1017,7 @@ for _fn in (
     fuzz_solve_gram,
     fuzz_centers,
     fuzz_tcs,
+    fuzz_threads,
     gram_operand,
     one_input,
 ):
