@@ -38,6 +38,7 @@ def compress_toast(
         metric=config.metric,
         estimator=config.estimator,
         folds=config.folds,
+        ridge=config.ridge or 0.0,
         tokens=config.tokens,
         backend=config.backend,
         calibration=config.calibration,
@@ -79,7 +80,11 @@ def _choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
     if config.spans is not None:
         chosen = validate_spans(config.spans, analysis.num_blocks)
         return [Span(a, b, float(analysis.errors[a, b])) for a, b in chosen]
-    spans = analysis.plan(max_blocks=budget, max_error=config.max_error)
+    spans = analysis.plan(
+        max_blocks=budget,
+        max_error=config.max_error,
+        include_first_block=config.include_first_block,
+    )
     if not spans:
         raise ValueError(
             "no span satisfies the constraints (max_error too small?); inspect "
