@@ -14,11 +14,16 @@ import numpy as np
 
 from toast import _core
 from toast._validation import Options, check
-from toast.core.errors import ILL_CONDITIONED, InSampleWarning, warn_ill_conditioned
+from toast.core.errors import (
+    ILL_CONDITIONED,
+    InSampleWarning,
+    explain_rank_deficiency,
+    warn_ill_conditioned,
+)
 from toast.core.moments import Moments, checked_moments
 from toast.core.solvers import check_ridge
 
-__all__ = ["METRICS", "error_matrix"]
+__all__ = ["METRICS", "error_matrix", "gram_rank"]
 
 #: Direction in which each metric marks a span as redundant.
 METRICS: dict[str, str] = {
@@ -87,10 +92,22 @@ def error_matrix(
     ill = ~np.isnan(cond) & ~(cond < ILL_CONDITIONED)
     bad = np.flatnonzero(ill) if linear else np.empty(0, dtype=np.intp)
     if len(bad):
+        rank, hint = gram_rank(moments, int(bad[0]), center=metric == "affine")
         warn_ill_conditioned(
-            f"states {[int(k) for k in bad]} have ill-conditioned Gram matrices; their "
-            "errors use the minimum-norm solution. Consider ridge=... (e.g. ridge=1e-6, "
-            "ridge_relative=True)",
-            stacklevel=2,
+            explain_rank_deficiency(rank, moments.dim, moments.rows, hint), stacklevel=2
         )
     return E
+
+
+def gram_rank(moments: Moments, state: int, center: bool) -> tuple[int, float]:
+    """Numerical rank of state ``state``'s Gram matrix XᵀX (centered: its
+    scatter matrix), with the solver's threshold (eigenvalues <= d·eps·λ_max
+    count as zero), and a ridge worth trying: 1e-3 of its mean diagonal."""
+    gram = moments.cross(state, state)
+    if center:
+        total = moments.sum(state)
+        gram = gram - np.outer(total, total) / max(moments.rows, 1)
+    eigenvalues = np.linalg.eigvalsh(gram)
+    top = float(eigenvalues[-1]) if eigenvalues.size else 0.0
+    rank = int(np.sum(eigenvalues > gram.shape[0] * np.finfo(np.float64).eps * top))
+    return rank, 1e-3 * float(np.trace(gram)) / max(gram.shape[0], 1)

@@ -66,7 +66,7 @@ def _load_gguf(file: Path) -> torch.nn.Module:
         import gguf  # noqa: F401  (transformers' GGUF reader)
     except ImportError as exc:
         raise ImportError(
-            f"loading {file.name} needs the gguf package: pip install 'toast[llm]'"
+            f"loading {file.name} needs the gguf package: pip install 'toast-compress[llm]'"
         ) from exc
     model = transformers.AutoModelForCausalLM.from_pretrained(
         file.parent, gguf_file=file.name, dtype=torch.float32, local_files_only=True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 
 from torch import nn
@@ -32,7 +33,43 @@ def compress_toast(
     translator (see :class:`ToastConfig`) and the model is patched.
     """
     stack = find_blocks(model, config.calibration.blocks)
-    analysis = analyze(
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        analysis = _analyze(model, data, config, stack)
+    issued = {str(w.message): w.message for w in caught}
+    for message in issued.values():  # each once, as the analysis issued it
+        warnings.warn(message, stacklevel=2)
+    spans = _choose_spans(analysis, config)
+    if before_surgery is not None:
+        before_surgery(spans, stack)
+    blocks_before, params_before = stack.num_blocks, count_params(model)
+    fitter = Fitter(config)
+    if config.fit == "independent":
+        modules = fitter.fit_all(model, data, spans, analysis, stack)
+        replace_spans(model, [(s.start, s.stop) for s in spans], modules, blocks=stack)
+    else:
+        _fit_sequentially(model, data, spans, fitter, stack)
+    fitter.warn_ill_conditioned(already=set(issued))
+    report = CompressionReport(
+        method="toast",
+        translator=config.translator,
+        spans=spans,
+        conditions=fitter.conditions,
+        ranks=fitter.ranks,
+        width=analysis.moments.dim,
+        blocks_before=blocks_before,
+        blocks_after=blocks_before - sum(s.num_blocks for s in spans) + len(spans),
+        params_before=params_before,
+        params_after=count_params(model),
+        rows=analysis.rows,
+        analysis=analysis,
+        fit=config.fit,
+    )
+    return model, report
+
+
+def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: BlockStack) -> Analysis:
+    return analyze(
         model,
         data,
         metric=config.metric,
@@ -44,30 +81,6 @@ def compress_toast(
         calibration=config.calibration,
         stack=stack,
     )
-    spans = _choose_spans(analysis, config)
-    if before_surgery is not None:
-        before_surgery(spans, stack)
-    blocks_before, params_before = stack.num_blocks, count_params(model)
-    fitter = Fitter(config)
-    if config.fit == "independent":
-        modules = fitter.fit_all(model, data, spans, analysis, stack)
-        replace_spans(model, [(s.start, s.stop) for s in spans], modules, blocks=stack)
-    else:
-        _fit_sequentially(model, data, spans, fitter, stack)
-    report = CompressionReport(
-        method="toast",
-        translator=config.translator,
-        spans=spans,
-        conditions=fitter.conditions,
-        blocks_before=blocks_before,
-        blocks_after=blocks_before - sum(s.num_blocks for s in spans) + len(spans),
-        params_before=params_before,
-        params_after=count_params(model),
-        rows=analysis.rows,
-        analysis=analysis,
-        fit=config.fit,
-    )
-    return model, report
 
 
 def _choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
