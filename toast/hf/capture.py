@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -24,6 +24,7 @@ from toast.core.errors import non_finite_error
 from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.calibration import BACKENDS, TOKENS, Calibration, Tokens, limited, warn_if_small
 from toast.hf.distributed import reduce_captured
+from toast.hf.progress import expected_samples, progress_bar
 from toast.hf.torch_moments import TorchMoments
 
 __all__ = [
@@ -315,40 +316,27 @@ def stream_states(
     was_training = model.training
     bar = None
     try:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            desc=desc,
-            total=_expected_batches(loader, cal),
-            unit="batch",
-            disable=not cal.progress,
-            leave=False,
-        )
+        bar = progress_bar(desc, None, "sample", disable=not cal.progress)
         model.eval()
         with torch.inference_mode():
-            for args, kwargs in _batches(model, loader, cal):
-                _run_forward(model, args, kwargs, bar.n)
+            for index, (args, kwargs) in enumerate(_batches(model, loader, cal)):
+                _run_forward(model, args, kwargs, index)
                 rows, row_mask = select_tokens(
                     recorder.take(), kwargs.get("attention_mask"), tokens
                 )
                 total = consume(rows, row_mask)
-                bar.update(1)
-                bar.set_postfix(rows=f"{total:,}", rss=f"{_rss_mib():.0f}MiB")
+                size = _batch_size(args, kwargs)
+                if index == 0:
+                    bar.total = expected_samples(loader, cal.max_samples, cal.max_batches, size)
+                # the postfix first: the redraw of update() shows this batch's rows
+                bar.set_postfix(tokens=f"{total:,}", rss=f"{_rss_mib():.0f}MiB", refresh=False)
+                bar.update(size)
     finally:
         recorder.remove()
         model.train(was_training)
         if bar is not None:
             bar.close()
     return stack
-
-
-def _expected_batches(loader: Iterable, cal: Calibration) -> int | None:
-    """Batches a pass will read, for the progress bar (None when unknown:
-    a loader without a length, or a cut by samples)."""
-    if not isinstance(loader, Sized) or cal.max_samples is not None:
-        return cal.max_batches
-    count = len(loader)
-    return count if cal.max_batches is None else min(count, cal.max_batches)
 
 
 def _batches(model: nn.Module, loader: Iterable, cal: Calibration) -> Iterator[tuple[tuple, dict]]:
