@@ -30,7 +30,7 @@ class _Block(nn.Module):
 class _Tiny(nn.Module):
     def __init__(self, dim: int = 16, depth: int = 4) -> None:
         super().__init__()
-        self.embed = nn.Linear(8, dim)
+        self.embed = nn.Linear(dim, dim)
         self.blocks = nn.ModuleList(_Block(dim) for _ in range(depth))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,7 +52,7 @@ def main() -> int:
 
     torch.manual_seed(0)
     model = _Tiny()
-    data = [torch.randn(8, 12, 8) for _ in range(8)]
+    data = [torch.randn(8, 12, 16) for _ in range(8)]
     model, report = toast.compress(model, data, budget=1, progress=False)
     assert report.blocks_removed == 1 and len(model.blocks) == 4  # 3 blocks + a translator
     print(f"toast {toast.__version__} from {core.parent}: Moments, error_matrix and compress OK")
