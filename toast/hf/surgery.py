@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 
-def _renumber_layers(blocks: nn.Module) -> None:
+def _renumber_layers(blocks: nn.ModuleList | nn.Sequential) -> None:
     # Attention modules index the KV cache by layer_idx; keep it equal to
     # the block's new position.
     for position, block in enumerate(blocks):
