@@ -264,3 +264,19 @@ def test_the_environment_is_left_alone_without_no_progress(tiny, tmp_path, monke
     argv = [a for a in _argv("analyze", tiny, tmp_path / "out") if a != "--no-progress"]
     assert main(argv) == 0
     assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+
+
+def test_the_command_line_and_the_loader_know_the_same_tokenizer_files():
+    from toast.cli.checks import TOKENIZER_FILES
+
+    assert TOKENIZER_FILES == toast.io.local.TOKENIZER_FILES
+
+
+def test_load_tokenizer_names_a_folder_without_tokenizer_files(tiny):
+    with pytest.raises(ValueError, match="has no tokenizer files"):
+        toast.io.local.load_tokenizer(tiny / "model")
+
+
+def test_load_batches_names_missing_data_as_missing(tiny, tmp_path):
+    with pytest.raises(FileNotFoundError, match="calib.txt does not exist"):
+        toast.io.local.load_batches(tiny / "model", tmp_path / "calib.txt")
