@@ -37,3 +37,16 @@ def test_the_heatmap_notebook_executes(digits_vit, digits_cache, monkeypatch, tm
         if "image/png" in o.get("data", {})
     ]
     assert len(images) >= 3  # the two heatmaps, the metrics, the per-token error
+
+
+def test_the_documented_headless_command_exists():
+    # notebooks/README.md names a command; it must be one the test extra installs
+    import re
+    import subprocess
+    import sys
+
+    readme = (NOTEBOOK.parent / "README.md").read_text()
+    command = re.search(r"headless: `\.venv/bin/([\w-]+) ", readme).group(1)
+    executable = Path(sys.executable).parent / command
+    done = subprocess.run([executable, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
