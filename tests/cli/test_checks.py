@@ -280,3 +280,13 @@ def test_load_tokenizer_names_a_folder_without_tokenizer_files(tiny):
 def test_load_batches_names_missing_data_as_missing(tiny, tmp_path):
     with pytest.raises(FileNotFoundError, match="calib.txt does not exist"):
         toast.io.local.load_batches(tiny / "model", tmp_path / "calib.txt")
+
+
+def test_the_readme_shows_every_command_with_an_example():
+    from toast.cli.main import _build_parser
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Command line", 1)[1].split("\n## ", 1)[0]
+    commands = _build_parser()._subparsers._group_actions[0].choices
+    for command in commands:
+        assert f"\ntoast {command} " in section, command
