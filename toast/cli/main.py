@@ -218,6 +218,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    quiet_libraries(progress=not args.no_progress)
     if args.llm:
         return _demo_llm(args)
     from toast.cli.demo import run_demo
