@@ -290,3 +290,23 @@ def test_the_readme_shows_every_command_with_an_example():
     commands = _build_parser()._subparsers._group_actions[0].choices
     for command in commands:
         assert f"\ntoast {command} " in section, command
+
+
+@pytest.mark.parametrize("llm", [[], ["--llm"]])
+def test_the_demo_checks_its_out_before_any_work(llm, tmp_path, monkeypatch, capsys):
+    import toast.cli.demo
+    import toast.cli.demo_llm
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the demo started before its --out was checked")
+
+    monkeypatch.setattr(toast.cli.demo, "run_demo", refuse)
+    monkeypatch.setattr(toast.cli.demo_llm, "run_llm_demo", refuse)
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not the demo's")
+    assert main(["demo", *llm, "--out", str(foreign), "--no-progress"]) == 2
+    assert "refusing to overwrite" in capsys.readouterr().err
+    out = _unwritable(tmp_path) / "demo"
+    assert main(["demo", *llm, "--out", str(out), "--no-progress"]) == 2
+    assert "cannot write in" in capsys.readouterr().err

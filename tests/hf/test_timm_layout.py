@@ -4,9 +4,10 @@ forward chains them, each taking and returning a (batch, tokens, dim) tensor.
 The model below is laid out exactly as timm's ``VisionTransformer``
 (``patch_embed.proj``, ``cls_token``, ``pos_embed``, ``blocks`` = Sequential
 of ``Block`` with ``norm1``, ``attn.qkv``, ``attn.proj``, ``norm2``,
-``mlp.fc1``, ``mlp.fc2``, then ``norm`` and ``head``): timm itself needs
-torchvision, which cannot be installed beside this project's torch. The last
-test runs timm's own model where timm imports.
+``mlp.fc1``, ``mlp.fc2``, then ``norm`` and ``head``): timm itself imports
+torchvision, and PyPI's torchvision 0.28.0 (pinned to torch 2.13.0) fails to
+import beside torch 2.13.0+cpu ("operator torchvision::nms does not exist").
+The last test runs timm's own model where timm imports.
 """
 
 import pytest
@@ -127,7 +128,7 @@ def test_a_translator_fitted_on_identical_blocks_reproduces_the_output():
 
 
 def test_timm_vision_transformer_itself():
-    timm = pytest.importorskip("timm")  # needs torchvision: absent beside torch 2.13.0 here
+    timm = pytest.importorskip("timm")  # imports torchvision: see the module docstring
     torch.manual_seed(0)
     model = timm.create_model(
         "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=4,

@@ -229,8 +229,10 @@ def _demo(args: argparse.Namespace) -> int:
             "toast demo: --budget must be between 1 and 6 (the ViT has 8 blocks)", file=sys.stderr
         )
         return 2
+    # the demo rewrites its own folder on every run, but never another one
+    out = check_out(args.out or "toast-demo", overwrite=True)
     run_demo(
-        out=args.out or "toast-demo",
+        out=out,
         budget=budget,
         seed=args.seed,
         cache=args.cache,
@@ -245,12 +247,11 @@ def _demo_llm(args: argparse.Namespace) -> int:
     if not 1 <= budget <= 29:
         print("toast demo --llm: --budget must be between 1 and 29 (30 blocks)", file=sys.stderr)
         return 2
+    out = check_out(args.out or "toast-demo-llm", overwrite=True)  # as for the ViT demo
     try:
         from toast.cli.demo_llm import run_llm_demo
 
-        run_llm_demo(
-            out=args.out or "toast-demo-llm", blocks=budget, progress=not args.no_progress
-        )
+        run_llm_demo(out=out, blocks=budget, progress=not args.no_progress)
     except ImportError as exc:  # the GGUF package or gguf/accelerate are not installed
         print(f"toast demo --llm: {exc}", file=sys.stderr)
         return 2
