@@ -323,14 +323,17 @@ def test_enough_calibration_data_gives_no_size_warning():
         analyze(vit(), images(16))  # 272 rows: 54 per fold
 
 
+@pytest.mark.parametrize("backend", ["c", "torch"])
 @pytest.mark.parametrize("tokens", ["last", "cls", "mean"])
-def test_an_all_padding_sample_adds_no_row(tokens):
+def test_an_all_padding_sample_adds_no_row(tokens, backend):
     batch = hf_models.pad(hf_models.sentences(4))
     padded = {k: torch.cat([v, torch.zeros_like(v[:1])]) for k, v in batch.items()}
     model = hf_models.build(BERT)
-    plain = analyze(model, [batch], tokens=tokens, estimator="gcv")
-    extra = analyze(model, [padded], tokens=tokens, estimator="gcv")
+    options = {"tokens": tokens, "estimator": "gcv", "backend": backend}
+    plain = analyze(model, [batch], **options)
+    extra = analyze(model, [padded], **options)
     assert extra.rows == plain.rows == 4
+    np.testing.assert_allclose(extra.moments.cross(1, 1), plain.moments.cross(1, 1), rtol=1e-12)
 
 
 def test_an_all_padding_sample_leaves_replacemes_profile_unchanged():
@@ -342,3 +345,18 @@ def test_an_all_padding_sample_leaves_replacemes_profile_unchanged():
     extra = toast.profile_distances(model, [padded], progress=False)
     assert extra.rows == plain.rows == 4
     np.testing.assert_allclose(extra.matrix(), plain.matrix(), rtol=1e-12)
+
+
+def test_replaceme_from_fewer_rows_than_the_width_says_how_many_samples_would_suffice():
+    llama = next(f for f in hf_models.FAMILIES if f.name == "llama")
+    data = [hf_models.pad(hf_models.sentences(2, min_len=3, max_len=3))]  # 6 rows, width 32
+    with pytest.warns(toast.CalibrationSizeWarning, match=r"6 rows from 2 samples.*About 11"):
+        toast.replaceme(hf_models.build(llama), data, num_blocks=1, progress=False)
+
+
+def test_an_ill_conditioned_fit_names_its_cause_and_a_ridge_value():
+    moments = toast.Moments(num_states=2, dim=8)
+    x = np.random.default_rng(0).standard_normal((4, 8))  # 4 rows, width 8
+    moments.update([x, x])
+    with pytest.warns(toast.IllConditionedWarning, match=r"fewer rows \(4\) than the width \(8\)"):
+        toast.fit_translator(moments, 0, 1, kind="linear")

@@ -21,9 +21,9 @@ from toast.core.errors import (
     warn_ill_conditioned,
 )
 from toast.core.moments import Moments, checked_moments
-from toast.core.solvers import check_ridge
+from toast.core.solvers import check_ridge, gram_rank
 
-__all__ = ["METRICS", "error_matrix", "gram_rank"]
+__all__ = ["METRICS", "error_matrix"]
 
 #: Direction in which each metric marks a span as redundant.
 METRICS: dict[str, str] = {
@@ -98,16 +98,3 @@ def error_matrix(
         )
     return E
 
-
-def gram_rank(moments: Moments, state: int, center: bool) -> tuple[int, float]:
-    """Numerical rank of state ``state``'s Gram matrix XᵀX (centered: its
-    scatter matrix), with the solver's threshold (eigenvalues <= d·eps·λ_max
-    count as zero), and a ridge worth trying: 1e-3 of its mean diagonal."""
-    gram = moments.cross(state, state)
-    if center:
-        total = moments.sum(state)
-        gram = gram - np.outer(total, total) / max(moments.rows, 1)
-    eigenvalues = np.linalg.eigvalsh(gram)
-    top = float(eigenvalues[-1]) if eigenvalues.size else 0.0
-    rank = int(np.sum(eigenvalues > gram.shape[0] * np.finfo(np.float64).eps * top))
-    return rank, 1e-3 * float(np.trace(gram)) / max(gram.shape[0], 1)

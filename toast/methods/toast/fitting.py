@@ -11,7 +11,7 @@ from torch import nn
 
 from toast.core import IllConditionedWarning, Moments, Translator, fit_translator
 from toast.core.errors import explain_rank_deficiency
-from toast.core.metrics import gram_rank
+from toast.core.solvers import gram_rank
 from toast.hf.blocks import BlockStack
 from toast.hf.capture import capture_moments
 from toast.hf.distributed import broadcast_module
