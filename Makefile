@@ -11,7 +11,7 @@ export TOAST_VENV := $(abspath $(VENV))
 	ctest ctest-asan ctest-valgrind fuzz-ci fuzz-long
 
 help:
-	@echo "make venv   - create $(VENV): torch==2.13.0 first, then toast[test] editable"
+	@echo "make venv   - create $(VENV): torch==2.13.0 first, then toast-compress[test] editable"
 	@echo "make build  - rebuild the C extension in place"
 	@echo "make test   - full test suite (scripts/test.sh; ARGS='...' go to pytest)"
 	@echo "make demo   - run the demo (scripts/demo.sh; ARGS='...' go to the demo)"

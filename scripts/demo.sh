@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the toast demo from a fresh clone: creates .venv if needed, installs
-# torch==2.13.0 first, then toast[demo] (editable), rebuilds the C extension,
+# torch==2.13.0 first, then toast-compress[demo] (editable), rebuilds the C extension,
 # and runs `python -m toast demo`. Extra arguments go to the demo.
 set -euo pipefail
 # A venv set up for the tests already has everything the demo needs.

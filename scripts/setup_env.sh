@@ -61,7 +61,7 @@ fi
 stamp_file="$TOAST_VENV/.toast-install-stamp"
 stamp="$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1) $TOAST_ROOT [$TOAST_EXTRAS]"
 if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp" ] \
-        || ! "$VPY" -c 'import importlib.metadata as m; m.version("toast")' 2>/dev/null; then
+        || ! "$VPY" -c 'import importlib.metadata as m; m.version("toast-compress")' 2>/dev/null; then
     _log "installing build dependencies and toast[$TOAST_EXTRAS] (editable)"
     rm -f "$stamp_file"
     "$VPY" -m pip install "${BUILD_DEPS[@]}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the test suite from a fresh clone: creates .venv if needed, installs
-# torch==2.13.0 first, then toast[test] (editable), rebuilds the C extension,
+# torch==2.13.0 first, then toast-compress[test] (editable), rebuilds the C extension,
 # and runs pytest. Extra arguments are passed to pytest, e.g.
 #   bash scripts/test.sh -x -k moments
 set -euo pipefail

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -78,10 +79,27 @@ def _half_overflow():
     return model
 
 
+def _stacked_per_sample_tensors():
+    # tok(text, return_tensors="pt") per sample, stacked by a DataLoader: (batch, 1, tokens)
+    batch = hf_models.pad(hf_models.sentences(4), length=9)
+    return [{k: v[:, None, :] for k, v in batch.items()}]
+
+
+def _transposed_lists():
+    # tok(text) per sample (lists of ids) through the DataLoader's default collate
+    samples = [{"input_ids": s[:4]} for s in hf_models.sentences(4, min_len=4)]
+    return torch.utils.data.DataLoader(samples, batch_size=4)
+
+
+def _meta_vit():
+    with torch.device("meta"):
+        return vit()
+
+
 CASES = {
     # -- loaders ----------------------------------------------------------
     "batch of the wrong type": (
-        lambda: analyze(vit(), ["not a tensor"]),
+        lambda: analyze(vit(), [3.5]),
         TypeError,
         "each batch must be a tensor, a dict",
     ),
@@ -131,7 +149,27 @@ CASES = {
         ValueError,
         "tokens must be one of",
     ),
+    "per-sample return_tensors='pt' stacked by a DataLoader": (
+        lambda: analyze(hf_models.build(BERT), _stacked_per_sample_tensors()),
+        ValueError,
+        r"input_ids has shape \(4, 1, 9\): each sample was tokenized with return_tensors='pt'",
+    ),
+    "per-sample token lists transposed by the default collate": (
+        lambda: analyze(hf_models.build(BERT), _transposed_lists()),
+        ValueError,
+        "input_ids is a list of 4 tensors.*DataCollatorWithPadding",
+    ),
+    "a list of per-sample dicts": (
+        lambda: analyze(hf_models.build(BERT), [[{"input_ids": torch.ones(5).long()}] * 3]),
+        ValueError,
+        "a batch is a list of 3 dicts, one per sample",
+    ),
     # -- models ---------------------------------------------------------------
+    "a model on the meta device": (
+        lambda: analyze(_meta_vit(), images()),
+        ValueError,
+        "on the meta device: they hold no data",
+    ),
     "not a module": (lambda: analyze("vit-base", images()), TypeError, "torch.nn.Module"),
     "no recognisable blocks": (
         lambda: analyze(_Mlp(), [torch.zeros(2, 4)]),
@@ -254,3 +292,71 @@ def test_a_non_finite_state_is_named_by_its_index_in_the_model():
     with pytest.raises(toast.NonFiniteError) as info:
         analyze(_nan_in_block_2(), images())
     assert info.value.state == 3  # the output of block 2
+
+
+def test_a_post_ln_model_explains_its_rank_loss_once():
+    # BERT ends each block with a LayerNorm: every state lacks one direction.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, report = compress(hf_models.build(BERT), hf_models.loader(BERT, 64, 16), budget=2)
+    ill = [str(w.message) for w in caught if w.category is toast.IllConditionedWarning]
+    assert len(ill) == 1 and "post-LN" in ill[0] and "no ridge is needed" in ill[0]
+    assert "singular, rank 31 of 32" in report.to_markdown()
+
+
+def test_an_ill_conditioned_fit_that_is_not_structural_suggests_a_ridge_value():
+    from toast.core.errors import explain_rank_deficiency
+
+    text = explain_rank_deficiency(rank=20, dim=32, rows=16, ridge_hint=0.0123)
+    assert "fewer rows (16) than the width (32)" in text and "--ridge 0.0123" in text
+
+
+def test_too_little_calibration_data_says_how_many_samples_would_suffice():
+    # 8 images of 17 tokens: 136 rows, 27 per fold of 5, below the width 32
+    with pytest.warns(toast.CalibrationSizeWarning, match=r"About 10 samples \(165 rows"):
+        analyze(vit(), images(8))
+
+
+def test_enough_calibration_data_gives_no_size_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", toast.CalibrationSizeWarning)
+        analyze(vit(), images(16))  # 272 rows: 54 per fold
+
+
+@pytest.mark.parametrize("backend", ["c", "torch"])
+@pytest.mark.parametrize("tokens", ["last", "cls", "mean"])
+def test_an_all_padding_sample_adds_no_row(tokens, backend):
+    batch = hf_models.pad(hf_models.sentences(4))
+    padded = {k: torch.cat([v, torch.zeros_like(v[:1])]) for k, v in batch.items()}
+    model = hf_models.build(BERT)
+    options = {"tokens": tokens, "estimator": "gcv", "backend": backend}
+    plain = analyze(model, [batch], **options)
+    extra = analyze(model, [padded], **options)
+    assert extra.rows == plain.rows == 4
+    np.testing.assert_allclose(extra.moments.cross(1, 1), plain.moments.cross(1, 1), rtol=1e-12)
+
+
+def test_an_all_padding_sample_leaves_replacemes_profile_unchanged():
+    llama = next(f for f in hf_models.FAMILIES if f.name == "llama")
+    model = hf_models.build(llama)
+    batch = hf_models.pad(hf_models.sentences(4))
+    padded = {k: torch.cat([v, torch.zeros_like(v[:1])]) for k, v in batch.items()}
+    plain = toast.profile_distances(model, [batch], progress=False)
+    extra = toast.profile_distances(model, [padded], progress=False)
+    assert extra.rows == plain.rows == 4
+    np.testing.assert_allclose(extra.matrix(), plain.matrix(), rtol=1e-12)
+
+
+def test_replaceme_from_fewer_rows_than_the_width_says_how_many_samples_would_suffice():
+    llama = next(f for f in hf_models.FAMILIES if f.name == "llama")
+    data = [hf_models.pad(hf_models.sentences(2, min_len=3, max_len=3))]  # 6 rows, width 32
+    with pytest.warns(toast.CalibrationSizeWarning, match=r"6 rows from 2 samples.*About 11"):
+        toast.replaceme(hf_models.build(llama), data, num_blocks=1, progress=False)
+
+
+def test_an_ill_conditioned_fit_names_its_cause_and_a_ridge_value():
+    moments = toast.Moments(num_states=2, dim=8)
+    x = np.random.default_rng(0).standard_normal((4, 8))  # 4 rows, width 8
+    moments.update([x, x])
+    with pytest.warns(toast.IllConditionedWarning, match=r"fewer rows \(4\) than the width \(8\)"):
+        toast.fit_translator(moments, 0, 1, kind="linear")

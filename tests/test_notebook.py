@@ -37,3 +37,18 @@ def test_the_heatmap_notebook_executes(digits_vit, digits_cache, monkeypatch, tm
         if "image/png" in o.get("data", {})
     ]
     assert len(images) >= 3  # the two heatmaps, the metrics, the per-token error
+
+
+def test_the_documented_headless_command_exists():
+    # notebooks/README.md names a command; with --help in place of the notebook
+    # it must run from the test extra's environment
+    import re
+    import subprocess
+    import sys
+
+    readme = (NOTEBOOK.parent / "README.md").read_text()
+    command = re.search(r"headless: `\.venv/bin/([^`]+)`", readme).group(1).split()
+    argv = [str(Path(sys.executable).parent / command[0]), *command[1:-1], "--help"]
+    assert command[-1] == "notebooks/exploring_heatmaps.ipynb"
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

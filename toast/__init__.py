@@ -50,6 +50,7 @@ _NAMES = {
     "ToastConfig": "toast.methods.toast.config",
     "CompressionReport": "toast.methods.toast.report",
     "FewRowsWarning": "toast.methods.toast.fitting",
+    "CalibrationSizeWarning": "toast.hf.calibration",
     # ReplaceMe
     "replaceme": "toast.methods.replaceme.method",
     "profile_distances": "toast.methods.replaceme.profile",

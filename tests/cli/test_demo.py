@@ -1,5 +1,7 @@
 """The README's main job: ``python -m toast demo``."""
 
+import contextlib
+import io
 import re
 
 import pytest
@@ -17,7 +19,17 @@ pytestmark = pytest.mark.hf
 @pytest.fixture(scope="module")
 def demo(digits_vit, digits_cache, tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    return run_demo(out=out, cache=digits_cache, progress=False)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        result = run_demo(out=out, cache=digits_cache, progress=False)
+    result.printed = printed.getvalue()  # what `toast demo --no-progress` shows
+    return result
+
+
+def test_demo_without_progress_still_prints_its_result_line(demo):
+    lines = demo.printed.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("toast demo: replaced blocks[")
+    assert f"accuracy {demo.accuracy['original']:.3f}" in lines[0]
 
 
 def test_demo_writes_the_heatmap_and_the_report(demo):

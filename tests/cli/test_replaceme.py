@@ -95,7 +95,7 @@ def test_replaceme_cli_cosine_with_several_cuts(local_llama, tmp_path):
     [
         (["--blocks", "6"], "num_blocks must be an int in [1, 5]; got 6"),
         (["--blocks", "2", "--min-start", "5"], "min_start must be an int in [1, 4]; got 5"),
-        (["--blocks", "2", "--data", "missing.txt"], "is not a file"),
+        (["--blocks", "2", "--data", "missing.txt"], "--data missing.txt does not exist"),
     ],
 )
 def test_replaceme_cli_reports_bad_input(local_llama, tmp_path, extra, message, capsys):
@@ -112,3 +112,17 @@ def test_replaceme_cli_refuses_a_non_empty_out_without_overwrite(local_llama, tm
     assert main([*argv, "--blocks", "1", "--out", str(out), "--no-progress"]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert (out / "keep.txt").exists()
+
+
+def test_replaceme_cli_names_missing_tokenizer_files(local_llama, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "weights-only"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(local_llama / "model" / name, model / name)
+    argv = ["replaceme", str(model), "--data", str(local_llama / "calib.txt"), "--blocks", "1"]
+    assert main([*argv, "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{model} has no tokenizer files" in err and "sentencepiece" not in err
+    assert not (tmp_path / "o").exists()

@@ -126,8 +126,7 @@ def run_demo(
         result.latency_ms[name] = _latency_ms(m, test.images)
     result.seconds["total"] = time.perf_counter() - clock
     (out / "report.md").write_text(_report(result, analysis, report), encoding="utf-8")
-    if progress:
-        print(_summary(result), flush=True)
+    print(_summary(result), flush=True)  # the result: shown with or without progress
     return result
 
 

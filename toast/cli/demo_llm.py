@@ -87,8 +87,7 @@ def run_llm_demo(
     _plot(report, blocks, out / "distances.png")
     result.seconds["total"] = time.perf_counter() - clock
     (out / "report.md").write_text(_report(result, calibration, blocks), encoding="utf-8")
-    if progress:
-        print(summary(result), flush=True)
+    print(summary(result), flush=True)  # the result: shown with or without progress
     return result
 
 

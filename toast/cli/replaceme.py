@@ -1,34 +1,35 @@
-"""``toast replaceme MODEL --data FILE --blocks N --out DIR``.
+"""``toast replaceme MODEL --data FILE --blocks N --out DIR``: ReplaceMe from the
+command line (the user-facing text is ``_DESCRIPTION``, plain for ``--help``).
 
-Reads a local causal LM, a directory (``save_pretrained`` output with its
-tokenizer) or a ``.gguf`` file (dequantized to float32; needs the ``gguf``
-package), nothing downloaded, and a local ``.txt`` (one text per line),
-``.jsonl`` or ``.json`` (a ``"text"`` field, or chat ``"messages"``) file,
-removes ``N`` blocks by ReplaceMe (:func:`toast.replaceme`) and writes a
-standard checkpoint to ``DIR`` (``model.save_pretrained`` plus the
-tokenizer) that plain ``transformers`` loads, with ``replaceme_report.md``
-(with ``--heldout``: measured perplexity of the original, plain removal and
-the pruned model), the reference code's ``layer_distances.csv`` and
-``distances.png``.
-
-This module imports nothing heavy at import time: ``toast --help`` stays fast.
+Imports nothing heavy at import time, so that ``toast --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
+from toast._validation import Interval, check
+from toast.cli.checks import (
+    check_data_path,
+    check_model_path,
+    check_out,
+    check_tokenizer_files,
+    staged_output,
+)
 from toast.cli.options import (
+    EXIT_STATUSES,
     HELDOUT_HELP,
     add_calibration_arguments,
     add_config_arguments,
+    add_output_arguments,
     calibration_from_args,
     config_values,
     heldout_value,
+    quiet_libraries,
+    report_warnings,
 )
 from toast.methods.replaceme.config import ReplaceMeConfig
 
@@ -80,13 +81,24 @@ _HELP = {
 }
 
 
+_DESCRIPTION = (
+    "Removes N blocks of a local causal LM by ReplaceMe and writes a standard checkpoint "
+    "that plain transformers loads. MODEL_PATH is a folder written by save_pretrained, with "
+    "its tokenizer files, or a .gguf file (dequantized to float32; needs the gguf package); "
+    "nothing is downloaded. --data is a local .txt file (one text per line), or a .jsonl / "
+    ".json file (a 'text' field, or chat 'messages'). --out receives the checkpoint and its "
+    "tokenizer, replaceme_report.md (with --heldout: measured perplexity of the original, "
+    "plain removal and the pruned model), layer_distances.csv and distances.png."
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Adds the ``replaceme`` subcommand to the ``toast`` parser."""
     p = sub.add_parser(
         "replaceme",
         help="remove blocks of a local causal LM by ReplaceMe; save a standard checkpoint",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_DESCRIPTION,
+        epilog=EXIT_STATUSES,
     )
     p.add_argument(
         "model",
@@ -108,7 +120,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--blocks", dest="num_blocks", type=int, required=True, help="number of blocks to remove"
     )
-    p.add_argument("--out", required=True, help="output directory for the pruned model")
+    add_output_arguments(p)
     add_config_arguments(p, ReplaceMeConfig, _FIELDS, _HELP)
     p.add_argument(
         "--max-buffer",
@@ -127,17 +139,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     add_calibration_arguments(p, max_samples=None)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs ``toast replaceme``; returns the exit status."""
-    try:
-        return _run(args)
-    except (ValueError, FileExistsError, FileNotFoundError, OSError) as exc:
-        print(f"toast replaceme: {exc}", file=sys.stderr)
-        return 2
+    """Runs ``toast replaceme``; returns the exit status (errors reach :func:`toast.cli.main`)."""
+    return _run(args)
 
 
 def _config(args: argparse.Namespace) -> ReplaceMeConfig:
@@ -150,21 +157,16 @@ def _config(args: argparse.Namespace) -> ReplaceMeConfig:
     )
 
 
-def _check_paths(args: argparse.Namespace) -> Path:
-    """Fails fast on paths, before anything loads; returns the model path."""
-    out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        raise FileExistsError(f"{out} exists and is not empty (pass --overwrite)")
-    model_path = Path(args.model)
-    is_gguf = model_path.suffix == ".gguf"
-    if is_gguf and not model_path.is_file():
-        raise ValueError(f"{model_path} does not exist")
-    if not is_gguf and not (model_path / "config.json").is_file():
-        raise ValueError(f"{model_path} is not a local model directory (no config.json)")
-    for flag, path in (("--data", args.data), ("--heldout", args.heldout)):
-        if isinstance(path, str) and not Path(path).is_file():
-            raise ValueError(f"{flag} {path} is not a file")
-    return model_path
+def _check_paths(args: argparse.Namespace) -> tuple[Path, Path]:
+    """Fails fast on paths, before anything loads; returns the model path and --out."""
+    model_path = check_model_path(args.model)
+    check_tokenizer_files(model_path)
+    check_data_path("--data", args.data, folder_ok=False)
+    if isinstance(args.heldout, str):
+        check_data_path("--heldout", args.heldout, folder_ok=False)
+    for flag, value in (("--max-length", args.max_length), ("--batch-size", args.batch_size)):
+        check(flag, value, Interval(int, 1, None))
+    return model_path, check_out(args.out, args.overwrite)
 
 
 def _load(model_path: Path, args: argparse.Namespace) -> Any:
@@ -191,8 +193,11 @@ def _load(model_path: Path, args: argparse.Namespace) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    model_path = _check_paths(args)
+    import warnings
+
+    model_path, out = _check_paths(args)
     config = _config(args)  # bad options fail before the model loads
+    quiet_libraries(progress=not args.no_progress, quiet=args.quiet)
 
     from toast.hf.text import TextData
     from toast.io.local import load_tokenizer
@@ -205,14 +210,15 @@ def _run(args: argparse.Namespace) -> int:
     heldout = args.heldout  # None, or a fraction of the calibration texts
     if isinstance(heldout, str):
         heldout = TextData(heldout, tokenizer, **text)
-    _, report = replaceme(model, batches, config, heldout=heldout)  # in place
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    summary = report.to_markdown()
-    (out / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
-    _write_profile(report, args, out)
+    with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
+        warnings.simplefilter("always")
+        _, report = replaceme(model, batches, config, heldout=heldout)  # in place
+        model.save_pretrained(stage)
+        tokenizer.save_pretrained(stage)
+        summary = report.to_markdown()
+        (stage / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
+        _write_profile(report, args, stage)
+    report_warnings(caught, quiet=args.quiet)
     print(summary)
     print(f"saved to {out}")
     return 0

@@ -14,9 +14,14 @@ import numpy as np
 
 from toast import _core
 from toast._validation import Options, check
-from toast.core.errors import ILL_CONDITIONED, InSampleWarning, warn_ill_conditioned
+from toast.core.errors import (
+    ILL_CONDITIONED,
+    InSampleWarning,
+    explain_rank_deficiency,
+    warn_ill_conditioned,
+)
 from toast.core.moments import Moments, checked_moments
-from toast.core.solvers import check_ridge
+from toast.core.solvers import check_ridge, gram_rank
 
 __all__ = ["METRICS", "error_matrix"]
 
@@ -87,10 +92,9 @@ def error_matrix(
     ill = ~np.isnan(cond) & ~(cond < ILL_CONDITIONED)
     bad = np.flatnonzero(ill) if linear else np.empty(0, dtype=np.intp)
     if len(bad):
+        rank, hint = gram_rank(moments, int(bad[0]), center=metric == "affine")
         warn_ill_conditioned(
-            f"states {[int(k) for k in bad]} have ill-conditioned Gram matrices; their "
-            "errors use the minimum-norm solution. Consider ridge=... (e.g. ridge=1e-6, "
-            "ridge_relative=True)",
-            stacklevel=2,
+            explain_rank_deficiency(rank, moments.dim, moments.rows, hint), stacklevel=2
         )
     return E
+

@@ -18,10 +18,10 @@ import numpy as np
 
 from toast import _core
 from toast._validation import Interval, Options, check
-from toast.core.errors import ILL_CONDITIONED, warn_ill_conditioned
+from toast.core.errors import ILL_CONDITIONED, explain_rank_deficiency, warn_ill_conditioned
 from toast.core.moments import Moments, check_state_index, checked_moments
 
-__all__ = ["Translator", "fit_residual", "fit_translator", "solve_gram"]
+__all__ = ["Translator", "fit_residual", "fit_translator", "gram_rank", "solve_gram"]
 
 _METHOD_NAMES = {
     _core.METHOD_NONE: "none",
@@ -66,13 +66,24 @@ def check_ridge(ridge: Any) -> float:
     return float(check("ridge", ridge, _RIDGE))
 
 
-def _warn_condition(t: Translator, what: str) -> None:
+def _warn_condition(t: Translator, what: str, moments: Moments, state: int, center: bool) -> None:
     if t.ill_conditioned:
-        warn_ill_conditioned(
-            f"{what}: the Gram matrix is ill-conditioned (condition {t.condition:.3g}, "
-            f"rank {t.rank}); the {t.method} solution was used. Consider ridge=...",
-            stacklevel=3,
-        )
+        _, hint = gram_rank(moments, state, center)
+        explained = explain_rank_deficiency(t.rank, moments.dim, moments.rows, hint)
+        warn_ill_conditioned(f"{what}: {explained}", stacklevel=3)
+
+def gram_rank(moments: Moments, state: int, center: bool) -> tuple[int, float]:
+    """Numerical rank of state ``state``'s Gram matrix XᵀX (centered: its
+    scatter matrix), with the solver's threshold (eigenvalues <= d·eps·λ_max
+    count as zero), and a ridge worth trying: 1e-3 of its mean diagonal."""
+    gram = moments.cross(state, state)
+    if center:
+        total = moments.sum(state)
+        gram = gram - np.outer(total, total) / max(moments.rows, 1)
+    eigenvalues = np.linalg.eigvalsh(gram)
+    top = float(eigenvalues[-1]) if eigenvalues.size else 0.0
+    rank = int(np.sum(eigenvalues > gram.shape[0] * np.finfo(np.float64).eps * top))
+    return rank, 1e-3 * float(np.trace(gram)) / max(gram.shape[0], 1)
 
 
 def _fit_options(
@@ -135,7 +146,7 @@ def fit_translator(
     )
     t = Translator(kind, weight, bias, condition, rank, _METHOD_NAMES[method])
     if code == _core.FIT_LEASTSQ:
-        _warn_condition(t, f"fit_translator({i}, {j}, kind={kind!r})")
+        _warn_condition(t, f"fit_translator({i}, {j}, kind={kind!r})", moments, i, center)
     return t
 
 
@@ -164,7 +175,7 @@ def fit_residual(
         moments, m, y, target, bool(center), check_ridge(ridge), bool(ridge_relative)
     )
     t = Translator("residual", weight, bias, condition, rank, _METHOD_NAMES[method])
-    _warn_condition(t, f"fit_residual({m}, {y}, {target})")
+    _warn_condition(t, f"fit_residual({m}, {y}, {target})", moments, m, bool(center))
     return t
 
 

@@ -1,10 +1,11 @@
 """Finding the parts of a Hugging Face transformer that toast works on.
 
 :func:`find_blocks` locates the stack of repeated transformer blocks (the
-``nn.ModuleList`` whose children are all instances of one class); the final
-norm is looked up next to it. Every family in ``transformers`` that keeps its
-blocks in one list works without an adapter: ViT, DeiT, DINOv2, the CLIP
-vision tower, BERT, ModernBERT, Llama, Qwen2, GPT-2 and their task heads.
+``nn.ModuleList``, or timm's ``nn.Sequential``, whose children are all
+instances of one class); the final norm is looked up next to it. Every family
+in ``transformers`` that keeps its blocks in one list works without an
+adapter: ViT, DeiT, DINOv2, the CLIP vision tower, BERT, ModernBERT, Llama,
+Qwen2, GPT-2 and their task heads; so do timm-style vision transformers.
 Where discovery is ambiguous or fails, pass the dotted path of the list,
 e.g. ``blocks="encoder.layer"``.
 """
@@ -52,7 +53,7 @@ class BlockStack:
     """
 
     path: str
-    blocks: nn.ModuleList
+    blocks: nn.ModuleList | nn.Sequential
     final_norm: nn.Module | None
     final_norm_path: str | None
 
@@ -61,8 +62,13 @@ class BlockStack:
         return len(self.blocks)
 
 
+# Containers of blocks: transformers' nn.ModuleList, and timm's nn.Sequential
+# (whose forward chains the blocks: each takes and returns a (batch, tokens, dim) tensor).
+BLOCK_CONTAINERS = (nn.ModuleList, nn.Sequential)
+
+
 def _is_block_list(module: nn.Module) -> bool:
-    if not isinstance(module, nn.ModuleList) or len(module) == 0:
+    if not isinstance(module, BLOCK_CONTAINERS) or len(module) == 0:
         return False
     # Blocks standing in for removed ones (a class attribute _toast_stand_in = True,
     # e.g. translator blocks) do not count.
@@ -122,9 +128,10 @@ def find_blocks(model: nn.Module, blocks: str | BlockStack | None = None) -> Blo
         blocks = blocks.path
     if blocks is not None:
         found = _get(model, blocks)
-        if not isinstance(found, nn.ModuleList) or len(found) == 0:
+        if not isinstance(found, BLOCK_CONTAINERS) or len(found) == 0:
             raise ValueError(
-                f"blocks={blocks!r} is a {type(found).__name__}, not a non-empty nn.ModuleList"
+                f"blocks={blocks!r} is a {type(found).__name__}, not a non-empty nn.ModuleList "
+                "or nn.Sequential"
             )
         path = blocks
     else:
@@ -132,7 +139,8 @@ def find_blocks(model: nn.Module, blocks: str | BlockStack | None = None) -> Blo
         if not candidates:
             raise ValueError(
                 f"cannot find the transformer blocks of {type(model).__name__}: no "
-                "nn.ModuleList of identical blocks; pass blocks='...' with the dotted path "
+                "nn.ModuleList or nn.Sequential of identical blocks; pass blocks='...' with the "
+                "dotted path "
                 "of the block list (e.g. blocks='encoder.layer')"
             )
         longest = max(len(m) for _, m in candidates)
@@ -145,7 +153,7 @@ def find_blocks(model: nn.Module, blocks: str | BlockStack | None = None) -> Blo
             )
         path = best[0][0]
     block_list = _get(model, path)
-    assert isinstance(block_list, nn.ModuleList)  # checked when the path was chosen
+    assert isinstance(block_list, BLOCK_CONTAINERS)  # checked when the path was chosen
     norm, norm_path = _find_final_norm(model, path)
     return BlockStack(path, block_list, norm, norm_path)
 

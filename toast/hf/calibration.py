@@ -11,13 +11,24 @@ same names as keywords (:meth:`Calibration.from_options`).
 from __future__ import annotations
 
 import dataclasses
+import math
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from toast._validation import Interval, Options, validate
 
-__all__ = ["BACKENDS", "CALIBRATION_OPTIONS", "TOKENS", "Calibration", "Tokens", "limited"]
+__all__ = [
+    "BACKENDS",
+    "CALIBRATION_OPTIONS",
+    "TOKENS",
+    "Calibration",
+    "CalibrationSizeWarning",
+    "Tokens",
+    "limited",
+    "warn_if_small",
+]
 
 #: Rows of each sample that enter the statistics: every valid token, the
 #: first (CLS) token, the masked mean, or the last valid token.
@@ -127,3 +138,32 @@ def limited(loader: Iterable, calibration: Calibration) -> Iterable:
             num_workers=loader.num_workers,
         )
     return loader
+
+
+class CalibrationSizeWarning(UserWarning):
+    """Too few calibration rows for the width: held-out errors are unreliable."""
+
+
+def warn_if_small(rows: int, dim: int, folds: int, samples: int, local_rows: int) -> None:
+    """Warns when ``rows`` (over ``folds`` folds, from ``samples`` samples that
+    gave ``local_rows`` rows here) are fewer per fold than the width ``dim``,
+    saying how many samples would suffice."""
+    folds_used = max(folds, 1)
+    needed = folds_used * (dim + 1)
+    if rows >= needed or samples <= 0 or local_rows <= 0:
+        return
+    per_sample = local_rows / samples
+    enough = math.ceil(needed / per_sample)
+    if folds >= 2:
+        shortfall = f", {rows // folds_used} rows per fold of {folds}, fewer than the width"
+    else:
+        shortfall = ", no more than the width"
+    warnings.warn(
+        f"calibration data is small for width {dim}: {rows} rows from {samples} samples"
+        f"{shortfall}, so least squares fits noise and the errors are unreliable (often "
+        f"above 1). About {enough} samples ({needed} rows at {per_sample:.3g} rows per "
+        "sample) would suffice: give more data or raise max_samples (--max-samples on the "
+        "command line)",
+        CalibrationSizeWarning,
+        stacklevel=4,
+    )

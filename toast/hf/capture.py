@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -22,8 +22,9 @@ from toast._validation import Options, check
 from toast.core import Moments, NonFiniteError, Pairs
 from toast.core.errors import non_finite_error
 from toast.hf.blocks import BlockStack, find_blocks
-from toast.hf.calibration import BACKENDS, TOKENS, Calibration, Tokens, limited
+from toast.hf.calibration import BACKENDS, TOKENS, Calibration, Tokens, limited, warn_if_small
 from toast.hf.distributed import reduce_captured
+from toast.hf.progress import expected_samples, progress_bar
 from toast.hf.torch_moments import TorchMoments
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "ForwardError",
     "Tokens",
     "capture_moments",
+    "check_materialized",
     "select_tokens",
     "stream_states",
     "uses_torch",
@@ -39,6 +41,8 @@ __all__ = [
 
 # Keys of a batch that describe targets, not model inputs.
 _TARGET_KEYS = frozenset({"labels", "label", "targets"})
+# Keys of a tokenizer's output (per token, one row of ids per sample).
+_TOKEN_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids"})
 
 
 class _StateRecorder:
@@ -110,10 +114,17 @@ def _forward_inputs(model: nn.Module, batch: Any) -> tuple[tuple, dict]:
     """Positional and keyword inputs of one batch, on the model's device."""
     device = _model_device(model)
     if isinstance(batch, (tuple, list)) and batch:
+        if len(batch) > 2 and all(isinstance(b, Mapping) for b in batch):
+            raise ValueError(
+                f"a batch is a list of {len(batch)} dicts, one per sample: give the "
+                "DataLoader a collate_fn that pads and stacks them, e.g. "
+                "collate_fn=transformers.DataCollatorWithPadding(tokenizer)"
+            )
         batch = batch[0]  # (inputs, labels) pairs
     if isinstance(batch, torch.Tensor):
         return (batch.to(device),), {}
     if isinstance(batch, Mapping):
+        _check_collated(batch)
         accepted = inspect.signature(model.forward).parameters
         takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
         kwargs = {
@@ -125,6 +136,44 @@ def _forward_inputs(model: nn.Module, batch: Any) -> tuple[tuple, dict]:
     raise TypeError(
         "each batch must be a tensor, a dict of model inputs (e.g. a tokenizer's output), "
         f"or an (inputs, labels) pair; got {type(batch).__name__}"
+    )
+
+
+def _check_collated(batch: Mapping) -> None:
+    """Refuses the two batches a DataLoader makes of per-sample tokenizer outputs."""
+    for key, value in batch.items():
+        if key in _TARGET_KEYS:
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() == 3 and value.shape[1] == 1:
+            if key in _TOKEN_KEYS:
+                raise ValueError(
+                    f"{key} has shape {tuple(value.shape)}: each sample was tokenized with "
+                    "return_tensors='pt' (shape (1, tokens)) and the DataLoader stacked them; "
+                    "tokenize without return_tensors and pad in a collate_fn "
+                    "(transformers.DataCollatorWithPadding(tokenizer)), or squeeze(0) each sample"
+                )
+        if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            raise ValueError(
+                f"{key} is a list of {len(value)} tensors, not one tensor: the DataLoader's "
+                "default collate transposed per-sample lists of token ids; pass "
+                "collate_fn=transformers.DataCollatorWithPadding(tokenizer), or tokenize "
+                "whole batches with padding=True, return_tensors='pt'"
+            )
+
+
+def check_materialized(model: nn.Module) -> None:
+    """Refuses a model whose weights are not in memory (the meta device, or
+    offloaded without the accelerate hooks that would bring them in)."""
+    meta = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+    if not meta:
+        return
+    if any(hasattr(m, "_hf_hook") for m in model.modules()):
+        return  # accelerate's hooks load offloaded weights at each forward
+    raise ValueError(
+        f"{len(meta)} parameters of the model (e.g. {meta[0]}) are on the meta device: "
+        "they hold no data, so the forward pass cannot run. Load the model with its weights "
+        "(from_pretrained without device_map='meta' or init_empty_weights), or keep the "
+        "accelerate hooks of an offloaded model (device_map='auto')"
     )
 
 
@@ -145,8 +194,10 @@ def _truncate(args: tuple, kwargs: dict, n: int) -> tuple[tuple, dict]:
 def select_tokens(
     states: list[torch.Tensor], mask: torch.Tensor | None, tokens: str
 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """Rows to accumulate for one batch and the mask of valid rows, on the
-    activations' device."""
+    """Rows to accumulate for one batch and the mask of valid rows (None: all
+    valid), on the activations' device. Padding never gives a row: with
+    ``tokens="all"`` the mask drops pad tokens, otherwise samples that are
+    all padding."""
     first = states[0]
     if first.dim() != 3:
         raise ValueError(
@@ -161,21 +212,24 @@ def select_tokens(
             )
     if tokens == "all":
         return [s.detach() for s in states], mask
+    # One row per sample: a sample with no valid token (all padding) has no
+    # row to give, and is dropped by the returned (batch,) mask.
+    valid = None if mask is None or bool(mask.any(dim=1).all()) else mask.any(dim=1)
     if tokens == "cls":
-        return [s[:, 0].detach() for s in states], None
+        return [s[:, 0].detach() for s in states], valid
     if tokens == "mean":
         if mask is None:
             return [s.float().mean(dim=1) for s in states], None
         weights = mask.to(torch.float32).unsqueeze(-1)
         count = weights.sum(dim=1).clamp_min(1.0)
-        return [(s.float() * weights).sum(dim=1) / count for s in states], None
+        return [(s.float() * weights).sum(dim=1) / count for s in states], valid
     # "last": the last valid token of each sequence, whatever side is padded.
     if mask is None:
         return [s[:, -1].detach() for s in states], None
     length = mask.shape[1]
     last = length - 1 - torch.flip(mask, dims=[1]).to(torch.int64).argmax(dim=1)
     rows = torch.arange(first.shape[0], device=first.device)
-    return [s[rows, last].detach() for s in states], None
+    return [s[rows, last].detach() for s in states], valid
 
 
 class ForwardError(RuntimeError):
@@ -257,44 +311,32 @@ def stream_states(
     cal = Calibration.from_options(calibration, **options)
     check("tokens", tokens, Options(TOKENS))
     stack = stack if stack is not None else find_blocks(model, cal.blocks)
+    check_materialized(model)
     recorder = _StateRecorder(stack, _check_states(states, stack.num_blocks + 1))
     was_training = model.training
     bar = None
     try:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            desc=desc,
-            total=_expected_batches(loader, cal),
-            unit="batch",
-            disable=not cal.progress,
-            leave=False,
-        )
+        bar = progress_bar(desc, None, "sample", disable=not cal.progress)
         model.eval()
         with torch.inference_mode():
-            for args, kwargs in _batches(model, loader, cal):
-                _run_forward(model, args, kwargs, bar.n)
+            for index, (args, kwargs) in enumerate(_batches(model, loader, cal)):
+                _run_forward(model, args, kwargs, index)
                 rows, row_mask = select_tokens(
                     recorder.take(), kwargs.get("attention_mask"), tokens
                 )
                 total = consume(rows, row_mask)
-                bar.update(1)
-                bar.set_postfix(rows=f"{total:,}", rss=f"{_rss_mib():.0f}MiB")
+                size = _batch_size(args, kwargs)
+                if index == 0:
+                    bar.total = expected_samples(loader, cal.max_samples, cal.max_batches, size)
+                # the postfix first: the redraw of update() shows this batch's rows
+                bar.set_postfix(tokens=f"{total:,}", rss=f"{_rss_mib():.0f}MiB", refresh=False)
+                bar.update(size)
     finally:
         recorder.remove()
         model.train(was_training)
         if bar is not None:
             bar.close()
     return stack
-
-
-def _expected_batches(loader: Iterable, cal: Calibration) -> int | None:
-    """Batches a pass will read, for the progress bar (None when unknown:
-    a loader without a length, or a cut by samples)."""
-    if not isinstance(loader, Sized) or cal.max_samples is not None:
-        return cal.max_batches
-    count = len(loader)
-    return count if cal.max_batches is None else min(count, cal.max_batches)
 
 
 def _batches(model: nn.Module, loader: Iterable, cal: Calibration) -> Iterator[tuple[tuple, dict]]:
@@ -372,6 +414,7 @@ def capture_moments(
             else:
                 acc["m"] = Moments(len(rows), dim, folds=folds, pairs=pairs, precision=precision)
         m = acc["m"]
+        acc["samples"] = acc.get("samples", 0) + int(rows[0].shape[0])
         # rows[k] is state chosen[k] (stream_states has checked the states)
         chosen = range(len(rows)) if states is None else list(states)
         if isinstance(m, TorchMoments):
@@ -385,11 +428,13 @@ def capture_moments(
     moments = acc.get("m")
     if isinstance(moments, TorchMoments):
         moments = moments.to_moments()
+    local_rows = 0 if moments is None else moments.rows
     if cal.is_distributed:
         num_states = stack.num_blocks + 1 if states is None else len(states)
         moments = reduce_captured(moments, num_states, folds, pairs, precision, cal.group)
     if moments is None or moments.rows == 0:
         raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
+    warn_if_small(moments.rows, moments.dim, folds, acc.get("samples", 0), local_rows)
     return moments, stack
 
 

@@ -36,6 +36,7 @@ from torch import nn
 from toast._validation import Options, check
 from toast.hf.blocks import BlockStack
 from toast.hf.capture import _forward_inputs
+from toast.hf.progress import progress_bar
 
 __all__ = ["QUALITY_METRICS", "Evaluator", "Quality", "quality_metric", "skipped_blocks"]
 
@@ -141,12 +142,13 @@ class Evaluator:
         if not self.progress:
             yield from self.heldout
             return
-        from tqdm.auto import tqdm
-
-        with tqdm(
-            self.heldout, total=total, desc=f"held-out: {label}", unit="batch", leave=False
-        ) as bar:
-            yield from bar
+        bar = progress_bar(f"held-out: {label}", total, "batch", disable=False)
+        try:
+            for batch in self.heldout:
+                yield batch
+                bar.update(1)
+        finally:
+            bar.close()
 
     def measure(self, model: nn.Module, label: str = "model") -> float:
         """``model``'s quality on the held-out data (eval mode, no gradients;

@@ -25,7 +25,7 @@ __all__ = [
 ]
 
 
-def _renumber_layers(blocks: nn.ModuleList) -> None:
+def _renumber_layers(blocks: nn.ModuleList | nn.Sequential) -> None:
     # Attention modules index the KV cache by layer_idx; keep it equal to
     # the block's new position.
     for position, block in enumerate(blocks):
@@ -96,7 +96,11 @@ def _install_blocks(
     backbone = None if config is None else _backbone_outputs(config, kept, total)
     holder_path, _, attr = stack.path.rpartition(".")
     holder = model.get_submodule(holder_path) if holder_path else model
-    setattr(holder, attr, nn.ModuleList(new_blocks))
+    # the same container: a timm model's forward calls its nn.Sequential of blocks
+    if isinstance(stack.blocks, nn.Sequential):
+        setattr(holder, attr, nn.Sequential(*new_blocks))
+    else:
+        setattr(holder, attr, nn.ModuleList(new_blocks))
     _renumber_layers(getattr(holder, attr))
     if config is not None:
         _update_config(config, kept, total, backbone)

@@ -21,7 +21,20 @@ from toast._validation import Interval, check
 from toast.data import image_folder
 from toast.hf.text import TextData
 
-__all__ = ["load_batches", "load_model", "load_tokenizer"]
+__all__ = ["TOKENIZER_FILES", "load_batches", "load_model", "load_tokenizer"]
+
+# Any one of these lets transformers' AutoTokenizer load a folder (the command
+# line's own copy, toast.cli.checks.TOKENIZER_FILES, stays torch-free; a test
+# keeps the two equal).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def _check_dir(path: str | os.PathLike) -> Path:
@@ -66,7 +79,7 @@ def _load_gguf(file: Path) -> torch.nn.Module:
         import gguf  # noqa: F401  (transformers' GGUF reader)
     except ImportError as exc:
         raise ImportError(
-            f"loading {file.name} needs the gguf package: pip install 'toast[llm]'"
+            f"loading {file.name} needs the gguf package: pip install 'toast-compress[llm]'"
         ) from exc
     model = transformers.AutoModelForCausalLM.from_pretrained(
         file.parent, gguf_file=file.name, dtype=torch.float32, local_files_only=True
@@ -98,7 +111,14 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
         return transformers.AutoTokenizer.from_pretrained(
             root.parent, gguf_file=root.name, local_files_only=True
         )
-    return transformers.AutoTokenizer.from_pretrained(_check_dir(root), local_files_only=True)
+    root = _check_dir(root)
+    if not any((root / name).is_file() for name in TOKENIZER_FILES):
+        # transformers would blame a missing sentencepiece or tiktoken instead
+        raise ValueError(
+            f"{root} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): save the "
+            "tokenizer next to the model (tokenizer.save_pretrained(folder))"
+        )
+    return transformers.AutoTokenizer.from_pretrained(root, local_files_only=True)
 
 
 class _Batches:
@@ -151,7 +171,7 @@ def _text_batches(model_dir: Path, data: Path, batch_size: int, max_length: int)
     try:
         tokenizer = load_tokenizer(model_dir)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{model_dir} has no tokenizer to read {data} with ({exc})") from exc
+        raise ValueError(f"cannot read {data}: {exc}") from exc
     return TextData(data, tokenizer, max_length=max_length, batch_size=batch_size)
 
 
@@ -184,4 +204,6 @@ def load_batches(
         return _image_batches(root, source, config, batch_size)
     if source.is_file():
         return _text_batches(root, source, batch_size, max_length)
-    raise ValueError(f"--data {source} is neither a folder of images nor a text file")
+    if not source.exists():
+        raise FileNotFoundError(f"data {source} does not exist")
+    raise ValueError(f"data {source} is neither a folder of images nor a text file")

@@ -25,6 +25,7 @@ from torch import nn
 
 from toast.core import Moments, fit_translator
 from toast.hf.blocks import BlockStack, find_blocks
+from toast.hf.calibration import warn_if_small
 from toast.hf.capture import ForwardError, stream_states, uses_torch
 from toast.hf.rows import RowSample
 from toast.hf.torch_moments import TorchMoments
@@ -100,6 +101,7 @@ class _Estimator:
     ) -> None:
         self.cuts, self.config, self.positions = cuts, config, positions
         self.recorder, self.expected_rows = recorder, expected_rows
+        self.samples, self.dim = 0, 0  # for the calibration-size check
 
     def _open(self, cut: _Cut, d: int, device: torch.device) -> None:
         config = self.config
@@ -134,6 +136,7 @@ class _Estimator:
 
     def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
         d = int(rows[0].shape[-1])
+        self.samples, self.dim = self.samples + int(rows[0].shape[0]), d
         keep = None if (mask is None or self.config.include_padding) else mask.reshape(-1)
         for cut in self.cuts:
             if cut.moments is None and cut.sample is None:
@@ -257,4 +260,6 @@ class Estimation:
                 recorder.remove()
         if cuts[0].rows == 0:
             raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
+        if config.objective != "identity":  # a d×d transform needs more rows than d
+            warn_if_small(cuts[0].rows, consume.dim, 0, consume.samples, cuts[0].rows)
         return cuts

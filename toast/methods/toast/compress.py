@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 
 from torch import nn
@@ -32,17 +33,12 @@ def compress_toast(
     translator (see :class:`ToastConfig`) and the model is patched.
     """
     stack = find_blocks(model, config.calibration.blocks)
-    analysis = analyze(
-        model,
-        data,
-        metric=config.metric,
-        estimator=config.estimator,
-        folds=config.folds,
-        tokens=config.tokens,
-        backend=config.backend,
-        calibration=config.calibration,
-        stack=stack,
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        analysis = _analyze(model, data, config, stack)
+    issued = {str(w.message): w.message for w in caught}
+    for message in issued.values():  # each once, as the analysis issued it
+        warnings.warn(message, stacklevel=2)
     spans = _choose_spans(analysis, config)
     if before_surgery is not None:
         before_surgery(spans, stack)
@@ -53,11 +49,14 @@ def compress_toast(
         replace_spans(model, [(s.start, s.stop) for s in spans], modules, blocks=stack)
     else:
         _fit_sequentially(model, data, spans, fitter, stack)
+    fitter.warn_ill_conditioned(already=set(issued))
     report = CompressionReport(
         method="toast",
         translator=config.translator,
         spans=spans,
         conditions=fitter.conditions,
+        ranks=fitter.ranks,
+        width=analysis.moments.dim,
         blocks_before=blocks_before,
         blocks_after=blocks_before - sum(s.num_blocks for s in spans) + len(spans),
         params_before=params_before,
@@ -67,6 +66,21 @@ def compress_toast(
         fit=config.fit,
     )
     return model, report
+
+
+def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: BlockStack) -> Analysis:
+    return analyze(
+        model,
+        data,
+        metric=config.metric,
+        estimator=config.estimator,
+        folds=config.folds,
+        ridge=config.ridge or 0.0,
+        tokens=config.tokens,
+        backend=config.backend,
+        calibration=config.calibration,
+        stack=stack,
+    )
 
 
 def _choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
@@ -79,7 +93,11 @@ def _choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
     if config.spans is not None:
         chosen = validate_spans(config.spans, analysis.num_blocks)
         return [Span(a, b, float(analysis.errors[a, b])) for a, b in chosen]
-    spans = analysis.plan(max_blocks=budget, max_error=config.max_error)
+    spans = analysis.plan(
+        max_blocks=budget,
+        max_error=config.max_error,
+        include_first_block=config.include_first_block,
+    )
     if not spans:
         raise ValueError(
             "no span satisfies the constraints (max_error too small?); inspect "

@@ -22,8 +22,9 @@ class ToastConfig:
     """How TOAST analyses, plans and fits (see :func:`toast.compress`).
 
     Planning: ``budget`` blocks to remove, each span within ``max_error``,
-    or explicit ``spans``. Analysis: ``metric``, ``estimator``, ``folds``,
-    ``tokens``, ``backend``. Fitting: ``translator`` (closed form: identity,
+    or explicit ``spans``; ``include_first_block`` lets a planned span start
+    at block 0 (the papers keep it). Analysis: ``metric``, ``estimator``,
+    ``folds``, ``tokens``, ``backend``. Fitting: ``translator`` (closed form: identity,
     linear, affine, diagonal, orthogonal; trained: mlp, resmlp with
     ``max_rows``, ``train_steps``, ``lr``), ``ridge``, ``fit``
     (``"independent"``: every span on the original model's activations, the
@@ -41,6 +42,7 @@ class ToastConfig:
     folds: int = 5
     tokens: Tokens = "all"
     ridge: float | None = None
+    include_first_block: bool = False
     max_rows: int = 50_000
     train_steps: int = 300
     lr: float = 1e-3
@@ -58,6 +60,7 @@ class ToastConfig:
         "folds": [Interval(int, 2, None)],
         "tokens": [Options(TOKENS)],
         "ridge": [Interval(float, 0, None), None],
+        "include_first_block": [bool],
         "max_rows": [Interval(int, 1, None)],
         "train_steps": [Interval(int, 1, None)],
         "lr": [Interval(float, 0, None, closed="neither")],

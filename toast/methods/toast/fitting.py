@@ -5,11 +5,13 @@ partially compressed one (sequential)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from torch import nn
 
-from toast.core import Moments, Translator, fit_translator
+from toast.core import IllConditionedWarning, Moments, Translator, fit_translator
+from toast.core.errors import explain_rank_deficiency
+from toast.core.solvers import gram_rank
 from toast.hf.blocks import BlockStack
 from toast.hf.capture import capture_moments
 from toast.hf.distributed import broadcast_module
@@ -35,6 +37,15 @@ class Fitter:
     def __init__(self, config: ToastConfig) -> None:
         self.config = config
         self.conditions: list[float] = []
+        self.ranks: list[int | None] = []
+        self._ill_conditioned: str | None = None  # the first explanation, issued once
+
+    def warn_ill_conditioned(self, already: Collection[str] = ()) -> None:
+        """One :class:`IllConditionedWarning` for all the fits of a run, saying why
+        (e.g. a post-LN model's structural rank loss) and what to do, if any fit was
+        and the run has not said so already (``already``: the messages issued)."""
+        if self._ill_conditioned is not None and self._ill_conditioned not in already:
+            warnings.warn(self._ill_conditioned, IllConditionedWarning, stacklevel=3)
 
     def _closed_form(self, moments: Moments, i: int, j: int) -> Translator:
         kind, ridge, relative = self.config.translator, self.config.ridge, False
@@ -47,8 +58,17 @@ class Fitter:
                 FewRowsWarning,
                 stacklevel=5,
             )
-        t = fit_translator(moments, i, j, kind=kind, ridge=ridge, ridge_relative=relative)
+        with warnings.catch_warnings():
+            # explained once per run by warn_ill_conditioned, not once per span
+            warnings.simplefilter("ignore", IllConditionedWarning)
+            t = fit_translator(moments, i, j, kind=kind, ridge=ridge, ridge_relative=relative)
         self.conditions.append(t.condition)
+        self.ranks.append(t.rank)
+        if t.ill_conditioned and self._ill_conditioned is None:
+            _, hint = gram_rank(moments, i, center=kind == "affine")
+            self._ill_conditioned = explain_rank_deficiency(
+                t.rank, moments.dim, moments.rows, hint
+            )
         return t
 
     def _trained(self, sample: RowSample, i: int, j: int, like: nn.Module) -> nn.Module:
@@ -63,6 +83,7 @@ class Fitter:
             progress=config.calibration.progress,
         )
         self.conditions.append(float("nan"))
+        self.ranks.append(None)
         if config.calibration.is_distributed:
             # each rank sampled its own shard: take rank 0's translator everywhere
             broadcast_module(module, group=config.calibration.group)

@@ -28,11 +28,22 @@ class CompressionReport(Report):
     rows: int
     analysis: Analysis = field(repr=False)
     fit: str = "independent"
+    ranks: list[int | None] = field(default_factory=list)
+    width: int | None = None
 
     @property
     def blocks_removed(self) -> int:
         # the translator blocks stand in for their spans: count every replaced block
         return sum(s.num_blocks for s in self.spans)
+
+    def _condition(self, condition: float, rank: int | None) -> str:
+        """A fit's condition; a singular one by its rank (post-LN states lose one
+        direction by construction, which "inf" alone would hide)."""
+        if condition != condition:  # NaN: a trained translator
+            return "—"
+        if condition == float("inf") and rank is not None and self.width is not None:
+            return f"singular, rank {rank} of {self.width}"
+        return f"{condition:.3g}"
 
     def to_markdown(self) -> str:
         lines = [
@@ -43,8 +54,8 @@ class CompressionReport(Report):
             "| blocks | paper (s→e) | predicted error | condition |",
             "|---|---|---:|---:|",
         ]
-        for span, cond in zip(self.spans, self.conditions, strict=True):
-            shown = "—" if cond != cond else f"{cond:.3g}"  # NaN: a trained translator
+        for k, (span, cond) in enumerate(zip(self.spans, self.conditions, strict=True)):
+            shown = self._condition(cond, self.ranks[k] if k < len(self.ranks) else None)
             lines.append(
                 f"| [{span.start}:{span.stop}] | {span.paper} | {span.error:.4g} | {shown} |"
             )
