@@ -25,7 +25,11 @@ the target. A directory without a complete plan is never taken for a model.
 
 from toast.io.format import FORMAT, FORMAT_VERSION, PLAN_NAME, WEIGHTS_NAME, CorruptedSaveError
 from toast.io.load import load_pretrained
+from toast.io.remote import register_auto_classes
 from toast.io.save import save_pretrained
+
+# A process that imported toast loads custom saves with plain Auto classes.
+register_auto_classes()
 
 __all__ = [
     "FORMAT",
