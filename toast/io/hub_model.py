@@ -75,15 +75,13 @@ class ToastModel(PreTrainedModel):
 
 
 def _with_toast(directory: Path, dtype: Any) -> Any:
-    try:
-        import toast  # noqa: F401
+    try:  # transformers' import check skips imports inside try blocks
+        from toast import load_pretrained
     except ImportError:
         raise ImportError(
             f"{directory} uses Token Channel Selection at run time, which needs toast: "
             "pip install toast, then load it with toast.load_pretrained or this call"
         ) from None
-    from toast import load_pretrained
-
     return load_pretrained(directory, dtype=dtype if isinstance(dtype, torch.dtype) else None)
 
 
