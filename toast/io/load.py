@@ -25,6 +25,7 @@ from toast.io.format import (
     WEIGHTS_NAME,
     CorruptedSaveError,
 )
+from toast.io.hub_model import MODEL_TYPE
 from toast.io.registry import patch_named, serializer_named
 from toast.io.save import sha256
 
@@ -66,10 +67,10 @@ def _check_versions(plan: dict[str, Any], file: Path) -> None:
     saved = plan.get("versions") if isinstance(plan.get("versions"), dict) else {}
     version = plan.get("format_version")
     if version not in READ_VERSIONS:
-        raise ValueError(
-            f"{file} was written by toast {saved.get('toast', '(unknown)')} in plan format "
-            f"{version!r}; this is toast {__version__}, which reads plan formats "
-            f"{list(READ_VERSIONS)}: load it with a toast that reads format {version!r}"
+        raise CorruptedSaveError(
+            f"{file} has format version {version!r} (written by toast "
+            f"{saved.get('toast', '(unknown)')}); this is toast {__version__}, which reads "
+            f"format versions {list(READ_VERSIONS)}: load it with the toast that saved it"
         )
     theirs, ours = saved.get("transformers"), transformers.__version__
     if isinstance(theirs, str) and theirs.split(".")[0] != ours.split(".")[0]:
@@ -383,14 +384,16 @@ def _load_weights(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
         raise CorruptedSaveError(
             f"{file} has {size} bytes but the plan records {expected_bytes} (truncated or replaced)"
         )
+
+    slots = _state_slots(model)
+    aliases: dict[str, str] = plan["weights"]["aliases"]
+    loaded = _read_tensors(file, slots, aliases)
+    # After the structural checks, whose messages say more; this catches the rest.
     expected_sha = plan["weights"].get("sha256")
     if expected_sha is not None and sha256(file) != expected_sha:
         raise CorruptedSaveError(
             f"{file} does not match the SHA-256 checksum its plan records (damaged or replaced)"
         )
-    slots = _state_slots(model)
-    aliases: dict[str, str] = plan["weights"]["aliases"]
-    loaded = _read_tensors(file, slots, aliases)
     made: dict[str, torch.Tensor] = {}
     for name, (module, attr, is_param) in slots.items():
         source = aliases.get(name, name)
@@ -405,6 +408,16 @@ def _load_weights(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
             module._parameters[attr] = made[source]  # type: ignore[assignment]
         else:
             module._buffers[attr] = made[source]
+
+
+def _is_plain_checkpoint(directory: Path) -> bool:
+    """Whether ``directory`` has a ``config.json`` that is not a toast
+    save's (a toast save without its plan is incomplete, not plain)."""
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") != MODEL_TYPE
 
 
 def _load_plain(directory: Path) -> nn.Module:
@@ -453,7 +466,7 @@ def load_pretrained(
             raise ValueError(f"dtype {dtype!r} is not a torch dtype")
         dtype = resolved
     plan_file = directory / PLAN_NAME
-    if not plan_file.exists() and (directory / "config.json").is_file():
+    if not plan_file.exists() and _is_plain_checkpoint(directory):
         model = _load_plain(directory)
     else:
         plan = _read_plan(directory)
