@@ -58,7 +58,10 @@ class _GuardedSave:
 
 def guard_save(model: nn.Module) -> nn.Module:
     """Makes ``model.save_pretrained`` write a toast save when needed (see
-    the module docstring); returns ``model``."""
+    the module docstring); returns ``model``. Models without a
+    ``save_pretrained`` method of their class are returned unchanged."""
+    if not (isinstance(model, nn.Module) and callable(getattr(type(model), "save_pretrained", None))):
+        return model
     if not isinstance(getattr(model, "save_pretrained", None), _GuardedSave):
         object.__setattr__(model, "save_pretrained", _GuardedSave(model))
     return model

@@ -130,6 +130,24 @@ def _check_savable(model: nn.Module, stack: BlockStack) -> None:
         )
 
 
+def _block_stack(model: nn.Module, blocks: str | None) -> BlockStack:
+    """The block list the plan's layout describes. A model with several
+    equally long lists (Swin's stages) and no stand-in block in any of them
+    is described by the first: the others rebuild from the config alike."""
+    try:
+        return find_blocks(model, blocks)
+    except ValueError:
+        if blocks is not None or any(serializer_for(m) is not None for m in model.modules()):
+            raise
+        for name, module in model.named_modules():
+            if isinstance(module, nn.ModuleList) and len(module) > 0:
+                try:
+                    return find_blocks(model, name)
+                except ValueError:
+                    continue
+        raise
+
+
 def _layout(stack: BlockStack) -> list[dict[str, Any]]:
     """One entry per block: ``{"type": "block"}`` or a registered serializer's."""
     layout: list[dict[str, Any]] = []
@@ -219,7 +237,7 @@ def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[st
     to store. Raises before anything is written when the model cannot be
     described."""
     model_class = _model_class(model)  # raises for a class the loader would not rebuild
-    stack = find_blocks(model, blocks)
+    stack = _block_stack(model, blocks)
     _check_savable(model, stack)
     layout = _layout(stack)
     stored, aliases = _aliases(model.state_dict())
