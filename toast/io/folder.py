@@ -111,10 +111,11 @@ def _how_to_load(target: Path, custom: bool) -> list[str]:
         lines += ["It is a standard checkpoint: `AutoModel.from_pretrained` loads it.", ""]
     if (target / "modules.json").is_file():
         lines += [
-            "As a sentence-transformers model (after `import toast`, or with "
+            "As a sentence-transformers model (after `import toast.io`, or with "
             "`trust_remote_code=True` where toast is not installed):",
             "",
             "```python",
+            "import toast.io  # registers toast saves with transformers' Auto classes",
             "from sentence_transformers import SentenceTransformer",
             f'model = SentenceTransformer("{target.name}")',
             "```",

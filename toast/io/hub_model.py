@@ -15,9 +15,9 @@ time (Token Channel Selection) is handed to ``toast.load_pretrained``, and
 refused with an ``ImportError`` where toast is missing.
 
 toast registers :class:`ToastConfig` / :class:`ToastModel` with the Auto
-classes when :mod:`toast.io` is imported, so that in a process that imported
-toast, ``AutoModel.from_pretrained(folder)`` and ``SentenceTransformer(folder)``
-need no ``trust_remote_code``.
+classes when :mod:`toast.io` is imported (``import toast.io``, or any toast
+save or load), so that in such a process ``AutoModel.from_pretrained(folder)``
+and ``SentenceTransformer(folder)`` need no ``trust_remote_code``.
 """
 
 from __future__ import annotations
