@@ -127,9 +127,7 @@ def _compress(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> 
     summary = report.to_markdown()
     # The tokenizer / image processor / sentence-transformers files of the
     # input folder travel with the model, so the output loads on its own.
-    toast.save_pretrained(
-        model, out, overwrite=args.overwrite, source=args.model, report=summary
-    )
+    toast.save_pretrained(model, out, overwrite=args.overwrite, source=args.model, report=summary)
     (out / "report.md").write_text(summary + "\n", encoding="utf-8")
     report.analysis.heatmap(spans=report.spans).savefig(
         out / "heatmap.png", dpi=120, bbox_inches="tight"

@@ -39,7 +39,8 @@ class _GuardedSave:
     def __call__(self, save_directory: str | os.PathLike[str], *args: Any, **kwargs: Any) -> Any:
         model = self.model
         if not needs_toast_layout(model):
-            return type(model).save_pretrained(model, save_directory, *args, **kwargs)
+            cls: Any = type(model)  # a transformers class: its own save is right
+            return cls.save_pretrained(model, save_directory, *args, **kwargs)
         unsupported = sorted(set(kwargs) - _IGNORABLE)
         if args or unsupported:
             raise ValueError(
@@ -60,7 +61,8 @@ def guard_save(model: nn.Module) -> nn.Module:
     """Makes ``model.save_pretrained`` write a toast save when needed (see
     the module docstring); returns ``model``. Models without a
     ``save_pretrained`` method of their class are returned unchanged."""
-    if not (isinstance(model, nn.Module) and callable(getattr(type(model), "save_pretrained", None))):
+    own = getattr(type(model), "save_pretrained", None)
+    if not (isinstance(model, nn.Module) and callable(own)):
         return model
     if not isinstance(getattr(model, "save_pretrained", None), _GuardedSave):
         object.__setattr__(model, "save_pretrained", _GuardedSave(model))

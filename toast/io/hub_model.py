@@ -58,7 +58,7 @@ class ToastModel(PreTrainedModel):
     config_class = ToastConfig
 
     @classmethod
-    def from_pretrained(  # type: ignore[override]
+    def from_pretrained(
         cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any
     ) -> Any:
         directory = Path(pretrained_model_name_or_path)
@@ -197,7 +197,7 @@ def _apply_structure(model: nn.Module, plan: dict[str, Any]) -> None:
     """Translator blocks into the block list, narrowed linears and their
     attributes, modules the saved model lacked dropped."""
     dtype = getattr(torch, plan["dtype"])
-    blocks = model.get_submodule(plan["blocks_path"])
+    blocks: Any = model.get_submodule(plan["blocks_path"])
     for position, entry in enumerate(plan["layout"]):
         if entry["type"] == "translator":
             translator = _translator(entry["translator"]).to(dtype)

@@ -64,7 +64,8 @@ def _check_versions(plan: dict[str, Any], file: Path) -> None:
 
     from toast import __version__
 
-    saved = plan.get("versions") if isinstance(plan.get("versions"), dict) else {}
+    versions = plan.get("versions")
+    saved: dict[str, Any] = versions if isinstance(versions, dict) else {}
     version = plan.get("format_version")
     if version not in READ_VERSIONS:
         raise CorruptedSaveError(

@@ -40,7 +40,7 @@ def _linear(path: str, module: nn.Linear) -> dict[str, Any]:
     }
 
 
-def _pruned(model: nn.Module) -> dict[str, tuple[nn.Module, int]]:
+def _pruned(model: nn.Module) -> dict[str, tuple[Any, int]]:
     """``{attention path: (attention, original head_dim)}`` of densely pruned blocks."""
     found = {}
     for blk in vit_blocks(model).blocks:
