@@ -157,3 +157,33 @@ def test_tcs_save_without_toast_is_refused_naming_toast(deit_tcs_save):
     root, _ = deit_tcs_save
     result = _child(_REMOTE_TCS, root / "saved", tmp_path=root, block_toast=True)
     assert "Token Channel Selection" in result["error"] and "pip install toast" in result["error"]
+
+
+_REPLACE_ONLY = """
+import json, sys, torch
+import transformers
+from toast.hf.surgery import replace_spans  # shared infrastructure alone
+config = transformers.BertConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                 intermediate_size=64, vocab_size=97)
+model = transformers.BertModel(config, add_pooling_layer=False)
+replace_spans(model, [(1, 3)], [torch.nn.Linear(32, 32)])
+assert "toast.io" not in sys.modules
+try:
+    model.save_pretrained(sys.argv[1])
+    print(json.dumps({"error": None}))
+except TypeError as exc:
+    print(json.dumps({"error": str(exc), "written": __import__("os").path.exists(sys.argv[1])}))
+"""
+
+
+def test_surgery_without_toast_io_refuses_transformers_save(tmp_path):
+    result = _child(_REPLACE_ONLY, tmp_path / "out", tmp_path=tmp_path, block_toast=False)
+    assert "toast.save_pretrained(model, path)" in result["error"]
+    assert result["written"] is False
+
+
+def test_replace_spans_with_toast_io_saves_a_toast_save(tmp_path):
+    model = H.build(next(f for f in H.FAMILIES if f.name == "bert"))
+    toast.replace_spans(model, [(1, 3)], [torch.nn.Linear(H.HIDDEN, H.HIDDEN)])
+    model.save_pretrained(tmp_path / "out")
+    assert (tmp_path / "out" / "toast_plan.json").is_file()
