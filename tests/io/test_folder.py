@@ -143,3 +143,13 @@ def test_unpatched_model_keeps_transformers_save(tmp_path):
     model.save_pretrained(tmp_path / "s")
     assert not (tmp_path / "s" / PLAN_NAME).exists()  # transformers' own checkpoint
     assert (tmp_path / "s" / "config.json").is_file()
+
+
+def test_companions_of_the_folder_a_model_was_read_from_travel_by_default(tmp_path):
+    model = H.build(_BERT)
+    model.save_pretrained(tmp_path / "source")
+    (tmp_path / "source" / "tokenizer_config.json").write_text("{}")
+    loaded = transformers.AutoModel.from_pretrained(tmp_path / "source")
+    model, _ = toast.compress(loaded, H.loader(_BERT, 32, 8), spans=[(1, 3)], progress=False)
+    folder = toast.save_pretrained(model, tmp_path / "s")
+    assert (folder / "tokenizer_config.json").is_file()

@@ -102,7 +102,17 @@ def _toast_vit(name: str) -> torch.nn.Module:
     )[0]
 
 
-_METHODS = {"toast": _toast, "replaceme": _replaceme, "toast-vit": _toast_vit}
+def _toast_vit_heads(name: str) -> torch.nn.Module:
+    """Head pruning alone: no TCS, so transformers rebuilds it without toast."""
+    return toast.compress(_vision(name), method="toast-vit", head_sparsity=0.5, progress=False)[0]
+
+
+_METHODS = {
+    "toast": _toast,
+    "replaceme": _replaceme,
+    "toast-vit": _toast_vit,
+    "toast-vit (heads)": _toast_vit_heads,
+}
 
 
 @functools.cache
@@ -146,6 +156,7 @@ CASES = (
     [("toast", f.name) for f in H.FAMILIES]
     + [("replaceme", n) for n in ("llama", "qwen2", "gpt2", "opt", "vit", "clip_vision")]
     + [("toast-vit", n) for n in ("vit", "deit", "dinov2", "vit_mae", "swin")]
+    + [("toast-vit (heads)", n) for n in ("deit", "swin")]
 )
 SAVES = ("toast.save_pretrained", "model.save_pretrained", "toast compress --out")
 _CLI_FAMILIES = ("vit", "deit", "dinov2", "clip_vision")
@@ -155,7 +166,8 @@ def _routes():
     for method, name in CASES:
         for save in SAVES:
             if save != "toast compress --out" or (method == "toast" and name in _CLI_FAMILIES):
-                yield pytest.param(method, name, save, id=f"{method}-{name}-{save.split()[0]}")
+                tag = method.replace(" (heads)", "-heads")
+                yield pytest.param(method, name, save, id=f"{tag}-{name}-{save.split()[0]}")
 
 
 def _loads(folder, model: torch.nn.Module) -> dict[str, torch.nn.Module]:

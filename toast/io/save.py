@@ -290,6 +290,15 @@ def _write_weights(tensors: dict[str, torch.Tensor], file: Path) -> None:
     _fsync_path(file)
 
 
+def _source_folder(model: nn.Module) -> Path | None:
+    """The local folder ``from_pretrained`` read ``model`` from (transformers
+    records it as ``config._name_or_path``), or None."""
+    name = getattr(getattr(model, "config", None), "_name_or_path", None)
+    if isinstance(name, str) and name and Path(name).is_dir():
+        return Path(name)
+    return None
+
+
 def _write_folder(
     model: nn.Module,
     plan: dict[str, Any],
@@ -308,7 +317,7 @@ def _write_folder(
     tokenizer = companions.get("tokenizer")
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
-    copy_companions(companions.get("source"), tmp)
+    copy_companions(companions.get("source") or _source_folder(model), tmp)
     write_card(tmp, plan["summary"], companions.get("report"), custom)
     _write_plan(plan, tmp / PLAN_NAME)  # last: its presence marks a complete save
     # safetensors creates its file private (0600), transformers others 0644:
@@ -379,7 +388,8 @@ def save_pretrained(
     model; see :mod:`toast.io`), the generation config of a generative model
     and a model card ``README.md`` (with ``report``, a markdown compression
     report, when given). ``tokenizer`` (a tokenizer or image processor) is
-    saved alongside; ``source``, the model folder the model was read from,
+    saved alongside; ``source``, the model folder the model was read from
+    (default: the local folder ``from_pretrained`` read it from, if any),
     gives its tokenizer, processor and sentence-transformers files. All of it
     goes into a hidden temporary directory next to ``path``, renamed to
     ``path`` once complete, so an interrupted save leaves nothing at
