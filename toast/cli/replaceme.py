@@ -218,10 +218,31 @@ def _run(args: argparse.Namespace) -> int:
         summary = report.to_markdown()
         (stage / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
         _write_profile(report, args, stage)
+        _write_card(model, report, summary, stage)
     report_warnings(caught, quiet=args.quiet)
     print(summary)
     print(f"saved to {out}")
     return 0
+
+
+def _write_card(model: Any, report: Any, summary: str, out: Path) -> None:
+    """The model card, and one file mode for every file (transformers writes
+    the weights 0600 and the rest 0644)."""
+    import transformers
+
+    from toast import __version__
+    from toast.io.folder import apply_umask, write_card
+
+    facts = {
+        "model_class": type(model).__name__,
+        "original_blocks": report.blocks_before,
+        "blocks": report.blocks_after,
+        "parameters": report.params_after,
+        "toast_version": __version__,
+        "transformers_version": transformers.__version__,
+    }
+    write_card(out, facts, summary, custom=False)
+    apply_umask(out)
 
 
 def _write_profile(report: Any, args: argparse.Namespace, out: Path) -> None:

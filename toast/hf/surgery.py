@@ -9,7 +9,7 @@ block in their place, so parameters of removed blocks are freed and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -150,7 +150,38 @@ def replace_spans(
         if isinstance(block, TranslatorBlock):
             block.train(model.training)  # e.g. no Res-MLP dropout in an eval model
     _install_blocks(model, stack, new_blocks, kept)
+    _guard_save(model)
     return model
+
+
+class _RefusedSave:
+    """``save_pretrained`` of a model holding translator blocks while
+    :mod:`toast.io` is not loaded: transformers' own would write a checkpoint
+    whose translator slots reload as freshly initialised blocks."""
+
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        raise TypeError(
+            "this model holds toast translator blocks, which transformers' save_pretrained "
+            "cannot describe (they would reload as new random blocks); save it with "
+            "toast.save_pretrained(model, path), or import toast.io first"
+        )
+
+
+# The guard toast.io installs (a model's save_pretrained writing a toast save);
+# shared infrastructure below io cannot import it, so io registers it here.
+_SAVE_GUARD: list[Callable[[nn.Module], object]] = []
+
+
+def set_save_guard(guard: Callable[[nn.Module], object]) -> None:
+    """Makes :func:`replace_spans` apply ``guard`` to every patched model."""
+    _SAVE_GUARD[:] = [guard]
+
+
+def _guard_save(model: nn.Module) -> None:
+    if _SAVE_GUARD:
+        _SAVE_GUARD[0](model)
+    elif callable(getattr(type(model), "save_pretrained", None)):
+        object.__setattr__(model, "save_pretrained", _RefusedSave())
 
 
 def remove_blocks(

@@ -14,12 +14,15 @@ __all__ = [
     "PATH_RE",
     "PLAN_KEYS",
     "PLAN_NAME",
+    "READ_VERSIONS",
     "WEIGHTS_NAME",
     "CorruptedSaveError",
 ]
 
 FORMAT = "toast.patched_model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Plan versions this toast reads (1: before patches, versions and checksums).
+READ_VERSIONS = (1, 2)
 PLAN_NAME = "toast_plan.json"
 WEIGHTS_NAME = "model.safetensors"
 

@@ -16,16 +16,18 @@ from torch import nn
 
 from toast.io.format import (
     FORMAT,
-    FORMAT_VERSION,
     MODULE_RE,
     NAME_RE,
     PATH_RE,
     PLAN_KEYS,
     PLAN_NAME,
+    READ_VERSIONS,
     WEIGHTS_NAME,
     CorruptedSaveError,
 )
-from toast.io.registry import serializer_named
+from toast.io.hub_model import MODEL_TYPE
+from toast.io.registry import patch_named, serializer_named
+from toast.io.save import sha256
 
 __all__ = ["load_pretrained"]
 
@@ -47,16 +49,37 @@ def _read_plan(directory: Path) -> dict[str, Any]:
         raise CorruptedSaveError(
             f"{file} is not a toast plan (format {plan.get('format')!r}, expected {FORMAT!r})"
         )
-    version = plan.get("format_version")
-    if version != FORMAT_VERSION:
-        raise CorruptedSaveError(
-            f"{file} has format version {version!r}; this toast reads version {FORMAT_VERSION}"
-        )
+    _check_versions(plan, file)
     missing = [key for key in PLAN_KEYS if key not in plan]
     if missing:
         raise CorruptedSaveError(f"{file} lacks the keys {missing}")
     _check_plan(plan, file)
     return plan
+
+
+def _check_versions(plan: dict[str, Any], file: Path) -> None:
+    """Refuses a plan this toast cannot read, or a save from another major
+    version of transformers, naming the versions on both sides."""
+    import transformers
+
+    from toast import __version__
+
+    versions = plan.get("versions")
+    saved: dict[str, Any] = versions if isinstance(versions, dict) else {}
+    version = plan.get("format_version")
+    if version not in READ_VERSIONS:
+        raise CorruptedSaveError(
+            f"{file} has format version {version!r} (written by toast "
+            f"{saved.get('toast', '(unknown)')}); this is toast {__version__}, which reads "
+            f"format versions {list(READ_VERSIONS)}: load it with the toast that saved it"
+        )
+    theirs, ours = saved.get("transformers"), transformers.__version__
+    if isinstance(theirs, str) and theirs.split(".")[0] != ours.split(".")[0]:
+        raise ValueError(
+            f"{file} was saved with transformers {theirs} (toast {saved.get('toast')}); "
+            f"this is transformers {ours} (toast {__version__}), whose model classes may "
+            f"differ: install transformers {theirs.split('.')[0]}.x to load it"
+        )
 
 
 def _check_plan(plan: dict[str, Any], file: Path) -> None:
@@ -95,6 +118,7 @@ def _check_plan(plan: dict[str, Any], file: Path) -> None:
     ):
         raise bad("'weights' must hold 'bytes' (an integer) and 'aliases' (names to names)")
     _check_layout(plan["layout"], file)
+    _check_patches(plan.get("patches", []), file)
 
 
 def _check_layout(layout: Any, file: Path) -> None:
@@ -112,6 +136,76 @@ def _check_layout(layout: Any, file: Path) -> None:
             serializer.check(entry)
         except ValueError as exc:
             raise CorruptedSaveError(f"{where}: {exc}") from None
+
+
+def _check_patch_items(entry: dict[str, Any]) -> None:
+    for lin in entry.get("linears", []):
+        if not (
+            isinstance(lin, dict)
+            and isinstance(lin.get("module"), str)
+            and PATH_RE.fullmatch(lin["module"])
+            and all(
+                isinstance(lin.get(k), int) and lin[k] > 0 for k in ("in_features", "out_features")
+            )
+            and isinstance(lin.get("bias"), bool)
+        ):
+            raise ValueError(f"malformed linear {lin!r}")
+    for item in entry.get("attributes", []):
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("module"), str)
+            and PATH_RE.fullmatch(item["module"])
+            and isinstance(item.get("name"), str)
+            and NAME_RE.fullmatch(item["name"])
+            and not item["name"].startswith("_")
+            and item["name"] != "training"
+            and isinstance(item.get("value"), (str, int, float, bool))
+        ):
+            raise ValueError(f"malformed attribute {item!r}")
+
+
+def _check_patches(patches: Any, file: Path) -> None:
+    if not isinstance(patches, list):
+        raise CorruptedSaveError(f"{file}: 'patches' must be a list")
+    for position, entry in enumerate(patches):
+        where = f"{file}: patches[{position}]"
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        patch = patch_named(kind)
+        if patch is None:
+            raise CorruptedSaveError(
+                f"{where} has the patch type {kind!r}, which no installed toast method provides"
+            )
+        try:
+            _check_patch_items(entry)
+            patch.check(entry.get("state"))
+        except ValueError as exc:
+            raise CorruptedSaveError(f"{where}: {exc}") from None
+
+
+def _apply_patches(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
+    """Rebuilds the linears and sets the attributes the patches list (the
+    weights load afterwards)."""
+    dtype = getattr(torch, plan["dtype"])
+    for position, entry in enumerate(plan.get("patches", [])):
+        try:
+            for lin in entry.get("linears", []):
+                owner, _, attr = lin["module"].rpartition(".")
+                holder = model.get_submodule(owner)
+                if not isinstance(getattr(holder, attr, None), nn.Linear):
+                    raise ValueError(f"{lin['module']!r} is not a linear of the rebuilt model")
+                new = nn.Linear(lin["in_features"], lin["out_features"], lin["bias"], dtype=dtype)
+                setattr(holder, attr, new)
+            for item in entry.get("attributes", []):
+                setattr(model.get_submodule(item["module"]), item["name"], item["value"])
+        except (AttributeError, ValueError) as exc:
+            raise CorruptedSaveError(f"{file}: patches[{position}]: {exc}") from None
+
+
+def _finish_patches(model: nn.Module, plan: dict[str, Any]) -> None:
+    for entry in plan.get("patches", []):
+        patch = patch_named(entry["type"])
+        assert patch is not None  # checked with the plan
+        patch.finish(model, entry.get("state"))
 
 
 def _import_model_class(spec: dict[str, str], file: Path) -> type:
@@ -291,9 +385,16 @@ def _load_weights(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
         raise CorruptedSaveError(
             f"{file} has {size} bytes but the plan records {expected_bytes} (truncated or replaced)"
         )
+
     slots = _state_slots(model)
     aliases: dict[str, str] = plan["weights"]["aliases"]
     loaded = _read_tensors(file, slots, aliases)
+    # After the structural checks, whose messages say more; this catches the rest.
+    expected_sha = plan["weights"].get("sha256")
+    if expected_sha is not None and sha256(file) != expected_sha:
+        raise CorruptedSaveError(
+            f"{file} does not match the SHA-256 checksum its plan records (damaged or replaced)"
+        )
     made: dict[str, torch.Tensor] = {}
     for name, (module, attr, is_param) in slots.items():
         source = aliases.get(name, name)
@@ -310,6 +411,29 @@ def _load_weights(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
             module._buffers[attr] = made[source]
 
 
+def _is_plain_checkpoint(directory: Path) -> bool:
+    """Whether ``directory`` has a ``config.json`` that is not a toast
+    save's (a toast save without its plan is incomplete, not plain)."""
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") != MODEL_TYPE
+
+
+def _load_plain(directory: Path) -> nn.Module:
+    """A ``transformers`` checkpoint, with the class its config's
+    ``architectures`` names (else ``AutoModel``), from local files only."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+    names = getattr(config, "architectures", None) or []
+    cls = getattr(transformers, names[0], None) if names else None
+    if cls is None:
+        cls = transformers.AutoModel
+    return cls.from_pretrained(directory, local_files_only=True)
+
+
 def _preview(names: list[str], limit: int = 5) -> str:
     shown = ", ".join(repr(n) for n in names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
@@ -320,7 +444,9 @@ def load_pretrained(
     device: torch.device | str | None = None,
     dtype: torch.dtype | str | None = None,
 ) -> nn.Module:
-    """Loads a model saved by :func:`save_pretrained`, in eval mode.
+    """Loads a model saved by :func:`save_pretrained`, or a plain
+    ``transformers`` checkpoint folder (``config.json`` and weights, no
+    plan: loaded with the class its config names), in eval mode.
 
     The model is rebuilt in the saved dtype, its translators put back and its
     tensors loaded strictly; then it moves to ``device`` and is cast to
@@ -341,12 +467,17 @@ def load_pretrained(
             raise ValueError(f"dtype {dtype!r} is not a torch dtype")
         dtype = resolved
     plan_file = directory / PLAN_NAME
-    plan = _read_plan(directory)
-    model = _build(plan, plan_file)
-    _install_blocks(model, plan, plan_file)
-    _drop_absent_modules(model, plan)
-    _cast_buffers(model, plan)
-    _load_weights(model, plan, directory / WEIGHTS_NAME)
+    if not plan_file.exists() and _is_plain_checkpoint(directory):
+        model = _load_plain(directory)
+    else:
+        plan = _read_plan(directory)
+        model = _build(plan, plan_file)
+        _install_blocks(model, plan, plan_file)
+        _apply_patches(model, plan, plan_file)
+        _drop_absent_modules(model, plan)
+        _cast_buffers(model, plan)
+        _load_weights(model, plan, directory / WEIGHTS_NAME)
+        _finish_patches(model, plan)
     if device is not None:
         model.to(device)
     if dtype is not None:

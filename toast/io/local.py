@@ -52,22 +52,14 @@ def load_model(path: str | os.PathLike) -> torch.nn.Module:
     :func:`toast.load_pretrained`), a ``save_pretrained`` folder, or a
     ``.gguf`` file of a causal LM (dequantized to float32 by transformers'
     GGUF loader, which needs the ``gguf`` package)."""
-    import transformers
+    from toast.io.load import load_pretrained
 
     root = Path(path)
     if root.suffix == ".gguf":
         return _load_gguf(root)
     if (root / "toast_plan.json").is_file():
-        from toast.io.load import load_pretrained
-
         return load_pretrained(root)
-    root = _check_dir(root)
-    config = transformers.AutoConfig.from_pretrained(root, local_files_only=True)
-    names = getattr(config, "architectures", None) or []
-    cls = getattr(transformers, names[0], None) if names else None
-    if cls is None:
-        cls = transformers.AutoModel
-    return cls.from_pretrained(root, local_files_only=True).eval()
+    return load_pretrained(_check_dir(root))
 
 
 def _load_gguf(file: Path) -> torch.nn.Module:

@@ -15,10 +15,23 @@ A serializer's entry is JSON only: it describes structure, never code, so
 loading never unpickles. ``check`` validates an entry read from disk (raise
 ``ValueError`` naming the problem); ``build`` makes an uninitialised module
 whose tensors the loader then fills strictly from safetensors.
+
+Methods that change modules *inside* blocks (ToaSt narrows attention
+projections and swaps MLPs for Token Channel Selection) register a
+:class:`ModelPatch` instead: its entry lists the ``nn.Linear`` modules whose
+shapes differ from what the config builds and the plain attributes to set
+(both applied by the loader, and by the standalone ``toast_modeling.py``
+written into the save), plus method state that ``finish`` re-applies after
+the weights are loaded (TCS schedules and seeds).
+
+A plan naming a type that is not registered yet is resolved through the
+``toast.serializers`` entry points (a method's package registers itself on
+import), so ``toast.io`` never imports a method.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +41,16 @@ from torch import nn
 from toast.io.format import NAME_RE
 from toast.translators import TranslatorBlock, build_translator, translator_spec
 
-__all__ = ["BlockSerializer", "register_block_serializer", "serializer_for", "serializer_named"]
+__all__ = [
+    "BlockSerializer",
+    "ModelPatch",
+    "model_patches",
+    "patch_named",
+    "register_block_serializer",
+    "register_model_patch",
+    "serializer_for",
+    "serializer_named",
+]
 
 
 @dataclass(frozen=True)
@@ -69,7 +91,71 @@ def serializer_for(block: nn.Module) -> BlockSerializer | None:
 
 def serializer_named(type_: Any) -> BlockSerializer | None:
     """The serializer writing entries of ``type_``, or None."""
-    return _SERIALIZERS.get(type_) if isinstance(type_, str) else None
+    if not isinstance(type_, str):
+        return None
+    if type_ not in _SERIALIZERS:
+        _discover(type_)
+    return _SERIALIZERS.get(type_)
+
+
+@dataclass(frozen=True)
+class ModelPatch:
+    """Changes a method makes inside blocks, written to the plan's ``patches``.
+
+    ``describe(model)``: None when ``model`` carries no such change, else an
+    entry with ``"linears"`` (``[{"module", "in_features", "out_features",
+    "bias"}]``: linears to rebuild at these shapes before the weights load),
+    ``"attributes"`` (``[{"module", "name", "value"}]``: plain values to
+    set), ``"state"`` (JSON for ``finish``) and ``"needs_toast"`` (whether
+    outputs depend on ``finish``, which only toast can run).
+    ``check(state)`` raises ``ValueError`` for a malformed state;
+    ``finish(model, state)`` re-applies it once the weights are loaded.
+    """
+
+    type: str
+    describe: Callable[[nn.Module], dict[str, Any] | None]
+    check: Callable[[Any], None]
+    finish: Callable[[nn.Module, Any], None]
+
+
+_PATCHES: dict[str, ModelPatch] = {}
+
+
+def register_model_patch(patch: ModelPatch) -> ModelPatch:
+    """Adds ``patch`` (one per type)."""
+    existing = _PATCHES.get(patch.type)
+    if existing is not None and existing is not patch:
+        raise ValueError(f"a model patch of type {patch.type!r} is registered already")
+    _PATCHES[patch.type] = patch
+    return patch
+
+
+def model_patches() -> list[ModelPatch]:
+    """Every registered patch, after loading the installed providers."""
+    _discover(None)
+    return list(_PATCHES.values())
+
+
+def patch_named(type_: Any) -> ModelPatch | None:
+    """The patch writing entries of ``type_``, or None."""
+    if not isinstance(type_, str):
+        return None
+    if type_ not in _PATCHES:
+        _discover(type_)
+    return _PATCHES.get(type_)
+
+
+_DISCOVERED: set[str] = set()
+
+
+def _discover(type_: str | None) -> None:
+    """Imports the ``toast.serializers`` entry point named ``type_`` (every
+    one for None); importing the module registers what it provides."""
+    for point in importlib.metadata.entry_points(group="toast.serializers"):
+        if point.name in _DISCOVERED or (type_ is not None and point.name != type_):
+            continue
+        _DISCOVERED.add(point.name)
+        point.load()
 
 
 # -- translator blocks ---------------------------------------------------------

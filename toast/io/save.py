@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import importlib
 import json
 import os
 import secrets
 import shutil
-import stat
 import sys
 from collections import Counter
 from pathlib import Path
@@ -20,10 +20,12 @@ from torch import nn
 
 from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.params import count_params
+from toast.io.folder import apply_umask, copy_companions, write_card
 from toast.io.format import FORMAT, FORMAT_VERSION, MODULE_RE, NAME_RE, PLAN_NAME, WEIGHTS_NAME
-from toast.io.registry import serializer_for
+from toast.io.registry import model_patches, serializer_for
+from toast.io.remote import write_config
 
-__all__ = ["save_pretrained"]
+__all__ = ["needs_toast_layout", "save_pretrained", "sha256"]
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -128,6 +130,24 @@ def _check_savable(model: nn.Module, stack: BlockStack) -> None:
         )
 
 
+def _block_stack(model: nn.Module, blocks: str | None) -> BlockStack:
+    """The block list the plan's layout describes. A model with several
+    equally long lists (Swin's stages) and no stand-in block in any of them
+    is described by the first: the others rebuild from the config alike."""
+    try:
+        return find_blocks(model, blocks)
+    except ValueError:
+        if blocks is not None or any(serializer_for(m) is not None for m in model.modules()):
+            raise
+        for name, module in model.named_modules():
+            if isinstance(module, nn.ModuleList) and len(module) > 0:
+                try:
+                    return find_blocks(model, name)
+                except ValueError:
+                    continue
+        raise
+
+
 def _layout(stack: BlockStack) -> list[dict[str, Any]]:
     """One entry per block: ``{"type": "block"}`` or a registered serializer's."""
     layout: list[dict[str, Any]] = []
@@ -186,18 +206,45 @@ def _summary(model: nn.Module, layout: list[dict[str, Any]], model_class: str) -
     }
 
 
+def _patches(model: nn.Module) -> list[dict[str, Any]]:
+    """One entry per registered :class:`~toast.io.registry.ModelPatch` that
+    finds its changes in ``model``."""
+    entries = []
+    for patch in model_patches():
+        entry = patch.describe(model)
+        if entry is not None:
+            entries.append({"type": patch.type, **entry})
+    return entries
+
+
+def needs_toast_layout(model: nn.Module) -> bool:
+    """Whether ``model`` holds blocks or changes that its ``transformers``
+    class cannot rebuild from the config (so its own ``save_pretrained``
+    would write a checkpoint that reloads different weights)."""
+    return any(serializer_for(m) is not None for m in model.modules()) or bool(_patches(model))
+
+
+def _versions() -> dict[str, str]:
+    import transformers
+
+    from toast import __version__
+
+    return {"toast": __version__, "transformers": transformers.__version__}
+
+
 def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The plan of ``model`` (without the weights' byte count) and the tensors
     to store. Raises before anything is written when the model cannot be
     described."""
     model_class = _model_class(model)  # raises for a class the loader would not rebuild
-    stack = find_blocks(model, blocks)
+    stack = _block_stack(model, blocks)
     _check_savable(model, stack)
     layout = _layout(stack)
     stored, aliases = _aliases(model.state_dict())
     plan = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        "versions": _versions(),
         "summary": _summary(model, layout, model_class["name"]),
         "model_class": model_class,
         "config": _config_dict(model.config, stack.num_blocks),
@@ -205,6 +252,7 @@ def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[st
         "dtype": _dtype_name(getattr(model, "dtype", torch.float32)),
         "blocks_path": stack.path,
         "layout": layout,
+        "patches": _patches(model),
         "modules": _outer_modules(model, stack),
         "buffer_dtypes": _buffer_dtypes(model),
         "weights": {"file": WEIGHTS_NAME, "tensors": len(stored), "aliases": aliases},
@@ -225,12 +273,59 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def sha256(file: Path) -> str:
+    """The hex SHA-256 of ``file``'s bytes."""
+    digest = hashlib.sha256()
+    with open(file, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _write_weights(tensors: dict[str, torch.Tensor], file: Path) -> None:
     """Writes ``tensors`` to the safetensors ``file`` and fsyncs it."""
     from safetensors.torch import save_file
 
     save_file(tensors, str(file), metadata={"format": "pt", "toast_format": FORMAT})
     _fsync_path(file)
+
+
+def _source_folder(model: nn.Module) -> Path | None:
+    """The local folder ``from_pretrained`` read ``model`` from (transformers
+    records it as ``config._name_or_path``), or None."""
+    name = getattr(getattr(model, "config", None), "_name_or_path", None)
+    if isinstance(name, str) and name and Path(name).is_dir():
+        return Path(name)
+    return None
+
+
+def _write_folder(
+    model: nn.Module,
+    plan: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    tmp: Path,
+    companions: dict[str, Any],
+) -> None:
+    """Everything of a save into the empty folder ``tmp``, the plan last."""
+    _write_weights(tensors, tmp / WEIGHTS_NAME)
+    plan["weights"]["bytes"] = (tmp / WEIGHTS_NAME).stat().st_size
+    plan["weights"]["sha256"] = sha256(tmp / WEIGHTS_NAME)
+    custom = write_config(plan, tmp)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and getattr(model, "can_generate", lambda: False)():
+        generation.save_pretrained(tmp)
+    tokenizer = companions.get("tokenizer")
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    copy_companions(companions.get("source") or _source_folder(model), tmp)
+    write_card(tmp, plan["summary"], companions.get("report"), custom)
+    _write_plan(plan, tmp / PLAN_NAME)  # last: its presence marks a complete save
+    # safetensors creates its file private (0600), transformers others 0644:
+    # every file gets the mode the umask gives a new file.
+    apply_umask(tmp)
+    for file in tmp.rglob("*"):
+        if file.is_file():
+            _fsync_path(file)
 
 
 def _write_plan(plan: dict[str, Any], file: Path) -> None:
@@ -282,12 +377,22 @@ def save_pretrained(
     *,
     overwrite: bool = False,
     blocks: str | None = None,
+    source: str | os.PathLike[str] | None = None,
+    tokenizer: Any = None,
+    report: str | None = None,
 ) -> Path:
     """Saves a (patched or not) ``transformers`` model to the directory ``path``.
 
-    Writes ``model.safetensors`` and ``toast_plan.json`` (see the module
-    docstring) into a hidden temporary directory next to ``path`` and renames
-    it to ``path`` once complete, so an interrupted save leaves nothing at
+    Writes ``model.safetensors``, ``toast_plan.json``, ``config.json`` (and
+    ``toast_modeling.py`` where plain ``transformers`` cannot rebuild the
+    model; see :mod:`toast.io`), the generation config of a generative model
+    and a model card ``README.md`` (with ``report``, a markdown compression
+    report, when given). ``tokenizer`` (a tokenizer or image processor) is
+    saved alongside; ``source``, the model folder the model was read from
+    (default: the local folder ``from_pretrained`` read it from, if any),
+    gives its tokenizer, processor and sentence-transformers files. All of it
+    goes into a hidden temporary directory next to ``path``, renamed to
+    ``path`` once complete, so an interrupted save leaves nothing at
     ``path``. An existing ``path`` raises ``FileExistsError`` unless
     ``overwrite`` is true; then a previous save (or an empty directory) is
     replaced, and the old save stays in place until the new one is complete.
@@ -311,12 +416,8 @@ def save_pretrained(
     tmp = _hidden_sibling(target, "tmp")
     old: Path | None = None  # where the previous save sits while being swapped out
     try:
-        _write_weights(tensors, tmp / WEIGHTS_NAME)
-        plan["weights"]["bytes"] = (tmp / WEIGHTS_NAME).stat().st_size
-        _write_plan(plan, tmp / PLAN_NAME)  # last: its presence marks a complete save
-        # safetensors creates its file private (0600); give it the plan's
-        # permissions, which follow the umask like any file open() creates.
-        os.chmod(tmp / WEIGHTS_NAME, stat.S_IMODE((tmp / PLAN_NAME).stat().st_mode))
+        companions = {"source": source, "tokenizer": tokenizer, "report": report}
+        _write_folder(model, plan, tensors, tmp, companions)
         _fsync_path(tmp)
         if overwrite and target.exists():
             if _exchange(tmp, target):

@@ -75,7 +75,12 @@ def compress(
     - ``method="toast-vit"`` (:class:`toast.ToastVitConfig`):
       ``head_sparsity``, ``schedule``...; ``data`` only for its optional
       fine-tune.
+
+    The compressed model's own ``model.save_pretrained(path)`` writes a
+    complete toast save where plain ``transformers`` could not rebuild it
+    (:mod:`toast.io.guard`).
     """
+    from toast.io.guard import guard_save
     from toast.methods.base import get_method, make_config
     from toast.methods.runner import run_method, split_text_options
 
@@ -90,4 +95,5 @@ def compress(
         raise TypeError(
             f"method={method!r} takes a {chosen.config.__name__}, got {type(config).__name__}"
         )
-    return run_method(chosen, model, data, config, heldout=heldout, text=text)
+    model, report = run_method(chosen, model, data, config, heldout=heldout, text=text)
+    return guard_save(model), report

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from toast.core import Translator
-from toast.translators.modules import DiagonalMap
+from toast.translators.modules import FITTED_KIND, DiagonalMap
 
 __all__ = ["TranslatorBlock", "translator_module"]
 
@@ -35,6 +35,9 @@ def translator_module(
         linear.weight.copy_(weight.T)
         if has_bias:
             linear.bias.copy_(bias)
+    # The fitted kind (linear, affine, orthogonal) names the translator in the
+    # saved plan as it does in the report.
+    setattr(linear, FITTED_KIND, translator.kind)
     return linear.to(dtype=dtype, device=device)
 
 

@@ -24,12 +24,21 @@ from torch import nn
 from toast._validation import Interval, check
 
 __all__ = [
+    "FITTED_KIND",
+    "LINEAR_KINDS",
     "DiagonalMap",
     "MLPTranslator",
     "ResMLPTranslator",
     "build_translator",
     "translator_spec",
 ]
+
+
+#: The attribute of an ``nn.Linear`` translator naming the closed form it was
+#: fitted as; its spec's ``kind`` is that name.
+FITTED_KIND = "toast_fitted_kind"
+#: Spec kinds that build an ``nn.Linear`` (a matrix, with or without a bias).
+LINEAR_KINDS = ("linear", "affine", "orthogonal")
 
 
 class DiagonalMap(nn.Module):
@@ -96,8 +105,9 @@ def translator_spec(module: nn.Module) -> dict[str, Any]:
     if isinstance(module, ResMLPTranslator):
         return {"kind": "resmlp", "dim": module.dim, "dropout": module.dropout}
     if type(module) is nn.Linear:
+        kind = getattr(module, FITTED_KIND, "linear")
         return {
-            "kind": "linear",
+            "kind": kind if kind in LINEAR_KINDS else "linear",
             "in_features": module.in_features,
             "out_features": module.out_features,
             "bias": module.bias is not None,
@@ -124,13 +134,15 @@ def build_translator(spec: dict[str, Any], **factory: Any) -> nn.Module:
             return MLPTranslator(int(spec["dim"]), int(spec["hidden"]), **factory)
         if kind == "resmlp":
             return ResMLPTranslator(int(spec["dim"]), float(spec["dropout"]), **factory)
-        if kind == "linear":
-            return nn.Linear(
+        if kind in LINEAR_KINDS:
+            linear = nn.Linear(
                 int(spec["in_features"]),
                 int(spec["out_features"]),
                 bias=bool(spec["bias"]),
                 **factory,
             )
+            setattr(linear, FITTED_KIND, kind)
+            return linear
     except KeyError as exc:
         raise ValueError(f"translator spec {spec!r} lacks {exc.args[0]!r}") from None
     raise ValueError(f"unknown translator kind {kind!r} in spec {spec!r}")

@@ -52,6 +52,7 @@ from torch import nn
 
 from toast._validation import Options, check
 from toast.hf.params import count_params
+from toast.io.guard import guard_save
 from toast.methods.toast_vit.blocks import Attention, VitBlock, VitModel, vit_blocks
 from toast.methods.toast_vit.median import CENTERS, GM_MAX_ITER, GM_TOL, dim_scores
 from toast.methods.toast_vit.schedules import head_keep, per_block_sparsity, skip_blocks
@@ -373,6 +374,7 @@ def prune_heads(
         else:
             _densify_block(blk, idx, keep, rescale)
         done.append(BlockPruning(blk.index, r, head_dim, keep, idx, iters))
+    guard_save(model)  # model.save_pretrained now records the kept widths
     return PruneReport(
         form, center, index_sets, coupling, rescale, done, params_before, count_params(model)
     )

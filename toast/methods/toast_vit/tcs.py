@@ -72,6 +72,7 @@ from torch.utils.hooks import RemovableHandle
 
 from toast import _core
 from toast._validation import Interval, Options, check
+from toast.io.guard import guard_save
 from toast.methods.toast_vit.blocks import Attention, VitBlock, VitModel, vit_blocks
 from toast.methods.toast_vit.schedules import SAMPLE_RATIO, Schedule, get_schedule, tcs_keep
 
@@ -621,6 +622,7 @@ def enable_tcs(
     for blk in _tcs_blocks(vm, sched):
         _install(handle, blk)
     setattr(model, _HANDLE, handle)
+    guard_save(model)  # model.save_pretrained now records the TCS state
     return handle
 
 
