@@ -106,9 +106,12 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _forward_inputs(model: nn.Module, batch: Any) -> tuple[tuple, dict]:
-    """Positional and keyword inputs of one batch, on the model's device."""
-    device = _model_device(model)
+def _forward_inputs(
+    model: nn.Module, batch: Any, device: torch.device | None = None
+) -> tuple[tuple, dict]:
+    """Positional and keyword inputs of one batch, on the model's device
+    (or ``device``: a model on the meta device runs its parts elsewhere)."""
+    device = _model_device(model) if device is None else device
     if isinstance(batch, (tuple, list)) and batch:
         batch = batch[0]  # (inputs, labels) pairs
     if isinstance(batch, torch.Tensor):
@@ -297,11 +300,13 @@ def _expected_batches(loader: Iterable, cal: Calibration) -> int | None:
     return count if cal.max_batches is None else min(count, cal.max_batches)
 
 
-def _batches(model: nn.Module, loader: Iterable, cal: Calibration) -> Iterator[tuple[tuple, dict]]:
+def _batches(
+    model: nn.Module, loader: Iterable, cal: Calibration, device: torch.device | None = None
+) -> Iterator[tuple[tuple, dict]]:
     """Each batch's forward inputs, within ``max_batches`` and ``max_samples``."""
     samples = 0
     for batch in itertools.islice(limited(loader, cal), cal.max_batches):
-        args, kwargs = _forward_inputs(model, batch)
+        args, kwargs = _forward_inputs(model, batch, device)
         size = _batch_size(args, kwargs)
         if cal.max_samples is not None:
             remaining = cal.max_samples - samples
