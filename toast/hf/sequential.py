@@ -244,7 +244,7 @@ class _Stop(Exception):
 
 @dataclass
 class _Batch:
-    """What stage 0 recorded for one batch: the padding mask and, per block,
+    """What stage 0 recorded for one batch: the padding mask (boolean) and, per block,
     the positional and keyword inputs besides the hidden states."""
 
     mask: torch.Tensor | None
@@ -284,7 +284,9 @@ def _record_inputs(disk: DiskModel, args: tuple, kwargs: dict) -> tuple[torch.Te
             f"the forward of {type(disk.base).__name__} called {len(seen)} of its "
             f"{len(blocks)} blocks; sequential calibration needs every block run in order"
         )
-    return first[0], _Batch(kwargs.get("attention_mask"), seen)
+    mask = kwargs.get("attention_mask")
+    # a boolean row mask, as the in-memory passes hand their consumers
+    return first[0], _Batch(mask.bool() if isinstance(mask, torch.Tensor) else None, seen)
 
 
 def _embed(

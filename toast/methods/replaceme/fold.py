@@ -22,7 +22,14 @@ from toast.hf.blocks import BlockStack, Projection, block_parts, find_blocks, fi
 from toast.hf.surgery import remove_blocks, replace_spans
 from toast.spans import Span
 
-__all__ = ["TransformedProjection", "apply_cuts", "down_projection", "fold_transform"]
+__all__ = [
+    "TransformedProjection",
+    "apply_cuts",
+    "down_projection",
+    "fold_transform",
+    "folded",
+    "folded_bias",
+]
 
 
 def down_projection(block: nn.Module) -> Projection:
@@ -55,20 +62,44 @@ def fold_transform(projection: Projection, transform: np.ndarray | torch.Tensor)
     the transform merged into the down-projection). Computed in float64 on
     the CPU and cast back to the weight's dtype and device."""
     module = projection.module
-    t = torch.as_tensor(np.asarray(transform, dtype=np.float64))
     d = projection.out_features
-    if t.shape != (d, d):
+    if np.shape(transform) != (d, d):
         raise ValueError(
-            f"the transform has shape {tuple(t.shape)} but {projection.path} writes {d} features"
+            f"the transform has shape {tuple(np.shape(transform))} but {projection.path} "
+            f"writes {d} features"
         )
     with torch.no_grad():
         w = _weight(module)
-        w64 = w.detach().to("cpu", torch.float64)
-        new = t.T @ w64 if projection.layout == "linear" else w64 @ t
-        w.copy_(new.to(w.dtype))
         bias = getattr(module, "bias", None)
-        if isinstance(bias, torch.Tensor):
-            bias.copy_((bias.detach().to("cpu", torch.float64) @ t).to(bias.dtype))
+        bias = bias if isinstance(bias, torch.Tensor) else None
+        new_w, new_b = folded(w, bias, transform, projection.layout)
+        w.copy_(new_w)
+        if bias is not None and new_b is not None:
+            bias.copy_(new_b)
+
+
+def folded(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    transform: np.ndarray | torch.Tensor,
+    layout: str,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A down-projection's weight (and bias) with ``y ↦ y T`` folded in:
+    ``Tᵀ W`` for the ``"linear"`` ``(out, in)`` layout, ``W T`` for
+    ``"conv1d"`` ``(in, out)``, ``b T``; in float64 on the CPU, cast back to
+    each tensor's dtype and device. The one arithmetic of the in-memory fold
+    and of a pruned checkpoint written from disk."""
+    t = torch.as_tensor(np.asarray(transform, dtype=np.float64))
+    w64 = weight.detach().to("cpu", torch.float64)
+    new = t.T @ w64 if layout == "linear" else w64 @ t
+    new_w = new.to(weight.dtype).to(weight.device)
+    return new_w, None if bias is None else folded_bias(bias, transform)
+
+
+def folded_bias(bias: torch.Tensor, transform: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """``b T`` in float64, cast back to the bias's dtype and device."""
+    t = torch.as_tensor(np.asarray(transform, dtype=np.float64))
+    return (bias.detach().to("cpu", torch.float64) @ t).to(bias.dtype).to(bias.device)
 
 
 class TransformedProjection(nn.Module):
