@@ -145,7 +145,7 @@ class Checkpoint:
         if info.dtype not in DTYPES:
             raise ValueError(f"tensor {key!r} has dtype {info.dtype}, which toast cannot read")
         out = torch.empty(info.shape, dtype=DTYPES[info.dtype])
-        view = memoryview(out.view(-1).view(torch.uint8).numpy()) if out.numel() else None
+        view = out.view(-1).view(torch.uint8).numpy().data if out.numel() else None
         with open(info.file, "rb", buffering=0) as f:
             f.seek(info.begin)
             if view is not None and f.readinto(view) != info.nbytes:
@@ -202,6 +202,10 @@ def _renamer(model: nn.Module, wanted: dict[str, Any]) -> Any:
             return f"{prefix}.{key}" if f"{prefix}.{key}" in wanted else key
 
         return plain
+    from transformers import PreTrainedModel
+
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"expected a transformers model, got {type(model).__name__}")
     transforms = get_model_conversion_mapping(model)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     if len(renamings) != len(transforms):

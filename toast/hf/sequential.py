@@ -227,6 +227,20 @@ class DiskModel:
             setattr(holder, attr, self.stack.blocks)
         self._ready = True
 
+    def release(self) -> None:
+        """Frees what :meth:`prepare` loaded: after stage 0 the blocks'
+        inputs are recorded and the embedding is no longer needed."""
+        if not self._ready:
+            return
+        holder_path, _, attr = self.stack.path.rpartition(".")
+        holder = self.model.get_submodule(holder_path) if holder_path else self.model
+        setattr(holder, attr, nn.ModuleList())
+        try:
+            self.base.to("meta")
+        finally:
+            setattr(holder, attr, self.stack.blocks)
+        self._ready = False
+
     def load_block(self, index: int) -> nn.Module:
         """Block ``index`` with its weights read from the checkpoint."""
         block = self.stack.blocks[index]
@@ -306,6 +320,7 @@ def _embed(
             states.append(hidden)
             batches.append(batch)
             on_state(0, len(batches) - 1, hidden, batch.mask)
+    disk.release()
     if not batches:
         raise ValueError("the loader yielded no batches")
     return batches
