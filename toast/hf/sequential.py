@@ -26,6 +26,7 @@ order state 0 of every batch, state 1 of every batch, ...
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import sys
@@ -250,6 +251,19 @@ class DiskModel:
     def unload_block(self, index: int) -> None:
         """Frees block ``index``'s weights (back to the meta device)."""
         self.stack.blocks[index].to("meta")
+        _trim_heap()
+
+
+def _trim_heap() -> None:
+    # glibc keeps freed blocks of the process heap for reuse; with one
+    # block's weights freed after another, the heap would grow towards the
+    # model's size in fragments. malloc_trim hands the free pages back.
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl): nothing to trim
+        pass
 
 
 class _Stop(Exception):
