@@ -254,7 +254,9 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
         return 0.0, ys[0] / xs[0]
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
     return my - b * mx, b
 
 
