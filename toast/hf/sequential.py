@@ -191,6 +191,14 @@ class DiskModel:
         prefix = f"{self.stack.path}.{index}."
         return {name: self._key(prefix + name) for name in block.state_dict()}
 
+    def largest_block_bytes(self) -> int:
+        """Bytes of the largest block's tensors in the checkpoint."""
+        tensors = self.checkpoint.tensors
+        return max(
+            sum(tensors[k].nbytes for k in self.block_keys(i).values())
+            for i in range(self.num_blocks)
+        )
+
     def _load(self, module: nn.Module, keys: dict[str, str]) -> None:
         # Non-persistent buffers (rotary frequencies, embedding scales) are
         # not in the checkpoint: transformers computes them in _init_weights,

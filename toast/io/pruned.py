@@ -33,7 +33,7 @@ from toast.hf.checkpoint import Checkpoint, TensorInfo
 from toast.hf.surgery import prune_config
 from toast.io.save import _fsync_path, _hidden_sibling
 
-__all__ = ["Edit", "write_pruned_checkpoint"]
+__all__ = ["Edit", "copy_side_files", "write_pruned_checkpoint"]
 
 #: A rewrite of one tensor: the tensor read from the checkpoint in, the new one out.
 Edit = Callable[[torch.Tensor], torch.Tensor]
@@ -118,11 +118,14 @@ def _write_config(checkpoint: Checkpoint, kept: Sequence[int], total: int, folde
     config.save_pretrained(folder)
 
 
-def _copy_other_files(source: Path, folder: Path) -> None:
+def copy_side_files(source: Path, folder: Path, only: str | None = None) -> None:
     """Tokenizer, generation config, chat template...: everything that is
-    not a weight file, the weight index or the config."""
+    not a weight file, the weight index or the config (``only``: that one
+    name, if it is such a file)."""
     for path in sorted(source.iterdir()):
         name = path.name
+        if only is not None and name != only:
+            continue
         if name.startswith(".") or name in ("config.json", _INDEX):
             continue
         if name.endswith((".safetensors", ".bin", ".pt", ".pth")):
@@ -165,7 +168,7 @@ def write_pruned_checkpoint(
     try:
         _write_weights(source, tmp, renames, edits, progress)
         _write_config(source, kept, total, tmp)
-        _copy_other_files(source.folder, tmp)
+        copy_side_files(source.folder, tmp)
         _fsync_path(tmp)
         os.rename(tmp, target)
         _fsync_path(target.parent)

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from toast.hf.sequential import DiskModel, DiskStates, stream_blocks
+from toast.hf.text import as_batches
 from toast.io.pruned import write_pruned_checkpoint
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import check_spans
@@ -42,6 +43,7 @@ from toast.methods.replaceme.fold import down_projection, folded, folded_bias
 from toast.methods.replaceme.hooks import MlpOutputs
 from toast.methods.replaceme.profile import DistanceProfile, _ProfileRows, check_selection
 from toast.methods.replaceme.report import ReplaceMeReport
+from toast.methods.runner import split_text_options
 from toast.spans import Span
 
 __all__ = ["estimate_from_disk", "profile_from_disk", "replaceme_from_disk", "write_replaceme"]
@@ -249,7 +251,7 @@ def _fold_edits(
 
 
 def replaceme_from_disk(
-    folder: str | os.PathLike,
+    folder: str | os.PathLike | DiskModel,
     data: Iterable,
     output: str | os.PathLike | None = None,
     config: ReplaceMeConfig | None = None,
@@ -257,8 +259,11 @@ def replaceme_from_disk(
 ) -> ReplaceMeReport:
     """ReplaceMe on the checkpoint in ``folder`` without loading the model.
 
-    ``data`` is a loader of tokenized batches (as for :func:`toast.replaceme`);
-    ``config`` and/or its fields as keywords choose the cut and the transform.
+    ``folder`` may also be a :class:`~toast.hf.sequential.DiskModel` opened
+    before. ``data`` is a loader of tokenized batches, or raw text with
+    ``tokenizer=`` (and ``max_length``, ``batch_size``...: see
+    :func:`toast.compress`); ``config`` and/or its fields as keywords choose
+    the cut and the transform.
     With ``output``, the pruned checkpoint is written there (a new folder;
     ``placement="fold"`` only). Only one block's weights and the calibration
     states are ever in memory; the states wait between blocks in a
@@ -266,9 +271,17 @@ def replaceme_from_disk(
     interrupted run (Ctrl-C included) leaves neither temporary files nor a
     partial ``output``. Returns the report (as :func:`toast.replaceme`'s).
     """
+    text, params = split_text_options(params)
     config = ReplaceMeConfig.from_options(config, params)
     _check_supported(config, output)
-    disk = DiskModel.open(folder, config.calibration.blocks)
+    data = as_batches(data, **text)
+    if output is not None and Path(output).exists():
+        raise FileExistsError(f"{output} exists; the pruned checkpoint goes to a new folder")
+    disk = (
+        folder
+        if isinstance(folder, DiskModel)
+        else DiskModel.open(folder, config.calibration.blocks)
+    )
     spans, profile = _choose(disk, data, config)
     if config.objective == "identity":
         fitted, rows = [Fitted(None) for _ in spans], 0
