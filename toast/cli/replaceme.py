@@ -128,6 +128,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.add_argument(
+        "--max-memory",
+        default=None,
+        help="memory budget (e.g. 64GiB; default: what the machine has available): a model "
+        "folder that does not fit is calibrated block by block from disk and written "
+        "without loading it",
+    )
+    p.add_argument(
+        "--path",
+        dest="memory_path",
+        default="auto",
+        choices=["auto", "memory", "disk"],
+        help="force the in-memory or the block-by-block path (auto: by --max-memory)",
+    )
     add_calibration_arguments(p, max_samples=None)
 
 
@@ -193,6 +207,8 @@ def _load(model_path: Path, args: argparse.Namespace) -> Any:
 def _run(args: argparse.Namespace) -> int:
     model_path = _check_paths(args)
     config = _config(args)  # bad options fail before the model loads
+    if model_path.suffix != ".gguf" and _sequential(model_path, args, config):
+        return _run_from_disk(model_path, args, config)
 
     from toast.hf.text import TextData
     from toast.io.local import load_tokenizer
@@ -210,6 +226,54 @@ def _run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    summary = report.to_markdown()
+    (out / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
+    _write_profile(report, args, out)
+    print(summary)
+    print(f"saved to {out}")
+    return 0
+
+
+def _sequential(model_path: Path, args: argparse.Namespace, config: ReplaceMeConfig) -> bool:
+    """Whether the model folder is calibrated block by block (printed with why)."""
+    from toast.hf.sequential import DiskModel
+    from toast.methods.replaceme.checkpoint import choose_path
+
+    forced = {"auto": None, "memory": False, "disk": True}[args.memory_path]
+    disk = DiskModel.open(model_path, config.calibration.blocks)
+    return choose_path(disk, args.max_memory, forced, progress=True).sequential
+
+
+def _run_from_disk(model_path: Path, args: argparse.Namespace, config: ReplaceMeConfig) -> int:
+    """ReplaceMe block by block from the folder; the pruned checkpoint is
+    written without loading the model (with the folder's tokenizer files)."""
+    import shutil
+
+    from toast.hf.text import TextData
+    from toast.io.local import load_tokenizer
+    from toast.methods.replaceme.disk import replaceme_from_disk
+
+    if args.heldout is not None:
+        print(
+            "toast replaceme: --heldout needs the model in memory; not measured on the "
+            "sequential path",
+            file=sys.stderr,
+        )
+    if args.dtype != "auto":
+        print(
+            f"toast replaceme: the sequential path computes in the checkpoint's dtype; "
+            f"--dtype {args.dtype} is ignored",
+            file=sys.stderr,
+        )
+    tokenizer = load_tokenizer(model_path)
+    text = {"max_length": args.max_length, "batch_size": args.batch_size, "pack": args.pack}
+    out = Path(args.out)
+    fresh = out.with_name(f".{out.name}.new")
+    shutil.rmtree(fresh, ignore_errors=True)
+    report = replaceme_from_disk(model_path, TextData(args.data, tokenizer, **text), fresh, config)
+    if out.exists():  # empty, or --overwrite (checked before anything ran)
+        shutil.rmtree(out)
+    fresh.rename(out)
     summary = report.to_markdown()
     (out / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
     _write_profile(report, args, out)

@@ -41,11 +41,10 @@ def choose_path(
     """The memory plan of ``disk`` and the path taken (``sequential`` forces
     one); the choice and its reason are logged (and printed with ``progress``)."""
     plan = memory_plan(disk.checkpoint, max_memory, block_bytes=disk.largest_block_bytes)
-    if sequential is not None and sequential != plan.sequential:
+    line = plan.reason
+    if sequential is not None:
         plan = MemoryPlan(sequential, plan.budget, plan.in_memory, plan.bound)
-        line = f"{'sequential' if sequential else 'in-memory'} path, as asked"
-    else:
-        line = plan.reason
+        line = f"{'sequential' if sequential else 'in-memory'} path, as asked ({line})"
     _log.info("toast replaceme: %s", line)
     if progress:
         print(f"toast replaceme: {line}", file=sys.stderr)
