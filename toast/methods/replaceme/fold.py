@@ -70,6 +70,14 @@ def fold_transform(projection: Projection, transform: np.ndarray | torch.Tensor)
         )
     with torch.no_grad():
         w = _weight(module)
+        if w.is_meta:
+            raise ValueError(
+                f"the weight of {projection.path} is on the meta device (offloaded by "
+                "device_map with disk or CPU offload), so T cannot be folded into it in "
+                "place; use toast.replaceme_checkpoint(folder, ...) (or "
+                "toast.methods.replaceme.disk.write_replaceme with this report's spans and "
+                "transforms) to write the pruned checkpoint from the files on disk"
+            )
         bias = getattr(module, "bias", None)
         bias = bias if isinstance(bias, torch.Tensor) else None
         new_w, new_b = folded(w, bias, transform, projection.layout)
