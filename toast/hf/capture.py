@@ -30,6 +30,7 @@ __all__ = [
     "BACKENDS",
     "TOKENS",
     "ForwardError",
+    "MomentsSink",
     "Tokens",
     "capture_moments",
     "select_tokens",
@@ -363,22 +364,46 @@ def capture_moments(
     """
     cal = Calibration.from_options(calibration, **options)
     check("backend", backend, Options(BACKENDS))
-    acc: dict[str, Any] = {}
+    sink = MomentsSink(states, folds, pairs, precision, backend)
+    stack = stream_states(model, loader, sink, cal, stack=stack, states=states, tokens=tokens)
+    num_states = stack.num_blocks + 1 if states is None else len(states)
+    return sink.result(num_states, cal), stack
 
-    def consume(rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
-        if "m" not in acc:
-            device = rows[0].device
-            use_torch = uses_torch(backend, device)
-            dim = int(rows[0].shape[-1])
-            if use_torch:
-                acc["m"] = TorchMoments(
-                    len(rows), dim, folds=folds, pairs=pairs, precision=precision, device=device
-                )
-            else:
-                acc["m"] = Moments(len(rows), dim, folds=folds, pairs=pairs, precision=precision)
-        m = acc["m"]
-        # rows[k] is state chosen[k] (stream_states has checked the states)
-        chosen = range(len(rows)) if states is None else list(states)
+
+class MomentsSink:
+    """The consumer of a capture pass: opens :class:`toast.Moments` (or
+    :class:`TorchMoments` on an accelerator) on the first batch and adds
+    every batch's rows; :meth:`result` gives the moments (summed over ranks
+    under ``torch.distributed``)."""
+
+    def __init__(
+        self,
+        states: Sequence[int] | None,
+        folds: int,
+        pairs: Pairs,
+        precision: Literal["float64", "mixed"],
+        backend: Literal["auto", "c", "torch"],
+    ) -> None:
+        self.states, self.folds, self.pairs = states, folds, pairs
+        self.precision, self.backend = precision, backend
+        self.moments: Moments | TorchMoments | None = None
+
+    def _open(self, rows: list[torch.Tensor]) -> Moments | TorchMoments:
+        device = rows[0].device
+        dim = int(rows[0].shape[-1])
+        folds, pairs, precision = self.folds, self.pairs, self.precision
+        if uses_torch(self.backend, device):
+            return TorchMoments(
+                len(rows), dim, folds=folds, pairs=pairs, precision=precision, device=device
+            )
+        return Moments(len(rows), dim, folds=folds, pairs=pairs, precision=precision)
+
+    def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
+        if self.moments is None:
+            self.moments = self._open(rows)
+        m = self.moments
+        # rows[k] is state chosen[k] (the pass has checked the states)
+        chosen = range(len(rows)) if self.states is None else list(self.states)
         if isinstance(m, TorchMoments):
             _update(m, rows, mask, chosen)
         else:
@@ -386,16 +411,17 @@ def capture_moments(
             _update(m, host, None if mask is None else mask.cpu(), chosen)
         return m.rows
 
-    stack = stream_states(model, loader, consume, cal, stack=stack, states=states, tokens=tokens)
-    moments = acc.get("m")
-    if isinstance(moments, TorchMoments):
-        moments = moments.to_moments()
-    if cal.is_distributed:
-        num_states = stack.num_blocks + 1 if states is None else len(states)
-        moments = reduce_captured(moments, num_states, folds, pairs, precision, cal.group)
-    if moments is None or moments.rows == 0:
-        raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
-    return moments, stack
+    def result(self, num_states: int, cal: Calibration) -> Moments:
+        moments = self.moments
+        if isinstance(moments, TorchMoments):
+            moments = moments.to_moments()
+        if cal.is_distributed:
+            moments = reduce_captured(
+                moments, num_states, self.folds, self.pairs, self.precision, cal.group
+            )
+        if moments is None or moments.rows == 0:
+            raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
+        return moments
 
 
 def _update(

@@ -3,7 +3,8 @@ spans to replace, and closed-form (or trained) translators in their place.
 
 - :mod:`~toast.methods.toast.config`: :class:`ToastConfig` (torch-free);
 - :mod:`~toast.methods.toast.analysis`: :func:`analyze` → :class:`Analysis`
-  (error matrix, top spans, plan, heatmap);
+  (error matrix, top spans, plan, heatmap); :func:`analyze_from_disk`, the
+  same from a checkpoint on disk, block by block;
 - :mod:`~toast.methods.toast.fitting`: translators of planned spans;
 - :mod:`~toast.methods.toast.compress`: the orchestrator, registered as ``"toast"``;
 - :mod:`~toast.methods.toast.report`: :class:`CompressionReport`.
@@ -17,6 +18,7 @@ __all__ = [
     "FewRowsWarning",
     "ToastConfig",
     "analyze",
+    "analyze_from_disk",
     "compress_toast",
 ]
 
@@ -25,6 +27,7 @@ __getattr__ = lazy_getattr(
     {
         "Analysis": "toast.methods.toast.analysis",
         "analyze": "toast.methods.toast.analysis",
+        "analyze_from_disk": "toast.methods.toast.analysis",
         "compress_toast": "toast.methods.toast.compress",
         "ToastConfig": "toast.methods.toast.config",
         "FewRowsWarning": "toast.methods.toast.fitting",
