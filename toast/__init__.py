@@ -38,6 +38,8 @@ _NAMES = {
     "ForwardError": "toast.hf.capture",
     "capture_moments": "toast.hf.capture",
     "find_blocks": "toast.hf.blocks",
+    "DiskModel": "toast.hf.sequential",
+    "capture_moments_from_disk": "toast.hf.disk_moments",
     "replace_spans": "toast.hf.surgery",
     "count_params": "toast.hf.params",
     "all_reduce_moments": "toast.hf.distributed",
@@ -47,11 +49,14 @@ _NAMES = {
     # TOAST
     "Analysis": "toast.methods.toast.analysis",
     "analyze": "toast.methods.toast.analysis",
+    "analyze_from_disk": "toast.methods.toast.analysis",
     "ToastConfig": "toast.methods.toast.config",
     "CompressionReport": "toast.methods.toast.report",
     "FewRowsWarning": "toast.methods.toast.fitting",
     # ReplaceMe
     "replaceme": "toast.methods.replaceme.method",
+    "replaceme_checkpoint": "toast.methods.replaceme.checkpoint",
+    "replaceme_from_disk": "toast.methods.replaceme.disk",
     "profile_distances": "toast.methods.replaceme.profile",
     "ReplaceMeConfig": "toast.methods.replaceme.config",
     "ReplaceMeReport": "toast.methods.replaceme.report",
