@@ -163,13 +163,29 @@ class Checkpoint:
         config = self.config
         names = getattr(config, "architectures", None) or []
         cls = getattr(transformers, names[0], None) if names else None
-        with torch.device("meta"):
-            if cls is not None:
-                return cls(config)
-            try:
-                return transformers.AutoModelForCausalLM.from_config(config)
-            except ValueError:
-                return transformers.AutoModel.from_config(config)
+        # built in the weights' dtype, as from_pretrained(dtype="auto") builds
+        # it: buffers made at construction (embedding scales) take that dtype
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device("meta"):
+                if cls is not None:
+                    return cls(config)
+                try:
+                    return transformers.AutoModelForCausalLM.from_config(config)
+                except ValueError:
+                    return transformers.AutoModel.from_config(config)
+        finally:
+            torch.set_default_dtype(previous)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating dtype holding most of the checkpoint's bytes."""
+        sizes: dict[str, int] = {}
+        for info in self.tensors.values():
+            if info.dtype in ("F64", "F32", "F16", "BF16"):
+                sizes[info.dtype] = sizes.get(info.dtype, 0) + info.nbytes
+        return DTYPES[max(sizes, key=lambda k: sizes[k])] if sizes else torch.float32
 
     def names(self, model: nn.Module) -> dict[str, str]:
         """The checkpoint key of every state-dict entry of ``model`` (a

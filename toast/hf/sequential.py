@@ -164,10 +164,8 @@ class DiskModel:
         model.eval()
         stack = find_blocks(model, blocks)
         base_path = _base_path(model, stack.path)
-        disk = cls(checkpoint, model, stack, base_path, torch.float32)
-        first = disk.block_keys(0)
-        dtypes = {checkpoint.tensors[k].dtype for k in first.values()}
-        disk.dtype = checkpoint.read(next(iter(first.values()))).dtype if dtypes else torch.float32
+        disk = cls(checkpoint, model, stack, base_path, checkpoint.dtype)
+        disk._names = checkpoint.names(model)  # with the blocks in place
         return disk
 
     @property
@@ -226,8 +224,7 @@ class DiskModel:
         try:
             base = self.base
             prefix = f"{self.base_path}." if self.base_path else ""
-            names = self._names if self._names is not None else self.checkpoint.names(self.model)
-            self._names = names
+            names = self._names or {}
             # what the checkpoint lacks (a tied head, an unused pooler) stays
             # on the meta device: the forward stops at the last block
             keys = {n: names[prefix + n] for n in base.state_dict() if prefix + n in names}
