@@ -50,6 +50,7 @@ _NAMES = {
     "Analysis": "toast.methods.toast.analysis",
     "analyze": "toast.methods.toast.analysis",
     "analyze_from_disk": "toast.methods.toast.analysis",
+    "compress_from_disk": "toast.methods.toast.from_disk",
     "ToastConfig": "toast.methods.toast.config",
     "CompressionReport": "toast.methods.toast.report",
     "FewRowsWarning": "toast.methods.toast.fitting",

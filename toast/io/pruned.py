@@ -33,7 +33,7 @@ from toast.hf.checkpoint import Checkpoint, TensorInfo
 from toast.hf.surgery import prune_config
 from toast.io.save import _fsync_path, _hidden_sibling
 
-__all__ = ["Edit", "copy_side_files", "write_pruned_checkpoint"]
+__all__ = ["Edit", "copy_side_files", "write_pruned_checkpoint", "write_safetensors"]
 
 #: A rewrite of one tensor: the tensor read from the checkpoint in, the new one out.
 Edit = Callable[[torch.Tensor], torch.Tensor]
@@ -66,6 +66,47 @@ def _copy_range(src: Path, begin: int, end: int, out: Any) -> None:
             position += len(chunk)
 
 
+def write_safetensors(
+    items: Sequence[tuple[str, TensorInfo | torch.Tensor]], metadata: dict[str, str], file: Path
+) -> int:
+    """Writes a safetensors ``file`` whose tensors are given by name as a
+    tensor in memory or a :class:`TensorInfo` whose bytes are copied from
+    its file in bounded chunks; fsyncs it and returns the bytes of tensor
+    data."""
+
+    def itemsize(source: TensorInfo | torch.Tensor) -> int:
+        if isinstance(source, torch.Tensor):
+            return source.element_size()
+        return _ITEMSIZE.get(source.dtype, 1)
+
+    # Widest dtypes first, as safetensors itself orders them: offsets stay aligned.
+    order = sorted(items, key=lambda e: (-itemsize(e[1]), e[0]))
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name, source in order:
+        if isinstance(source, torch.Tensor):
+            dtype, shape = _DTYPE_NAMES[source.dtype], list(source.shape)
+            size = source.numel() * source.element_size()
+        else:
+            dtype, shape, size = source.dtype, list(source.shape), source.nbytes
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(file, "wb") as out:
+        out.write(struct.pack("<Q", len(raw)))
+        out.write(raw)
+        for _, source in order:
+            if isinstance(source, torch.Tensor):
+                data = source.detach().cpu().contiguous().view(-1).view(torch.uint8)
+                out.write(data.numpy().tobytes())
+            else:
+                _copy_range(source.file, source.begin, source.end, out)
+        out.flush()
+        os.fsync(out.fileno())
+    return offset
+
+
 def _write_shard(
     checkpoint: Checkpoint,
     entries: list[tuple[str, str]],
@@ -73,39 +114,13 @@ def _write_shard(
     metadata: dict[str, str],
     file: Path,
 ) -> int:
-    """Writes the tensors ``entries`` (new key, source key) to ``file``;
-    returns the bytes of tensor data."""
-    edited = {
-        src: edits[src](checkpoint.read(src)).contiguous() for _, src in entries if src in edits
-    }
-    infos: dict[str, TensorInfo] = {src: checkpoint.tensors[src] for _, src in entries}
-    # Widest dtypes first, as safetensors itself orders them: offsets stay aligned.
-    order = sorted(entries, key=lambda e: (-_ITEMSIZE.get(infos[e[1]].dtype, 1), e[0]))
-    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
-    offset = 0
-    for new, src in order:
-        if src in edited:
-            t = edited[src]
-            dtype, shape, size = _DTYPE_NAMES[t.dtype], list(t.shape), t.numel() * t.element_size()
-        else:
-            info = infos[src]
-            dtype, shape, size = info.dtype, list(info.shape), info.nbytes
-        header[new] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(file, "wb") as out:
-        out.write(struct.pack("<Q", len(raw)))
-        out.write(raw)
-        for _, src in order:
-            if src in edited:
-                out.write(edited[src].view(-1).view(torch.uint8).numpy().tobytes())
-            else:
-                info = infos[src]
-                _copy_range(info.file, info.begin, info.end, out)
-        out.flush()
-        os.fsync(out.fileno())
-    return offset
+    """Writes the tensors ``entries`` (new key, source key) to ``file``,
+    rewriting those ``edits`` names; returns the bytes of tensor data."""
+    items: list[tuple[str, TensorInfo | torch.Tensor]] = [
+        (new, edits[src](checkpoint.read(src)) if src in edits else checkpoint.tensors[src])
+        for new, src in entries
+    ]
+    return write_safetensors(items, metadata, file)
 
 
 def _write_config(checkpoint: Checkpoint, kept: Sequence[int], total: int, folder: Path) -> None:

@@ -7,6 +7,8 @@ spans to replace, and closed-form (or trained) translators in their place.
   same from a checkpoint on disk, block by block;
 - :mod:`~toast.methods.toast.fitting`: translators of planned spans;
 - :mod:`~toast.methods.toast.compress`: the orchestrator, registered as ``"toast"``;
+- :mod:`~toast.methods.toast.from_disk`: analysis, closed-form fit and a toast
+  save of a checkpoint on disk, without loading the model;
 - :mod:`~toast.methods.toast.report`: :class:`CompressionReport`.
 """
 
@@ -19,6 +21,7 @@ __all__ = [
     "ToastConfig",
     "analyze",
     "analyze_from_disk",
+    "compress_from_disk",
     "compress_toast",
 ]
 
@@ -29,6 +32,7 @@ __getattr__ = lazy_getattr(
         "analyze": "toast.methods.toast.analysis",
         "analyze_from_disk": "toast.methods.toast.analysis",
         "compress_toast": "toast.methods.toast.compress",
+        "compress_from_disk": "toast.methods.toast.from_disk",
         "ToastConfig": "toast.methods.toast.config",
         "FewRowsWarning": "toast.methods.toast.fitting",
         "CompressionReport": "toast.methods.toast.report",
