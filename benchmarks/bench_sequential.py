@@ -245,47 +245,62 @@ def _table(rows: list[dict], args, load: list[float]) -> str:
             )
         )
     lines += ["", _extrapolation(rows)]
+    for r in rows:
+        if "repeat" in r:
+            seq, mem = min(r["repeat"]["sequential"]), min(r["repeat"]["in-memory"])
+            lines += [
+                "",
+                f"{r['params'] / 1e9:.2f} B, calibration timed alternately "
+                f"{len(r['repeat']['sequential'])} times each (fastest): sequential {seq:.1f} s, "
+                f"in-memory {mem:.1f} s (load + calibrate), ratio {seq / mem:.2f}.",
+            ]
     return "\n".join(lines) + "\n"
 
 
-def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares line ``y = a + b x`` (a ratio through 0 with one point)."""
-    if len(xs) == 1:
-        return 0.0, ys[0] / xs[0]
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
-        (x - mx) ** 2 for x in xs
-    )
-    return my - b * mx, b
+def _fit(columns: list[list[float]], ys: list[float]) -> list[float]:
+    """Least-squares coefficients of ``y ≈ Σ c_i x_i`` (no intercept)."""
+    import numpy as np
+
+    return list(np.linalg.lstsq(np.array(columns).T, np.array(ys), rcond=None)[0])
 
 
 def _extrapolation(rows: list[dict]) -> str:
-    """Llama-3-70B by lines fitted to the measurements: the calibration peak
-    against the larger of block and embedding, the write peak against the
-    fold's float64 working set (the down-projection twice, T once)."""
+    """Llama-3-70B by fits to the measurements. Calibration: the larger of
+    block and embedding (the weights held) and 8 d² (ReplaceMe's float64
+    d × d statistics and solve, which the in-memory path needs too). Write:
+    the fold's working set, the down-projection twice in its dtype (read and
+    result) plus T in float64, and a constant."""
     mib = 2**20
-    calib = _fit(
-        [max(r["block_bytes"], r["embedding_bytes"]) for r in rows],
-        [r["sequential"]["peak_above_mib"] * mib for r in rows],
-    )
-    fold = _fit(
-        [16 * r["down_numel"] + 8 * r["hidden"] ** 2 for r in rows],
-        [r["write"]["peak_above_mib"] * mib for r in rows],
-    )
+    held = [float(max(r["block_bytes"], r["embedding_bytes"])) for r in rows]
+    square = [8.0 * r["hidden"] ** 2 for r in rows]
+    calib = _fit([held, square], [r["sequential"]["peak_above_mib"] * mib for r in rows])
+    working = [4.0 * r["down_numel"] + 8.0 * r["hidden"] ** 2 for r in rows]
+    fold = _fit([[1.0] * len(rows), working], [r["write"]["peak_above_mib"] * mib for r in rows])
     d, ffn, vocab, kv = 8192, 28672, 128256, 1024
     block = 2 * (2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d)
     embedding = 2 * vocab * d
-    working = 16 * d * ffn + 8 * d * d
+    calib_70b = calib[0] * max(block, embedding) + calib[1] * 8 * d * d
+    write_70b = fold[0] + fold[1] * (4 * d * ffn + 8 * d * d)
     return (
-        f"Llama-3-70B (80 blocks, width 8192, 140 GB in bfloat16) by the same formula: "
-        f"block {_gib(block)} GiB, embedding {_gib(embedding)} GiB; calibration peak ≈ "
-        f"{_gib(calib[0])} GiB + {calib[1]:.2f} x max(block, embedding) = "
-        f"{_gib(calib[0] + calib[1] * max(block, embedding))} GiB (the calibration states "
-        f"wait on disk: 2 x tokens x 8192 x 2 B); write peak ≈ {_gib(fold[0])} GiB + "
-        f"{fold[1]:.2f} x the fold's float64 working set (16 x 8192 x 28672 + 8 x 8192² B) = "
-        f"{_gib(fold[0] + fold[1] * working)} GiB."
+        f"Llama-3-70B (80 blocks, width 8192, 140 GB in bfloat16) by the same formulas, "
+        f"fitted to the rows above: calibration peak ≈ {calib[0]:.2f} x max(block, "
+        f"embedding) + {calib[1]:.2f} x 8 d² = {calib[0]:.2f} x {_gib(max(block, embedding))} "
+        f"GiB + {calib[1]:.2f} x {_gib(8 * d * d)} GiB = {_gib(calib_70b)} GiB (the "
+        f"calibration states wait on disk: 2 x tokens x 8192 x 2 B); write peak ≈ "
+        f"{_gib(fold[0])} GiB + {fold[1]:.2f} x (4 x 8192 x 28672 + 8 x 8192²) B = "
+        f"{_gib(write_70b)} GiB."
     )
+
+
+def _repeat(work: Path, args: argparse.Namespace, size: str, row: dict, folder: Path) -> None:
+    """Sequential and in-memory calibration alternately ``--repeat`` times:
+    the fastest of each, so that other work on the machine weighs on both."""
+    times: dict[str, list[float]] = {"sequential": [], "in-memory": []}
+    for _ in range(args.repeat):
+        for phase in times:
+            times[phase].append(_run_phase(phase, size, folder, work, args)["wall_s"])
+    row["repeat"] = times
+    print(size, "repeat", times, flush=True)
 
 
 def main() -> None:
@@ -295,12 +310,23 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--in-memory-up-to", type=float, default=1.5)
     parser.add_argument("--workdir", default=None, help="where checkpoints are generated")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=0,
+        help="then time sequential and in-memory calibration alternately this many times",
+    )
+    parser.add_argument("--from-json", help="only render the table of a results JSON")
     parser.add_argument("--phase", choices=["sequential", "write", "in-memory"])
     for name in ("size", "folder", "state", "output"):
         parser.add_argument(f"--{name}")
     args = parser.parse_args()
     if args.phase:
         child(args)
+        return
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        print(_table(saved["rows"], argparse.Namespace(**saved["args"]), saved["load"]))
         return
     load = os.getloadavg()
     work = Path(tempfile.mkdtemp(prefix="toast-bench-seq-", dir=args.workdir))
@@ -317,6 +343,8 @@ def main() -> None:
             if float(size) <= args.in_memory_up_to:
                 row["in-memory"] = _run_phase("in-memory", size, folder, work, args)
                 print(size, "in-memory", row["in-memory"], flush=True)
+                if args.repeat:
+                    _repeat(work, args, size, row, folder)
             rows.append(row)
             shutil.rmtree(folder)
             shutil.rmtree(work / f"pruned-{size}", ignore_errors=True)
@@ -324,8 +352,11 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     results = ROOT / "benchmarks" / "results"
     table = _table(rows, args, list(load))
-    (results / "sequential.md").write_text(table)
-    (results / "sequential.json").write_text(json.dumps({"load": load, "rows": rows}, indent=2))
+    name = "sequential" if not args.repeat else "sequential-repeat"
+    (results / f"{name}.md").write_text(table)
+    kept = {"samples": args.samples, "tokens": args.tokens, "repeat": args.repeat}
+    saved = {"load": load, "args": kept, "rows": rows}
+    (results / f"{name}.json").write_text(json.dumps(saved, indent=2))
     print(table)
 
 
