@@ -38,6 +38,8 @@ _NAMES = {
     "ForwardError": "toast.hf.capture",
     "capture_moments": "toast.hf.capture",
     "find_blocks": "toast.hf.blocks",
+    "DiskModel": "toast.hf.sequential",
+    "capture_moments_from_disk": "toast.hf.disk_moments",
     # through toast.io, so that the patched model's save_pretrained is guarded
     "replace_spans": "toast.io.guard",
     "count_params": "toast.hf.params",
@@ -48,12 +50,16 @@ _NAMES = {
     # TOAST
     "Analysis": "toast.methods.toast.analysis",
     "analyze": "toast.methods.toast.analysis",
+    "analyze_from_disk": "toast.methods.toast.analysis",
+    "compress_from_disk": "toast.methods.toast.from_disk",
     "ToastConfig": "toast.methods.toast.config",
     "CompressionReport": "toast.methods.toast.report",
     "FewRowsWarning": "toast.methods.toast.fitting",
     "CalibrationSizeWarning": "toast.hf.calibration",
     # ReplaceMe
     "replaceme": "toast.methods.replaceme.method",
+    "replaceme_checkpoint": "toast.methods.replaceme.checkpoint",
+    "replaceme_from_disk": "toast.methods.replaceme.disk",
     "profile_distances": "toast.methods.replaceme.profile",
     "ReplaceMeConfig": "toast.methods.replaceme.config",
     "ReplaceMeReport": "toast.methods.replaceme.report",

@@ -126,3 +126,22 @@ def test_replaceme_cli_names_missing_tokenizer_files(local_llama, tmp_path, caps
     err = capsys.readouterr().err
     assert f"{model} has no tokenizer files" in err and "sentencepiece" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_replaceme_cli_model_over_the_memory_budget_goes_block_by_block(
+    local_llama, tmp_path, capsys
+):
+    from safetensors.torch import load_file
+
+    argv = ["replaceme", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--blocks", "2", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "disk"), "--max-memory", "1KiB"]) == 0
+    said = capsys.readouterr().err
+    assert "sequential path" in said and "peak memory bound" in said
+    assert main([*argv, "--out", str(tmp_path / "memory"), "--path", "memory"]) == 0
+    assert "in-memory path, as asked" in capsys.readouterr().err
+    a = load_file(tmp_path / "disk" / "model.safetensors")
+    b = load_file(tmp_path / "memory" / "model.safetensors")
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "disk" / "tokenizer.json").is_file()
+    assert "| blocks[" in (tmp_path / "disk" / "replaceme_report.md").read_text()

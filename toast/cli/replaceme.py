@@ -139,6 +139,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto)")
+    p.add_argument(
+        "--max-memory",
+        default=None,
+        help="memory budget (e.g. 64GiB; default: what the machine has available): a model "
+        "folder that does not fit is calibrated block by block from disk and written "
+        "without loading it",
+    )
+    p.add_argument(
+        "--path",
+        dest="memory_path",
+        default="auto",
+        choices=["auto", "memory", "disk"],
+        help="force the in-memory or the block-by-block path (auto: by --max-memory)",
+    )
     add_calibration_arguments(p, max_samples=None)
 
 
@@ -198,6 +212,8 @@ def _run(args: argparse.Namespace) -> int:
     model_path, out = _check_paths(args)
     config = _config(args)  # bad options fail before the model loads
     quiet_libraries(progress=not args.no_progress, quiet=args.quiet)
+    if model_path.suffix != ".gguf" and _sequential(model_path, args, config):
+        return _run_from_disk(model_path, out, args, config)
 
     from toast.hf.text import TextData
     from toast.io.local import load_tokenizer
@@ -218,14 +234,14 @@ def _run(args: argparse.Namespace) -> int:
         summary = report.to_markdown()
         (stage / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
         _write_profile(report, args, stage)
-        _write_card(model, report, summary, stage)
+        _write_card(type(model).__name__, report, summary, stage)
     report_warnings(caught, quiet=args.quiet)
     print(summary)
     print(f"saved to {out}")
     return 0
 
 
-def _write_card(model: Any, report: Any, summary: str, out: Path) -> None:
+def _write_card(model_class: str, report: Any, summary: str, out: Path) -> None:
     """The model card, and one file mode for every file (transformers writes
     the weights 0600 and the rest 0644)."""
     import transformers
@@ -234,7 +250,7 @@ def _write_card(model: Any, report: Any, summary: str, out: Path) -> None:
     from toast.io.folder import apply_umask, write_card
 
     facts = {
-        "model_class": type(model).__name__,
+        "model_class": model_class,
         "original_blocks": report.blocks_before,
         "blocks": report.blocks_after,
         "parameters": report.params_after,
@@ -243,6 +259,60 @@ def _write_card(model: Any, report: Any, summary: str, out: Path) -> None:
     }
     write_card(out, facts, summary, custom=False)
     apply_umask(out)
+
+
+def _sequential(model_path: Path, args: argparse.Namespace, config: ReplaceMeConfig) -> bool:
+    """Whether the model folder is calibrated block by block (printed with why)."""
+    from toast.hf.sequential import DiskModel
+    from toast.methods.replaceme.checkpoint import choose_path
+
+    forced = {"auto": None, "memory": False, "disk": True}[args.memory_path]
+    disk = DiskModel.open(model_path, config.calibration.blocks)
+    return choose_path(disk, args.max_memory, forced, progress=True).sequential
+
+
+def _run_from_disk(
+    model_path: Path, out: Path, args: argparse.Namespace, config: ReplaceMeConfig
+) -> int:
+    """ReplaceMe block by block from the folder; the pruned checkpoint is
+    written without loading the model (with the folder's tokenizer files)."""
+    from toast.hf.text import TextData
+    from toast.io.local import load_tokenizer
+    from toast.methods.replaceme.disk import replaceme_from_disk
+
+    if args.heldout is not None:
+        print(
+            "toast replaceme: --heldout needs the model in memory; not measured on the "
+            "sequential path",
+            file=sys.stderr,
+        )
+    if args.dtype != "auto":
+        print(
+            f"toast replaceme: the sequential path computes in the checkpoint's dtype; "
+            f"--dtype {args.dtype} is ignored",
+            file=sys.stderr,
+        )
+    tokenizer = load_tokenizer(model_path)
+    text = {"max_length": args.max_length, "batch_size": args.batch_size, "pack": args.pack}
+    data = TextData(args.data, tokenizer, **text)
+    with staged_output(out) as stage:
+        stage.rmdir()  # the checkpoint writer makes the folder itself, whole or not at all
+        report = replaceme_from_disk(model_path, data, stage, config)
+        summary = report.to_markdown()
+        (stage / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
+        _write_profile(report, args, stage)
+        _write_card(_architecture(model_path), report, summary, stage)
+    print(summary)
+    print(f"saved to {out}")
+    return 0
+
+
+def _architecture(model_path: Path) -> str:
+    """The model class a checkpoint folder names (its config's first architecture)."""
+    import json
+
+    config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+    return str((config.get("architectures") or ["unknown"])[0])
 
 
 def _write_profile(report: Any, args: argparse.Namespace, out: Path) -> None:

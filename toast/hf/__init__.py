@@ -13,7 +13,12 @@ surgery, distributed reductions and parameter counting.
 - :mod:`toast.hf.params`: the parameter counter;
 - :mod:`toast.hf.text`: raw text (files, lists, datasets, chat rows) → batches;
 - :mod:`toast.hf.quality`: measured held-out quality (perplexity, accuracy,
-  output cosine) and plain removal of spans by hooks.
+  output cosine) and plain removal of spans by hooks;
+- :mod:`toast.hf.checkpoint`: a safetensors checkpoint folder read tensor by tensor;
+- :mod:`toast.hf.sequential`: calibration block by block from disk
+  (:class:`DiskModel`, :func:`stream_blocks`), for models bigger than memory;
+- :mod:`toast.hf.disk_moments`: moments from that stream;
+- :mod:`toast.hf.budget`: whether a checkpoint fits the memory budget.
 """
 
 from toast._lazy import lazy_getattr
@@ -39,6 +44,11 @@ __all__ = [
     "Evaluator",
     "Quality",
     "skipped_blocks",
+    "Checkpoint",
+    "DiskModel",
+    "stream_blocks",
+    "capture_moments_from_disk",
+    "memory_plan",
 ]
 
 __getattr__ = lazy_getattr(
@@ -64,5 +74,10 @@ __getattr__ = lazy_getattr(
         "Evaluator": "toast.hf.quality",
         "Quality": "toast.hf.quality",
         "skipped_blocks": "toast.hf.quality",
+        "Checkpoint": "toast.hf.checkpoint",
+        "DiskModel": "toast.hf.sequential",
+        "stream_blocks": "toast.hf.sequential",
+        "capture_moments_from_disk": "toast.hf.disk_moments",
+        "memory_plan": "toast.hf.budget",
     },
 )

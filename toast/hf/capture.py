@@ -31,6 +31,7 @@ __all__ = [
     "BACKENDS",
     "TOKENS",
     "ForwardError",
+    "MomentsSink",
     "Tokens",
     "capture_moments",
     "check_materialized",
@@ -110,9 +111,12 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _forward_inputs(model: nn.Module, batch: Any) -> tuple[tuple, dict]:
-    """Positional and keyword inputs of one batch, on the model's device."""
-    device = _model_device(model)
+def _forward_inputs(
+    model: nn.Module, batch: Any, device: torch.device | None = None
+) -> tuple[tuple, dict]:
+    """Positional and keyword inputs of one batch, on the model's device
+    (or ``device``: a model on the meta device runs its parts elsewhere)."""
+    device = _model_device(model) if device is None else device
     if isinstance(batch, (tuple, list)) and batch:
         if len(batch) > 2 and all(isinstance(b, Mapping) for b in batch):
             raise ValueError(
@@ -339,11 +343,13 @@ def stream_states(
     return stack
 
 
-def _batches(model: nn.Module, loader: Iterable, cal: Calibration) -> Iterator[tuple[tuple, dict]]:
+def _batches(
+    model: nn.Module, loader: Iterable, cal: Calibration, device: torch.device | None = None
+) -> Iterator[tuple[tuple, dict]]:
     """Each batch's forward inputs, within ``max_batches`` and ``max_samples``."""
     samples = 0
     for batch in itertools.islice(limited(loader, cal), cal.max_batches):
-        args, kwargs = _forward_inputs(model, batch)
+        args, kwargs = _forward_inputs(model, batch, device)
         size = _batch_size(args, kwargs)
         if cal.max_samples is not None:
             remaining = cal.max_samples - samples
@@ -400,23 +406,48 @@ def capture_moments(
     """
     cal = Calibration.from_options(calibration, **options)
     check("backend", backend, Options(BACKENDS))
-    acc: dict[str, Any] = {}
+    sink = MomentsSink(states, folds, pairs, precision, backend)
+    stack = stream_states(model, loader, sink, cal, stack=stack, states=states, tokens=tokens)
+    num_states = stack.num_blocks + 1 if states is None else len(states)
+    return sink.result(num_states, cal), stack
 
-    def consume(rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
-        if "m" not in acc:
-            device = rows[0].device
-            use_torch = uses_torch(backend, device)
-            dim = int(rows[0].shape[-1])
-            if use_torch:
-                acc["m"] = TorchMoments(
-                    len(rows), dim, folds=folds, pairs=pairs, precision=precision, device=device
-                )
-            else:
-                acc["m"] = Moments(len(rows), dim, folds=folds, pairs=pairs, precision=precision)
-        m = acc["m"]
-        acc["samples"] = acc.get("samples", 0) + int(rows[0].shape[0])
-        # rows[k] is state chosen[k] (stream_states has checked the states)
-        chosen = range(len(rows)) if states is None else list(states)
+
+class MomentsSink:
+    """The consumer of a capture pass: opens :class:`toast.Moments` (or
+    :class:`TorchMoments` on an accelerator) on the first batch and adds
+    every batch's rows; :meth:`result` gives the moments (summed over ranks
+    under ``torch.distributed``)."""
+
+    def __init__(
+        self,
+        states: Sequence[int] | None,
+        folds: int,
+        pairs: Pairs,
+        precision: Literal["float64", "mixed"],
+        backend: Literal["auto", "c", "torch"],
+    ) -> None:
+        self.states, self.folds, self.pairs = states, folds, pairs
+        self.precision, self.backend = precision, backend
+        self.moments: Moments | TorchMoments | None = None
+        self.samples = 0  # samples seen here, for the calibration-size warning
+
+    def _open(self, rows: list[torch.Tensor]) -> Moments | TorchMoments:
+        device = rows[0].device
+        dim = int(rows[0].shape[-1])
+        folds, pairs, precision = self.folds, self.pairs, self.precision
+        if uses_torch(self.backend, device):
+            return TorchMoments(
+                len(rows), dim, folds=folds, pairs=pairs, precision=precision, device=device
+            )
+        return Moments(len(rows), dim, folds=folds, pairs=pairs, precision=precision)
+
+    def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
+        if self.moments is None:
+            self.moments = self._open(rows)
+        m = self.moments
+        self.samples += int(rows[0].shape[0])
+        # rows[k] is state chosen[k] (the pass has checked the states)
+        chosen = range(len(rows)) if self.states is None else list(self.states)
         if isinstance(m, TorchMoments):
             _update(m, rows, mask, chosen)
         else:
@@ -424,18 +455,19 @@ def capture_moments(
             _update(m, host, None if mask is None else mask.cpu(), chosen)
         return m.rows
 
-    stack = stream_states(model, loader, consume, cal, stack=stack, states=states, tokens=tokens)
-    moments = acc.get("m")
-    if isinstance(moments, TorchMoments):
-        moments = moments.to_moments()
-    local_rows = 0 if moments is None else moments.rows
-    if cal.is_distributed:
-        num_states = stack.num_blocks + 1 if states is None else len(states)
-        moments = reduce_captured(moments, num_states, folds, pairs, precision, cal.group)
-    if moments is None or moments.rows == 0:
-        raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
-    warn_if_small(moments.rows, moments.dim, folds, acc.get("samples", 0), local_rows)
-    return moments, stack
+    def result(self, num_states: int, cal: Calibration) -> Moments:
+        moments = self.moments
+        if isinstance(moments, TorchMoments):
+            moments = moments.to_moments()
+        local_rows = 0 if moments is None else moments.rows
+        if cal.is_distributed:
+            moments = reduce_captured(
+                moments, num_states, self.folds, self.pairs, self.precision, cal.group
+            )
+        if moments is None or moments.rows == 0:
+            raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
+        warn_if_small(moments.rows, moments.dim, self.folds, self.samples, local_rows)
+        return moments
 
 
 def _update(

@@ -10,6 +10,7 @@ block in their place, so parameters of removed blocks are freed and
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,6 +21,7 @@ from toast.spans import validate_spans
 from toast.translators.block import TranslatorBlock, translator_module
 
 __all__ = [
+    "prune_config",
     "remove_blocks",
     "replace_spans",
 ]
@@ -206,8 +208,21 @@ def remove_blocks(
     _install_blocks(model, stack, [stack.blocks[b] for b in kept], kept)
     config = getattr(model, "config", None)
     if config is not None:
-        for name, value in list(vars(config).items()):
-            per_layer = isinstance(value, list) and len(value) == total
-            if per_layer and "layer" in name and name not in ("layer_types", "stage_names"):
-                setattr(config, name, [value[b] for b in kept])
+        _keep_per_layer_lists(config, kept, total)
     return model
+
+
+def _keep_per_layer_lists(config: Any, kept: Sequence[int], total: int) -> None:
+    for name, value in list(vars(config).items()):
+        per_layer = isinstance(value, list) and len(value) == total
+        if per_layer and "layer" in name and name not in ("layer_types", "stage_names"):
+            setattr(config, name, [value[b] for b in kept])
+
+
+def prune_config(config: Any, kept: Sequence[int], total: int) -> None:
+    """Updates ``config`` in place for a model of ``total`` blocks that keeps
+    only the blocks ``kept``, exactly as :func:`remove_blocks` does (block
+    counts, ``layer_types``, backbone outputs, other per-layer lists): for a
+    pruned checkpoint written without the model."""
+    _update_config(config, kept, total, _backbone_outputs(config, kept, total))
+    _keep_per_layer_lists(config, kept, total)

@@ -64,7 +64,17 @@ def _aliases(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], d
     aliases: dict[str, str] = {}
     views: dict[tuple, str] = {}
     storages: set[tuple] = set()
+    metas: dict[int, str] = {}
     for name, tensor in state.items():
+        if tensor.is_meta:
+            # a model planned on the meta device (written from files on disk):
+            # no storage to compare, but tied weights are one Parameter object
+            if id(tensor) in metas:
+                aliases[name] = metas[id(tensor)]
+            else:
+                metas[id(tensor)] = name
+                stored[name] = tensor.detach()
+            continue
         tensor = tensor.detach()
         storage = (tensor.device, tensor.untyped_storage().data_ptr())
         view = (
@@ -240,7 +250,7 @@ def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[st
     stack = _block_stack(model, blocks)
     _check_savable(model, stack)
     layout = _layout(stack)
-    stored, aliases = _aliases(model.state_dict())
+    stored, aliases = _aliases(model.state_dict(keep_vars=True))
     plan = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,

@@ -14,6 +14,10 @@ it through the method registry.
 - :mod:`~toast.methods.replaceme.fold`: folding T into the down-projection;
 - :mod:`~toast.methods.replaceme.report`, :mod:`~toast.methods.replaceme.params`;
 - :mod:`~toast.methods.replaceme.method`: the orchestrator, registered as ``"replaceme"``;
+- :mod:`~toast.methods.replaceme.disk`: the same from a checkpoint on disk,
+  block by block, and the pruned checkpoint written without the model;
+- :mod:`~toast.methods.replaceme.checkpoint`: a model folder, in memory or
+  from disk by the memory budget;
 - the command line ``toast replaceme ...`` is :mod:`toast.cli.replaceme`.
 """
 
@@ -30,6 +34,9 @@ _NAMES = {
     "NotFoldableError": "toast.methods.replaceme.hooks",
     "METHOD": "toast.methods.replaceme.method",
     "replaceme": "toast.methods.replaceme.method",
+    "replaceme_checkpoint": "toast.methods.replaceme.checkpoint",
+    "replaceme_from_disk": "toast.methods.replaceme.disk",
+    "write_replaceme": "toast.methods.replaceme.disk",
     "compression_ratio": "toast.methods.replaceme.params",
     "params_from_config": "toast.methods.replaceme.params",
     "DistanceProfile": "toast.methods.replaceme.profile",

@@ -22,7 +22,14 @@ from toast.hf.blocks import BlockStack, Projection, block_parts, find_blocks, fi
 from toast.hf.surgery import remove_blocks, replace_spans
 from toast.spans import Span
 
-__all__ = ["TransformedProjection", "apply_cuts", "down_projection", "fold_transform"]
+__all__ = [
+    "TransformedProjection",
+    "apply_cuts",
+    "down_projection",
+    "fold_transform",
+    "folded",
+    "folded_bias",
+]
 
 
 def down_projection(block: nn.Module) -> Projection:
@@ -48,6 +55,9 @@ def _weight(module: nn.Module) -> torch.Tensor:
     return weight
 
 
+_FOLD_CHUNK = 16 * 2**20
+
+
 def fold_transform(projection: Projection, transform: np.ndarray | torch.Tensor) -> None:
     """Folds ``y ↦ y T`` into a projection, in place: ``W ← Tᵀ W`` for
     torch's ``(out, in)`` layout, ``W ← W T`` for GPT-2's ``Conv1D``
@@ -55,20 +65,65 @@ def fold_transform(projection: Projection, transform: np.ndarray | torch.Tensor)
     the transform merged into the down-projection). Computed in float64 on
     the CPU and cast back to the weight's dtype and device."""
     module = projection.module
-    t = torch.as_tensor(np.asarray(transform, dtype=np.float64))
     d = projection.out_features
-    if t.shape != (d, d):
+    if np.shape(transform) != (d, d):
         raise ValueError(
-            f"the transform has shape {tuple(t.shape)} but {projection.path} writes {d} features"
+            f"the transform has shape {tuple(np.shape(transform))} but {projection.path} "
+            f"writes {d} features"
         )
     with torch.no_grad():
         w = _weight(module)
-        w64 = w.detach().to("cpu", torch.float64)
-        new = t.T @ w64 if projection.layout == "linear" else w64 @ t
-        w.copy_(new.to(w.dtype))
+        if w.is_meta:
+            raise ValueError(
+                f"the weight of {projection.path} is on the meta device (offloaded by "
+                "device_map with disk or CPU offload), so T cannot be folded into it in "
+                "place; use toast.replaceme_checkpoint(folder, ...) (or "
+                "toast.methods.replaceme.disk.write_replaceme with this report's spans and "
+                "transforms) to write the pruned checkpoint from the files on disk"
+            )
         bias = getattr(module, "bias", None)
-        if isinstance(bias, torch.Tensor):
-            bias.copy_((bias.detach().to("cpu", torch.float64) @ t).to(bias.dtype))
+        bias = bias if isinstance(bias, torch.Tensor) else None
+        new_w, new_b = folded(w, bias, transform, projection.layout)
+        w.copy_(new_w)
+        if bias is not None and new_b is not None:
+            bias.copy_(new_b)
+
+
+def folded(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    transform: np.ndarray | torch.Tensor,
+    layout: str,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A down-projection's weight (and bias) with ``y ↦ y T`` folded in:
+    ``Tᵀ W`` for the ``"linear"`` ``(out, in)`` layout, ``W T`` for
+    ``"conv1d"`` ``(in, out)``, ``b T``; in float64 on the CPU, cast back to
+    each tensor's dtype and device. The one arithmetic of the in-memory fold
+    and of a pruned checkpoint written from disk.
+
+    The product runs over slices of the weight's inputs (columns of the
+    ``(out, in)`` layout, rows of ``(in, out)``) of about 16 MiB in float64,
+    so its memory is T and the result, not two float64 copies of the
+    weight (4.3 GiB for a Llama-3-70B down-projection)."""
+    t = torch.as_tensor(np.asarray(transform, dtype=np.float64))
+    source = weight.detach().cpu()
+    out = torch.empty(source.shape, dtype=weight.dtype)
+    linear = layout == "linear"
+    inputs = source.shape[1] if linear else source.shape[0]
+    step = max(1, _FOLD_CHUNK // (8 * t.shape[0]))
+    for lo in range(0, inputs, step):
+        part = slice(lo, lo + step)
+        if linear:
+            out[:, part] = t.T @ source[:, part].to(torch.float64)
+        else:
+            out[part] = source[part].to(torch.float64) @ t
+    return out.to(weight.device), None if bias is None else folded_bias(bias, transform)
+
+
+def folded_bias(bias: torch.Tensor, transform: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """``b T`` in float64, cast back to the bias's dtype and device."""
+    t = torch.as_tensor(np.asarray(transform, dtype=np.float64))
+    return (bias.detach().to("cpu", torch.float64) @ t).to(bias.dtype).to(bias.device)
 
 
 class TransformedProjection(nn.Module):

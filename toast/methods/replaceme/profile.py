@@ -240,20 +240,43 @@ class _ProfileRows:
         self.token_rows = 0
         self.sums: _PairDistances | None = None
 
-    def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
+    def count(self, first: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """Counts the token rows of one batch (state ``first``)."""
         if mask is None or self.include_padding:
-            self.token_rows += int(rows[0].shape[0] * rows[0].shape[1])
+            self.token_rows += int(first.shape[0] * first.shape[1])
         else:
             self.token_rows += int(mask.sum())
+
+    def select(
+        self, rows: list[torch.Tensor], mask: torch.Tensor | None
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """The profile's rows of each state, flat, and the indices to keep."""
         # "last" is the last non-pad token even when padding is included.
         use_mask = None if (self.include_padding and self.tokens == "all") else mask
         chosen, chosen_mask = select_tokens(rows, use_mask, self.tokens)
         flat = [r.reshape(-1, r.shape[-1]) for r in chosen]
         keep = None if chosen_mask is None else chosen_mask.reshape(-1).nonzero().squeeze(1)
+        return flat, keep
+
+    def add(self, flat: list[torch.Tensor], keep: torch.Tensor | None) -> int:
+        """Adds one batch's selected rows of every state to the sums."""
         if self.sums is None:
-            self.sums = _PairDistances(len(rows))
+            self.sums = _PairDistances(len(flat))
         self.sums.add(flat, keep)
         return self.sums.rows
+
+    def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
+        self.count(rows[0], mask)
+        return self.add(*self.select(rows, mask))
+
+    def profile(self, block_path: str) -> DistanceProfile:
+        """The profile of every row added."""
+        if self.sums is None or self.sums.rows == 0:
+            raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
+        sums = self.sums
+        return DistanceProfile(
+            sums.means(), self.tokens, sums.rows, block_path, token_rows=self.token_rows
+        )
 
 
 def profile_distances(
@@ -289,9 +312,4 @@ def profile_distances(
         stack = stream_states(
             model, loader, consume, cal, stack=stack, tokens="all", desc="replaceme: distances"
         )
-    if consume.sums is None or consume.sums.rows == 0:
-        raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
-    sums = consume.sums
-    return DistanceProfile(
-        sums.means(), tokens, sums.rows, stack.path, token_rows=consume.token_rows
-    )
+    return consume.profile(stack.path)

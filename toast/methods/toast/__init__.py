@@ -3,9 +3,12 @@ spans to replace, and closed-form (or trained) translators in their place.
 
 - :mod:`~toast.methods.toast.config`: :class:`ToastConfig` (torch-free);
 - :mod:`~toast.methods.toast.analysis`: :func:`analyze` → :class:`Analysis`
-  (error matrix, top spans, plan, heatmap);
+  (error matrix, top spans, plan, heatmap); :func:`analyze_from_disk`, the
+  same from a checkpoint on disk, block by block;
 - :mod:`~toast.methods.toast.fitting`: translators of planned spans;
 - :mod:`~toast.methods.toast.compress`: the orchestrator, registered as ``"toast"``;
+- :mod:`~toast.methods.toast.from_disk`: analysis, closed-form fit and a toast
+  save of a checkpoint on disk, without loading the model;
 - :mod:`~toast.methods.toast.report`: :class:`CompressionReport`.
 """
 
@@ -17,6 +20,8 @@ __all__ = [
     "FewRowsWarning",
     "ToastConfig",
     "analyze",
+    "analyze_from_disk",
+    "compress_from_disk",
     "compress_toast",
 ]
 
@@ -25,7 +30,9 @@ __getattr__ = lazy_getattr(
     {
         "Analysis": "toast.methods.toast.analysis",
         "analyze": "toast.methods.toast.analysis",
+        "analyze_from_disk": "toast.methods.toast.analysis",
         "compress_toast": "toast.methods.toast.compress",
+        "compress_from_disk": "toast.methods.toast.from_disk",
         "ToastConfig": "toast.methods.toast.config",
         "FewRowsWarning": "toast.methods.toast.fitting",
         "CompressionReport": "toast.methods.toast.report",

@@ -9,6 +9,7 @@ output of block ``s`` predicts the output of block ``e``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -24,7 +25,7 @@ from toast.hf.capture import Tokens, capture_moments
 from toast.hf.text import TEXT_OPTIONS, as_batches
 from toast.spans import Span, plan_spans
 
-__all__ = ["Analysis", "Span", "analyze"]
+__all__ = ["Analysis", "Span", "analyze", "analyze_from_disk"]
 
 
 @dataclass
@@ -221,6 +222,46 @@ def analyze(
         backend=backend,
         calibration=Calibration.from_options(calibration, **options),
         stack=stack,
+    )
+    errors = error_matrix(moments, metric=metric, estimator=estimator, ridge=ridge)
+    return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge)
+
+
+def analyze_from_disk(
+    folder: str | os.PathLike,
+    loader: Any,
+    *,
+    metric: str = "linear",
+    estimator: Literal["cv", "gcv", "in_sample"] = "cv",
+    folds: int = 5,
+    ridge: float = 0.0,
+    tokens: Tokens = "all",
+    pairs: Pairs = "all",
+    precision: Literal["float64", "mixed"] = "float64",
+    calibration: Calibration | None = None,
+    buffer_dir: str | os.PathLike | None = None,
+    **options: Any,
+) -> Analysis:
+    """:func:`analyze` of the checkpoint in ``folder`` without loading the
+    model: the blocks run one at a time from disk
+    (:func:`toast.hf.disk_moments.capture_moments_from_disk`) and give the
+    same moments, so the same error matrix and plans. The states of every
+    calibration token wait in a temporary directory under ``buffer_dir``."""
+    from toast.hf.disk_moments import capture_moments_from_disk
+    from toast.hf.sequential import DiskModel
+
+    check("metric", metric, Options(METRICS))
+    text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
+    cal = Calibration.from_options(calibration, **options)
+    moments, stack = capture_moments_from_disk(
+        DiskModel.open(folder, cal.blocks),
+        as_batches(loader, **text),
+        tokens=tokens,
+        folds=folds if estimator == "cv" else 0,
+        pairs=pairs,
+        precision=precision,
+        calibration=cal,
+        buffer_dir=buffer_dir,
     )
     errors = error_matrix(moments, metric=metric, estimator=estimator, ridge=ridge)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge)

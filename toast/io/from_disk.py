@@ -1,0 +1,109 @@
+"""A model with spans replaced by translators, saved in toast's format from
+a checkpoint on disk, never loading the model.
+
+:func:`save_translated_from_disk` patches the checkpoint's model built on
+the meta device (no memory: :meth:`toast.hf.checkpoint.Checkpoint.skeleton`)
+with the translator blocks, describes it with the same plan
+:func:`toast.io.save_pretrained` writes, and writes ``model.safetensors``
+tensor by tensor: the translators' tensors from memory, every other tensor
+copied byte for byte from the checkpoint under its patched name (kept
+blocks renumbered). :func:`toast.io.load_pretrained` loads the result as
+it loads a save of the patched model made in memory. Like every toast
+save, it is written into a hidden directory renamed when complete.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from toast.core import Translator
+from toast.hf.checkpoint import TensorInfo
+from toast.hf.sequential import DiskModel
+from toast.hf.surgery import replace_spans
+from toast.io.format import FORMAT, PLAN_NAME, WEIGHTS_NAME
+from toast.io.pruned import write_safetensors
+from toast.io.save import _fsync_path, _hidden_sibling, _plan, _write_plan
+from toast.spans import validate_spans
+from toast.translators.block import translator_module
+
+__all__ = ["save_translated_from_disk"]
+
+
+def _positions(spans: Sequence[tuple[int, int]], total: int) -> list[int | None]:
+    """For each block of the patched model, the original block it is (None
+    for a translator block)."""
+    out: list[int | None] = []
+    position = 0
+    for start, stop in validate_spans(spans, total):
+        out.extend(range(position, start))
+        out.append(None)
+        position = stop
+    out.extend(range(position, total))
+    return out
+
+
+def _source(disk: DiskModel, name: str, block_path: str, positions: list[int | None]) -> TensorInfo:
+    """Where the patched model's tensor ``name`` lives in the checkpoint."""
+    original = name
+    prefix = block_path + "."
+    if name.startswith(prefix):
+        index, _, rest = name[len(prefix) :].partition(".")
+        block = positions[int(index)]
+        if block is None:
+            raise AssertionError(f"{name} belongs to a translator, which is not on disk")
+        original = f"{prefix}{block}.{rest}"
+    names = disk._names or {}
+    if original not in names:
+        raise KeyError(
+            f"{disk.checkpoint.folder} has no tensor for {original!r}; the model built "
+            "from its config has parts the checkpoint lacks"
+        )
+    return disk.checkpoint.tensors[names[original]]
+
+
+def save_translated_from_disk(
+    disk: DiskModel,
+    output: str | os.PathLike,
+    spans: Sequence[tuple[int, int]],
+    translators: Sequence[Translator | nn.Module],
+) -> Path:
+    """Saves the checkpoint of ``disk`` with ``blocks[start:stop]`` of each
+    span replaced by its translator, in toast's format, to the new folder
+    ``output`` (see the module docstring). Raises ``FileExistsError`` when
+    ``output`` exists. Returns the path."""
+    target = Path(output)
+    if target.exists() or target.is_symlink():
+        raise FileExistsError(errno.EEXIST, f"{target} exists; choose a new folder", str(target))
+    model = disk.checkpoint.skeleton()
+    path = disk.stack.path
+    modules = [
+        translator_module(t, dtype=disk.dtype) if isinstance(t, Translator) else t
+        for t in translators
+    ]
+    replace_spans(model, spans, modules, blocks=path)
+    plan, stored = _plan(model, path)
+    positions = _positions(spans, disk.num_blocks)
+    items: list[tuple[str, TensorInfo | torch.Tensor]] = [
+        (name, _source(disk, name, path, positions) if tensor.is_meta else tensor)
+        for name, tensor in stored.items()
+    ]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _hidden_sibling(target, "tmp")
+    try:
+        write_safetensors(items, {"format": "pt", "toast_format": FORMAT}, tmp / WEIGHTS_NAME)
+        plan["weights"]["bytes"] = (tmp / WEIGHTS_NAME).stat().st_size
+        _write_plan(plan, tmp / PLAN_NAME)  # last: its presence marks a complete save
+        _fsync_path(tmp)
+        os.rename(tmp, target)
+        _fsync_path(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
