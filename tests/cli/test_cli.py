@@ -73,6 +73,8 @@ def test_compress_on_a_text_file_with_a_pretrained_encoder(tmp_path):
     report = (out / "report.md").read_text()
     assert "64 samples" in report and "| cosine |" in report  # an encoder: output cosine
     assert "| original | 1.0000 |" in report
+    card = (out / "README.md").read_text()  # the model card carries the measured quality
+    assert "| cosine |" in card and "toast.load_pretrained" in card
 
 
 @pytest.mark.parametrize(

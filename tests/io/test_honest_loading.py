@@ -119,3 +119,17 @@ def test_unknown_patch_type_is_refused_naming_it(tmp_path):
     _edit_plan(folder, lambda plan: plan["patches"].append({"type": "warp", "state": {}}))
     with pytest.raises(CorruptedSaveError, match="'warp', which no installed toast method"):
         load_pretrained(folder)
+
+
+def test_a_plan_of_format_version_1_still_loads(tmp_path):
+    model, _, batch = _compressed()
+    folder = toast.save_pretrained(model, tmp_path / "s")
+
+    def version_1(plan):  # what toast wrote before patches, versions and checksums
+        plan["format_version"] = 1
+        for key in ("patches", "versions"):
+            plan.pop(key)
+        plan["weights"].pop("sha256")
+
+    _edit_plan(folder, version_1)
+    assert torch.equal(_forward(load_pretrained(folder), batch), _forward(model, batch))

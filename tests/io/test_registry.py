@@ -102,3 +102,33 @@ def test_the_block_type_of_the_model_itself_cannot_be_taken():
         registry.register_block_serializer(
             registry.BlockSerializer("block", bool, dict, _check, ScaleBlock)
         )
+
+
+def test_a_second_model_patch_of_one_type_is_refused():
+    def nothing(*args):
+        return None
+
+    assert registry.patch_named("toast-vit") is not None  # ToaSt's, loaded if it was not
+    patch = registry.ModelPatch(type="toast-vit", describe=nothing, check=nothing, finish=nothing)
+    with pytest.raises(ValueError, match="'toast-vit' is registered already"):
+        registry.register_model_patch(patch)
+
+
+_DISCOVER = """
+import json, sys
+from toast.io import registry
+before = "toast.methods.toast_vit.persist" in sys.modules
+found = registry.patch_named("toast-vit")
+print(json.dumps({"before": before, "found": found is not None and found.type == "toast-vit"}))
+"""
+
+
+def test_a_patch_type_is_found_through_its_entry_point_without_importing_methods():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _DISCOVER], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"before": False, "found": True}

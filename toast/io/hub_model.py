@@ -58,9 +58,7 @@ class ToastModel(PreTrainedModel):
     config_class = ToastConfig
 
     @classmethod
-    def from_pretrained(
-        cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any
-    ) -> Any:
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:
         directory = Path(pretrained_model_name_or_path)
         if not (directory / PLAN_NAME).is_file():
             raise OSError(f"{directory} holds no {PLAN_NAME}: it is not a toast save")
