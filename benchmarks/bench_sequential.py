@@ -244,7 +244,8 @@ def _table(rows: list[dict], args, load: list[float]) -> str:
                 else "not run | not run |"
             )
         )
-    lines += ["", _extrapolation(rows)]
+    if len(rows) >= 3:  # two coefficients: fitted on fewer rows they mean nothing
+        lines += ["", _extrapolation(rows)]
     for r in rows:
         if "repeat" in r:
             seq, mem = min(r["repeat"]["sequential"]), min(r["repeat"]["in-memory"])

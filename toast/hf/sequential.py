@@ -183,6 +183,11 @@ class DiskModel:
             raise KeyError(f"{self.checkpoint.folder} has no tensor for {name!r}")
         return self._names[name]
 
+    def key_of(self, name: str) -> str | None:
+        """The checkpoint key of the model's state-dict entry ``name``, or
+        None when the checkpoint lacks it."""
+        return (self._names or {}).get(name)
+
     def block_keys(self, index: int) -> dict[str, str]:
         """Block ``index``'s state-dict names and their checkpoint keys."""
         block = self.stack.blocks[index]

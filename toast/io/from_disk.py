@@ -59,13 +59,13 @@ def _source(disk: DiskModel, name: str, block_path: str, positions: list[int | N
         if block is None:
             raise AssertionError(f"{name} belongs to a translator, which is not on disk")
         original = f"{prefix}{block}.{rest}"
-    names = disk._names or {}
-    if original not in names:
+    key = disk.key_of(original)
+    if key is None:
         raise KeyError(
             f"{disk.checkpoint.folder} has no tensor for {original!r}; the model built "
             "from its config has parts the checkpoint lacks"
         )
-    return disk.checkpoint.tensors[names[original]]
+    return disk.checkpoint.tensors[key]
 
 
 def save_translated_from_disk(

@@ -144,10 +144,13 @@ def test_cosine_objective_from_disk_equals_in_memory(tmp_path):
 
 def test_prenorm_encoder_from_disk_gives_the_in_memory_cut_and_transform(tmp_path):
     model, data = R.encoder("vit"), R.image_loader()
-    report, expected, _, written, saved = _run_both(model, data, tmp_path, num_blocks=2)
+    report, expected, pruned, written, saved = _run_both(model, data, tmp_path, num_blocks=2)
     assert report.spans == expected.spans
     assert _rel(report.transforms[0], expected.transforms[0]) <= 1e-6
     _assert_same_tensors(written, saved)
+    reloaded = transformers.ViTModel.from_pretrained(written, add_pooling_layer=False).eval()
+    assert reloaded.config.num_hidden_layers == R.LAYERS - 2
+    assert torch.equal(R.outputs(reloaded, data[0]), R.outputs(pruned, data[0]))
 
 
 def test_tokenizer_and_generation_files_are_copied(tmp_path):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -107,6 +108,13 @@ def estimate_from_disk(
     estimator = _Estimator(cuts, config, {}, None, expected_rows)
     folder = tempfile.mkdtemp(prefix="toast-replaceme-", dir=config.buffer_dir)
     pending = _Pending(folder, cuts, folding)
+    if config.calibration.progress:
+        kept = "L_start and M" if folding else "L_start"
+        print(
+            f"toast: keeping {kept} of {len(cuts)} cut(s) for every calibration token "
+            f"({'2' if folding else '1'} x {len(cuts)} x tokens x width) in {folder}",
+            file=sys.stderr,
+        )
     recorders: dict[int, MlpOutputs] = {}
     try:
         stream_blocks(
