@@ -27,9 +27,9 @@ from toast.core import Translator
 from toast.hf.checkpoint import TensorInfo
 from toast.hf.sequential import DiskModel
 from toast.hf.surgery import replace_spans
-from toast.io.format import FORMAT, PLAN_NAME, WEIGHTS_NAME
+from toast.io.format import FORMAT, WEIGHTS_NAME
 from toast.io.pruned import write_safetensors
-from toast.io.save import _fsync_path, _hidden_sibling, _plan, _write_plan
+from toast.io.save import _fsync_path, _hidden_sibling, _plan, finish_folder
 from toast.spans import validate_spans
 from toast.translators.block import translator_module
 
@@ -98,8 +98,9 @@ def save_translated_from_disk(
     tmp = _hidden_sibling(target, "tmp")
     try:
         write_safetensors(items, {"format": "pt", "toast_format": FORMAT}, tmp / WEIGHTS_NAME)
-        plan["weights"]["bytes"] = (tmp / WEIGHTS_NAME).stat().st_size
-        _write_plan(plan, tmp / PLAN_NAME)  # last: its presence marks a complete save
+        # the same folder as toast.save_pretrained: checksum, config, the
+        # checkpoint's tokenizer and generation files, card, plan last
+        finish_folder(model, plan, tmp, {"source": disk.checkpoint.folder})
         _fsync_path(tmp)
         os.rename(tmp, target)
         _fsync_path(target.parent)

@@ -318,6 +318,16 @@ def _write_folder(
 ) -> None:
     """Everything of a save into the empty folder ``tmp``, the plan last."""
     _write_weights(tensors, tmp / WEIGHTS_NAME)
+    finish_folder(model, plan, tmp, companions)
+
+
+def finish_folder(
+    model: nn.Module, plan: dict[str, Any], tmp: Path, companions: dict[str, Any]
+) -> None:
+    """Everything of a save but the weights, which ``tmp`` already holds:
+    their size and checksum in the plan, the config, generation config,
+    companions and card, then the plan (its presence marks a complete save),
+    one file mode and fsync."""
     plan["weights"]["bytes"] = (tmp / WEIGHTS_NAME).stat().st_size
     plan["weights"]["sha256"] = sha256(tmp / WEIGHTS_NAME)
     custom = write_config(plan, tmp)
