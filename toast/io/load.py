@@ -25,7 +25,6 @@ from toast.io.format import (
     WEIGHTS_NAME,
     CorruptedSaveError,
 )
-from toast.io.hub_model import MODEL_TYPE
 from toast.io.registry import patch_named, serializer_named
 from toast.io.save import sha256
 
@@ -414,6 +413,8 @@ def _load_weights(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
 def _is_plain_checkpoint(directory: Path) -> bool:
     """Whether ``directory`` has a ``config.json`` that is not a toast
     save's (a toast save without its plan is incomplete, not plain)."""
+    from toast.io.hub_model import MODEL_TYPE  # needs transformers, as loading one does
+
     try:
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -14,12 +14,11 @@ such a folder with no ``trust_remote_code``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
 from typing import Any
-
-from toast.io import hub_model
 
 __all__ = ["AUTO_CLASSES", "CONFIG_NAME", "MODELING_NAME", "register_auto_classes", "write_config"]
 
@@ -50,6 +49,8 @@ def write_config(plan: dict[str, Any], folder: Path) -> bool:
     config.setdefault("architectures", [plan["model_class"]["name"]])
     custom = is_custom(plan)
     if custom:
+        from toast.io import hub_model  # transformers: a custom save is of a transformers model
+
         module = Path(MODELING_NAME).stem
         config["toast_model_type"] = config.get("model_type")
         config["model_type"] = hub_model.MODEL_TYPE
@@ -68,9 +69,11 @@ _REGISTERED: list[bool] = []
 def register_auto_classes() -> None:
     """Registers model type ``"toast"`` with ``transformers``' Auto classes
     (once per process)."""
-    if _REGISTERED:
-        return
+    if _REGISTERED or importlib.util.find_spec("transformers") is None:
+        return  # without transformers there are no Auto classes to register with
     import transformers
+
+    from toast.io import hub_model
 
     transformers.AutoConfig.register(hub_model.MODEL_TYPE, hub_model.ToastConfig, exist_ok=True)
     for name in AUTO_CLASSES:
