@@ -56,11 +56,7 @@ def choose_cuts(
     chosen from (None for explicit spans, whose ``Span.error`` is NaN)."""
     total = stack.num_blocks
     if config.spans is not None:
-        checked = check_spans(config.spans, total, config.placement)
-        removed = sum(b - a for a, b in checked)
-        if config.num_blocks is not None and config.num_blocks != removed:
-            raise ValueError(f"num_blocks={config.num_blocks} but the spans remove {removed}")
-        return [Span(a, b, float("nan")) for a, b in checked], None
+        return explicit_cuts(config, total), None
     num_blocks = config.num_blocks
     assert num_blocks is not None  # ReplaceMeConfig requires it without spans
     # Checked before the profile pass, so that a bad request fails at once.
@@ -74,12 +70,29 @@ def choose_cuts(
         calibration=config.calibration,
         stack=stack,
     )
+    return select_cuts(profile, config, total), profile
+
+
+def explicit_cuts(config: ReplaceMeConfig, total: int) -> list[Span]:
+    """``config.spans`` checked as cuts of a model of ``total`` blocks
+    (``Span.error`` is NaN: no profile measured them)."""
+    assert config.spans is not None
+    checked = check_spans(config.spans, total, config.placement)
+    removed = sum(b - a for a, b in checked)
+    if config.num_blocks is not None and config.num_blocks != removed:
+        raise ValueError(f"num_blocks={config.num_blocks} but the spans remove {removed}")
+    return [Span(a, b, float("nan")) for a, b in checked]
+
+
+def select_cuts(profile: DistanceProfile, config: ReplaceMeConfig, total: int) -> list[Span]:
+    """The cuts ``config`` asks for, chosen from ``profile`` and checked."""
+    assert config.num_blocks is not None  # ReplaceMeConfig requires it without spans
     chosen = profile.select(
-        num_blocks,
+        config.num_blocks,
         config.num_cuts,
         metric=config.distance,
         min_start=config.min_start,
         adjacent=config.adjacent,
     )
     check_spans([(s.start, s.stop) for s in chosen], total, config.placement)
-    return chosen, profile
+    return chosen

@@ -22,6 +22,7 @@ So cuts, transforms and the written tensors equal those of
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -38,7 +39,7 @@ from toast.hf.sequential import DiskModel, DiskStates, stream_blocks
 from toast.hf.text import as_batches
 from toast.io.pruned import write_pruned_checkpoint
 from toast.methods.replaceme.config import ReplaceMeConfig
-from toast.methods.replaceme.cuts import check_spans
+from toast.methods.replaceme.cuts import explicit_cuts, select_cuts
 from toast.methods.replaceme.estimate import Fitted, _Cut, _Estimator, _flat, _solve
 from toast.methods.replaceme.fold import down_projection, folded, folded_bias
 from toast.methods.replaceme.hooks import MlpOutputs
@@ -189,23 +190,11 @@ def _choose(
     """The cuts: explicit spans checked, or chosen from a sequential profile."""
     total = disk.num_blocks
     if config.spans is not None:
-        checked = check_spans(config.spans, total, config.placement)
-        removed = sum(b - a for a, b in checked)
-        if config.num_blocks is not None and config.num_blocks != removed:
-            raise ValueError(f"num_blocks={config.num_blocks} but the spans remove {removed}")
-        return [Span(a, b, float("nan")) for a, b in checked], None
+        return explicit_cuts(config, total), None
     assert config.num_blocks is not None  # ReplaceMeConfig requires it without spans
     check_selection(config.num_blocks, config.num_cuts, config.min_start, total)
     profile = profile_from_disk(disk, data, config)
-    chosen = profile.select(
-        config.num_blocks,
-        config.num_cuts,
-        metric=config.distance,
-        min_start=config.min_start,
-        adjacent=config.adjacent,
-    )
-    check_spans([(s.start, s.stop) for s in chosen], total, config.placement)
-    return chosen, profile
+    return select_cuts(profile, config, total), profile
 
 
 def write_replaceme(
@@ -325,9 +314,9 @@ def _report(
     profile: DistanceProfile | None,
 ) -> ReplaceMeReport:
     tensors = disk.checkpoint.tensors
-    before = sum(_numel(info.shape) for info in tensors.values())
+    before = sum(math.prod(info.shape) for info in tensors.values())
     removed = sum(
-        _numel(tensors[key].shape)
+        math.prod(tensors[key].shape)
         for s in spans
         for b in range(s.start, s.stop)
         for key in disk.block_keys(b).values()
@@ -351,10 +340,3 @@ def _report(
         rows_kept=sum(f.rows_kept for f in fitted),
         fit=config.fit,
     )
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n

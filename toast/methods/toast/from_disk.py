@@ -10,6 +10,7 @@ writes what :func:`toast.save_pretrained` writes for the patched model.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -84,9 +85,9 @@ def _report(
     translators: list[Translator],
 ) -> CompressionReport:
     tensors = disk.checkpoint.tensors
-    before = sum(_numel(t.shape) for t in tensors.values())
+    before = sum(math.prod(t.shape) for t in tensors.values())
     removed = sum(
-        _numel(tensors[key].shape)
+        math.prod(tensors[key].shape)
         for s in spans
         for b in range(s.start, s.stop)
         for key in disk.block_keys(b).values()
@@ -105,10 +106,3 @@ def _report(
         analysis=analysis,
         fit=config.fit,
     )
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
