@@ -77,6 +77,7 @@ def test_llm_demo_writes_a_loadable_checkpoint_and_measured_perplexity(tmp_path,
     assert "toast demo --llm: removed blocks[" in capsys.readouterr().out  # the result line
     config = json.loads((out / "model" / "config.json").read_text())
     assert config["num_hidden_layers"] == 26 and (out / "model" / "model.safetensors").is_file()
+    assert "ReplaceMe" in (out / "model" / "README.md").read_text()  # the model card
     assert (out / "distances.png").read_bytes()[:4] == b"\x89PNG"
     report = (out / "report.md").read_text()
     ppl = {

@@ -59,7 +59,7 @@ def run_llm_demo(
 ) -> LlmDemoResult:
     """Runs the LLM demo; writes the checkpoint, ``distances.png`` and
     ``report.md`` into ``out``."""
-    from toast.io.folder import apply_umask
+    from toast.cli.replaceme import write_model_card
     from toast.io.local import load_model, load_tokenizer
     from toast.methods.replaceme.method import replaceme
     from toast.zoo import smollm2_gguf
@@ -85,7 +85,8 @@ def run_llm_demo(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out / "model")
     tokenizer.save_pretrained(out / "model")
-    apply_umask(out / "model")  # transformers writes the weights 0600, the rest 0644
+    # the model card (report, how to load), and one file mode for every file
+    write_model_card(type(model).__name__, report, report.to_markdown(), out / "model")
     _plot(report, blocks, out / "distances.png")
     result.seconds["total"] = time.perf_counter() - clock
     (out / "report.md").write_text(_report(result, calibration, blocks), encoding="utf-8")

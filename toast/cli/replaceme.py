@@ -235,14 +235,14 @@ def _run(args: argparse.Namespace) -> int:
         summary = report.to_markdown()
         (stage / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
         _write_profile(report, args, stage)
-        _write_card(type(model).__name__, report, summary, stage)
+        write_model_card(type(model).__name__, report, summary, stage)
     report_warnings(caught, quiet=args.quiet)
     print(summary)
     print(f"saved to {out}")
     return 0
 
 
-def _write_card(model_class: str, report: Any, summary: str, out: Path) -> None:
+def write_model_card(model_class: str, report: Any, summary: str, out: Path) -> None:
     """The model card, and one file mode for every file (transformers writes
     the weights 0600 and the rest 0644)."""
     import transformers
@@ -302,7 +302,7 @@ def _run_from_disk(
         summary = report.to_markdown()
         (stage / "replaceme_report.md").write_text(summary + "\n", encoding="utf-8")
         _write_profile(report, args, stage)
-        _write_card(_architecture(model_path), report, summary, stage)
+        write_model_card(_architecture(model_path), report, summary, stage)
     print(summary)
     print(f"saved to {out}")
     return 0
