@@ -52,13 +52,13 @@ def test_every_file_of_a_save_follows_the_umask(compressed, tmp_path, umask_027)
 
 
 def test_replaceme_cli_files_follow_the_umask(tmp_path, umask_027):
-    from toast.cli.replaceme import _write_card
+    from toast.cli.replaceme import write_model_card
 
     model, report = toast.compress(
         R.decoder("llama"), R.text_loader(), method="replaceme", num_blocks=2, progress=False
     )
     model.save_pretrained(tmp_path / "r")  # transformers writes the weights 0600
-    _write_card(model, report, report.to_markdown(), tmp_path / "r")
+    write_model_card(type(model).__name__, report, report.to_markdown(), tmp_path / "r")
     assert _modes(tmp_path / "r") == {0o640}
     assert report.to_markdown().strip() in (tmp_path / "r" / "README.md").read_text()
 
