@@ -46,6 +46,7 @@ _NAMES = {
     "all_reduce_moments": "toast.hf.distributed",
     # every method
     "compress": "toast.methods",
+    "compress_checkpoint": "toast.methods",
     "Span": "toast.spans",
     # TOAST
     "Analysis": "toast.methods.toast.analysis",

@@ -200,3 +200,34 @@ def test_analyze_accepts_a_toast_save_as_its_model(minilm_cli, tmp_path):
     args = ["analyze", str(minilm_cli / "out"), "--data", str(minilm_cli / "data.txt")]
     assert main([*args, "--out", str(tmp_path / "a"), "--no-progress", "--max-samples", "32"]) == 0
     assert (tmp_path / "a" / "spans.csv").is_file()
+
+
+def _tensors(folder):
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def test_compress_over_the_memory_budget_goes_block_by_block(local_llama, tmp_path, capsys):
+    argv = ["compress", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--budget", "2", "--estimator", "gcv", "--no-progress"]
+    assert main([*argv, "--out", str(tmp_path / "disk"), "--max-memory", "1KiB"]) == 0
+    said = capsys.readouterr().err
+    assert "toast compress: sequential path" in said and "peak memory bound" in said
+    assert main([*argv, "--out", str(tmp_path / "memory"), "--path", "memory"]) == 0
+    assert "toast compress: in-memory path, as asked" in capsys.readouterr().err
+    a, b = _tensors(tmp_path / "disk"), _tensors(tmp_path / "memory")
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("report.md", "heatmap.png", "tokenizer.json"):
+        assert (tmp_path / "disk" / name).is_file(), name
+    assert toast.load_pretrained(tmp_path / "disk") is not None
+
+
+def test_compress_path_disk_on_a_toast_save_names_the_fix(local_llama, tmp_path, capsys):
+    argv = ["compress", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    assert main([*argv, "--budget", "2", "--out", str(tmp_path / "saved"), "--no-progress"]) == 0
+    capsys.readouterr()
+    again = ["compress", str(tmp_path / "saved"), "--data", str(local_llama / "calib.txt")]
+    assert main([*again, "--budget", "1", "--out", str(tmp_path / "o"), "--path", "disk"]) == 2
+    assert "use --path memory" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -1,67 +1,17 @@
 """``toast replaceme MODEL_PATH --data FILE --blocks N --out DIR`` on a local
 tiny Llama with a character-level tokenizer (built offline) and local text."""
 
-import json
 
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-tokenizers = pytest.importorskip("tokenizers")
+pytest.importorskip("tokenizers")
 
+from tests.cli.conftest import TEXTS  # noqa: E402
 from toast.cli import main  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
-
-CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,'"
-TEXTS = [
-    "Return the number of items in the container.",
-    "Raise a ValueError when the argument is negative.",
-    "The default is to read the whole file at once.",
-    "Open the file and return a stream, or raise an error.",
-    "Split the string at the first occurrence of sep.",
-    "Return a copy of the list, sorted in ascending order.",
-] * 4
-
-
-def _tokenizer():
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    vocab.update({c: 4 + i for i, c in enumerate(sorted(set(CHARS)))})
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-    )
-
-
-@pytest.fixture(scope="module")
-def local_llama(tmp_path_factory):
-    root = tmp_path_factory.mktemp("replaceme_cli")
-    tokenizer = _tokenizer()
-    cfg = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(cfg).save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
-    (root / "calib.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
-    with open(root / "calib.jsonl", "w", encoding="utf-8") as f:
-        for text in TEXTS:
-            f.write(json.dumps({"text": text}) + "\n")
-    return root
-
 
 @pytest.mark.parametrize("data", ["calib.txt", "calib.jsonl"])
 def test_replaceme_cli_writes_a_standard_checkpoint(local_llama, tmp_path, data, capsys):

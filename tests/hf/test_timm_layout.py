@@ -131,7 +131,11 @@ def test_timm_vision_transformer_itself():
     timm = pytest.importorskip("timm")  # imports torchvision: see the module docstring
     torch.manual_seed(0)
     model = timm.create_model(
-        "vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=4,
+        "vit_tiny_patch16_224",
+        pretrained=False,
+        img_size=32,
+        patch_size=8,
+        depth=4,
         num_classes=10,
     ).eval()
     x = torch.randn(32, 3, 32, 32)

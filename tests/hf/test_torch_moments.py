@@ -8,7 +8,8 @@ from tests._helpers import assert_rel
 torch = pytest.importorskip("torch")
 
 import toast  # noqa: E402
-from toast.hf.torch_moments import TorchMoments  # noqa: E402
+from toast.core.moments import ROW_STATS  # noqa: E402
+from toast.hf.torch_moments import TorchMoments, WindowedMoments  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -103,3 +104,36 @@ def test_capture_of_chosen_states_equals_the_full_capture():
     np.testing.assert_array_equal(part.cross(0, 1), full.cross(1, 3))
     with pytest.raises(ValueError, match="out of range"):
         toast.capture_moments(model, batches, states=[0, 9], progress=False)
+
+
+def _far_row_stats(m: toast.Moments) -> np.ndarray:
+    """A mask of the storage: the row statistics of pairs beyond the span."""
+    layout, S = m.layout(), m.num_states
+    far = np.zeros(layout["set_len"], dtype=bool)
+    span = np.triu(np.ones((S, S), dtype=bool), layout["span"] + 1)
+    for k in range(len(ROW_STATS)):
+        at = layout["off_rowstats"] + k * S * S
+        far[at : at + S * S] = span.reshape(-1)
+    return np.tile(far, layout["nsets"])
+
+
+@pytest.mark.parametrize("folds,pairs", [(0, "consecutive"), (3, 2), (4, 1)], ids=str)
+def test_windowed_moments_state_by_state_equal_the_core_on_whole_batches(folds, pairs):
+    S, d = 5, 6
+    c = toast.Moments(S, d, folds=folds, pairs=pairs)
+    w = WindowedMoments(S, d, folds=folds, pairs=pairs)
+    batches = [(_states(S, n, d, seed), torch.arange(n) % 3 != 1) for seed, n in enumerate((7, 13))]
+    for states, mask in batches:
+        c.update(states, mask=mask)
+    for j in range(S):  # state by state, as the pass from disk sees them
+        for states, mask in batches:
+            w.add_state(j, states[max(j - w.span, 0) : j + 1], mask)
+    got, want, far = w.to_moments()._get_data(), c._get_data(), _far_row_stats(c)
+    assert np.isnan(got[far]).all()
+    np.testing.assert_allclose(got[~far], want[~far], rtol=1e-12, atol=1e-12)
+
+
+def test_windowed_moments_refuse_a_window_of_the_wrong_length():
+    w = WindowedMoments(4, 3, pairs=2)
+    with pytest.raises(ValueError, match="pairs with states 1..3: expected 3 tensors"):
+        w.add_state(3, _states(2, 5, 3, 0))

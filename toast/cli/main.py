@@ -6,7 +6,9 @@
 - ``toast analyze MODEL_DIR --data DATA --out DIR``: heatmap and span table.
 - ``toast compress MODEL_DIR --data DATA --budget N --out DIR [--heldout H]``:
   a compressed model saved with :func:`toast.save_pretrained`, with its
-  report (and measured held-out quality).
+  report (and measured held-out quality); a checkpoint that does not fit
+  ``--max-memory`` is calibrated block by block from disk and written
+  without loading it.
 - ``toast replaceme MODEL_PATH --data FILE --blocks N --out DIR``: ReplaceMe on
   a local causal LM; a standard checkpoint out (:mod:`toast.cli.replaceme`).
 
@@ -38,9 +40,11 @@ from toast.cli.options import (
     HELDOUT_HELP,
     add_calibration_arguments,
     add_config_arguments,
+    add_memory_arguments,
     add_output_arguments,
     calibration_from_args,
     config_values,
+    forced_path,
     heldout_value,
     quiet_libraries,
     report_warnings,
@@ -89,10 +93,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
 # ToastConfig fields each local subcommand exposes as --options.
 _ANALYZE_FIELDS = ["tokens", "estimator", "metric", "ridge", "include_first_block"]
-_COMPRESS_FIELDS = ["budget", "max_error", "translator", "fit", *_ANALYZE_FIELDS]
+_COMPRESS_FIELDS = ["budget", "max_error", "max_span", "translator", "fit", *_ANALYZE_FIELDS]
 _HELP = {
     "budget": "blocks to remove",
     "max_error": "largest predicted error per span",
+    "max_span": "most blocks one span may replace (bounds the states kept from disk)",
     "translator": "translator kind",
     "fit": "fit every span on the original model, or each on the partly compressed one",
     "tokens": "rows of each sample that enter the statistics",
@@ -116,6 +121,7 @@ def _add_local_commands(sub: Any) -> None:
         p.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
         if name == "compress":
             p.add_argument("--heldout", type=heldout_value, default=None, help=HELDOUT_HELP)
+            add_memory_arguments(p, "the compressed model written")
         add_config_arguments(p, ToastConfig, fields, _HELP)
         add_calibration_arguments(p, max_samples=512, blocks_flag=True)
 
@@ -151,11 +157,65 @@ def _compress(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> 
     # input folder travel with the model, so the output loads on its own.
     # out is the fresh staging folder that replaces --out whole once everything is written
     toast.save_pretrained(model, out, overwrite=True, source=args.model, report=summary)
+    _write_report(report, summary, out)
+    return summary
+
+
+def _write_report(report: Any, summary: str, out: Path) -> None:
+    """``report.md`` and the heatmap with the chosen spans, beside the model."""
     (out / "report.md").write_text(summary + "\n", encoding="utf-8")
     report.analysis.heatmap(spans=report.spans).savefig(
         out / "heatmap.png", dpi=120, bbox_inches="tight"
     )
-    return summary
+
+
+def _disk_model(args: argparse.Namespace) -> Any:
+    """The checkpoint's structure when ``toast compress`` takes the path
+    block by block from disk (printed with why); None for the in-memory path.
+    Only a Hugging Face checkpoint folder with safetensors weights has that
+    path; ``--path disk`` on anything else names the problem."""
+    folder = Path(args.model)
+    plain = (folder / "config.json").is_file() and not (folder / "toast_plan.json").exists()
+    if not (plain and any(folder.glob("*.safetensors"))):
+        if args.memory_path == "disk":
+            raise ValueError(
+                f"--path disk needs a Hugging Face checkpoint folder with safetensors weights; "
+                f"{folder} is not one (a toast save, pickled weights or no config.json): "
+                "use --path memory"
+            )
+        return None
+    from toast.hf.budget import choose_path
+    from toast.hf.sequential import DiskModel
+
+    disk = DiskModel.open(folder, args.config.calibration.blocks)
+    plan = choose_path(disk, args.max_memory, forced_path(args), True, "toast compress")
+    return disk if plan.sequential else None
+
+
+def _compress_from_disk(disk: Any, args: argparse.Namespace, out: Path) -> int:
+    """``toast compress`` block by block from the folder: the compressed
+    model is written without loading it (closed-form translators)."""
+    import warnings
+
+    from toast.io.local import load_batches
+    from toast.methods.toast.from_disk import compress_from_disk
+
+    if args.heldout is not None:
+        print(
+            "toast compress: --heldout needs the model in memory; not measured on the "
+            "sequential path",
+            file=sys.stderr,
+        )
+    batches = load_batches(args.model, args.data, batch_size=args.batch_size)
+    with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
+        warnings.simplefilter("always")
+        stage.rmdir()  # the writer makes the folder itself, whole or not at all
+        report = compress_from_disk(disk, batches, stage, args.config)
+        summary = report.to_markdown()
+        _write_report(report, summary, stage)
+    report_warnings(caught, quiet=args.quiet)
+    print(summary)
+    return 0
 
 
 def _check_local(args: argparse.Namespace) -> Path:
@@ -179,6 +239,9 @@ def _run_local(args: argparse.Namespace) -> int:
 
     out = _check_local(args)
     quiet_libraries(progress=not args.no_progress, quiet=args.quiet)
+    disk = _disk_model(args) if args.command == "compress" else None
+    if disk is not None:
+        return _compress_from_disk(disk, args, out)
     from toast.io.local import load_batches, load_model
 
     model = load_model(args.model)

@@ -131,6 +131,30 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_memory_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--max-memory`` and ``--path``: whether a model folder is loaded or
+    calibrated block by block from disk (:func:`toast.hf.budget.choose_path`)."""
+    parser.add_argument(
+        "--max-memory",
+        default=None,
+        help="memory budget (e.g. 64GiB; default: what the machine has available): a model "
+        f"folder that does not fit is calibrated block by block from disk and {what} "
+        "without loading it",
+    )
+    parser.add_argument(
+        "--path",
+        dest="memory_path",
+        default="auto",
+        choices=["auto", "memory", "disk"],
+        help="force the in-memory or the block-by-block path (auto: by --max-memory)",
+    )
+
+
+def forced_path(args: argparse.Namespace) -> bool | None:
+    """``--path`` as ``choose_path``'s ``sequential``: None lets the budget decide."""
+    return {"auto": None, "memory": False, "disk": True}[args.memory_path]
+
+
 def add_calibration_arguments(
     parser: argparse.ArgumentParser, max_samples: int | None, blocks_flag: bool = False
 ) -> None:

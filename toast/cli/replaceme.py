@@ -25,9 +25,11 @@ from toast.cli.options import (
     HELDOUT_HELP,
     add_calibration_arguments,
     add_config_arguments,
+    add_memory_arguments,
     add_output_arguments,
     calibration_from_args,
     config_values,
+    forced_path,
     heldout_value,
     quiet_libraries,
     report_warnings,
@@ -140,20 +142,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto)")
-    p.add_argument(
-        "--max-memory",
-        default=None,
-        help="memory budget (e.g. 64GiB; default: what the machine has available): a model "
-        "folder that does not fit is calibrated block by block from disk and written "
-        "without loading it",
-    )
-    p.add_argument(
-        "--path",
-        dest="memory_path",
-        default="auto",
-        choices=["auto", "memory", "disk"],
-        help="force the in-memory or the block-by-block path (auto: by --max-memory)",
-    )
+    add_memory_arguments(p, "the pruned checkpoint written")
     add_calibration_arguments(p, max_samples=None)
 
 
@@ -264,12 +253,11 @@ def write_model_card(model_class: str, report: Any, summary: str, out: Path) -> 
 
 def _sequential(model_path: Path, args: argparse.Namespace, config: ReplaceMeConfig) -> bool:
     """Whether the model folder is calibrated block by block (printed with why)."""
+    from toast.hf.budget import choose_path
     from toast.hf.sequential import DiskModel
-    from toast.methods.replaceme.checkpoint import choose_path
 
-    forced = {"auto": None, "memory": False, "disk": True}[args.memory_path]
     disk = DiskModel.open(model_path, config.calibration.blocks)
-    return choose_path(disk, args.max_memory, forced, progress=True).sequential
+    return choose_path(disk, args.max_memory, forced_path(args), True, "toast replaceme").sequential
 
 
 def _run_from_disk(

@@ -97,4 +97,3 @@ def error_matrix(
             explain_rank_deficiency(rank, moments.dim, moments.rows, hint), stacklevel=2
         )
     return E
-

@@ -23,6 +23,7 @@ __all__ = [
     "ROW_STATS",
     "Moments",
     "Pairs",
+    "pair_span",
     "checked_moments",
     "storage_layout",
 ]
@@ -57,7 +58,7 @@ def _is_fold_count(value: Any) -> bool:
 _FOLDS = Predicate(_is_fold_count, "0 or an int >= 2")
 
 
-def _span_of(pairs: Pairs, num_states: int) -> int:
+def pair_span(pairs: Pairs, num_states: int) -> int:
     """The largest ``j - i`` whose cross block ``pairs`` keeps."""
     pairs = check("pairs", pairs, *_PAIRS)
     if pairs == "all":
@@ -80,7 +81,7 @@ def storage_layout(
     num_states = check("num_states", num_states, _COUNT)
     dim = check("dim", dim, _COUNT)
     folds = _check_folds(folds)
-    return _core.moments_layout(num_states, dim, folds, _span_of(pairs, num_states))
+    return _core.moments_layout(num_states, dim, folds, pair_span(pairs, num_states))
 
 
 def _is_torch_tensor(x: Any) -> bool:
@@ -165,7 +166,7 @@ class Moments(_core.Moments):
         dim = check("dim", dim, _COUNT)
         folds = _check_folds(folds)
         check("precision", precision, Options(PRECISIONS))
-        span = _span_of(pairs, num_states)
+        span = pair_span(pairs, num_states)
         super().__init__(num_states, dim, folds, span, PRECISIONS[precision])
         self._pairs = pairs
         self._precision = precision
@@ -176,7 +177,7 @@ class Moments(_core.Moments):
         num_states = check("num_states", num_states, _COUNT)
         dim = check("dim", dim, _COUNT)
         folds = _check_folds(folds)
-        return _core.estimate_nbytes(num_states, dim, folds, _span_of(pairs, num_states))
+        return _core.estimate_nbytes(num_states, dim, folds, pair_span(pairs, num_states))
 
     # -- accumulation -----------------------------------------------------
 

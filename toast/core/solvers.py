@@ -72,6 +72,7 @@ def _warn_condition(t: Translator, what: str, moments: Moments, state: int, cent
         explained = explain_rank_deficiency(t.rank, moments.dim, moments.rows, hint)
         warn_ill_conditioned(f"{what}: {explained}", stacklevel=3)
 
+
 def gram_rank(moments: Moments, state: int, center: bool) -> tuple[int, float]:
     """Numerical rank of state ``state``'s Gram matrix XᵀX (centered: its
     scatter matrix), with the solver's threshold (eigenvalues <= d·eps·λ_max

@@ -11,14 +11,22 @@ memory. ``benchmarks/bench_sequential.py`` measures both paths.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from toast.hf.checkpoint import Checkpoint
 
-__all__ = ["MemoryPlan", "available_memory", "memory_plan", "parse_size"]
+if TYPE_CHECKING:
+    from toast.hf.sequential import DiskModel
+
+__all__ = ["MemoryPlan", "available_memory", "choose_path", "memory_plan", "parse_size"]
+
+_log = logging.getLogger(__name__)
 
 #: The in-memory path needs the model plus this fraction for activations.
 IN_MEMORY_MARGIN = 0.2
@@ -102,3 +110,24 @@ def memory_plan(
     in_memory = int(total * (1 + IN_MEMORY_MARGIN))
     bound = 2 * heaviest + SEQUENTIAL_ALLOWANCE
     return MemoryPlan(in_memory > budget, budget, in_memory, bound)
+
+
+def choose_path(
+    disk: DiskModel,
+    max_memory: int | str | None,
+    sequential: bool | None,
+    progress: bool,
+    command: str = "toast",
+) -> MemoryPlan:
+    """The memory plan of ``disk`` and the path taken (``sequential`` forces
+    one); the choice and its reason are logged (and printed with ``progress``,
+    after ``command``)."""
+    plan = memory_plan(disk.checkpoint, max_memory, block_bytes=disk.largest_block_bytes)
+    line = plan.reason
+    if sequential is not None:
+        plan = MemoryPlan(sequential, plan.budget, plan.in_memory, plan.bound)
+        line = f"{'sequential' if sequential else 'in-memory'} path, as asked ({line})"
+    _log.info("%s: %s", command, line)
+    if progress:
+        print(f"{command}: {line}", file=sys.stderr)
+    return plan

@@ -459,6 +459,11 @@ class MomentsSink:
         moments = self.moments
         if isinstance(moments, TorchMoments):
             moments = moments.to_moments()
+        return self.finish(moments, num_states, cal)
+
+    def finish(self, moments: Moments | None, num_states: int, cal: Calibration) -> Moments:
+        """The moments summed over ranks, checked for rows (and warned about
+        when they are few for the width)."""
         local_rows = 0 if moments is None else moments.rows
         if cal.is_distributed:
             moments = reduce_captured(
@@ -481,11 +486,16 @@ def _update(
     except NonFiniteError as exc:
         if exc.state is None:
             raise
-        state = chosen[exc.state]
-        where = "the embedding output" if state == 0 else f"the output of block {state - 1}"
-        # the same type, now naming the model's state rather than the list entry
-        raise non_finite_error(
-            f"{where} (state {state}) contains NaN or Inf; in float16 this is usually "
-            "an overflow: run the model in bfloat16 or float32",
-            state,
-        ) from exc
+        raise naming_state(exc.state, chosen) from exc
+
+
+def naming_state(index: int, chosen: Sequence[int]) -> ValueError:
+    """The error for NaN or Inf in entry ``index`` of the states passed to
+    the moments, naming the model's state (the same type)."""
+    state = chosen[index]
+    where = "the embedding output" if state == 0 else f"the output of block {state - 1}"
+    return non_finite_error(
+        f"{where} (state {state}) contains NaN or Inf; in float16 this is usually "
+        "an overflow: run the model in bfloat16 or float32",
+        state,
+    )

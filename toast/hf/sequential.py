@@ -158,7 +158,13 @@ class DiskModel:
     _names: dict[str, str] | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, folder: str | os.PathLike | Checkpoint, blocks: str | None = None) -> DiskModel:
+    def open(
+        cls, folder: str | os.PathLike | Checkpoint | DiskModel, blocks: str | None = None
+    ) -> DiskModel:
+        """The structure of the checkpoint in ``folder`` (one already
+        discovered is returned as it is)."""
+        if isinstance(folder, DiskModel):
+            return folder
         checkpoint = folder if isinstance(folder, Checkpoint) else Checkpoint(folder)
         model = checkpoint.skeleton()
         model.eval()

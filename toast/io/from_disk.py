@@ -73,11 +73,13 @@ def save_translated_from_disk(
     output: str | os.PathLike,
     spans: Sequence[tuple[int, int]],
     translators: Sequence[Translator | nn.Module],
+    report: str | None = None,
 ) -> Path:
     """Saves the checkpoint of ``disk`` with ``blocks[start:stop]`` of each
     span replaced by its translator, in toast's format, to the new folder
-    ``output`` (see the module docstring). Raises ``FileExistsError`` when
-    ``output`` exists. Returns the path."""
+    ``output`` (see the module docstring), with ``report`` (markdown) in its
+    model card. Raises ``FileExistsError`` when ``output`` exists. Returns
+    the path."""
     target = Path(output)
     if target.exists() or target.is_symlink():
         raise FileExistsError(errno.EEXIST, f"{target} exists; choose a new folder", str(target))
@@ -100,7 +102,7 @@ def save_translated_from_disk(
         write_safetensors(items, {"format": "pt", "toast_format": FORMAT}, tmp / WEIGHTS_NAME)
         # the same folder as toast.save_pretrained: checksum, config, the
         # checkpoint's tokenizer and generation files, card, plan last
-        finish_folder(model, plan, tmp, {"source": disk.checkpoint.folder})
+        finish_folder(model, plan, tmp, {"source": disk.checkpoint.folder, "report": report})
         _fsync_path(tmp)
         os.rename(tmp, target)
         _fsync_path(target.parent)

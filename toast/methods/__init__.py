@@ -10,6 +10,7 @@ and :func:`compress`, which dispatches to them by name.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch stays unimported until a method runs
@@ -17,7 +18,7 @@ if TYPE_CHECKING:  # torch stays unimported until a method runs
 
     from toast.methods.base import Report
 
-__all__ = ["available_methods", "compress"]
+__all__ = ["available_methods", "compress", "compress_checkpoint"]
 
 
 def _register_all() -> None:
@@ -97,3 +98,42 @@ def compress(
         )
     model, report = run_method(chosen, model, data, config, heldout=heldout, text=text)
     return guard_save(model), report
+
+
+def compress_checkpoint(
+    folder: str | os.PathLike,
+    data: Any,
+    output: str | os.PathLike,
+    *,
+    method: str = "toast",
+    config: Any = None,
+    max_memory: int | str | None = None,
+    sequential: bool | None = None,
+    **params: Any,
+) -> Report:
+    """:func:`compress` for the Hugging Face checkpoint in ``folder``,
+    written to the new folder ``output``; returns the report.
+
+    The model is loaded and compressed in memory when it fits ``max_memory``
+    bytes (``"64GiB"``; default: the memory available now); otherwise it is
+    calibrated block by block from disk and the result is written without
+    ever loading the model (``sequential=True``/``False`` forces a path).
+    The log says which path and why, and the peak-memory bound.
+
+    - ``method="toast"``: :func:`toast.methods.toast.checkpoint.compress_checkpoint`
+      (a toast save, loaded by :func:`toast.load_pretrained`);
+    - ``method="replaceme"``: :func:`toast.replaceme_checkpoint` (a standard
+      checkpoint, loaded by ``from_pretrained``).
+    """
+    from toast.methods.replaceme.checkpoint import replaceme_checkpoint
+    from toast.methods.toast.checkpoint import compress_checkpoint as toast_checkpoint
+
+    runs: dict[str, Any] = {"toast": toast_checkpoint, "replaceme": replaceme_checkpoint}
+    if method not in runs:
+        raise ValueError(
+            f"method={method!r} has no checkpoint path (it needs the model in memory): "
+            "use method='toast' or 'replaceme', or load the model and call toast.compress"
+        )
+    return runs[method](
+        folder, data, output, config, max_memory=max_memory, sequential=sequential, **params
+    )

@@ -12,15 +12,13 @@ paths give the same cut, transform and tensors.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from toast.hf.budget import MemoryPlan, memory_plan
+from toast.hf.budget import choose_path
 from toast.hf.sequential import DiskModel
 from toast.io.pruned import copy_side_files
 from toast.io.save import _fsync_path, _hidden_sibling
@@ -30,25 +28,7 @@ from toast.methods.replaceme.method import replaceme
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.methods.runner import split_text_options
 
-__all__ = ["choose_path", "replaceme_checkpoint"]
-
-_log = logging.getLogger(__name__)
-
-
-def choose_path(
-    disk: DiskModel, max_memory: int | str | None, sequential: bool | None, progress: bool
-) -> MemoryPlan:
-    """The memory plan of ``disk`` and the path taken (``sequential`` forces
-    one); the choice and its reason are logged (and printed with ``progress``)."""
-    plan = memory_plan(disk.checkpoint, max_memory, block_bytes=disk.largest_block_bytes)
-    line = plan.reason
-    if sequential is not None:
-        plan = MemoryPlan(sequential, plan.budget, plan.in_memory, plan.bound)
-        line = f"{'sequential' if sequential else 'in-memory'} path, as asked ({line})"
-    _log.info("toast replaceme: %s", line)
-    if progress:
-        print(f"toast replaceme: {line}", file=sys.stderr)
-    return plan
+__all__ = ["replaceme_checkpoint"]
 
 
 def replaceme_checkpoint(
@@ -77,7 +57,7 @@ def replaceme_checkpoint(
     if target.exists():
         raise FileExistsError(f"{target} exists; the pruned checkpoint goes to a new folder")
     disk = DiskModel.open(folder, config.calibration.blocks)
-    plan = choose_path(disk, max_memory, sequential, config.calibration.progress)
+    plan = choose_path(disk, max_memory, sequential, config.calibration.progress, "toast replaceme")
     if plan.sequential:
         return replaceme_from_disk(disk, data, target, config, **text)
     return _in_memory(disk, data, target, config, text)

@@ -274,11 +274,7 @@ def replaceme_from_disk(
     data = as_batches(data, **text)
     if output is not None and Path(output).exists():
         raise FileExistsError(f"{output} exists; the pruned checkpoint goes to a new folder")
-    disk = (
-        folder
-        if isinstance(folder, DiskModel)
-        else DiskModel.open(folder, config.calibration.blocks)
-    )
+    disk = DiskModel.open(folder, config.calibration.blocks)
     spans, profile = _choose(disk, data, config)
     if config.objective == "identity":
         fitted, rows = [Fitted(None) for _ in spans], 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from torch import nn
@@ -24,6 +24,9 @@ from toast.hf.calibration import Calibration
 from toast.hf.capture import Tokens, capture_moments
 from toast.hf.text import TEXT_OPTIONS, as_batches
 from toast.spans import Span, plan_spans
+
+if TYPE_CHECKING:
+    from toast.hf.sequential import DiskModel
 
 __all__ = ["Analysis", "Span", "analyze", "analyze_from_disk"]
 
@@ -52,11 +55,11 @@ class Analysis:
         self, metric: str | None = None, estimator: str | None = None, ridge: float | None = None
     ) -> np.ndarray:
         """Another metric from the same moments (no new pass over the data)."""
-        return error_matrix(
+        return _errors(
             self.moments,
-            metric=metric or self.metric,
-            estimator=estimator or self.estimator,  # type: ignore[arg-type]
-            ridge=self.ridge if ridge is None else ridge,
+            metric or self.metric,
+            estimator or self.estimator,
+            self.ridge if ridge is None else ridge,
         )
 
     def _candidates(self, include_first_block: bool) -> list[Span]:
@@ -160,7 +163,7 @@ class Analysis:
             import pandas as pd
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise ImportError("to_dataframe() needs pandas: pip install pandas") from exc
-        extra = {m: error_matrix(self.moments, metric=m) for m in ("mse", "cosine", "cka")}
+        extra = {m: self.error_matrix(m) for m in ("mse", "cosine", "cka")}
         records = []
         n = self.errors.shape[0]
         for i in range(n):
@@ -177,6 +180,16 @@ class Analysis:
                     }
                 )
         return pd.DataFrame.from_records(records)
+
+
+def _errors(moments: Moments, metric: str, estimator: Any, ridge: float) -> np.ndarray:
+    """The error matrix, NaN for the spans longer than the moments' pairs
+    reach whatever the metric (the row metrics alone could give them, but
+    not from disk, so the plans would differ)."""
+    errors = error_matrix(moments, metric=metric, estimator=estimator, ridge=ridge)
+    far = np.triu(np.ones(errors.shape, dtype=bool), moments.layout()["span"] + 1)
+    errors[far] = np.nan
+    return errors
 
 
 def analyze(
@@ -223,12 +236,12 @@ def analyze(
         calibration=Calibration.from_options(calibration, **options),
         stack=stack,
     )
-    errors = error_matrix(moments, metric=metric, estimator=estimator, ridge=ridge)
+    errors = _errors(moments, metric, estimator, ridge)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge)
 
 
 def analyze_from_disk(
-    folder: str | os.PathLike,
+    folder: str | os.PathLike | DiskModel,
     loader: Any,
     *,
     metric: str = "linear",
@@ -248,7 +261,7 @@ def analyze_from_disk(
     same moments, so the same error matrix and plans. The states of every
     calibration token wait in a temporary directory under ``buffer_dir``."""
     from toast.hf.disk_moments import capture_moments_from_disk
-    from toast.hf.sequential import DiskModel
+    from toast.hf.sequential import DiskModel  # noqa: F811 (imported for typing above)
 
     check("metric", metric, Options(METRICS))
     text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
@@ -263,5 +276,5 @@ def analyze_from_disk(
         calibration=cal,
         buffer_dir=buffer_dir,
     )
-    errors = error_matrix(moments, metric=metric, estimator=estimator, ridge=ridge)
+    errors = _errors(moments, metric, estimator, ridge)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge)

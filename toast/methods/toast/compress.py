@@ -77,6 +77,7 @@ def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: Block
         folds=config.folds,
         ridge=config.ridge or 0.0,
         tokens=config.tokens,
+        pairs=config.pairs,
         backend=config.backend,
         calibration=config.calibration,
         stack=stack,

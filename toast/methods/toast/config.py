@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from toast._validation import Interval, Options, Predicate, validate
-from toast.core import METRICS
+from toast.core import METRICS, Pairs
 from toast.hf.calibration import BACKENDS, TOKENS, Calibration, Tokens
 
 __all__ = ["CLOSED_FORM", "TRAINED", "ToastConfig"]
@@ -23,10 +23,14 @@ class ToastConfig:
 
     Planning: ``budget`` blocks to remove, each span within ``max_error``,
     or explicit ``spans``; ``include_first_block`` lets a planned span start
-    at block 0 (the papers keep it). Analysis: ``metric``, ``estimator``,
-    ``folds``, ``tokens``, ``backend``. Fitting: ``translator`` (closed form: identity,
-    linear, affine, diagonal, orthogonal; trained: mlp, resmlp with
-    ``max_rows``, ``train_steps``, ``lr``), ``ridge``, ``fit``
+    at block 0 (the papers keep it); ``max_span`` bounds the blocks one
+    span may replace (None: any), and with it the analysis's memory: the
+    moments keep only pairs of states at most that far apart (and from disk,
+    only ``max_span + 1`` states wait there). Analysis: ``metric``,
+    ``estimator``, ``folds``, ``tokens``, ``backend``. Fitting:
+    ``translator`` (closed form: identity, linear, affine, diagonal,
+    orthogonal; trained: mlp, resmlp with ``max_rows``, ``train_steps``,
+    ``lr``), ``ridge``, ``fit``
     (``"independent"``: every span on the original model's activations, the
     papers' protocol; ``"sequential"``: each span on the partially
     compressed model). ``calibration`` bounds every pass over the data.
@@ -43,6 +47,7 @@ class ToastConfig:
     tokens: Tokens = "all"
     ridge: float | None = None
     include_first_block: bool = False
+    max_span: int | None = None
     max_rows: int = 50_000
     train_steps: int = 300
     lr: float = 1e-3
@@ -61,6 +66,7 @@ class ToastConfig:
         "tokens": [Options(TOKENS)],
         "ridge": [Interval(float, 0, None), None],
         "include_first_block": [bool],
+        "max_span": [Interval(int, 1, None), None],
         "max_rows": [Interval(int, 1, None)],
         "train_steps": [Interval(int, 1, None)],
         "lr": [Interval(float, 0, None, closed="neither")],
@@ -78,3 +84,14 @@ class ToastConfig:
             raise ValueError(
                 "give budget=<blocks to remove>, max_error=..., or both (or spans=...)"
             )
+        longest = max((stop - start for start, stop in self.spans or ()), default=0)
+        if self.max_span is not None and longest > self.max_span:
+            raise ValueError(
+                f"spans= has a span of {longest} blocks, longer than max_span={self.max_span}; "
+                "raise max_span or leave it None"
+            )
+
+    @property
+    def pairs(self) -> Pairs:
+        """The pairs of states the analysis's moments keep."""
+        return "all" if self.max_span is None else self.max_span

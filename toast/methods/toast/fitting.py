@@ -66,9 +66,7 @@ class Fitter:
         self.ranks.append(t.rank)
         if t.ill_conditioned and self._ill_conditioned is None:
             _, hint = gram_rank(moments, i, center=kind == "affine")
-            self._ill_conditioned = explain_rank_deficiency(
-                t.rank, moments.dim, moments.rows, hint
-            )
+            self._ill_conditioned = explain_rank_deficiency(t.rank, moments.dim, moments.rows, hint)
         return t
 
     def _trained(self, sample: RowSample, i: int, j: int, like: nn.Module) -> nn.Module:

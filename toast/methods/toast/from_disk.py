@@ -31,7 +31,7 @@ __all__ = ["compress_from_disk"]
 
 
 def compress_from_disk(
-    folder: str | os.PathLike,
+    folder: str | os.PathLike | DiskModel,
     data: Iterable | Any,
     output: str | os.PathLike,
     config: ToastConfig | None = None,
@@ -59,12 +59,14 @@ def compress_from_disk(
         )
     disk = DiskModel.open(folder, config.calibration.blocks)
     analysis = analyze_from_disk(
-        disk.checkpoint.folder,
+        disk,
         data,
         metric=config.metric,
         estimator=config.estimator,
         folds=config.folds,
+        ridge=config.ridge or 0.0,
         tokens=config.tokens,
+        pairs=config.pairs,
         calibration=config.calibration,
         buffer_dir=buffer_dir,
         **text,
@@ -72,8 +74,10 @@ def compress_from_disk(
     spans = _choose_spans(analysis, config)
     fitter = Fitter(config)
     translators = [fitter._closed_form(analysis.moments, s.start, s.stop) for s in spans]
-    save_translated_from_disk(disk, output, [(s.start, s.stop) for s in spans], translators)
-    return _report(disk, config, spans, fitter, analysis, translators)
+    report = _report(disk, config, spans, fitter, analysis, translators)
+    pairs = [(s.start, s.stop) for s in spans]
+    save_translated_from_disk(disk, output, pairs, translators, report.to_markdown())
+    return report
 
 
 def _report(
