@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -248,12 +249,14 @@ def _table(rows: list[dict], args, load: list[float]) -> str:
         lines += ["", _extrapolation(rows)]
     for r in rows:
         if "repeat" in r:
-            seq, mem = min(r["repeat"]["sequential"]), min(r["repeat"]["in-memory"])
+            seq, mem = r["repeat"]["sequential"], r["repeat"]["in-memory"]
+            med_seq, med_mem = statistics.median(seq), statistics.median(mem)
             lines += [
                 "",
                 f"{r['params'] / 1e9:.2f} B, calibration timed alternately "
-                f"{len(r['repeat']['sequential'])} times each (fastest): sequential {seq:.1f} s, "
-                f"in-memory {mem:.1f} s (load + calibrate), ratio {seq / mem:.2f}.",
+                f"{len(seq)} times each: median sequential {med_seq:.1f} s, in-memory "
+                f"{med_mem:.1f} s (load + calibrate), ratio {med_seq / med_mem:.2f} "
+                f"(fastest: {min(seq):.1f} s / {min(mem):.1f} s = {min(seq) / min(mem):.2f}).",
             ]
     return "\n".join(lines) + "\n"
 
@@ -294,8 +297,8 @@ def _extrapolation(rows: list[dict]) -> str:
 
 
 def _repeat(work: Path, args: argparse.Namespace, size: str, row: dict, folder: Path) -> None:
-    """Sequential and in-memory calibration alternately ``--repeat`` times:
-    the fastest of each, so that other work on the machine weighs on both."""
+    """Sequential and in-memory calibration alternately ``--repeat`` times,
+    so that other work on the machine weighs on both (medians reported)."""
     times: dict[str, list[float]] = {"sequential": [], "in-memory": []}
     for _ in range(args.repeat):
         for phase in times:
@@ -353,11 +356,10 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     results = ROOT / "benchmarks" / "results"
     table = _table(rows, args, list(load))
-    name = "sequential" if not args.repeat else "sequential-repeat"
-    (results / f"{name}.md").write_text(table)
+    (results / "sequential.md").write_text(table)
     kept = {"samples": args.samples, "tokens": args.tokens, "repeat": args.repeat}
     saved = {"load": load, "args": kept, "rows": rows}
-    (results / f"{name}.json").write_text(json.dumps(saved, indent=2))
+    (results / "sequential.json").write_text(json.dumps(saved, indent=2))
     print(table)
 
 

@@ -135,3 +135,17 @@ def explicit_reference(
         for b in range(*span):
             ref_blocks[b] = _PassThrough(ref_blocks[b])
     return ref
+
+
+def interrupt_after(calls: int):
+    """A global forward hook raising KeyboardInterrupt at the ``calls``-th
+    block forward, as Ctrl-C would in the middle of the sweep."""
+    seen = []
+
+    def hook(module, args, output):
+        if type(module).__name__ == "LlamaDecoderLayer":
+            seen.append(module)
+            if len(seen) == calls:
+                raise KeyboardInterrupt
+
+    return torch.nn.modules.module.register_module_forward_hook(hook)

@@ -166,27 +166,13 @@ def test_tokenizer_and_generation_files_are_copied(tmp_path):
     assert (written / "generation_config.json").is_file()
 
 
-def _interrupt_after(calls: int):
-    """A global forward hook raising KeyboardInterrupt at the ``calls``-th
-    block forward, as Ctrl-C would in the middle of the sweep."""
-    seen = []
-
-    def hook(module, args, output):
-        if type(module).__name__ == "LlamaDecoderLayer":
-            seen.append(module)
-            if len(seen) == calls:
-                raise KeyboardInterrupt
-
-    return torch.nn.modules.module.register_module_forward_hook(hook)
-
-
 def test_interrupted_calibration_leaves_no_temporary_files_and_no_output(tmp_path):
     model = R.decoder("llama")
     source = tmp_path / "source"
     model.save_pretrained(source)
     buffers = tmp_path / "buffers"
     buffers.mkdir()
-    handle = _interrupt_after(20)  # 6 batches a block: inside block 3
+    handle = R.interrupt_after(20)  # 6 batches a block: inside block 3
     try:
         with pytest.raises(KeyboardInterrupt):
             replaceme_from_disk(

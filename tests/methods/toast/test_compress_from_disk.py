@@ -53,3 +53,26 @@ def test_trained_translators_are_refused_from_disk(tmp_path):
         compress_from_disk(
             tmp_path / "source", R.text_loader(), tmp_path / "out", budget=2, translator="mlp"
         )
+
+
+@pytest.mark.parametrize("max_span", [None, 2])
+def test_interrupted_run_leaves_no_temporary_files_and_no_output(max_span, tmp_path):
+    R.decoder("llama").save_pretrained(tmp_path / "source")
+    buffers = tmp_path / "buffers"
+    buffers.mkdir()
+    handle = R.interrupt_after(20)  # 6 batches a block: inside block 3
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            compress_from_disk(
+                tmp_path / "source",
+                R.text_loader(),
+                tmp_path / "out",
+                budget=2,
+                max_span=max_span,
+                progress=False,
+                buffer_dir=buffers,
+            )
+    finally:
+        handle.remove()
+    assert list(buffers.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["buffers", "source"]
