@@ -31,6 +31,8 @@ DECODERS: dict[str, Callable[[], transformers.PretrainedConfig]] = {
     ),
     # qkv projections with a bias; per-layer layer_types in the config
     "qwen2": lambda: transformers.Qwen2Config(**_DEC, **_IDS, num_key_value_heads=2),
+    # q and k norms inside attention
+    "qwen3": lambda: transformers.Qwen3Config(**_DEC, **_IDS, num_key_value_heads=2, head_dim=8),
     # fused qkv_proj and gate_up_proj
     "phi3": lambda: transformers.Phi3Config(**_DEC, **_IDS, num_key_value_heads=2),
     # GeGLU, (1 + w) RMSNorm, scaled and tied embeddings
@@ -52,6 +54,21 @@ DECODERS: dict[str, Callable[[], transformers.PretrainedConfig]] = {
     ),
 }
 
+#: Families that normalise the MLP output before adding it to the residual
+#: stream (post_feedforward_layernorm): a full T does not fold into the
+#: down-projection there, a diagonal one folds into that norm.
+POST_NORM_DECODERS: dict[str, Callable[[], transformers.PretrainedConfig]] = {
+    # (1 + w) RMSNorm
+    "gemma2": lambda: transformers.Gemma2Config(
+        **_DEC, **_IDS, num_key_value_heads=2, head_dim=8, sliding_window=4
+    ),
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **_DEC, **_IDS, num_key_value_heads=2, head_dim=8, sliding_window=4
+    ),
+    # w RMSNorm after attention and after the MLP, none before
+    "olmo2": lambda: transformers.Olmo2Config(**_DEC, **_IDS, num_key_value_heads=2),
+}
+
 _VISION = {
     "hidden_size": HIDDEN,
     "num_hidden_layers": LAYERS,
@@ -70,7 +87,8 @@ ENCODERS: dict[str, Callable[[], nn.Module]] = {
 
 def decoder(name: str, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(DECODERS[name]()).eval()
+    config = {**DECODERS, **POST_NORM_DECODERS}[name]()
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
 def encoder(name: str, seed: int = 0) -> nn.Module:

@@ -1,7 +1,6 @@
 """``toast replaceme MODEL_PATH --data FILE --blocks N --out DIR`` on a local
 tiny Llama with a character-level tokenizer (built offline) and local text."""
 
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,6 +11,7 @@ from tests.cli.conftest import TEXTS  # noqa: E402
 from toast.cli import main  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
 
 @pytest.mark.parametrize("data", ["calib.txt", "calib.jsonl"])
 def test_replaceme_cli_writes_a_standard_checkpoint(local_llama, tmp_path, data, capsys):

@@ -31,7 +31,7 @@ _NAMES = {
     "TransformedProjection": "toast.methods.replaceme.fold",
     "down_projection": "toast.methods.replaceme.fold",
     "fold_transform": "toast.methods.replaceme.fold",
-    "NotFoldableError": "toast.methods.replaceme.hooks",
+    "NotFoldableError": "toast.methods.replaceme.fold",
     "METHOD": "toast.methods.replaceme.method",
     "replaceme": "toast.methods.replaceme.method",
     "replaceme_checkpoint": "toast.methods.replaceme.checkpoint",

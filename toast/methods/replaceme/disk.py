@@ -41,7 +41,15 @@ from toast.io.pruned import write_pruned_checkpoint
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import explicit_cuts, select_cuts
 from toast.methods.replaceme.estimate import Fitted, _Cut, _Estimator, _flat, _solve
-from toast.methods.replaceme.fold import down_projection, folded, folded_bias
+from toast.methods.replaceme.fold import (
+    check_cuts,
+    folded,
+    folded_bias,
+    folded_norm,
+    is_diagonal,
+    norm_offset,
+    residual_writer,
+)
 from toast.methods.replaceme.hooks import MlpOutputs
 from toast.methods.replaceme.profile import DistanceProfile, _ProfileRows, check_selection
 from toast.methods.replaceme.report import ReplaceMeReport
@@ -229,19 +237,28 @@ def write_replaceme(
 def _fold_edits(
     disk: DiskModel, index: int, transform: np.ndarray
 ) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    """The rewrites of block ``index``'s down-projection weight and bias."""
-    down = down_projection(disk.stack.blocks[index])
+    """The rewrites of the weight and bias of block ``index``'s writer (its
+    down-projection, or a diagonal T into the norm after it)."""
+    writer = residual_writer(disk.stack.blocks[index])
     keys = disk.block_keys(index)
-    weight_key = keys[f"{down.path}.weight"]
-    bias_key = keys.get(f"{down.path}.bias")
-    d = down.out_features
+    weight_key = keys[f"{writer.path}.weight"]
+    bias_key = keys.get(f"{writer.path}.bias")
+    d = writer.width
     if np.shape(transform) != (d, d):
-        raise ValueError(f"the transform has shape {np.shape(transform)}; {down.path} writes {d}")
+        raise ValueError(f"the transform has shape {np.shape(transform)}; {writer.path} writes {d}")
+    norm = writer.norm
+    offset = 0.0 if norm is None else norm_offset(norm, d)
+    if norm is not None and not is_diagonal(transform):
+        raise ValueError(f"only a diagonal T folds into {writer.path}; use structure='diagonal'")
 
     def weight(w: torch.Tensor) -> torch.Tensor:
-        return folded(w, None, transform, down.layout)[0]
+        if norm is not None:
+            return folded_norm(w, None, transform, offset)[0]
+        return folded(w, None, transform, writer.down.layout)[0]
 
     def bias(b: torch.Tensor) -> torch.Tensor:
+        if norm is not None:
+            return (b.to(torch.float64) * torch.as_tensor(np.diagonal(transform))).to(b.dtype)
         return folded_bias(b, transform)
 
     return {weight_key: weight, **({bias_key: bias} if bias_key is not None else {})}
@@ -276,6 +293,7 @@ def replaceme_from_disk(
         raise FileExistsError(f"{output} exists; the pruned checkpoint goes to a new folder")
     disk = DiskModel.open(folder, config.calibration.blocks)
     spans, profile = _choose(disk, data, config)
+    check_cuts(disk.stack, spans, config.structure, config.placement, config.objective)
     if config.objective == "identity":
         fitted, rows = [Fitted(None) for _ in spans], 0
     else:

@@ -31,7 +31,8 @@ from toast.hf.rows import RowSample
 from toast.hf.torch_moments import TorchMoments
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cosine import fit_cosine
-from toast.methods.replaceme.hooks import MlpOutputs, NotFoldableError, no_kv_cache
+from toast.methods.replaceme.fold import NotFoldableError
+from toast.methods.replaceme.hooks import MlpOutputs, no_kv_cache
 from toast.spans import Span
 
 __all__ = ["Estimation", "Fitted"]

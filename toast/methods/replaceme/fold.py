@@ -10,7 +10,10 @@ separate block on the residual stream instead.
 
 from __future__ import annotations
 
+import copy
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,12 +26,18 @@ from toast.hf.surgery import remove_blocks, replace_spans
 from toast.spans import Span
 
 __all__ = [
+    "NotFoldableError",
     "TransformedProjection",
+    "Writer",
     "apply_cuts",
+    "check_cuts",
+    "check_placement",
     "down_projection",
     "fold_transform",
     "folded",
     "folded_bias",
+    "folded_norm",
+    "residual_writer",
 ]
 
 
@@ -46,6 +55,152 @@ def down_projection(block: nn.Module) -> Projection:
                 "down_proj, fc2, mlp.c_proj, output.dense, mlp.Wo)"
             ) from None
         return found
+
+
+class NotFoldableError(ValueError):
+    """A block's MLP output does not enter the residual stream directly, or
+    not in a way the transform asked for can be folded into."""
+
+
+#: Names of the norms some families apply to the MLP output before adding it
+#: to the residual stream (Gemma 2/3 and OLMo-2's post_feedforward_layernorm,
+#: GLM-4's post_mlp_layernorm). Hooks verify on the first batch that the one
+#: found is where the MLP output enters the stream.
+_POST_MLP_NORM = re.compile(r"post_?(feed_?forward|ffn|mlp)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Writer:
+    """Where a block's MLP output enters the residual stream: the
+    down-projection, or a norm applied after it (``norm_path``, None when
+    there is none). ReplaceMe's M is the writer's output; a full T folds
+    into the down-projection only when no norm follows it, a diagonal T
+    into the norm's weight exactly."""
+
+    down: Projection
+    norm_path: str | None = None
+    norm: nn.Module | None = None
+
+    @property
+    def path(self) -> str:
+        return self.norm_path or self.down.path
+
+    @property
+    def module(self) -> nn.Module:
+        return self.norm if self.norm is not None else self.down.module
+
+    @property
+    def width(self) -> int:
+        return self.down.out_features
+
+
+def residual_writer(block: nn.Module) -> Writer:
+    """The :class:`Writer` of ``block``: a norm of the MLP's width whose name
+    says it follows the MLP, or else the down-projection."""
+    down = down_projection(block)
+    for name, module in block.named_modules():
+        weight = getattr(module, "weight", None)
+        if (
+            name
+            and _POST_MLP_NORM.search(name.rpartition(".")[2])
+            and "norm" in type(module).__name__.lower()
+            and isinstance(weight, torch.Tensor)
+            and tuple(weight.shape) == (down.out_features,)
+        ):
+            return Writer(down, name, module)
+    return Writer(down)
+
+
+def norm_offset(norm: nn.Module, width: int) -> float:
+    """How ``norm`` scales by its weight: 0 for ``w · x̂``, 1 for Gemma's
+    ``(1 + w) · x̂``. Found by running a copy (on the CPU, float32) with the
+    weight zero, then one."""
+    probe = copy.deepcopy(norm)
+    if any(t.is_meta for t in probe.parameters()):
+        probe = probe.to_empty(device="cpu")
+    probe = probe.to("cpu", torch.float32)
+    x = torch.linspace(-2.0, 3.0, 2 * width).reshape(2, width)
+    with torch.no_grad():
+        for t in probe.parameters():
+            t.zero_()
+        zero = probe(x)
+        _weight(probe).fill_(1.0)
+        one = probe(x)
+    scale = float(one.abs().max()) or 1.0
+    if float(zero.abs().max()) <= 1e-6 * scale:
+        return 0.0
+    if torch.allclose(one, 2 * zero, rtol=1e-5, atol=1e-6 * scale):
+        return 1.0
+    raise ValueError(
+        f"cannot tell how {type(norm).__name__} applies its weight (neither w·x̂ nor "
+        "(1 + w)·x̂); use placement='block' for a separate transform"
+    )
+
+
+def folded_norm(
+    weight: torch.Tensor, bias: torch.Tensor | None, transform: np.ndarray, offset: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A norm's weight (and bias) with a diagonal ``y ↦ y T`` folded in:
+    ``(offset + w) · t − offset`` and ``b · t``, in float64, cast back."""
+    t = torch.as_tensor(np.diagonal(np.asarray(transform, dtype=np.float64)).copy())
+    w = weight.detach().to("cpu", torch.float64)
+    new_w = ((offset + w) * t - offset).to(weight.dtype).to(weight.device)
+    if bias is None:
+        return new_w, None
+    new_b = (bias.detach().to("cpu", torch.float64) * t).to(bias.dtype).to(bias.device)
+    return new_w, new_b
+
+
+def is_diagonal(transform: np.ndarray) -> bool:
+    t = np.asarray(transform)
+    return bool(np.all(t == np.diag(np.diagonal(t))))
+
+
+def check_placement(writer: Writer, index: int, structure: str, placement: str) -> None:
+    """Refuses a full T folded where a norm follows the MLP."""
+    if writer.norm is None or placement != "fold" or structure == "diagonal":
+        return
+    raise NotFoldableError(
+        f"block {index} applies {writer.norm_path} ({type(writer.norm).__name__}) to its MLP "
+        f"output: a {structure} T cannot be folded into {writer.down.path}. Use "
+        f"structure='diagonal' (folded exactly into {writer.norm_path}'s weight; a standard "
+        f"checkpoint), placement='mlp' (T kept as a module after {writer.norm_path}; d² "
+        "parameters) or placement='block' (a separate transform on the residual stream)"
+    )
+
+
+def check_cuts(
+    stack: BlockStack, spans: Sequence[Span], structure: str, placement: str, objective: str
+) -> None:
+    """:func:`check_placement` for the block before each cut (before the
+    estimation pass)."""
+    if objective == "identity" or placement == "block":
+        return
+    for span in spans:
+        index = span.start - 1
+        check_placement(residual_writer(stack.blocks[index]), index, structure, placement)
+
+
+def fold_into_writer(writer: Writer, transform: np.ndarray | torch.Tensor) -> None:
+    """Folds ``y ↦ y T`` into the writer, in place: the down-projection
+    (:func:`fold_transform`), or a diagonal T into the norm after it."""
+    if writer.norm is None:
+        fold_transform(writer.down, transform)
+        return
+    t = np.asarray(transform, dtype=np.float64)
+    if not is_diagonal(t):
+        raise ValueError(
+            f"only a diagonal T folds into {writer.norm_path}; use structure='diagonal'"
+        )
+    offset = norm_offset(writer.norm, writer.width)
+    bias = getattr(writer.norm, "bias", None)
+    bias = bias if isinstance(bias, torch.Tensor) else None
+    weight = _weight(writer.norm)
+    with torch.no_grad():
+        new_w, new_b = folded_norm(weight, bias, t, offset)
+        weight.copy_(new_w)
+        if bias is not None and new_b is not None:
+            bias.copy_(new_b)
 
 
 def _weight(module: nn.Module) -> torch.Tensor:
@@ -145,10 +300,10 @@ class TransformedProjection(nn.Module):
         return self.transform(self.inner(*args, **kwargs))
 
 
-def _wrap_projection(block: nn.Module, projection: Projection, transform: np.ndarray) -> None:
-    parent_path, _, name = projection.path.rpartition(".")
+def _wrap_writer(block: nn.Module, writer: Writer, transform: np.ndarray) -> None:
+    parent_path, _, name = writer.path.rpartition(".")
     parent = block.get_submodule(parent_path) if parent_path else block
-    setattr(parent, name, TransformedProjection(projection.module, transform))
+    setattr(parent, name, TransformedProjection(writer.module, transform))
 
 
 def _linear_translator(transform: np.ndarray, kind: str) -> Translator:
@@ -183,9 +338,9 @@ def apply_cuts(
         if t is None:
             continue
         block = current.blocks[span.start - 1]
-        projection = down_projection(block)
+        writer = residual_writer(block)
         if placement == "fold":
-            fold_transform(projection, t)
+            fold_into_writer(writer, t)
         else:
-            _wrap_projection(block, projection, t)
+            _wrap_writer(block, writer, t)
     remove_blocks(model, where, blocks=stack)

@@ -17,14 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from toast.hf.blocks import BlockStack, Projection
-from toast.methods.replaceme.fold import down_projection
+from toast.hf.blocks import BlockStack
+from toast.methods.replaceme.fold import NotFoldableError, Writer, residual_writer
 
 __all__ = ["MlpOutputs", "NotFoldableError", "no_kv_cache"]
-
-
-class NotFoldableError(ValueError):
-    """A block's MLP output does not enter the residual stream directly."""
 
 
 def _is_cache(value: Any) -> bool:
@@ -63,11 +59,11 @@ class MlpOutputs:
         self._handles: list[Any] = []
         for k in sorted(set(kept)):
             block = stack.blocks[k]
-            down = down_projection(block)
-            self._handles.append(down.module.register_forward_hook(self._record(k)))
+            writer = residual_writer(block)
+            self._handles.append(writer.module.register_forward_hook(self._record(k)))
             if check:
                 self._handles.append(
-                    block.register_forward_hook(self._probe(k, down), with_kwargs=True)
+                    block.register_forward_hook(self._probe(k, writer), with_kwargs=True)
                 )
 
     def _record(self, k: int) -> Callable[..., None]:
@@ -77,12 +73,12 @@ class MlpOutputs:
 
         return hook
 
-    def _probe(self, k: int, down: Projection) -> Callable[..., None]:
+    def _probe(self, k: int, writer: Writer) -> Callable[..., None]:
         def hook(block: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             if self._probing or k in self._checked:
                 return
             self._checked.add(k)
-            self._check_fold(k, block, down, args, kwargs, _first_tensor(output))
+            self._check_fold(k, block, writer, args, kwargs, _first_tensor(output))
 
         return hook
 
@@ -90,7 +86,7 @@ class MlpOutputs:
         self,
         k: int,
         block: nn.Module,
-        down: Projection,
+        writer: Writer,
         args: tuple,
         kwargs: dict,
         hidden: torch.Tensor,
@@ -109,7 +105,7 @@ class MlpOutputs:
         def shift(module: nn.Module, a: tuple, out: torch.Tensor) -> torch.Tensor:
             return out + delta.to(out.dtype)
 
-        handle = down.module.register_forward_hook(shift)
+        handle = writer.module.register_forward_hook(shift)
         self._probing = True
         try:
             again = _first_tensor(block(*again_args, **again_kwargs))
@@ -122,10 +118,11 @@ class MlpOutputs:
         if not err <= tol:
             raise NotFoldableError(
                 f"block {k} ({type(block).__name__}): adding a vector to the output of "
-                f"{down.path} does not add it to the block's output (relative mismatch "
+                f"{writer.path} does not add it to the block's output (relative mismatch "
                 f"{err:.3g}); a norm or another non-linear step follows the MLP (post-LN "
-                "blocks, a post-feedforward norm), so ReplaceMe's transform cannot be "
-                "folded there. Use placement='block' for a separate transform instead"
+                "blocks, a post-feedforward norm toast did not find), so ReplaceMe's "
+                "transform cannot be folded there. Use placement='block' for a separate "
+                "transform instead"
             )
 
     def take(self, k: int) -> torch.Tensor:

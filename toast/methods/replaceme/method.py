@@ -31,7 +31,7 @@ from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import choose_cuts
 from toast.methods.replaceme.estimate import Estimation, Fitted
-from toast.methods.replaceme.fold import apply_cuts
+from toast.methods.replaceme.fold import apply_cuts, check_cuts
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.methods.runner import run_method, split_text_options
 from toast.spans import Span
@@ -85,6 +85,7 @@ def _replaceme(
     stack = find_blocks(model, config.calibration.blocks)
     blocks_before, params_before = stack.num_blocks, count_params(model)
     spans, profile = choose_cuts(model, data, config, stack)
+    check_cuts(stack, spans, config.structure, config.placement, config.objective)
     if before_surgery is not None:
         before_surgery(spans, stack)
     expected_rows = profile.token_rows if profile is not None else None
