@@ -144,8 +144,13 @@ def test_table2_ls_and_cosine_beat_plain_removal_at_25_percent(paper_record):
     ppl = {"original": _perplexity(model, held_out)}
     objectives = {}
     for name, options in methods.items():
-        pruned, report = replaceme(
-            copy.deepcopy(model), calib, spans=[(cut.start, cut.stop)], progress=False, **options
+        pruned, report = replaceme(  # the paper's protocol: every batch fits, no fallback
+            copy.deepcopy(model),
+            calib,
+            spans=[(cut.start, cut.stop)],
+            holdout=0.0,
+            progress=False,
+            **options,
         )
         assert report.blocks_after == 6
         ppl[name] = _perplexity(pruned, held_out)

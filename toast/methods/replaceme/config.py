@@ -36,6 +36,11 @@ LOSSES = ("approximate", "exact")
 SOLVERS = ("adam", "lbfgs")
 PENALTIES = ("l1", "l2")
 INITS = ("identity", "ls")
+#: What the least-squares fit does with massive-activation rows (a target
+#: row more than :data:`MASSIVE_RATIO` times the batch's median row norm):
+#: ``"fit"`` them like every row (the paper), or ``"exclude"`` them.
+MASSIVE = ("fit", "exclude")
+MASSIVE_RATIO = 20.0
 FITS = ("independent", "sequential")
 
 
@@ -84,6 +89,15 @@ class ReplaceMeConfig:
     model with the previous cuts applied (one pass per cut). ``check``
     verifies on the first batch that each fold target's output moves
     exactly with its MLP output. ``calibration`` bounds every pass.
+
+    **Held-out check**: one calibration batch in every ``round(1 /
+    holdout)`` (the last of each group; none with ``holdout=0`` or fewer
+    batches) is kept out of the cut choice and the fit; each fitted cut is
+    then measured there against plain removal of the same blocks
+    (perplexity, or output cosine), the report says which measured better,
+    and with ``fallback`` a cut whose fit lost is removed plainly
+    (:mod:`toast.methods.replaceme.heldout`; in-memory, independent fits).
+    ``holdout=0`` is the paper's protocol: every batch fits.
     """
 
     num_blocks: int | None = None
@@ -96,6 +110,7 @@ class ReplaceMeConfig:
     min_start: int = 1
     structure: Literal["full", "diagonal", "orthogonal"] = "full"
     ridge: float = 0.0
+    massive_rows: Literal["fit", "exclude"] = "fit"
     loss: Literal["approximate", "exact"] = "approximate"
     solver: Literal["adam", "lbfgs"] = "adam"
     lr: float = 1e-4
@@ -107,6 +122,8 @@ class ReplaceMeConfig:
     init: Literal["identity", "ls"] = "identity"
     placement: Literal["fold", "mlp", "block"] = "fold"
     fit: Literal["independent", "sequential"] = "independent"
+    holdout: float = 0.1
+    fallback: bool = True
     include_padding: bool = False
     max_buffer_bytes: int = 8 * 2**30
     buffer_dtype: Any = np.float32
@@ -126,6 +143,7 @@ class ReplaceMeConfig:
         "min_start": [Interval(int, 1, None)],
         "structure": [Options(STRUCTURES)],
         "ridge": [Interval(float, 0, math.inf, closed="left")],
+        "massive_rows": [Options(MASSIVE)],
         "loss": [Options(LOSSES)],
         "solver": [Options(SOLVERS)],
         "lr": [Interval(float, 0, math.inf, closed="neither")],
@@ -137,6 +155,8 @@ class ReplaceMeConfig:
         "init": [Options(INITS)],
         "placement": [Options(PLACEMENTS)],
         "fit": [Options(FITS)],
+        "holdout": [Interval(float, 0, 0.5, closed="both")],
+        "fallback": [bool],
         "include_padding": [bool],
         "max_buffer_bytes": [Interval(int, 1, None)],
         "buffer_dtype": [Predicate(_is_dtype, "a floating-point NumPy dtype")],

@@ -29,7 +29,7 @@ from toast.hf.calibration import warn_if_small
 from toast.hf.capture import ForwardError, stream_states, uses_torch
 from toast.hf.rows import RowSample
 from toast.hf.torch_moments import TorchMoments
-from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.methods.replaceme.config import MASSIVE_RATIO, ReplaceMeConfig
 from toast.methods.replaceme.cosine import fit_cosine
 from toast.methods.replaceme.fold import NotFoldableError
 from toast.methods.replaceme.hooks import MlpOutputs, no_kv_cache
@@ -153,16 +153,33 @@ class _Estimator:
             a, target = m, ls.double() - lk.double() + m.double()  # L_{k+n} − Y_k
         else:
             a, target = lk, ls
-        if isinstance(cut.moments, TorchMoments):
-            cut.moments.update([a.double(), target.double()])
-        elif cut.moments is not None:
-            cut.moments.update([a.detach().cpu().double(), target.detach().cpu().double()])
+        if cut.moments is not None:
+            self._add_moments(cut.moments, a.double(), target.double())
         if cut.sample is not None:
             if self.config.buffer_states == 3 and m is not None:  # exact loss: M, Y, L_{k+n}
                 cut.sample.add([m, lk.double() - m.double(), ls])
             else:
                 cut.sample.add([a, target])
         cut.rows += int(a.shape[0])
+
+    def _add_moments(
+        self, moments: Moments | TorchMoments, a: torch.Tensor, target: torch.Tensor
+    ) -> None:
+        """``(a, target)`` into the LS moments, without the massive-activation
+        rows with ``massive_rows="exclude"``."""
+        if self.config.massive_rows == "exclude" and target.shape[0]:
+            keep = ~(_massive(target) & ~_massive(a))
+            a, target = a[keep], target[keep]
+        if isinstance(moments, TorchMoments):
+            moments.update([a, target])
+        else:
+            moments.update([a.detach().cpu(), target.detach().cpu()])
+
+
+def _massive(rows: torch.Tensor) -> torch.Tensor:
+    """Rows whose norm is more than :data:`MASSIVE_RATIO` times the median."""
+    norms = rows.norm(dim=1)
+    return norms > MASSIVE_RATIO * norms.median()
 
 
 def _solve(cut: _Cut, config: ReplaceMeConfig, device: torch.device) -> Fitted:

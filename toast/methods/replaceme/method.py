@@ -20,6 +20,8 @@ then folding and removal (:mod:`~toast.methods.replaceme.fold`).
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -32,6 +34,7 @@ from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import choose_cuts
 from toast.methods.replaceme.estimate import Estimation, Fitted
 from toast.methods.replaceme.fold import apply_cuts, check_cuts
+from toast.methods.replaceme.heldout import HeldOutCheck, Holdout, check_fits
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.methods.runner import run_method, split_text_options
 from toast.spans import Span
@@ -84,17 +87,22 @@ def _replaceme(
     assert data is not None  # the runner refuses None for a method that needs data
     stack = find_blocks(model, config.calibration.blocks)
     blocks_before, params_before = stack.num_blocks, count_params(model)
-    spans, profile = choose_cuts(model, data, config, stack)
+    split = Holdout(data, config.holdout)
+    spans, profile = choose_cuts(model, split.fit, config, stack)
     check_cuts(stack, spans, config.structure, config.placement, config.objective)
     if before_surgery is not None:
         before_surgery(spans, stack)
     expected_rows = profile.token_rows if profile is not None else None
-    estimation = Estimation(model, data, config, stack, expected_rows)
+    estimation = Estimation(model, split.fit, config, stack, expected_rows)
+    checks: list[HeldOutCheck | None] = []
+    note = _check_note(config, split, len(spans))
     if config.objective == "identity":
         fitted, rows = [Fitted(None) for _ in spans], 0
         _apply(estimation, spans, fitted)
     elif config.fit == "independent" or len(spans) == 1:
         fitted, rows = estimation.fit(spans)
+        if not note:
+            fitted, checks = _checked(estimation, spans, fitted, split)
         _apply(estimation, spans, fitted)
     else:
         fitted, rows = _fit_sequentially(estimation, spans)
@@ -116,8 +124,45 @@ def _replaceme(
         buffer_bytes=sum(f.buffer_bytes for f in fitted),
         rows_kept=sum(f.rows_kept for f in fitted),
         fit=config.fit,
+        checks=checks,
+        check_note=note,
     )
     return model, report
+
+
+def _check_note(config: ReplaceMeConfig, split: Holdout, cuts: int) -> str:
+    """Why the fits are not checked on held-out batches ("" when they are)."""
+    if config.objective == "identity":
+        return ""
+    if config.holdout == 0:
+        return "none (holdout=0: every batch fits, as in the paper)"
+    if config.fit == "sequential" and cuts > 1:
+        return "none (sequential fits are not checked)"
+    if not split.has_check():
+        return f"none (fewer than {split.every} calibration batches to hold one out)"
+    return ""
+
+
+def _checked(
+    estimation: Estimation, spans: Sequence[Span], fitted: list[Fitted], split: Holdout
+) -> tuple[list[Fitted], list[HeldOutCheck | None]]:
+    """The fits measured against plain removal on the held-out batches; a
+    fit that lost is dropped with ``fallback``."""
+    config = estimation.config
+    checks = check_fits(
+        estimation.model,
+        estimation.stack,
+        spans,
+        [f.transform for f in fitted],
+        config.placement,
+        split.check,
+        config.fallback,
+    )
+    kept = [
+        dataclasses.replace(f, transform=None) if c is not None and c.used != "fitted" else f
+        for f, c in zip(fitted, checks, strict=True)
+    ]
+    return kept, checks
 
 
 def _apply(estimation: Estimation, spans: Sequence[Span], fitted: Sequence[Fitted]) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from toast.methods.base import Report
+from toast.methods.replaceme.heldout import HeldOutCheck
 from toast.methods.replaceme.params import compression_ratio
 from toast.methods.replaceme.profile import DistanceProfile
 from toast.spans import Span
@@ -46,6 +47,8 @@ class ReplaceMeReport(Report):
     ``conditions`` the LS Gram conditioning (NaN otherwise); ``objectives``
     the cosine objective before and after training per cut (None for LS).
     ``buffer_bytes`` and ``rows_kept`` describe the cosine row buffers.
+    ``checks`` holds each cut's held-out comparison with plain removal (None
+    where nothing was fitted), ``check_note`` why there is none.
     """
 
     objective: str
@@ -66,6 +69,8 @@ class ReplaceMeReport(Report):
     rows_kept: int = 0
     method: str = "replaceme"
     fit: str = "independent"
+    checks: list[HeldOutCheck | None] = field(default_factory=list)
+    check_note: str = ""
 
     @property
     def eq10_ratio(self) -> float:
@@ -107,4 +112,15 @@ class ReplaceMeReport(Report):
                 f"Cosine rows: {self.rows_kept:,} kept of {self.rows:,} in a "
                 f"{self.buffer_bytes / 2**20:,.1f} MiB disk buffer."
             )
+        lines += self._check_lines()
         return "\n".join(lines) + self.quality_markdown()
+
+    def _check_lines(self) -> list[str]:
+        done = [c for c in self.checks if c is not None]
+        if not done:
+            return [f"Held-out check: {self.check_note}."] if self.check_note else []
+        return [
+            "",
+            "Held-out check against plain removal:",
+            *(f"- {c.to_markdown()}" for c in done),
+        ]

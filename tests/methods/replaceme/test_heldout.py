@@ -1,0 +1,76 @@
+"""ReplaceMe's held-out check: the fits are measured against plain removal
+on calibration batches they never saw, by hooks that compute what the
+surgery computes, and a fit that loses is replaced by plain removal."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tests._helpers import replaceme_models as R  # noqa: E402
+from toast.hf.blocks import find_blocks  # noqa: E402
+from toast.hf.quality import Evaluator, skipped_blocks  # noqa: E402
+from toast.methods.replaceme import estimate, replaceme  # noqa: E402
+from toast.methods.replaceme.heldout import Holdout  # noqa: E402
+from toast.spans import Span  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+SPAN = (2, 4)
+
+
+def test_holdout_keeps_one_batch_in_every_group_out_of_the_fit():
+    split = Holdout(list(range(10)), 0.25)
+    assert list(split.fit) == [0, 1, 2, 4, 5, 6, 8, 9]
+    assert list(split.check) == [3, 7]
+    assert list(Holdout(list(range(3)), 0.25).check) == []
+    assert list(Holdout(list(range(3)), 0.0).fit) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("placement", ["fold", "block"])
+def test_the_checked_scores_are_those_of_the_plain_and_the_compressed_models(placement):
+    model, data = R.decoder("llama"), R.text_loader()  # 6 batches: the 4th is held out
+    original = copy.deepcopy(model)
+    pruned, report = replaceme(
+        model, data, spans=[SPAN], holdout=0.25, fallback=False, placement=placement
+    )
+    (check,) = report.checks
+    held = list(Holdout(data, 0.25).check)
+    evaluator = Evaluator(held, progress=False)
+    with skipped_blocks(find_blocks(original), [Span(*SPAN, 0.0)]):
+        plain = evaluator.measure(original)
+    assert math.isclose(check.plain, plain, rel_tol=1e-9)
+    assert math.isclose(check.fitted, evaluator.measure(pruned), rel_tol=1e-5)
+    assert check.used == "fitted" and report.transforms[0] is not None
+    assert "Held-out check against plain removal" in report.to_markdown()
+
+
+def test_a_fit_that_loses_on_held_out_batches_is_replaced_by_plain_removal(monkeypatch):
+    solve = estimate._solve
+
+    def ruined(*args, **kwargs):  # a transform far worse than the identity
+        fitted = solve(*args, **kwargs)
+        return type(fitted)(5.0 * np.eye(R.HIDDEN), fitted.condition)
+
+    monkeypatch.setattr(estimate, "_solve", ruined)
+    model, data = R.decoder("llama"), R.text_loader()
+    plain = copy.deepcopy(model)
+    pruned, report = replaceme(model, data, spans=[SPAN], holdout=0.25)
+    (check,) = report.checks
+    assert check.used == "plain removal" and check.plain < check.fitted
+    assert report.transforms == [None]
+    with skipped_blocks(find_blocks(plain), [Span(*SPAN, 0.0)]):
+        for batch in data[:2]:
+            assert torch.equal(R.outputs(pruned, batch), R.outputs(plain, batch))
+
+
+def test_too_few_batches_to_hold_one_out_are_said_so():
+    _, report = replaceme(R.decoder("llama"), R.text_loader(), spans=[SPAN])
+    assert report.checks == [] and "fewer than 10 calibration batches" in report.check_note
+    assert "Held-out check: none (fewer than 10" in report.to_markdown()
