@@ -149,6 +149,7 @@ def test_table2_ls_and_cosine_beat_plain_removal_at_25_percent(paper_record):
             calib,
             spans=[(cut.start, cut.stop)],
             holdout=0.0,
+            massive_rows="fit",
             progress=False,
             **options,
         )

@@ -36,10 +36,15 @@ LOSSES = ("approximate", "exact")
 SOLVERS = ("adam", "lbfgs")
 PENALTIES = ("l1", "l2")
 INITS = ("identity", "ls")
-#: What the least-squares fit does with massive-activation rows (a target
-#: row more than :data:`MASSIVE_RATIO` times the batch's median row norm):
-#: ``"fit"`` them like every row (the paper), or ``"exclude"`` them.
-MASSIVE = ("fit", "exclude")
+#: What the least-squares fit does with the rows whose massive activation the
+#: cut would have to create: rows whose target ``L_e − Y`` is more than
+#: :data:`MASSIVE_RATIO` times the batch's median target norm while their
+#: input M is not massive (an attention sink made inside the cut; a few
+#: rows whose squared error outweighs all others ~10⁴-fold). ``"fit"``: like
+#: every row (the paper); ``"exclude"``: left out; ``"plain"``: fitted to
+#: what plain removal gives them (target M), so T leaves them as plain
+#: removal would and fits every other row.
+MASSIVE = ("fit", "exclude", "plain")
 MASSIVE_RATIO = 20.0
 FITS = ("independent", "sequential")
 
@@ -70,6 +75,8 @@ class ReplaceMeConfig:
 
     - ``objective="ls"`` (Eq. 6): ``T = (MᵀM + ridge·I)⁻¹ Mᵀ(L − Y)`` from
       float64 moments (``backend``: where the sums are formed);
+      ``massive_rows`` says what it does with the few rows whose massive
+      activation only the removed blocks create (see :data:`MASSIVE`);
       ``structure="diagonal"`` (Eq. 13) or ``"orthogonal"`` (Procrustes) for
       the Table 6 variants.
     - ``objective="cosine"``: :func:`toast.methods.replaceme.fit_cosine` on
@@ -110,7 +117,7 @@ class ReplaceMeConfig:
     min_start: int = 1
     structure: Literal["full", "diagonal", "orthogonal"] = "full"
     ridge: float = 0.0
-    massive_rows: Literal["fit", "exclude"] = "fit"
+    massive_rows: Literal["fit", "exclude", "plain"] = "plain"
     loss: Literal["approximate", "exact"] = "approximate"
     solver: Literal["adam", "lbfgs"] = "adam"
     lr: float = 1e-4

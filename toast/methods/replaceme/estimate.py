@@ -167,9 +167,12 @@ class _Estimator:
     ) -> None:
         """``(a, target)`` into the LS moments, without the massive-activation
         rows with ``massive_rows="exclude"``."""
-        if self.config.massive_rows == "exclude" and target.shape[0]:
-            keep = ~(_massive(target) & ~_massive(a))
-            a, target = a[keep], target[keep]
+        if self.config.massive_rows != "fit" and target.shape[0]:
+            created = _massive(target) & ~_massive(a)
+            if self.config.massive_rows == "exclude":
+                a, target = a[~created], target[~created]
+            else:  # "plain": those rows ask T to act as plain removal does
+                target = torch.where(created[:, None], a, target)
         if isinstance(moments, TorchMoments):
             moments.update([a, target])
         else:

@@ -21,7 +21,6 @@ then folding and removal (:mod:`~toast.methods.replaceme.fold`).
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Iterable, Sequence
 from typing import Any
 
