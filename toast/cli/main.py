@@ -48,6 +48,7 @@ from toast.cli.options import (
     heldout_value,
     quiet_libraries,
     report_warnings,
+    say_path,
 )
 from toast.cli.replaceme import add_parser as _add_replaceme
 from toast.methods.toast.config import ToastConfig
@@ -188,7 +189,8 @@ def _disk_model(args: argparse.Namespace) -> Any:
     from toast.hf.sequential import DiskModel
 
     disk = DiskModel.open(folder, args.config.calibration.blocks)
-    plan = choose_path(disk, args.max_memory, forced_path(args), True, "toast compress")
+    plan = choose_path(disk, args.max_memory, forced_path(args), False, "toast compress")
+    say_path(plan, args, "toast compress")
     return disk if plan.sequential else None
 
 

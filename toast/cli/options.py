@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,13 @@ def add_memory_arguments(parser: argparse.ArgumentParser, what: str) -> None:
         choices=["auto", "memory", "disk"],
         help="force the in-memory or the block-by-block path (auto: by --max-memory)",
     )
+
+
+def say_path(plan: Any, args: argparse.Namespace, command: str) -> None:
+    """Prints the path a model folder takes and why: always for the
+    block-by-block path (slower, fewer options), with progress for the other."""
+    if plan.sequential or not args.no_progress:
+        print(f"{command}: {plan.reason}", file=sys.stderr)
 
 
 def forced_path(args: argparse.Namespace) -> bool | None:

@@ -33,6 +33,7 @@ from toast.cli.options import (
     heldout_value,
     quiet_libraries,
     report_warnings,
+    say_path,
 )
 from toast.methods.replaceme.config import ReplaceMeConfig
 
@@ -257,7 +258,9 @@ def _sequential(model_path: Path, args: argparse.Namespace, config: ReplaceMeCon
     from toast.hf.sequential import DiskModel
 
     disk = DiskModel.open(model_path, config.calibration.blocks)
-    return choose_path(disk, args.max_memory, forced_path(args), True, "toast replaceme").sequential
+    plan = choose_path(disk, args.max_memory, forced_path(args), False, "toast replaceme")
+    say_path(plan, args, "toast replaceme")
+    return plan.sequential
 
 
 def _run_from_disk(

@@ -11,6 +11,7 @@ memory. ``benchmarks/bench_sequential.py`` measures both paths.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -74,10 +75,15 @@ class MemoryPlan:
     budget: int
     in_memory: int
     bound: int
+    asked: bool = False
 
     @property
     def reason(self) -> str:
         """One line for the log: the path, why, and its peak-memory bound."""
+        if self.asked:
+            what = "sequential" if self.sequential else "in-memory"
+            fits = dataclasses.replace(self, sequential=self.in_memory > self.budget, asked=False)
+            return f"{what} path, as asked ({fits.reason})"
         if self.sequential:
             return (
                 f"sequential path (block by block from disk): the model needs about "
@@ -123,11 +129,9 @@ def choose_path(
     one); the choice and its reason are logged (and printed with ``progress``,
     after ``command``)."""
     plan = memory_plan(disk.checkpoint, max_memory, block_bytes=disk.largest_block_bytes)
-    line = plan.reason
     if sequential is not None:
-        plan = MemoryPlan(sequential, plan.budget, plan.in_memory, plan.bound)
-        line = f"{'sequential' if sequential else 'in-memory'} path, as asked ({line})"
-    _log.info("%s: %s", command, line)
+        plan = dataclasses.replace(plan, sequential=sequential, asked=True)
+    _log.info("%s: %s", command, plan.reason)
     if progress:
-        print(f"{command}: {line}", file=sys.stderr)
+        print(f"{command}: {plan.reason}", file=sys.stderr)
     return plan
