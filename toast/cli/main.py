@@ -185,11 +185,13 @@ def _disk_model(args: argparse.Namespace) -> Any:
                 "use --path memory"
             )
         return None
-    from toast.hf.budget import choose_path
-    from toast.hf.sequential import DiskModel
+    from toast.hf.budget import choose_path, open_checkpoint
 
-    disk = DiskModel.open(folder, args.config.calibration.blocks)
-    plan = choose_path(disk, args.max_memory, forced_path(args), False, "toast compress")
+    forced = forced_path(args)
+    disk = open_checkpoint(folder, args.config.calibration.blocks, forced, "toast compress")
+    if disk is None:
+        return None
+    plan = choose_path(disk, args.max_memory, forced, False, "toast compress")
     say_path(plan, args, "toast compress")
     return disk if plan.sequential else None
 

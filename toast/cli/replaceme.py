@@ -254,11 +254,13 @@ def write_model_card(model_class: str, report: Any, summary: str, out: Path) -> 
 
 def _sequential(model_path: Path, args: argparse.Namespace, config: ReplaceMeConfig) -> bool:
     """Whether the model folder is calibrated block by block (printed with why)."""
-    from toast.hf.budget import choose_path
-    from toast.hf.sequential import DiskModel
+    from toast.hf.budget import choose_path, open_checkpoint
 
-    disk = DiskModel.open(model_path, config.calibration.blocks)
-    plan = choose_path(disk, args.max_memory, forced_path(args), False, "toast replaceme")
+    forced = forced_path(args)
+    disk = open_checkpoint(model_path, config.calibration.blocks, forced, "toast replaceme")
+    if disk is None:
+        return False
+    plan = choose_path(disk, args.max_memory, forced, False, "toast replaceme")
     say_path(plan, args, "toast replaceme")
     return plan.sequential
 

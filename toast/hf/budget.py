@@ -25,7 +25,14 @@ from toast.hf.checkpoint import Checkpoint
 if TYPE_CHECKING:
     from toast.hf.sequential import DiskModel
 
-__all__ = ["MemoryPlan", "available_memory", "choose_path", "memory_plan", "parse_size"]
+__all__ = [
+    "MemoryPlan",
+    "available_memory",
+    "choose_path",
+    "memory_plan",
+    "open_checkpoint",
+    "parse_size",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -135,3 +142,24 @@ def choose_path(
     if progress:
         print(f"{command}: {plan.reason}", file=sys.stderr)
     return plan
+
+
+def open_checkpoint(
+    folder: str | os.PathLike, blocks: str | None, sequential: bool | None, command: str = "toast"
+) -> DiskModel | None:
+    """The structure of the checkpoint in ``folder`` for :func:`choose_path`,
+    or None when the block-by-block path does not support it (a family whose
+    loading merges or splits tensors, say) and was not asked for: such a
+    model goes in memory, as before the path existed (the reason is logged).
+    ``sequential=False`` needs no structure: None."""
+    from toast.hf.sequential import DiskModel
+
+    if sequential is False:
+        return None
+    try:
+        return DiskModel.open(folder, blocks)
+    except ValueError as exc:
+        if sequential:
+            raise
+        _log.info("%s: in-memory path (no block-by-block path here: %s)", command, exc)
+        return None

@@ -18,8 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from toast.hf.budget import choose_path
-from toast.hf.sequential import DiskModel
+from toast.hf.budget import choose_path, open_checkpoint
 from toast.io.pruned import copy_side_files
 from toast.io.save import _fsync_path, _hidden_sibling
 from toast.methods.replaceme.config import ReplaceMeConfig
@@ -56,21 +55,23 @@ def replaceme_checkpoint(
     target = Path(output)
     if target.exists():
         raise FileExistsError(f"{target} exists; the pruned checkpoint goes to a new folder")
-    disk = DiskModel.open(folder, config.calibration.blocks)
-    plan = choose_path(disk, max_memory, sequential, config.calibration.progress, "toast replaceme")
-    if plan.sequential:
-        return replaceme_from_disk(disk, data, target, config, **text)
-    return _in_memory(disk, data, target, config, text)
+    progress = config.calibration.progress
+    disk = open_checkpoint(folder, config.calibration.blocks, sequential, "toast replaceme")
+    if disk is not None:
+        plan = choose_path(disk, max_memory, sequential, progress, "toast replaceme")
+        if plan.sequential:
+            return replaceme_from_disk(disk, data, target, config, **text)
+    return _in_memory(Path(folder), data, target, config, text)
 
 
 def _in_memory(
-    disk: DiskModel, data: Any, target: Path, config: ReplaceMeConfig, text: dict[str, Any]
+    source: Path, data: Any, target: Path, config: ReplaceMeConfig, text: dict[str, Any]
 ) -> ReplaceMeReport:
     """from_pretrained, ReplaceMe in place, save_pretrained (atomically, with
     the folder's tokenizer and generation files)."""
-    source = disk.checkpoint.folder
-    cls: Any = type(disk.model)  # a transformers model class
-    model = cls.from_pretrained(source, dtype="auto").eval()
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype="auto").eval()
     _, report = replaceme(model, data, config, **text)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = _hidden_sibling(target, "tmp")

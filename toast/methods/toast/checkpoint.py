@@ -17,8 +17,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from toast.hf.budget import choose_path
-from toast.hf.sequential import DiskModel
+from toast.hf.budget import choose_path, open_checkpoint
+from toast.io.local import load_model
 from toast.io.save import save_pretrained
 from toast.methods.base import make_config
 from toast.methods.runner import run_method, split_text_options
@@ -63,13 +63,14 @@ def compress_checkpoint(
     target = Path(output)
     if target.exists():
         raise FileExistsError(f"{target} exists; the compressed model goes to a new folder")
-    disk = DiskModel.open(folder, config.calibration.blocks)
-    plan = choose_path(disk, max_memory, sequential, config.calibration.progress, "toast compress")
-    if plan.sequential:
-        return compress_from_disk(disk, data, target, config, buffer_dir=buffer_dir, **text)
-    source = disk.checkpoint.folder
-    cls: Any = type(disk.model)  # a transformers model class
-    model = cls.from_pretrained(source, dtype="auto").eval()
+    progress = config.calibration.progress
+    disk = open_checkpoint(folder, config.calibration.blocks, sequential, "toast compress")
+    if disk is not None:
+        plan = choose_path(disk, max_memory, sequential, progress, "toast compress")
+        if plan.sequential:
+            return compress_from_disk(disk, data, target, config, buffer_dir=buffer_dir, **text)
+    source = Path(folder)
+    model = load_model(source)
     model, report = run_method(METHOD, model, data, config, text=text)
     assert isinstance(report, CompressionReport)  # what METHOD reports
     save_pretrained(model, target, source=source, report=report.to_markdown())
