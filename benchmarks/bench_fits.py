@@ -89,9 +89,13 @@ def _fits(model, calib, spans, name, options):
     print(f"{name}: {len(spans)} fits in {time.perf_counter() - start:.0f} s", flush=True)
     transforms = [f.transform for f in fitted]
     if config.holdout and config.fallback:
-        transforms = [
-            _checked(model, stack, s, t, split) for s, t in zip(spans, transforms, strict=True)
-        ]
+        pairs = zip(spans, transforms, strict=True)
+        transforms = [_checked(model, stack, s, t, split) for s, t in pairs]
+        won = [k for k, t in enumerate(transforms) if t is not None]
+        if won:  # as toast.replaceme does: the winners fitted again on every batch
+            again, _ = Estimation(model, calib, config, stack).fit([spans[k] for k in won])
+            for k, f in zip(won, again, strict=True):
+                transforms[k] = f.transform
     return transforms
 
 
@@ -110,29 +114,35 @@ def _toast_models(model, calib, spans):
         yield pruned
 
 
-def _measure_all(model, calib, heldout, spans):
+def _measure_all(model, calib, heldout, spans, methods, previous):
     evaluator = Evaluator(heldout, progress=False)
     original = evaluator.measure(model, "original")
     stack = toast.find_blocks(model)
-    rows = [{"span": [s.start, s.stop]} for s in spans]
+    rows = [previous.get((s.start, s.stop), {"span": [s.start, s.stop]}) for s in spans]
     for row, span in zip(rows, spans, strict=True):
-        with applied(stack, [span], [None], "fold"):
-            row["plain"] = evaluator.measure(model)
+        if "plain" not in row:
+            with applied(stack, [span], [None], "fold"):
+                row["plain"] = evaluator.measure(model)
     # the 8-block cut may start where a window starts: its own pass (one block
     # records the MLP output for one cut)
     groups = [[s for s in spans if s.num_blocks == 4], [s for s in spans if s.num_blocks != 4]]
     for name, options in FITS.items():
+        if name not in methods:
+            continue
+        for row in rows:
+            row.pop(f"{name} fell back", None)
         transforms = [t for g in groups if g for t in _fits(model, calib, g, name, options)]
         for row, span, t in zip(rows, [s for g in groups for s in g], transforms, strict=True):
             if t is None:  # the default fell back to plain removal
-                row[name], row["default fell back"] = row["plain"], True
+                row[name], row[f"{name} fell back"] = row["plain"], True
                 continue
             with applied(stack, [span], [t], "fold"):
                 row[name] = evaluator.measure(model)
             print(json.dumps(row), flush=True)
-    for row, pruned in zip(rows, _toast_models(model, calib, spans), strict=True):
-        row["TOAST"] = evaluator.measure(pruned)
-        print(json.dumps(row), flush=True)
+    if "TOAST" in methods:
+        for row, pruned in zip(rows, _toast_models(model, calib, spans), strict=True):
+            row["TOAST"] = evaluator.measure(pruned)
+            print(json.dumps(row), flush=True)
     return original, evaluator.count, rows
 
 
@@ -177,6 +187,12 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512, help="tokens per sequence (512)")
     parser.add_argument("--batch", type=int, default=4, help="sequences per batch (4)")
     parser.add_argument("--out", default=str(ROOT / "results"))
+    parser.add_argument(
+        "--methods", nargs="+", default=[*FITS, "TOAST"], help="the columns to (re)compute"
+    )
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the other columns of the results JSON"
+    )
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     start = time.perf_counter()
@@ -187,7 +203,11 @@ def main() -> None:
     if not args.no_eight:
         (eight,) = toast.profile_distances(model, calib, progress=False).select(8)
         spans.append(eight)
-    original, tokens, rows = _measure_all(model, calib, heldout, spans)
+    previous = {}
+    if args.merge:
+        saved = json.loads((Path(args.out) / "fits.json").read_text(encoding="utf-8"))
+        previous = {tuple(r["span"]): r for r in saved["rows"]}
+    original, tokens, rows = _measure_all(model, calib, heldout, spans, args.methods, previous)
     results = {
         "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)",
         "calibration": [calib.num_samples, args.length],

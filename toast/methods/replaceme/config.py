@@ -103,7 +103,8 @@ class ReplaceMeConfig:
     then measured there against plain removal of the same blocks
     (perplexity, or output cosine), the report says which measured better,
     and with ``fallback`` a cut whose fit lost is removed plainly
-    (:mod:`toast.methods.replaceme.heldout`; in-memory, independent fits).
+    (:mod:`toast.methods.replaceme.heldout`; in-memory, independent fits);
+    a cut whose fit won is fitted again on every batch (one more pass).
     ``holdout=0`` is the paper's protocol: every batch fits.
     """
 

@@ -102,6 +102,7 @@ def _replaceme(
         fitted, rows = estimation.fit(spans)
         if not note:
             fitted, checks = _checked(estimation, spans, fitted, split)
+            fitted, rows = _refit(estimation, spans, fitted, data, rows)
         _apply(estimation, spans, fitted)
     else:
         fitted, rows = _fit_sequentially(estimation, spans)
@@ -162,6 +163,26 @@ def _checked(
         for f, c in zip(fitted, checks, strict=True)
     ]
     return kept, checks
+
+
+def _refit(
+    estimation: Estimation, spans: Sequence[Span], fitted: list[Fitted], data: Any, rows: int
+) -> tuple[list[Fitted], int]:
+    """The cuts whose fit won the held-out check fitted again on every
+    calibration batch (one more pass): the check chose the method, the
+    held-out batch need not be lost to it."""
+    won = [k for k, f in enumerate(fitted) if f.transform is not None]
+    if not won:
+        return fitted, rows
+    # the cosine buffer was sized for the fit part; the held-out part is at
+    # most as large (holdout <= 0.5)
+    expected = None if estimation.expected_rows is None else 2 * estimation.expected_rows
+    again, rows = dataclasses.replace(estimation, data=data, expected_rows=expected).fit(
+        [spans[k] for k in won]
+    )
+    for k, f in zip(won, again, strict=True):
+        fitted[k] = f
+    return fitted, rows
 
 
 def _apply(estimation: Estimation, spans: Sequence[Span], fitted: Sequence[Fitted]) -> None:
