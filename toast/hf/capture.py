@@ -455,11 +455,13 @@ class MomentsSink:
             _update(m, host, None if mask is None else mask.cpu(), chosen)
         return m.rows
 
-    def result(self, num_states: int, cal: Calibration) -> Moments:
+    def collected(self) -> Moments | None:
+        """The sums so far as :class:`toast.Moments` (None before any batch)."""
         moments = self.moments
-        if isinstance(moments, TorchMoments):
-            moments = moments.to_moments()
-        return self.finish(moments, num_states, cal)
+        return moments.to_moments() if isinstance(moments, TorchMoments) else moments
+
+    def result(self, num_states: int, cal: Calibration) -> Moments:
+        return self.finish(self.collected(), num_states, cal)
 
     def finish(self, moments: Moments | None, num_states: int, cal: Calibration) -> Moments:
         """The moments summed over ranks, checked for rows (and warned about

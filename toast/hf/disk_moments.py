@@ -41,7 +41,7 @@ from toast.hf.blocks import BlockStack
 from toast.hf.calibration import Calibration
 from toast.hf.capture import MomentsSink, Tokens, _check_states, naming_state, select_tokens
 from toast.hf.sequential import DiskModel, DiskStates, stream_blocks
-from toast.hf.torch_moments import TorchMoments, WindowedMoments
+from toast.hf.torch_moments import WindowedMoments
 
 __all__ = ["capture_moments_from_disk"]
 
@@ -116,8 +116,7 @@ def _all_pairs(
     finally:
         for store in stores.values():
             store.close()
-    moments = sink.moments
-    return moments.to_moments() if isinstance(moments, TorchMoments) else moments
+    return sink.collected()
 
 
 def _windowed(
