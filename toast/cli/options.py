@@ -96,7 +96,11 @@ def add_config_arguments(
         default = field.default if field.default is not dataclasses.MISSING else None
         help_text = (helps or {}).get(name, name.replace("_", " "))
         if isinstance(default, bool):
-            parser.add_argument(_flag(name), action="store_true", help=help_text)
+            # a field that is on by default is turned off by --no-NAME
+            flag = _flag(("no_" if default else "") + name)
+            parser.add_argument(
+                flag, dest=name, action="store_false" if default else "store_true", help=help_text
+            )
             continue
         choices = next(
             (list(c.values) for c in constraints.get(name, []) if isinstance(c, Options)), None

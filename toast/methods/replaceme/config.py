@@ -97,6 +97,15 @@ class ReplaceMeConfig:
     verifies on the first batch that each fold target's output moves
     exactly with its MLP output. ``calibration`` bounds every pass.
 
+    **Cut chosen by measurement**: for one cut (``num_cuts=1``, no
+    ``spans``) and a fitted objective, the ``candidates`` windows of
+    smallest distance are all fitted in the one estimation pass and each is
+    measured on the held-out batches (below); the cut is the one that
+    measured best, fitted or plainly removed. The distance on the last
+    token cannot see what a window costs the other tokens (an attention
+    sink the window would have to create); the held-out loss does.
+    ``candidates=1`` lets the distance alone choose (the paper).
+
     **Held-out check**: one calibration batch in every ``round(1 /
     holdout)`` (the last of each group; none with ``holdout=0`` or fewer
     batches) is kept out of the cut choice and the fit; each fitted cut is
@@ -132,6 +141,7 @@ class ReplaceMeConfig:
     fit: Literal["independent", "sequential"] = "independent"
     holdout: float = 0.1
     fallback: bool = True
+    candidates: int = 4
     include_padding: bool = False
     max_buffer_bytes: int = 8 * 2**30
     buffer_dtype: Any = np.float32
@@ -165,6 +175,7 @@ class ReplaceMeConfig:
         "fit": [Options(FITS)],
         "holdout": [Interval(float, 0, 0.5, closed="both")],
         "fallback": [bool],
+        "candidates": [Interval(int, 1, None)],
         "include_padding": [bool],
         "max_buffer_bytes": [Interval(int, 1, None)],
         "buffer_dtype": [Predicate(_is_dtype, "a floating-point NumPy dtype")],

@@ -18,7 +18,7 @@ from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.profile import DistanceProfile, check_selection, profile_distances
 from toast.spans import Span, validate_spans
 
-__all__ = ["check_spans", "choose_cuts"]
+__all__ = ["candidate_cuts", "check_spans", "choose_cuts"]
 
 
 def check_spans(
@@ -96,3 +96,21 @@ def select_cuts(profile: DistanceProfile, config: ReplaceMeConfig, total: int) -
     )
     check_spans([(s.start, s.stop) for s in chosen], total, config.placement)
     return chosen
+
+
+def candidate_cuts(profile: DistanceProfile | None, config: ReplaceMeConfig) -> list[Span]:
+    """The windows the held-out batches choose the cut from: the
+    ``config.candidates`` of smallest distance, for one chosen cut of a
+    fitted objective; empty when the distance alone chooses (explicit
+    spans, several cuts, plain removal, ``candidates=1``)."""
+    if (
+        profile is None
+        or config.candidates < 2
+        or config.num_cuts != 1
+        or config.objective == "identity"
+    ):
+        return []
+    assert config.num_blocks is not None  # ReplaceMeConfig requires it without spans
+    return profile.ranked(
+        config.num_blocks, config.candidates, metric=config.distance, min_start=config.min_start
+    )

@@ -28,7 +28,7 @@ from toast.hf.quality import Evaluator, quality_metric, skipped_blocks
 from toast.methods.replaceme.fold import residual_writer
 from toast.spans import Span
 
-__all__ = ["HeldOutCheck", "Holdout", "check_fits"]
+__all__ = ["HeldOutCheck", "Holdout", "best_candidate", "check_fits"]
 
 
 class Holdout:
@@ -82,16 +82,24 @@ class HeldOutCheck:
     count: int
     used: str
 
-    def to_markdown(self) -> str:
-        lower = self.metric == "perplexity"
-        better = self.fitted <= self.plain if lower else self.fitted >= self.plain
-        winner = "the fit" if better else "plain removal"
-        has = "the fit" if self.used == "fitted" else "plain removal"
+    @property
+    def result(self) -> float:
+        """What the model measures with what it got."""
+        return self.fitted if self.used == "fitted" else self.plain
+
+    def measured(self) -> str:
+        """The two measurements, in words."""
+        unit = "tokens" if self.metric == "perplexity" else "samples"
         return (
             f"blocks[{self.span.start}:{self.span.stop}]: fitted {self.fitted:.4g}, plain "
-            f"removal {self.plain:.4g} ({self.metric}, {self.count:,} held-out "
-            f"{'tokens' if lower else 'samples'}): {winner} measured better; the model has {has}"
+            f"removal {self.plain:.4g} ({self.metric}, {self.count:,} held-out {unit})"
         )
+
+    def to_markdown(self) -> str:
+        better = _better(self.metric, self.fitted, self.plain)
+        winner = "the fit" if better else "plain removal"
+        has = "the fit" if self.used == "fitted" else "plain removal"
+        return f"{self.measured()}: {winner} measured better; the model has {has}"
 
 
 def _first(output: Any) -> torch.Tensor:
@@ -144,11 +152,13 @@ def check_fits(
     placement: str,
     heldout: Iterable,
     fallback: bool,
+    alone: bool = False,
 ) -> list[HeldOutCheck | None]:
     """Each cut's fit against plain removal on ``heldout``, the other cuts
-    as decided so far; with ``fallback`` a cut whose fit measures worse is
-    removed plainly. One entry per cut (None: no transform to check).
-    Nothing in the model changes."""
+    as decided so far (none with ``alone``: candidate cuts that may
+    overlap); with ``fallback`` a cut whose fit measures worse is removed
+    plainly. One entry per cut (None: no transform to check). Nothing in
+    the model changes."""
     evaluator = Evaluator(heldout, progress=False)
     first = next(iter(heldout))
     if quality_metric(model, first) == "cosine":
@@ -159,15 +169,33 @@ def check_fits(
         if current[k] is None:
             checks.append(None)
             continue
-        plain = [t if j != k else None for j, t in enumerate(current)]
-        with applied(stack, spans, current, placement):
+        where: Sequence[Span] = spans
+        fitted_t, plain_t = current, [t if j != k else None for j, t in enumerate(current)]
+        if alone:
+            where, fitted_t, plain_t = [span], [current[k]], [None]
+        with applied(stack, where, fitted_t, placement):
             fitted = evaluator.measure(model, "fitted")
-        with applied(stack, spans, plain, placement):
+        with applied(stack, where, plain_t, placement):
             removed = evaluator.measure(model, "plain removal")
         assert evaluator.metric is not None  # set by the first measurement
-        better = fitted <= removed if evaluator.metric == "perplexity" else fitted >= removed
+        better = _better(evaluator.metric, fitted, removed)
         used = "fitted" if better or not fallback else "plain removal"
         if used == "plain removal":
             current[k] = None
         checks.append(HeldOutCheck(span, evaluator.metric, fitted, removed, evaluator.count, used))
     return checks
+
+
+def _better(metric: str, a: float, b: float) -> bool:
+    """Whether ``a`` measures at least as well as ``b`` (perplexity: lower)."""
+    return a <= b if metric == "perplexity" else a >= b
+
+
+def best_candidate(checks: Sequence[HeldOutCheck]) -> int:
+    """The index of the candidate cut whose model (what each check says it
+    gets) measured best on the held-out batches; the first on ties."""
+    best = 0
+    for k, c in enumerate(checks):
+        if not _better(c.metric, checks[best].result, c.result):
+            best = k
+    return best

@@ -30,10 +30,10 @@ from toast.hf.blocks import find_blocks
 from toast.hf.params import count_params
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.replaceme.config import ReplaceMeConfig
-from toast.methods.replaceme.cuts import choose_cuts
+from toast.methods.replaceme.cuts import candidate_cuts, choose_cuts
 from toast.methods.replaceme.estimate import Estimation, Fitted
 from toast.methods.replaceme.fold import apply_cuts, check_cuts
-from toast.methods.replaceme.heldout import HeldOutCheck, Holdout, check_fits
+from toast.methods.replaceme.heldout import HeldOutCheck, Holdout, best_candidate, check_fits
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.methods.runner import run_method, split_text_options
 from toast.spans import Span
@@ -88,24 +88,25 @@ def _replaceme(
     blocks_before, params_before = stack.num_blocks, count_params(model)
     split = Holdout(data, config.holdout)
     spans, profile = choose_cuts(model, split.fit, config, stack)
-    check_cuts(stack, spans, config.structure, config.placement, config.objective)
-    if before_surgery is not None:
-        before_surgery(spans, stack)
+    note = _check_note(config, split, len(spans))
+    pool = [] if note else candidate_cuts(profile, config)
+    check_cuts(stack, pool or spans, config.structure, config.placement, config.objective)
     expected_rows = profile.token_rows if profile is not None else None
     estimation = Estimation(model, split.fit, config, stack, expected_rows)
     checks: list[HeldOutCheck | None] = []
-    note = _check_note(config, split, len(spans))
-    if config.objective == "identity":
+    measured: list[HeldOutCheck] = []
+    fitting = config.objective != "identity"
+    sequential = fitting and config.fit == "sequential" and len(spans) > 1
+    if not fitting:
         fitted, rows = [Fitted(None) for _ in spans], 0
-        _apply(estimation, spans, fitted)
-    elif config.fit == "independent" or len(spans) == 1:
-        fitted, rows = estimation.fit(spans)
-        if not note:
-            fitted, checks = _checked(estimation, spans, fitted, split)
-            fitted, rows = _refit(estimation, spans, fitted, data, rows)
-        _apply(estimation, spans, fitted)
-    else:
+    elif not sequential:
+        spans, fitted, rows, checks, measured = _fit_checked(estimation, spans, pool, split, note)
+    if before_surgery is not None:
+        before_surgery(spans, stack)
+    if sequential:
         fitted, rows = _fit_sequentially(estimation, spans)
+    else:
+        _apply(estimation, spans, fitted)
     report = ReplaceMeReport(
         objective=config.objective,
         structure=config.structure,
@@ -126,6 +127,7 @@ def _replaceme(
         fit=config.fit,
         checks=checks,
         check_note=note,
+        candidates=measured,
     )
     return model, report
 
@@ -143,26 +145,40 @@ def _check_note(config: ReplaceMeConfig, split: Holdout, cuts: int) -> str:
     return ""
 
 
-def _checked(
-    estimation: Estimation, spans: Sequence[Span], fitted: list[Fitted], split: Holdout
-) -> tuple[list[Fitted], list[HeldOutCheck | None]]:
-    """The fits measured against plain removal on the held-out batches; a
-    fit that lost is dropped with ``fallback``."""
+def _fit_checked(
+    estimation: Estimation, spans: list[Span], pool: list[Span], split: Holdout, note: str
+) -> tuple[list[Span], list[Fitted], int, list[HeldOutCheck | None], list[HeldOutCheck]]:
+    """The cuts fitted in one pass and, unless ``note`` says why not,
+    measured against plain removal on the held-out batches (a fit that
+    lost is dropped with ``fallback``) and the winners fitted again on
+    every batch. With candidate windows (``pool``), each is fitted and
+    measured alone and the best becomes the cut. Returns the cuts, their
+    fits, the rows used, the checks and every candidate's measurement."""
+    fitted, rows = estimation.fit(pool or spans)
+    if note:
+        return spans, fitted, rows, [], []
     config = estimation.config
-    checks = check_fits(
+    measured = check_fits(
         estimation.model,
         estimation.stack,
-        spans,
+        pool or spans,
         [f.transform for f in fitted],
         config.placement,
         split.check,
         config.fallback,
+        alone=bool(pool),
     )
     kept = [
         dataclasses.replace(f, transform=None) if c is not None and c.used != "fitted" else f
-        for f, c in zip(fitted, checks, strict=True)
+        for f, c in zip(fitted, measured, strict=True)
     ]
-    return kept, checks
+    if not pool:
+        fitted, rows = _refit(estimation, spans, kept, split.data, rows)
+        return spans, fitted, rows, measured, []
+    candidates = [c for c in measured if c is not None]  # every candidate has a fit
+    k = best_candidate(candidates)
+    fitted, rows = _refit(estimation, [pool[k]], [kept[k]], split.data, rows)
+    return [pool[k]], fitted, rows, [measured[k]], candidates
 
 
 def _refit(

@@ -93,6 +93,18 @@ class DistanceProfile:
         d = self.matrix(metric)
         return np.array([d[s, s + window] for s in range(self.num_blocks - window + 1)])
 
+    def ranked(
+        self, num_blocks: int, count: int, *, metric: str = "angular", min_start: int = 1
+    ) -> list[Span]:
+        """The ``count`` single cuts of ``num_blocks`` blocks of smallest
+        distance (overlapping ones included), smallest first; none starts
+        before block ``min_start``."""
+        total = self.num_blocks
+        check_selection(num_blocks, 1, min_start, total)
+        d = self.windows(num_blocks, metric)
+        order = sorted(range(min_start, total - num_blocks + 1), key=lambda s: (d[s], s))
+        return [Span(s, s + num_blocks, float(d[s])) for s in order[:count]]
+
     def select(
         self,
         num_blocks: int,

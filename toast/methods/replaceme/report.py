@@ -48,7 +48,9 @@ class ReplaceMeReport(Report):
     the cosine objective before and after training per cut (None for LS).
     ``buffer_bytes`` and ``rows_kept`` describe the cosine row buffers.
     ``checks`` holds each cut's held-out comparison with plain removal (None
-    where nothing was fitted), ``check_note`` why there is none.
+    where nothing was fitted), ``check_note`` why there is none;
+    ``candidates`` every window the held-out batches chose the cut from
+    (empty when the distance alone chose).
     """
 
     objective: str
@@ -71,6 +73,7 @@ class ReplaceMeReport(Report):
     fit: str = "independent"
     checks: list[HeldOutCheck | None] = field(default_factory=list)
     check_note: str = ""
+    candidates: list[HeldOutCheck] = field(default_factory=list)
 
     @property
     def eq10_ratio(self) -> float:
@@ -115,7 +118,20 @@ class ReplaceMeReport(Report):
         lines += self._check_lines()
         return "\n".join(lines) + self.quality_markdown()
 
+    def _candidate_line(self, check: HeldOutCheck) -> str:
+        if check.span != self.spans[0]:
+            return check.measured()
+        has = "the fit" if check.used == "fitted" else "plain removal"
+        return f"**{check.measured()}: the cut, with {has}**"
+
     def _check_lines(self) -> list[str]:
+        if self.candidates:
+            return [
+                "",
+                f"Cut chosen on held-out batches among the {len(self.candidates)} windows of "
+                "smallest distance, each fitted and measured against its plain removal:",
+                *(f"- {self._candidate_line(c)}" for c in self.candidates),
+            ]
         done = [c for c in self.checks if c is not None]
         if not done:
             return [f"Held-out check: {self.check_note}."] if self.check_note else []
