@@ -1,19 +1,23 @@
 """Fits against plain removal on every 4-block window of SmolLM2-135M-Instruct.
 
-For each window ``blocks[s:s+4]`` (``s = 1 … 26``) and for the 8-block cut
-ReplaceMe's distance profile chooses, the held-out perplexity of:
+For each window ``blocks[s:s+4]`` (``s = 1 … 26``), the 8-block cut the
+paper's distance chooses, and the 4- and 8-block cuts ``toast.replaceme``
+chooses by default (held-out loss among the four closest windows), the
+held-out perplexity of:
 
 - plain removal (the blocks skipped);
-- the paper's LS (ReplaceMe Eq. 6 on every calibration row, folded);
+- the paper's LS (ReplaceMe Eq. 6 on every calibration row, folded:
+  :data:`~toast.methods.replaceme.config.PAPER`);
 - toast's default ReplaceMe fit: LS in which the rows whose massive
   activation only the removed blocks create are fitted to what plain
   removal gives them (``massive_rows="plain"``), on 90% of the calibration
-  batches, checked against plain removal on the other 10% and falling back
-  to it when it loses (``holdout=0.1, fallback=True``);
+  batches, checked against plain removal on the other 10% (plain removal
+  where it loses), a winner fitted again on every batch;
 - the cosine objective with the paper's settings (Adam, lr 1e-4, 10
-  epochs from the identity) and with L-BFGS from the LS solution;
+  epochs from the identity, approximate loss) and with toast's defaults
+  (exact loss, L-BFGS from the default LS to convergence, held-out check);
 - TOAST's affine translator in place of the window (closed form, from one
-  all-pairs analysis pass).
+  all-pairs analysis pass on every calibration batch).
 
 Every fit of one kind comes from one calibration pass for all windows (the
 estimation accumulates each window's statistics side by side); the fits
@@ -22,10 +26,13 @@ are evaluated by hooks that compute what the surgery computes
 patched copy. Calibration and held-out text are disjoint stdlib docstring
 sentences, packed into sequences of ``--length`` tokens.
 
-    .venv/bin/python benchmarks/bench_fits.py            # ~40 min on 2 cores
+    .venv/bin/python benchmarks/bench_fits.py            # ~2 h on 2 cores
     .venv/bin/python benchmarks/bench_fits.py --starts 9 10 11 12 --no-eight
+    .venv/bin/python benchmarks/bench_fits.py --merge --recompute default
 
-Writes ``benchmarks/results/fits.md`` and ``fits.json``.
+``--merge`` keeps the cells of the saved results and computes only the
+missing ones (``--recompute`` drops columns first). Writes
+``benchmarks/results/fits.md`` and ``fits.json``.
 """
 
 from __future__ import annotations
@@ -45,26 +52,20 @@ from toast.data import stdlib_sentences
 from toast.hf.quality import Evaluator
 from toast.hf.text import TextData
 from toast.io.local import load_model, load_tokenizer
-from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.methods.replaceme.config import PAPER, ReplaceMeConfig
 from toast.methods.replaceme.estimate import Estimation
 from toast.methods.replaceme.heldout import Holdout, applied, check_fits
 from toast.spans import Span
 from toast.zoo import smollm2_gguf
 
 ROOT = Path(__file__).resolve().parent
-METHODS = ["plain", "paper LS", "default", "cosine (paper)", "cosine (L-BFGS from LS)", "TOAST"]
+METHODS = ["plain", "paper LS", "default", "cosine (paper)", "cosine (default)", "TOAST"]
 #: The fits estimated in one pass each: name -> ReplaceMeConfig options.
 FITS = {
-    "paper LS": {"objective": "ls", "massive_rows": "fit", "holdout": 0.0},
+    "paper LS": {**PAPER, "objective": "ls"},
     "default": {},  # LS, massive_rows="plain", holdout=0.1 with fallback
-    "cosine (paper)": {"objective": "cosine", "massive_rows": "fit", "holdout": 0.0},
-    "cosine (L-BFGS from LS)": {
-        "objective": "cosine",
-        "solver": "lbfgs",
-        "init": "ls",
-        "lbfgs_steps": 100,
-        "holdout": 0.0,
-    },
+    "cosine (paper)": {**PAPER, "objective": "cosine"},  # Adam from I, approximate loss
+    "cosine (default)": {"objective": "cosine"},  # exact loss, L-BFGS from the default LS
 }
 
 
@@ -114,7 +115,19 @@ def _toast_models(model, calib, spans):
         yield pruned
 
 
-def _measure_all(model, calib, heldout, spans, methods, previous):
+def _todo(rows, spans, name):
+    """The spans whose row lacks ``name``, grouped for one estimation pass
+    each: the 4-block windows together, every other span on its own (two
+    cuts of one pass must not share the block that records the MLP output)."""
+    todo = [s for s, row in zip(spans, rows, strict=True) if name not in row]
+    return [g for g in ([s for s in todo if s.num_blocks == 4],) if g] + [
+        [s] for s in todo if s.num_blocks != 4
+    ]
+
+
+def _measure_all(model, calib, heldout, spans, previous):
+    """Every missing cell of the rows of ``spans`` (``previous``: the saved
+    rows, by span)."""
     evaluator = Evaluator(heldout, progress=False)
     original = evaluator.measure(model, "original")
     stack = toast.find_blocks(model)
@@ -123,31 +136,41 @@ def _measure_all(model, calib, heldout, spans, methods, previous):
         if "plain" not in row:
             with applied(stack, [span], [None], "fold"):
                 row["plain"] = evaluator.measure(model)
-    # the 8-block cut may start where a window starts: its own pass (one block
-    # records the MLP output for one cut)
-    groups = [[s for s in spans if s.num_blocks == 4], [s for s in spans if s.num_blocks != 4]]
+    by_span = {(s.start, s.stop): row for s, row in zip(spans, rows, strict=True)}
     for name, options in FITS.items():
-        if name not in methods:
-            continue
-        for row in rows:
-            row.pop(f"{name} fell back", None)
-        transforms = [t for g in groups if g for t in _fits(model, calib, g, name, options)]
-        for row, span, t in zip(rows, [s for g in groups for s in g], transforms, strict=True):
-            if t is None:  # the default fell back to plain removal
-                row[name], row[f"{name} fell back"] = row["plain"], True
-                continue
-            with applied(stack, [span], [t], "fold"):
-                row[name] = evaluator.measure(model)
-            print(json.dumps(row), flush=True)
-    if "TOAST" in methods:
-        for row, pruned in zip(rows, _toast_models(model, calib, spans), strict=True):
-            row["TOAST"] = evaluator.measure(pruned)
-            print(json.dumps(row), flush=True)
+        for group in _todo(rows, spans, name):
+            for span, t in zip(group, _fits(model, calib, group, name, options), strict=True):
+                row = by_span[(span.start, span.stop)]
+                if t is None:  # the default fell back to plain removal
+                    row[name], row[f"{name} fell back"] = row["plain"], True
+                    continue
+                with applied(stack, [span], [t], "fold"):
+                    row[name] = evaluator.measure(model)
+                print(json.dumps(row), flush=True)
+    todo = [s for g in _todo(rows, spans, "TOAST") for s in g]
+    for span, pruned in zip(todo, _toast_models(model, calib, todo), strict=True):
+        row = by_span[(span.start, span.stop)]
+        row["TOAST"] = evaluator.measure(pruned)
+        print(json.dumps(row), flush=True)
     return original, evaluator.count, rows
 
 
-def _table(rows) -> str:
+def _toast_choice(model, calib, num_blocks):
+    """The cut toast.replaceme chooses by default (held-out loss among the
+    windows of smallest distance), with what it measured."""
+    _, report = toast.replaceme(copy.deepcopy(model), calib, num_blocks=num_blocks, progress=False)
+    (span,) = report.spans
+    measured = [
+        {"span": [c.span.start, c.span.stop], "fitted": c.fitted, "plain": c.plain}
+        for c in report.candidates
+    ]
+    print(f"toast's {num_blocks}-block cut: {span} among {measured}", flush=True)
+    return span, measured
+
+
+def _table(rows, chosen) -> str:
     methods = [m for m in METHODS if all(m in row for row in rows)]
+    labels = {(s.start, s.stop): name for name, (s, _) in chosen.items()}
     lines = [
         "| window | " + " | ".join(methods) + " |",
         "|---|" + "---:|" * len(methods),
@@ -157,33 +180,43 @@ def _table(rows) -> str:
         cells = []
         for m in methods:
             text = f"{row[m]:.2f}"
-            if m == "default" and row.get("default fell back"):
+            if row.get(f"{m} fell back"):
                 text += " (plain)"
             cells.append(f"**{text}**" if row[m] == best else text)
-        lines.append(f"| blocks[{row['span'][0]}:{row['span'][1]}] | " + " | ".join(cells) + " |")
+        a, b = row["span"]
+        label = f" ({labels[(a, b)]})" if (a, b) in labels else ""
+        lines.append(f"| blocks[{a}:{b}]{label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-#: The comparisons the summary counts over the 4-block windows: a <= b.
+#: The comparisons the summary counts: a <= b.
 COMPARISONS = [
     ("default", "plain"),
     ("default", "paper LS"),
     ("paper LS", "plain"),
     ("cosine (paper)", "paper LS"),
-    ("cosine (L-BFGS from LS)", "paper LS"),
-    ("cosine (L-BFGS from LS)", "default"),
+    ("cosine (default)", "paper LS"),
+    ("cosine (default)", "default"),
     ("TOAST", "plain"),
 ]
 
 
-def _summary(rows) -> dict:
-    four = [r for r in rows if r["span"][1] - r["span"][0] == 4]
-    counts: dict[str, int] = {"windows": len(four)}
+def _counts(rows) -> dict[str, int]:
+    counts: dict[str, int] = {}
     for a, b in COMPARISONS:
-        if all(a in r and b in r for r in four):
+        if all(a in r and b in r for r in rows):
             # a relative 1e-9: equal fits measured twice are equal, not "worse"
-            counts[f"{a} <= {b}"] = sum(r[a] <= r[b] * (1 + 1e-9) for r in four)
+            counts[f"{a} <= {b}"] = sum(r[a] <= r[b] * (1 + 1e-9) for r in rows)
     return counts
+
+
+def _summary(rows, chosen) -> dict:
+    four = [r for r in rows if r["span"][1] - r["span"][0] == 4]
+    by_span = {tuple(r["span"]): r for r in rows}
+    at_chosen = {
+        name: _counts([by_span[(span.start, span.stop)]]) for name, (span, _) in chosen.items()
+    }
+    return {"windows": len(four), **_counts(four), "at the chosen cuts": at_chosen}
 
 
 def main() -> None:
@@ -196,10 +229,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="sequences per batch (4)")
     parser.add_argument("--out", default=str(ROOT / "results"))
     parser.add_argument(
-        "--methods", nargs="+", default=[*FITS, "TOAST"], help="the columns to (re)compute"
+        "--merge", action="store_true", help="keep the saved cells of the results JSON"
     )
     parser.add_argument(
-        "--merge", action="store_true", help="keep the other columns of the results JSON"
+        "--recompute", nargs="+", default=[], help="with --merge: columns computed again"
     )
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
@@ -208,21 +241,32 @@ def main() -> None:
     model, tokenizer = load_model(gguf), load_tokenizer(gguf)
     calib, heldout = _data(tokenizer, args)
     spans = [Span(s, s + 4, float("nan")) for s in args.starts]
+    chosen = {}
     if not args.no_eight:
         (eight,) = toast.profile_distances(model, calib, progress=False).select(8)
-        spans.append(eight)
+        chosen["the paper's 8-block cut"] = (eight, [])
+        for n in (4, 8):
+            chosen[f"toast's {n}-block cut"] = _toast_choice(model, calib, n)
+    for span, _ in chosen.values():
+        if all((span.start, span.stop) != (s.start, s.stop) for s in spans):
+            spans.append(span)
     previous = {}
     if args.merge:
         saved = json.loads((Path(args.out) / "fits.json").read_text(encoding="utf-8"))
         previous = {tuple(r["span"]): r for r in saved["rows"]}
-    original, tokens, rows = _measure_all(model, calib, heldout, spans, args.methods, previous)
+    for row in previous.values():
+        for name in args.recompute:
+            row.pop(name, None)
+            row.pop(f"{name} fell back", None)
+    original, tokens, rows = _measure_all(model, calib, heldout, spans, previous)
     results = {
         "model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantized to float32)",
         "calibration": [calib.num_samples, args.length],
         "heldout_tokens": tokens,
         "original_perplexity": original,
         "rows": rows,
-        "summary": _summary(rows),
+        "chosen": {k: {"span": [s.start, s.stop], "candidates": c} for k, (s, c) in chosen.items()},
+        "summary": _summary(rows, chosen),
         "machine": {"cpus": os.cpu_count(), "load_average": list(os.getloadavg())},
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -230,12 +274,12 @@ def main() -> None:
     }
     out = Path(args.out)
     (out / "fits.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
-    table = _table(rows)
+    table = _table(rows, chosen)
     text = (
         "# Fits against plain removal: every 4-block window of SmolLM2-135M-Instruct\n\n"
         f"Held-out perplexity ({tokens:,} predicted tokens of stdlib docstrings; original "
         f"{original:.2f}); calibration {calib.num_samples} × {args.length} tokens of other "
-        "sentences. Best per row in bold; `(plain)`: the default's held-out check chose plain "
+        "sentences. Best per row in bold; `(plain)`: the held-out check chose plain "
         f"removal.\n\n{table}\n\nSummary over the 4-block windows: "
         f"{json.dumps(results['summary'])}\n\nTotal {results['total_s']:.0f} s on "
         f"{os.cpu_count()} CPUs, load average at the end {os.getloadavg()[0]:.2f}.\n"

@@ -95,3 +95,30 @@ def test_replaceme_cli_model_over_the_memory_budget_goes_block_by_block(
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert (tmp_path / "disk" / "tokenizer.json").is_file()
     assert "| blocks[" in (tmp_path / "disk" / "replaceme_report.md").read_text()
+
+
+def _parsed_config(*extra):
+    from toast.cli.main import _build_parser
+    from toast.cli.replaceme import _config
+
+    argv = ["replaceme", "m", "--data", "d.txt", "--blocks", "2", "--out", "o", *extra]
+    return _config(_build_parser().parse_args(argv))
+
+
+def test_replaceme_cli_paper_flag_is_the_papers_preset_under_the_options_given():
+    from toast.methods.replaceme.config import ReplaceMeConfig
+
+    config = _parsed_config("--paper", "--objective", "cosine", "--epochs", "3")
+    preset = ReplaceMeConfig.paper(num_blocks=2, objective="cosine", epochs=3)
+    assert (config.solver, config.init, config.holdout, config.candidates) == (
+        preset.solver,
+        preset.init,
+        preset.holdout,
+        preset.candidates,
+    )
+    assert (config.massive_rows, config.loss, config.epochs) == ("fit", "approximate", 3)
+
+
+def test_replaceme_cli_options_on_by_default_are_turned_off_by_no_flags():
+    assert _parsed_config().fallback is True
+    assert _parsed_config("--no-fallback").fallback is False

@@ -42,7 +42,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import toast  # noqa: E402
-from toast.methods.replaceme import replaceme  # noqa: E402
+from toast.methods.replaceme import ReplaceMeConfig, replaceme  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -139,7 +139,12 @@ def test_table2_ls_and_cosine_beat_plain_removal_at_25_percent(paper_record):
         "UIDL": {"objective": "identity"},
         "LS": {"objective": "ls"},
         "cosine (Adam)": {"objective": "cosine"},
-        "cosine (L-BFGS)": {"objective": "cosine", "solver": "lbfgs", "lbfgs_steps": 30},
+        "cosine (L-BFGS)": {
+            "objective": "cosine",
+            "solver": "lbfgs",
+            "lbfgs_steps": 30,
+            "tol": 0.0,
+        },
     }
     ppl = {"original": _perplexity(model, held_out)}
     objectives = {}
@@ -147,11 +152,7 @@ def test_table2_ls_and_cosine_beat_plain_removal_at_25_percent(paper_record):
         pruned, report = replaceme(  # the paper's protocol: every batch fits, no fallback
             copy.deepcopy(model),
             calib,
-            spans=[(cut.start, cut.stop)],
-            holdout=0.0,
-            massive_rows="fit",
-            progress=False,
-            **options,
+            ReplaceMeConfig.paper(spans=[(cut.start, cut.stop)], progress=False, **options),
         )
         assert report.blocks_after == 6
         ppl[name] = _perplexity(pruned, held_out)

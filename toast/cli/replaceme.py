@@ -7,6 +7,7 @@ Imports nothing heavy at import time, so that ``toast --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -35,7 +36,7 @@ from toast.cli.options import (
     report_warnings,
     say_path,
 )
-from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.methods.replaceme.config import PAPER, ReplaceMeConfig
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -137,6 +138,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_output_arguments(p)
     add_config_arguments(p, ReplaceMeConfig, _FIELDS, _HELP)
     p.add_argument(
+        "--paper",
+        action="store_true",
+        help="the paper's protocol: every row fitted, the distance alone choosing the cut, "
+        "no held-out check, cosine by Adam from the identity (options given beside it, "
+        "other than their defaults, still apply)",
+    )
+    p.add_argument(
         "--max-buffer",
         dest="max_buffer_bytes",
         type=_bytes,
@@ -163,12 +171,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> ReplaceMeConfig:
-    """The method's options from the command line."""
+    """The method's options from the command line (on the paper's preset
+    with ``--paper``: the options left at their defaults take its values)."""
+    values = config_values(args, _FIELDS)
+    if args.paper:
+        defaults = {f.name: f.default for f in dataclasses.fields(ReplaceMeConfig)}
+        given = {k: v for k, v in values.items() if v != defaults[k]}
+        values = {**values, **PAPER, **given}
     return ReplaceMeConfig(
         num_blocks=args.num_blocks,
         max_buffer_bytes=args.max_buffer_bytes,
         calibration=calibration_from_args(args),
-        **config_values(args, _FIELDS),
+        **values,
     )
 
 

@@ -25,14 +25,6 @@ pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 SPAN = (2, 4)
 
 
-def test_holdout_keeps_one_batch_in_every_group_out_of_the_fit():
-    split = Holdout(list(range(10)), 0.25)
-    assert list(split.fit) == [0, 1, 2, 4, 5, 6, 8, 9]
-    assert list(split.check) == [3, 7]
-    assert list(Holdout(list(range(3)), 0.25).check) == []
-    assert list(Holdout(list(range(3)), 0.0).fit) == [0, 1, 2]
-
-
 def test_the_checked_plain_score_is_that_of_plain_removal_and_the_fit_is_refitted_on_all():
     model, data = R.decoder("llama"), R.text_loader()  # 6 batches: the 4th is held out
     original = copy.deepcopy(model)

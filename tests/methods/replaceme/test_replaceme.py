@@ -236,12 +236,13 @@ def test_cosine_started_from_ls_does_not_get_worse_on_its_own_objective(solver, 
     assert after < before, (before, after)
 
 
-def test_cosine_objective_recorded_equals_a_numpy_evaluation():
+def test_cosine_objective_recorded_equals_a_numpy_evaluation_from_its_ls_start():
     loader = R.text_loader()
     model = R.decoder("llama")
     rows = _capture(model, loader, [1, 3], down_of=1)
     m, target = rows["M"], rows["L3"] - rows["L1"] + rows["M"]
-    _, report = _compress(model, loader, spans=[SPAN], objective="cosine", epochs=2)
+    _, report = _compress(copy.deepcopy(model), loader, spans=[SPAN], objective="cosine")
+    _, ls = _compress(model, loader, spans=[SPAN], objective="ls")
     t = report.transforms[0]
 
     def objective(t):
@@ -250,9 +251,26 @@ def test_cosine_objective_recorded_equals_a_numpy_evaluation():
         return float(np.mean(1 - cos))
 
     before, after = report.objectives[0]
-    assert math.isclose(before, objective(np.eye(32)), rel_tol=1e-5)
+    assert math.isclose(before, objective(ls.transforms[0]), rel_tol=1e-5)
     assert math.isclose(after, objective(t), rel_tol=1e-4)
     assert after < before
+
+
+def test_the_paper_preset_is_the_papers_protocol():
+    config = toast.ReplaceMeConfig.paper(num_blocks=2, objective="cosine", seed=3)
+    assert (config.solver, config.lr, config.rows_per_step, config.epochs) == (
+        "adam",
+        1e-4,
+        1024,
+        10,
+    )
+    assert (config.init, config.massive_rows, config.holdout, config.candidates) == (
+        "identity",
+        "fit",
+        0.0,
+        1,
+    )
+    assert config.objective == "cosine" and config.calibration.seed == 3
 
 
 def test_fit_cosine_penalties_shrink_the_transform():

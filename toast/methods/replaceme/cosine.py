@@ -125,16 +125,19 @@ def _adam(
         bar.set_postfix(objective=f"{history[-1]:.5g}")
 
 
-def _lbfgs(loss: _CosineLoss, history: list[float], batch_size: int, steps: int) -> None:
+def _lbfgs(
+    loss: _CosineLoss, history: list[float], batch_size: int, steps: int, tol: float
+) -> None:
     """Table 7: full-batch L-BFGS with a strong Wolfe line search, the
-    gradient summed over batches of rows."""
+    gradient summed over batches of rows, until the objective or the step
+    changes by less than ``tol`` (or ``steps`` iterations)."""
     opt = torch.optim.LBFGS(
         [loss.param],
         lr=1.0,
         max_iter=steps,
         history_size=20,
-        tolerance_grad=1e-10,
-        tolerance_change=1e-14,
+        tolerance_grad=tol,
+        tolerance_change=tol,
         line_search_fn="strong_wolfe",
     )
 
@@ -162,6 +165,7 @@ def _lbfgs(loss: _CosineLoss, history: list[float], batch_size: int, steps: int)
         "batch_size": [Interval(int, 1, None)],
         "epochs": [Interval(int, 0, None)],
         "lbfgs_steps": [Interval(int, 1, None)],
+        "tol": [Interval(float, 0, math.inf, closed="left")],
         "penalty": [Options(("l1", "l2")), None],
         "penalty_weight": [Interval(float, 0, math.inf, closed="left")],
     }
@@ -178,6 +182,7 @@ def fit_cosine(
     batch_size: int = 1024,
     epochs: int = 10,
     lbfgs_steps: int = 100,
+    tol: float = 1e-7,
     penalty: Literal["l1", "l2"] | None = None,
     penalty_weight: float = 0.0,
     seed: int = 0,
@@ -194,8 +199,9 @@ def fit_cosine(
     (default the identity, Table 13) and is trained in float32 on
     ``device``: ``solver="adam"`` (Table 13: lr 1e-4, shuffled batches of
     1024 rows, 10 epochs, seeded) or ``"lbfgs"`` (Table 7: full-batch,
-    strong Wolfe line search, at most ``lbfgs_steps`` iterations; the
-    gradient is summed over batches). ``penalty`` adds ``α Σ|T|``
+    strong Wolfe line search, until the objective or the step changes by
+    less than ``tol``, at most ``lbfgs_steps`` iterations; the gradient is
+    summed over batches). ``penalty`` adds ``α Σ|T|``
     (``"l1"``) or ``α Σ T²`` (``"l2"``) with ``α = penalty_weight``, on T
     itself (the paper does not say sum or mean, T or T − I).
     ``structure="diagonal"`` trains only the diagonal of T.
@@ -222,5 +228,5 @@ def fit_cosine(
     if solver == "adam":
         _adam(loss, history, float(lr), int(batch_size), int(epochs), seed, progress)
     else:
-        _lbfgs(loss, history, int(batch_size), int(lbfgs_steps))
+        _lbfgs(loss, history, int(batch_size), int(lbfgs_steps), float(tol))
     return CosineFit(loss.transform(), history)

@@ -44,6 +44,7 @@ _COSINE_OPTIONS = {
     "batch_size": "rows_per_step",
     "epochs": "epochs",
     "lbfgs_steps": "lbfgs_steps",
+    "tol": "tol",
     "penalty": "penalty",
     "penalty_weight": "penalty_weight",
 }

@@ -27,6 +27,7 @@ from typing import Any
 from torch import nn
 
 from toast.hf.blocks import find_blocks
+from toast.hf.heldout import unchecked_because
 from toast.hf.params import count_params
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.replaceme.config import ReplaceMeConfig
@@ -136,13 +137,7 @@ def _check_note(config: ReplaceMeConfig, split: Holdout, cuts: int) -> str:
     """Why the fits are not checked on held-out batches ("" when they are)."""
     if config.objective == "identity":
         return ""
-    if config.holdout == 0:
-        return "none (holdout=0: every batch fits, as in the paper)"
-    if config.fit == "sequential" and cuts > 1:
-        return "none (sequential fits are not checked)"
-    if not split.has_check():
-        return f"none (fewer than {split.every} calibration batches to hold one out)"
-    return ""
+    return unchecked_because(split, config.fit == "sequential" and cuts > 1)
 
 
 def _fit_checked(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from toast.hf.heldout import check_lines
 from toast.methods.base import Report
 from toast.methods.replaceme.heldout import HeldOutCheck
 from toast.methods.replaceme.params import compression_ratio
@@ -132,11 +133,4 @@ class ReplaceMeReport(Report):
                 "smallest distance, each fitted and measured against its plain removal:",
                 *(f"- {self._candidate_line(c)}" for c in self.candidates),
             ]
-        done = [c for c in self.checks if c is not None]
-        if not done:
-            return [f"Held-out check: {self.check_note}."] if self.check_note else []
-        return [
-            "",
-            "Held-out check against plain removal:",
-            *(f"- {c.to_markdown()}" for c in done),
-        ]
+        return check_lines(self.checks, self.check_note)

@@ -5,15 +5,19 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable
 
+import numpy as np
 from torch import nn
 
+from toast.core import Translator
 from toast.hf.blocks import BlockStack, find_blocks
+from toast.hf.heldout import HeldOutCheck, Holdout, unchecked_because
 from toast.hf.params import count_params
 from toast.hf.surgery import replace_spans
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.toast.analysis import Analysis, analyze
 from toast.methods.toast.config import ToastConfig
 from toast.methods.toast.fitting import Fitter
+from toast.methods.toast.heldout import check_translators
 from toast.methods.toast.report import CompressionReport
 from toast.spans import Span, validate_spans
 
@@ -33,9 +37,10 @@ def compress_toast(
     translator (see :class:`ToastConfig`) and the model is patched.
     """
     stack = find_blocks(model, config.calibration.blocks)
+    split = Holdout(data, config.holdout)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        analysis = _analyze(model, data, config, stack)
+        analysis = _analyze(model, split.fit, config, stack)
     issued = {str(w.message): w.message for w in caught}
     for message in issued.values():  # each once, as the analysis issued it
         warnings.warn(message, stacklevel=2)
@@ -44,8 +49,12 @@ def compress_toast(
         before_surgery(spans, stack)
     blocks_before, params_before = stack.num_blocks, count_params(model)
     fitter = Fitter(config)
+    note = unchecked_because(split, config.fit == "sequential")
+    checks: list[HeldOutCheck | None] = []
     if config.fit == "independent":
-        modules = fitter.fit_all(model, data, spans, analysis, stack)
+        modules = fitter.fit_all(model, split.fit, spans, analysis, stack)
+        if not note:
+            modules, checks = _checked(model, stack, spans, modules, split, config, analysis)
         replace_spans(model, [(s.start, s.stop) for s in spans], modules, blocks=stack)
     else:
         _fit_sequentially(model, data, spans, fitter, stack)
@@ -64,8 +73,31 @@ def compress_toast(
         rows=analysis.rows,
         analysis=analysis,
         fit=config.fit,
+        checks=checks,
+        check_note=note,
     )
     return model, report
+
+
+def _checked(
+    model: nn.Module,
+    stack: BlockStack,
+    spans: list[Span],
+    modules: list,
+    split: Holdout,
+    config: ToastConfig,
+    analysis: Analysis,
+) -> tuple[list, list[HeldOutCheck | None]]:
+    """The translators measured against plain removal on the held-out
+    batches; with ``fallback`` one that lost becomes the identity."""
+    checks = check_translators(model, stack, spans, modules, split.check, config.fallback)
+    d = analysis.moments.dim
+    identity = Translator("identity", np.eye(d), np.zeros(d), 1.0, d, "identity")
+    kept = [
+        m if c is None or c.used == "fitted" else identity
+        for m, c in zip(modules, checks, strict=True)
+    ]
+    return kept, checks
 
 
 def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: BlockStack) -> Analysis:

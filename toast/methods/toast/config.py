@@ -34,6 +34,14 @@ class ToastConfig:
     (``"independent"``: every span on the original model's activations, the
     papers' protocol; ``"sequential"``: each span on the partially
     compressed model). ``calibration`` bounds every pass over the data.
+
+    Held-out check (in memory, independent fits): one calibration batch in
+    every ``round(1 / holdout)`` stays out of the analysis and the fits;
+    each span's translator is then measured there against plain removal of
+    the same blocks (perplexity for a causal LM, else output cosine), the
+    report says which measured better, and with ``fallback`` a span whose
+    translator lost is replaced by the identity (plain removal).
+    ``holdout=0`` is the papers' protocol: every batch is analysed.
     """
 
     budget: int | None = None
@@ -52,6 +60,8 @@ class ToastConfig:
     train_steps: int = 300
     lr: float = 1e-3
     backend: Literal["auto", "c", "torch"] = "auto"
+    holdout: float = 0.1
+    fallback: bool = True
     calibration: Calibration = field(default_factory=Calibration)
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -71,6 +81,8 @@ class ToastConfig:
         "train_steps": [Interval(int, 1, None)],
         "lr": [Interval(float, 0, None, closed="neither")],
         "backend": [Options(BACKENDS)],
+        "holdout": [Interval(float, 0, 0.5, closed="both")],
+        "fallback": [bool],
         "calibration": [Calibration],
     }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from toast.hf.heldout import HeldOutCheck, check_lines
 from toast.methods.base import Report
 from toast.methods.toast.analysis import Analysis
 from toast.spans import Span
@@ -15,7 +16,9 @@ __all__ = ["CompressionReport"]
 class CompressionReport(Report):
     """What :func:`toast.compress` did with ``method="toast"``: the spans
     replaced, their predicted errors and fit conditions, blocks and
-    parameters before and after, and the analysis it planned from."""
+    parameters before and after, and the analysis it planned from;
+    ``checks`` each span's held-out comparison with plain removal,
+    ``check_note`` why there is none."""
 
     method: str
     translator: str
@@ -30,6 +33,8 @@ class CompressionReport(Report):
     fit: str = "independent"
     ranks: list[int | None] = field(default_factory=list)
     width: int | None = None
+    checks: list[HeldOutCheck | None] = field(default_factory=list)
+    check_note: str = ""
 
     @property
     def blocks_removed(self) -> int:
@@ -64,5 +69,6 @@ class CompressionReport(Report):
             f"{self.params_line()}; transformer blocks: "
             f"{self.blocks_before} → {self.blocks_before - self.blocks_removed} "
             f"(−{100 * self.compression_by_blocks:.1f}%), plus {len(self.spans)} translator(s).",
+            *check_lines(self.checks, self.check_note),
         ]
         return "\n".join(lines) + self.quality_markdown()
