@@ -94,7 +94,8 @@ def _fits(model, calib, spans, name, options):
         transforms = [_checked(model, stack, s, t, split) for s, t in pairs]
         won = [k for k, t in enumerate(transforms) if t is not None]
         if won:  # as toast.replaceme does: the winners fitted again on every batch
-            again, _ = Estimation(model, calib, config, stack).fit([spans[k] for k in won])
+            starts = [transforms[k] for k in won] if config.objective == "cosine" else None
+            again, _ = Estimation(model, calib, config, stack).fit([spans[k] for k in won], starts)
             for k, f in zip(won, again, strict=True):
                 transforms[k] = f.transform
     return transforms

@@ -73,3 +73,23 @@ def test_too_few_batches_to_hold_one_out_are_said_so():
     _, report = replaceme(R.decoder("llama"), R.text_loader(), spans=[SPAN])
     assert report.checks == [] and "fewer than 10 calibration batches" in report.check_note
     assert "Held-out check: none (fewer than 10" in report.to_markdown()
+
+
+def test_a_cosine_fit_that_won_goes_on_from_its_transform_on_every_batch(monkeypatch):
+    calls = []
+    fit_cosine = estimate.fit_cosine
+
+    def recorded(*args, **kwargs):
+        result = fit_cosine(*args, **kwargs)
+        calls.append((kwargs["init"], result.transform, int(args[0].shape[0])))
+        return result
+
+    monkeypatch.setattr(estimate, "fit_cosine", recorded)
+    model, data = R.decoder("llama"), R.text_loader()
+    _, report = replaceme(
+        model, data, spans=[SPAN], objective="cosine", holdout=0.25, fallback=False
+    )
+    (first, second) = calls
+    np.testing.assert_array_equal(second[0], first[1])  # starts where the checked fit ended
+    assert second[2] > first[2]  # on every batch, the held-out ones included
+    np.testing.assert_array_equal(report.transforms[0], second[1])

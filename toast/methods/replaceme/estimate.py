@@ -186,8 +186,12 @@ def _massive(rows: torch.Tensor) -> torch.Tensor:
     return norms > MASSIVE_RATIO * norms.median()
 
 
-def _solve(cut: _Cut, config: ReplaceMeConfig, device: torch.device) -> Fitted:
-    """The transform of one estimated cut (closes its row buffer)."""
+def _solve(
+    cut: _Cut, config: ReplaceMeConfig, device: torch.device, start: np.ndarray | None = None
+) -> Fitted:
+    """The transform of one estimated cut (closes its row buffer); the
+    cosine objective starts from ``start`` when given (else as ``init``
+    says)."""
     ls, cond = None, math.nan
     if cut.moments is not None:
         moments = cut.moments
@@ -207,7 +211,7 @@ def _solve(cut: _Cut, config: ReplaceMeConfig, device: torch.device) -> Fitted:
             sample.state(0),
             sample.state(2) if three else sample.state(1),
             sample.state(1) if three else None,
-            init=ls,
+            init=ls if start is None else start,
             structure="diagonal" if config.structure == "diagonal" else "full",
             seed=config.calibration.seed,
             device=device,
@@ -238,13 +242,21 @@ class Estimation:
         """The same, with the block stack looked up again by its path."""
         return dataclasses.replace(self, stack=find_blocks(self.model, self.stack))
 
-    def fit(self, spans: Sequence[Span]) -> tuple[list[Fitted], int]:
+    def fit(
+        self, spans: Sequence[Span], starts: Sequence[np.ndarray | None] | None = None
+    ) -> tuple[list[Fitted], int]:
         """Estimates the transforms of ``spans`` in one pass over the data on
-        the model as it is; returns them and the calibration rows used."""
+        the model as it is; returns them and the calibration rows used. The
+        cosine objective of each span starts from its entry of ``starts``
+        (a transform fitted before; None: as ``init`` says)."""
         cuts = self._estimate(spans)
         device = next(self.model.parameters()).device
+        begin = [None] * len(cuts) if starts is None else list(starts)
         try:
-            return [_solve(cut, self.config, device) for cut in cuts], cuts[0].rows
+            return [
+                _solve(cut, self.config, device, start)
+                for cut, start in zip(cuts, begin, strict=True)
+            ], cuts[0].rows
         finally:
             for cut in cuts:
                 cut.close()

@@ -188,8 +188,11 @@ def _refit(
     # the cosine buffer was sized for the fit part; the held-out part is at
     # most as large (holdout <= 0.5)
     expected = None if estimation.expected_rows is None else 2 * estimation.expected_rows
+    # the cosine objective goes on from where the checked fit stopped
+    cosine = estimation.config.objective == "cosine"
+    starts = [fitted[k].transform for k in won] if cosine else None
     again, rows = dataclasses.replace(estimation, data=data, expected_rows=expected).fit(
-        [spans[k] for k in won]
+        [spans[k] for k in won], starts
     )
     for k, f in zip(won, again, strict=True):
         fitted[k] = f
