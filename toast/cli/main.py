@@ -94,7 +94,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
 # ToastConfig fields each local subcommand exposes as --options.
 _ANALYZE_FIELDS = ["tokens", "estimator", "metric", "ridge", "include_first_block"]
-_COMPRESS_FIELDS = ["budget", "max_error", "max_span", "translator", "fit", *_ANALYZE_FIELDS]
+_COMPRESS_FIELDS = [
+    "budget",
+    "max_error",
+    "max_span",
+    "translator",
+    "fit",
+    "holdout",
+    "fallback",
+    *_ANALYZE_FIELDS,
+]
 _HELP = {
     "budget": "blocks to remove",
     "max_error": "largest predicted error per span",
@@ -107,6 +116,8 @@ _HELP = {
     "ridge": "ridge (L2) of the error estimates and the translators' least squares, e.g. 1e-3 "
     "(none: the minimum-norm solution)",
     "include_first_block": "block 0 may be removed too (the papers always keep it)",
+    "holdout": "fraction of calibration batches held out to check each translator",
+    "fallback": "keep a translator even where plain removal measures better on held-out batches",
 }
 
 

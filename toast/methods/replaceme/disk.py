@@ -353,4 +353,8 @@ def _report(
         buffer_bytes=sum(f.buffer_bytes for f in fitted),
         rows_kept=sum(f.rows_kept for f in fitted),
         fit=config.fit,
+        check_note="none (from disk: every batch fits and the distance chooses the cut; "
+        "the check runs in memory)"
+        if config.holdout and config.objective != "identity"
+        else "",
     )

@@ -109,4 +109,7 @@ def _report(
         rows=analysis.rows,
         analysis=analysis,
         fit=config.fit,
+        check_note="none (from disk: every batch is analysed; the check runs in memory)"
+        if config.holdout
+        else "",
     )
