@@ -14,7 +14,9 @@ Steps, each its own module: the distance profile and the cut
 §3.1, Eq. 4), one pass estimating every transform
 (:mod:`~toast.methods.replaceme.estimate`, least squares Eq. 6, or the
 cosine objective of :mod:`~toast.methods.replaceme.cosine`, Eqs. 7-8),
-then folding and removal (:mod:`~toast.methods.replaceme.fold`).
+then folding and removal (:mod:`~toast.methods.replaceme.fold`). Held-out
+calibration batches (:mod:`~toast.methods.replaceme.heldout`) choose the
+cut among the closest windows and check every fit against plain removal.
 :func:`replaceme` runs them all, finding the model's blocks once.
 """
 
