@@ -167,10 +167,10 @@ def best_candidate(checks: Sequence[HeldOutCheck]) -> int:
 
 def unchecked_because(split: Holdout, sequential: bool) -> str:
     """Why fits are not checked on held-out batches ("" when they are)."""
+    if sequential:
+        return "none (sequential fits are not checked; every batch fits)"
     if split.every == 0:
         return "none (holdout=0: every batch fits, as in the paper)"
-    if sequential:
-        return "none (sequential fits are not checked)"
     if not split.has_check():
         return f"none (fewer than {split.every} calibration batches to hold one out)"
     return ""

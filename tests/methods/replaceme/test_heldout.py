@@ -93,3 +93,12 @@ def test_a_cosine_fit_that_won_goes_on_from_its_transform_on_every_batch(monkeyp
     np.testing.assert_array_equal(second[0], first[1])  # starts where the checked fit ended
     assert second[2] > first[2]  # on every batch, the held-out ones included
     np.testing.assert_array_equal(report.transforms[0], second[1])
+
+
+def test_sequential_cuts_are_not_checked_and_hold_nothing_out():
+    model, data = R.decoder("llama"), R.text_loader(96)  # 12 batches
+    spans = [(1, 2), (3, 4)]
+    _, sequential = replaceme(copy.deepcopy(model), data, spans=spans, fit="sequential")
+    _, every_batch = replaceme(copy.deepcopy(model), data, spans=spans, holdout=0.0)
+    assert sequential.checks == [] and "sequential" in sequential.check_note
+    assert sequential.rows == every_batch.rows

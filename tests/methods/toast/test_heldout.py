@@ -84,3 +84,11 @@ def test_no_check_without_held_out_batches_is_said_so():
     _, report = _compress(R.decoder("llama"), R.text_loader())
     assert report.checks == [] and "fewer than 10 calibration batches" in report.check_note
     assert "Held-out check: none (fewer than 10" in report.to_markdown()
+
+
+def test_sequential_fits_are_not_checked_and_hold_nothing_out():
+    model, data = R.decoder("llama"), R.text_loader(96)  # 12 batches
+    _, sequential = _compress(copy.deepcopy(model), data, fit="sequential")
+    _, every_batch = _compress(copy.deepcopy(model), data, holdout=0.0)
+    assert sequential.checks == [] and "sequential" in sequential.check_note
+    assert sequential.rows == every_batch.rows

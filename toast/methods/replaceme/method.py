@@ -89,7 +89,7 @@ def _replaceme(
     assert data is not None  # the runner refuses None for a method that needs data
     stack = find_blocks(model, config.calibration.blocks)
     blocks_before, params_before = stack.num_blocks, count_params(model)
-    split = Holdout(data, config.holdout)
+    split = Holdout(data, 0.0 if _sequential(config) else config.holdout)
     spans, profile = choose_cuts(model, split.fit, config, stack)
     note = _check_note(config, split, len(spans))
     pool = [] if note else candidate_cuts(profile, config)
@@ -133,6 +133,13 @@ def _replaceme(
         candidates=measured,
     )
     return model, report
+
+
+def _sequential(config: ReplaceMeConfig) -> bool:
+    """Whether several cuts are fitted one after the other (not checked, so
+    nothing is held out for them)."""
+    cuts = config.num_cuts if config.spans is None else len(config.spans)
+    return config.fit == "sequential" and cuts > 1
 
 
 def _check_note(config: ReplaceMeConfig, split: Holdout, cuts: int) -> str:

@@ -37,7 +37,8 @@ def compress_toast(
     translator (see :class:`ToastConfig`) and the model is patched.
     """
     stack = find_blocks(model, config.calibration.blocks)
-    split = Holdout(data, config.holdout)
+    sequential = config.fit == "sequential"
+    split = Holdout(data, 0.0 if sequential else config.holdout)  # nothing to check
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         analysis = _analyze(model, split.fit, config, stack)
@@ -49,7 +50,7 @@ def compress_toast(
         before_surgery(spans, stack)
     blocks_before, params_before = stack.num_blocks, count_params(model)
     fitter = Fitter(config)
-    note = unchecked_because(split, config.fit == "sequential")
+    note = unchecked_because(split, sequential)
     checks: list[HeldOutCheck | None] = []
     if config.fit == "independent":
         modules = fitter.fit_all(model, split.fit, spans, analysis, stack)
