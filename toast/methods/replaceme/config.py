@@ -117,8 +117,9 @@ class ReplaceMeConfig:
       per row instead of three);
       ``init="ls"`` (default) starts from the LS solution (one pass gives
       both), ``"identity"`` from T = I; ``solver="lbfgs"`` (default: full
-      batch, strong Wolfe line search, until the objective changes by less
-      than ``tol`` or ``lbfgs_steps`` iterations) or ``"adam"`` (``lr``,
+      batch, strong Wolfe line search, until the largest gradient entry, the
+      change of the mean objective or the largest step entry is below
+      ``tol``, or ``lbfgs_steps`` iterations) or ``"adam"`` (``lr``,
       ``rows_per_step`` rows per step, ``epochs``: Table 13);
       ``penalty``/``penalty_weight``.
     - ``objective="identity"``: T = I, plain removal (UIDL, the baseline).

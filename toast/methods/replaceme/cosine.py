@@ -129,8 +129,9 @@ def _lbfgs(
     loss: _CosineLoss, history: list[float], batch_size: int, steps: int, tol: float
 ) -> None:
     """Table 7: full-batch L-BFGS with a strong Wolfe line search, the
-    gradient summed over batches of rows, until the objective or the step
-    changes by less than ``tol`` (or ``steps`` iterations)."""
+    gradient summed over batches of rows, until the largest entry of the
+    gradient, the change of the objective or the largest entry of the step
+    is below ``tol`` (or ``steps`` iterations)."""
     opt = torch.optim.LBFGS(
         [loss.param],
         lr=1.0,
@@ -199,9 +200,10 @@ def fit_cosine(
     (default the identity, Table 13) and is trained in float32 on
     ``device``: ``solver="adam"`` (Table 13: lr 1e-4, shuffled batches of
     1024 rows, 10 epochs, seeded) or ``"lbfgs"`` (Table 7: full-batch,
-    strong Wolfe line search, until the objective or the step changes by
-    less than ``tol``, at most ``lbfgs_steps`` iterations; the gradient is
-    summed over batches). ``penalty`` adds ``α Σ|T|``
+    strong Wolfe line search, until the largest gradient entry, the change
+    of the objective (a mean over rows) or the largest step entry is below
+    ``tol``, at most ``lbfgs_steps`` iterations; the gradient is summed over
+    batches). ``penalty`` adds ``α Σ|T|``
     (``"l1"``) or ``α Σ T²`` (``"l2"``) with ``α = penalty_weight``, on T
     itself (the paper does not say sum or mean, T or T − I).
     ``structure="diagonal"`` trains only the diagonal of T.
