@@ -167,3 +167,33 @@ def interrupt_after(calls: int):
                 raise KeyboardInterrupt
 
     return torch.nn.modules.module.register_module_forward_hook(hook)
+
+
+def with_sink(scale: float = 100.0) -> nn.Module:
+    """A tiny Llama whose block 2 adds a vector ``scale`` times the typical
+    hidden-state norm to the first token of every sequence (a planted
+    attention sink)."""
+    model = decoder("llama")
+    sink = torch.zeros(HIDDEN)
+    sink[3] = scale
+
+    def add_sink(module, args, output):
+        hidden = (output[0] if isinstance(output, tuple) else output).clone()
+        hidden[:, 0] += sink  # the first token of every sequence
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+    from toast.hf.blocks import find_blocks
+
+    find_blocks(model).blocks[2].register_forward_hook(add_sink)
+    return model
+
+
+def logit_distance(model, original, batches) -> float:
+    """Relative L2 distance of the logits to the original's, on real tokens."""
+    num = den = 0.0
+    for batch in batches:
+        got, want = outputs(model, batch), outputs(original, batch)
+        real = batch["attention_mask"].bool()
+        num += float((got - want)[real].pow(2).sum())
+        den += float(want[real].pow(2).sum())
+    return (num / den) ** 0.5

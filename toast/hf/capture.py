@@ -374,6 +374,7 @@ def capture_moments(
     backend: Literal["auto", "c", "torch"] = "auto",
     calibration: Calibration | None = None,
     stack: BlockStack | None = None,
+    observe: Callable[[list[torch.Tensor], torch.Tensor | None], None] | None = None,
     **options: Any,
 ) -> tuple[Moments, BlockStack]:
     """Runs ``model`` over ``loader`` and returns the moments of its states.
@@ -403,11 +404,20 @@ def capture_moments(
     rows to folds by its own counter: a valid K-fold split, though not the
     one a single process would make (``gcv`` and ``in_sample`` errors equal
     the single-process ones to rounding).
+
+    ``observe(rows, mask)``, when given, sees every batch the moments see
+    (e.g. :class:`toast.hf.massive.MassiveRows`).
     """
     cal = Calibration.from_options(calibration, **options)
     check("backend", backend, Options(BACKENDS))
     sink = MomentsSink(states, folds, pairs, precision, backend)
-    stack = stream_states(model, loader, sink, cal, stack=stack, states=states, tokens=tokens)
+
+    def consume(rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
+        if observe is not None:
+            observe(rows, mask)
+        return sink(rows, mask)
+
+    stack = stream_states(model, loader, consume, cal, stack=stack, states=states, tokens=tokens)
     num_states = stack.num_blocks + 1 if states is None else len(states)
     return sink.result(num_states, cal), stack
 

@@ -12,7 +12,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tests._helpers import replaceme_models as R  # noqa: E402
-from tests.methods.replaceme.test_massive import _with_sink  # noqa: E402
 from toast.hf.blocks import find_blocks  # noqa: E402
 from toast.hf.quality import Evaluator, skipped_blocks  # noqa: E402
 from toast.methods.replaceme import profile_distances, replaceme  # noqa: E402
@@ -36,7 +35,7 @@ def test_the_candidates_are_the_windows_of_smallest_distance():
 
 
 def test_the_cut_is_the_candidate_that_measured_best():
-    _, report = _run(_with_sink(), R.text_loader(96), candidates=4)
+    _, report = _run(R.with_sink(), R.text_loader(96), candidates=4)
     results = [c.result for c in report.candidates]
     chosen = next(c for c in report.candidates if c.span == report.spans[0])
     assert chosen.result == min(results)
@@ -44,7 +43,7 @@ def test_the_cut_is_the_candidate_that_measured_best():
 
 
 def test_a_candidates_plain_removal_is_measured_as_an_independent_evaluator_measures_it():
-    model, calib = _with_sink(), R.text_loader(96)
+    model, calib = R.with_sink(), R.text_loader(96)
     _, report = _run(model, calib, candidates=4)
     evaluator = Evaluator(Holdout(calib, 0.1).check, progress=False)
     stack = find_blocks(model)
@@ -54,7 +53,7 @@ def test_a_candidates_plain_removal_is_measured_as_an_independent_evaluator_meas
 
 
 def test_each_candidate_measures_what_a_run_with_that_cut_alone_measures():
-    model, calib = _with_sink(), R.text_loader(96)
+    model, calib = R.with_sink(), R.text_loader(96)
     _, report = _run(model, calib, candidates=3)
     for c in report.candidates:
         _, alone = _run(model, calib, spans=[(c.span.start, c.span.stop)])
@@ -64,7 +63,7 @@ def test_each_candidate_measures_what_a_run_with_that_cut_alone_measures():
 
 
 def test_one_candidate_lets_the_distance_choose():
-    model, calib = _with_sink(), R.text_loader(96)
+    model, calib = R.with_sink(), R.text_loader(96)
     _, report = _run(model, calib, candidates=1)
     profile = profile_distances(model, Holdout(calib, 0.1).fit, progress=False)
     (distance_choice,) = profile.select(2)
@@ -79,7 +78,7 @@ def test_no_candidates_are_measured_without_held_out_batches():
 
 
 def test_the_report_names_every_candidate_and_marks_the_cut():
-    _, report = _run(_with_sink(), R.text_loader(96), candidates=3)
+    _, report = _run(R.with_sink(), R.text_loader(96), candidates=3)
     text = report.to_markdown()
     assert "chosen on held-out batches among the 3 windows" in text
     for c in report.candidates:

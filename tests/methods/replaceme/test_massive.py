@@ -26,40 +26,15 @@ pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 SPAN = (2, 4)
 
 
-def _with_sink(scale: float = 100.0) -> torch.nn.Module:
-    model = R.decoder("llama")
-    sink = torch.zeros(R.HIDDEN)
-    sink[3] = scale
-
-    def add_sink(module, args, output):
-        hidden = (output[0] if isinstance(output, tuple) else output).clone()
-        hidden[:, 0] += sink  # the first token of every sequence
-        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
-
-    find_blocks(model).blocks[2].register_forward_hook(add_sink)
-    return model
-
-
-def _distance(model, original, batches) -> float:
-    """Relative L2 distance of the logits to the original's, on real tokens."""
-    num = den = 0.0
-    for batch in batches:
-        got, want = R.outputs(model, batch), R.outputs(original, batch)
-        real = batch["attention_mask"].bool()
-        num += float((got - want)[real].pow(2).sum())
-        den += float(want[real].pow(2).sum())
-    return (num / den) ** 0.5
-
-
 def test_paper_least_squares_loses_to_plain_removal_and_the_default_fit_does_not():
-    original, calib, heldout = _with_sink(), R.text_loader(96), R.text_loader(48, seed=1)
+    original, calib, heldout = R.with_sink(), R.text_loader(96), R.text_loader(48, seed=1)
     plain = copy.deepcopy(original)
     with skipped_blocks(find_blocks(plain), [Span(*SPAN, 0.0)]):
-        plain_distance = _distance(plain, original, heldout)
+        plain_distance = R.logit_distance(plain, original, heldout)
     paper, _ = replaceme(
         copy.deepcopy(original), calib, spans=[SPAN], massive_rows="fit", holdout=0.0
     )
     default, report = replaceme(copy.deepcopy(original), calib, spans=[SPAN])
-    assert _distance(paper, original, heldout) > 1.5 * plain_distance
-    assert _distance(default, original, heldout) < plain_distance
+    assert R.logit_distance(paper, original, heldout) > 1.5 * plain_distance
+    assert R.logit_distance(default, original, heldout) < plain_distance
     assert report.checks[0] is not None  # 12 batches: one held out and checked

@@ -64,8 +64,8 @@ def test_the_analysis_sees_only_the_batches_that_are_not_held_out():
 def test_a_translator_that_loses_on_held_out_batches_becomes_plain_removal(monkeypatch):
     closed_form = fitting.Fitter._closed_form
 
-    def ruined(self, moments, i, j):  # a translator far worse than the identity
-        t = closed_form(self, moments, i, j)
+    def ruined(self, moments, i, j, *rest):  # a translator far worse than the identity
+        t = closed_form(self, moments, i, j, *rest)
         d = t.weight.shape[0]
         return type(t)("affine", 5.0 * np.eye(d), np.zeros(d), 1.0, d, t.method)
 

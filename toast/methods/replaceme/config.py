@@ -66,14 +66,13 @@ PAPER: dict[str, Any] = {
 }
 #: What the least-squares fit does with the rows whose massive activation the
 #: cut would have to create: rows whose target ``L_e − Y`` is more than
-#: :data:`MASSIVE_RATIO` times the batch's median target norm while their
+#: :data:`toast.hf.massive.MASSIVE_RATIO` (20) times the batch's median target norm while their
 #: input M is not massive (an attention sink made inside the cut; a few
 #: rows whose squared error outweighs all others ~10⁴-fold). ``"fit"``: like
 #: every row (the paper); ``"exclude"``: left out; ``"plain"``: fitted to
 #: what plain removal gives them (target M), so T leaves them as plain
 #: removal would and fits every other row.
 MASSIVE = ("fit", "exclude", "plain")
-MASSIVE_RATIO = 20.0
 FITS = ("independent", "sequential")
 
 

@@ -27,9 +27,10 @@ from toast.core import Moments, fit_translator
 from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.calibration import warn_if_small
 from toast.hf.capture import ForwardError, stream_states, uses_torch
+from toast.hf.massive import massive
 from toast.hf.rows import RowSample
 from toast.hf.torch_moments import TorchMoments
-from toast.methods.replaceme.config import MASSIVE_RATIO, ReplaceMeConfig
+from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cosine import fit_cosine
 from toast.methods.replaceme.fold import NotFoldableError
 from toast.methods.replaceme.hooks import MlpOutputs, no_kv_cache
@@ -169,7 +170,7 @@ class _Estimator:
         """``(a, target)`` into the LS moments, without the massive-activation
         rows with ``massive_rows="exclude"``."""
         if self.config.massive_rows != "fit" and target.shape[0]:
-            created = _massive(target) & ~_massive(a)
+            created = massive(target) & ~massive(a)
             if self.config.massive_rows == "exclude":
                 a, target = a[~created], target[~created]
             else:  # "plain": those rows ask T to act as plain removal does
@@ -178,12 +179,6 @@ class _Estimator:
             moments.update([a, target])
         else:
             moments.update([a.detach().cpu(), target.detach().cpu()])
-
-
-def _massive(rows: torch.Tensor) -> torch.Tensor:
-    """Rows whose norm is more than :data:`MASSIVE_RATIO` times the median."""
-    norms = rows.norm(dim=1)
-    return norms > MASSIVE_RATIO * norms.median()
 
 
 def _solve(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -22,6 +22,7 @@ from toast.core import METRICS, Moments, Pairs, error_matrix
 from toast.hf.blocks import BlockStack
 from toast.hf.calibration import Calibration
 from toast.hf.capture import Tokens, capture_moments
+from toast.hf.massive import MassiveRows
 from toast.hf.text import TEXT_OPTIONS, as_batches
 from toast.spans import Span, plan_spans
 
@@ -33,7 +34,8 @@ __all__ = ["Analysis", "Span", "analyze", "analyze_from_disk"]
 
 @dataclass
 class Analysis:
-    """Moments of a model's states and the error matrix derived from them."""
+    """Moments of a model's states and the error matrix derived from them;
+    ``massive`` the rows massive in some state, when recorded."""
 
     moments: Moments
     errors: np.ndarray
@@ -42,6 +44,7 @@ class Analysis:
     tokens: str
     block_path: str
     ridge: float = 0.0
+    massive: MassiveRows | None = field(default=None, repr=False)
 
     @property
     def num_blocks(self) -> int:
@@ -206,6 +209,7 @@ def analyze(
     backend: Literal["auto", "c", "torch"] = "auto",
     calibration: Calibration | None = None,
     stack: BlockStack | None = None,
+    massive_rows: bool = False,
     **options: Any,
 ) -> Analysis:
     """One pass of ``model`` over ``loader`` → the block error matrix.
@@ -221,10 +225,13 @@ def analyze(
     fields as keywords: ``max_samples=...``, ``progress=False``...) bounds the
     pass, see :class:`toast.Calibration`. ``loader`` may be raw text with
     ``tokenizer=`` (and ``max_length``, ``batch_size``, ``num_samples``,
-    ``pack``, ``field``), as for :func:`toast.compress`.
+    ``pack``, ``field``), as for :func:`toast.compress`. ``massive_rows``
+    also records the rows massive in some state (:class:`toast.hf.massive.MassiveRows`,
+    in ``Analysis.massive``; on this process's rows only).
     """
     check("metric", metric, Options(METRICS))
     text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
+    recorder = MassiveRows() if massive_rows else None
     moments, stack = capture_moments(
         model,
         as_batches(loader, **text),
@@ -235,9 +242,10 @@ def analyze(
         backend=backend,
         calibration=Calibration.from_options(calibration, **options),
         stack=stack,
+        observe=recorder,
     )
     errors = _errors(moments, metric, estimator, ridge)
-    return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge)
+    return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)
 
 
 def analyze_from_disk(

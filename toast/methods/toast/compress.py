@@ -102,6 +102,11 @@ def _checked(
 
 
 def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: BlockStack) -> Analysis:
+    record = (
+        config.massive_rows == "plain"
+        and config.translator in ("linear", "affine")
+        and not config.calibration.is_distributed
+    )
     return analyze(
         model,
         data,
@@ -114,6 +119,7 @@ def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: Block
         backend=config.backend,
         calibration=config.calibration,
         stack=stack,
+        massive_rows=record,
     )
 
 

@@ -42,6 +42,14 @@ class ToastConfig:
     report says which measured better, and with ``fallback`` a span whose
     translator lost is replaced by the identity (plain removal).
     ``holdout=0`` is the papers' protocol: every batch is analysed.
+
+    Massive activations: with ``massive_rows="plain"`` (default) a linear or
+    affine translator of a span that would have to create a row's massive
+    activation (an attention sink: norm above 20× the batch median in the
+    span's last state, not in its first) is fitted as if that row's target
+    were its input, as plain removal leaves it (:mod:`toast.hf.massive`; in
+    memory, one process); ``"fit"`` fits every row alike (the papers). The
+    error matrix always sees every row as it is.
     """
 
     budget: int | None = None
@@ -62,6 +70,7 @@ class ToastConfig:
     backend: Literal["auto", "c", "torch"] = "auto"
     holdout: float = 0.1
     fallback: bool = True
+    massive_rows: Literal["fit", "plain"] = "plain"
     calibration: Calibration = field(default_factory=Calibration)
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -83,6 +92,7 @@ class ToastConfig:
         "backend": [Options(BACKENDS)],
         "holdout": [Interval(float, 0, 0.5, closed="both")],
         "fallback": [bool],
+        "massive_rows": [Options(("fit", "plain"))],
         "calibration": [Calibration],
     }
 

@@ -15,6 +15,7 @@ from toast.core.solvers import gram_rank
 from toast.hf.blocks import BlockStack
 from toast.hf.capture import capture_moments
 from toast.hf.distributed import broadcast_module
+from toast.hf.massive import MassiveRows
 from toast.hf.rows import RowSample, capture_rows
 from toast.methods.toast.analysis import Analysis
 from toast.methods.toast.config import CLOSED_FORM, ToastConfig
@@ -47,7 +48,9 @@ class Fitter:
         if self._ill_conditioned is not None and self._ill_conditioned not in already:
             warnings.warn(self._ill_conditioned, IllConditionedWarning, stacklevel=3)
 
-    def _closed_form(self, moments: Moments, i: int, j: int) -> Translator:
+    def _closed_form(
+        self, moments: Moments, i: int, j: int, massive: MassiveRows | None = None
+    ) -> Translator:
         kind, ridge, relative = self.config.translator, self.config.ridge, False
         if ridge is None and kind in ("linear", "affine") and moments.rows <= moments.dim:
             ridge, relative = FEW_ROWS_RIDGE, True
@@ -58,10 +61,14 @@ class Fitter:
                 FewRowsWarning,
                 stacklevel=5,
             )
+        t = None
+        if massive is not None and kind in ("linear", "affine"):
+            t = massive.plain_fit(moments, i, j, kind == "affine", ridge or 0.0, relative)
         with warnings.catch_warnings():
             # explained once per run by warn_ill_conditioned, not once per span
             warnings.simplefilter("ignore", IllConditionedWarning)
-            t = fit_translator(moments, i, j, kind=kind, ridge=ridge, ridge_relative=relative)
+            if t is None:
+                t = fit_translator(moments, i, j, kind=kind, ridge=ridge, ridge_relative=relative)
         self.conditions.append(t.condition)
         self.ranks.append(t.rank)
         if t.ill_conditioned and self._ill_conditioned is None:
@@ -111,7 +118,8 @@ class Fitter:
     ) -> list:
         """One translator per span, all on the original model."""
         if self.config.translator in CLOSED_FORM:
-            return [self._closed_form(analysis.moments, s.start, s.stop) for s in spans]
+            massive = analysis.massive
+            return [self._closed_form(analysis.moments, s.start, s.stop, massive) for s in spans]
         states = [k for s in spans for k in (s.start, s.stop)]
         with self._rows(model, data, states, stack) as rows:
             return [

@@ -1,0 +1,108 @@
+"""Massive activations: the few rows (an attention sink's first token) whose
+hidden-state norm jumps ~100-fold at one block and stays there.
+
+A least-squares fit across a span that creates them is asked to recreate
+that jump from states that do not carry it; those rows' squared error
+outweighs every other row's ~10⁴-fold and every token pays (measured on
+SmolLM2: ``benchmarks/bench_fits.py``). The fits that handle them ask the
+span's replacement to leave those rows as plain removal leaves them.
+
+:func:`massive` flags the rows of one batch. :class:`MassiveRows` records,
+during a capture pass, every row that is massive in some state (all of its
+states, so that any pair of states can be corrected later; a sink is one
+row per sequence, so this stays small), and :meth:`MassiveRows.plain_fit`
+solves a closed-form translator as if those rows' targets were their
+inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from toast.core import Moments, Translator
+from toast.core.solvers import solve_gram
+
+__all__ = ["MASSIVE_RATIO", "MassiveRows", "massive"]
+
+#: A row is massive when its norm is more than this many times the batch's
+#: median row norm.
+MASSIVE_RATIO = 20.0
+
+
+def massive(rows: torch.Tensor) -> torch.Tensor:
+    """Which rows of ``rows`` (``(n, d)``) have a norm more than
+    :data:`MASSIVE_RATIO` times the median."""
+    norms = rows.norm(dim=1)
+    return norms > MASSIVE_RATIO * norms.median()
+
+
+@dataclass
+class MassiveRows:
+    """The rows of a capture pass that are massive in some state, with all
+    their states: ``states[r, k]`` is row ``r`` in state ``k`` and
+    ``flags[r, k]`` whether it is massive there (float64, host)."""
+
+    states: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    flags: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
+
+    def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> None:
+        """Adds one batch (``rows[k]``: state ``k``, ``(batch, tokens, d)``;
+        ``mask``: the token rows that enter the statistics)."""
+        d = int(rows[0].shape[-1])
+        keep = None if mask is None else mask.reshape(-1).bool()
+        flat = [r.reshape(-1, d) if keep is None else r.reshape(-1, d)[keep] for r in rows]
+        if flat[0].shape[0] == 0:
+            return
+        flags = torch.stack([massive(x.float()) for x in flat], dim=1)
+        any_state = flags.any(dim=1)
+        if not bool(any_state.any()):
+            return
+        picked = torch.stack([x[any_state] for x in flat], dim=1).double().cpu().numpy()
+        new_flags = flags[any_state].cpu().numpy()
+        if self.states.size == 0:
+            self.states, self.flags = picked, new_flags
+        else:
+            self.states = np.concatenate([self.states, picked])
+            self.flags = np.concatenate([self.flags, new_flags])
+
+    def created(self, i: int, j: int) -> np.ndarray:
+        """The recorded rows massive in state ``j`` but not in state ``i``:
+        the ones a replacement of ``blocks[i:j]`` would have to create."""
+        if self.flags.size == 0:
+            return np.zeros(0, dtype=bool)
+        return self.flags[:, j] & ~self.flags[:, i]
+
+    def plain_fit(
+        self,
+        moments: Moments,
+        i: int,
+        j: int,
+        center: bool,
+        ridge: float,
+        relative: bool,
+    ) -> Translator | None:
+        """The least-squares translator from state ``i`` to state ``j`` of
+        ``moments`` (affine with ``center``, else linear; ``ridge`` absolute,
+        or times the mean diagonal of the Gram with ``relative``, as the
+        core's fit) with the target of every row the span would have to
+        make massive replaced by its input. None when there is none."""
+        sel = self.created(i, j)
+        if not sel.any():
+            return None
+        xi, xj = self.states[sel, i], self.states[sel, j]
+        n = moments.rows
+        sum_i = moments.sum(i)
+        sum_j = moments.sum(j) + (xi - xj).sum(axis=0)
+        gram = moments.cross(i, i)
+        cross = moments.cross(i, j) + xi.T @ (xi - xj)
+        if center:
+            gram = gram - np.outer(sum_i, sum_i) / n
+            cross = cross - np.outer(sum_i, sum_j) / n
+        effective = ridge * np.trace(gram) / gram.shape[0] if relative else ridge
+        weight, condition, rank, method = solve_gram(gram, cross, effective)
+        bias = (sum_j - sum_i @ weight) / n if center else np.zeros(gram.shape[0])
+        kind = "affine" if center else "linear"
+        return Translator(kind, weight, bias, condition, rank, method)
