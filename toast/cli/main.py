@@ -102,6 +102,7 @@ _COMPRESS_FIELDS = [
     "fit",
     "holdout",
     "fallback",
+    "massive_rows",
     *_ANALYZE_FIELDS,
 ]
 _HELP = {
@@ -117,6 +118,8 @@ _HELP = {
     "(none: the minimum-norm solution)",
     "include_first_block": "block 0 may be removed too (the papers always keep it)",
     "holdout": "fraction of calibration batches held out to check each translator",
+    "massive_rows": "rows a span would have to make massive (attention sinks): fitted as "
+    "plain removal leaves them, or like every row (the papers)",
     "fallback": "keep a translator even where plain removal measures better on held-out batches",
 }
 
