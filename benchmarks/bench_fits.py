@@ -284,8 +284,15 @@ def main() -> None:
     model, tokenizer = load_model(gguf), load_tokenizer(gguf)
     calib, heldout = _data(tokenizer, args)
     spans = [Span(s, s + 4, float("nan")) for s in args.starts]
-    chosen = {}
-    if not args.no_eight:
+    saved = {}
+    if args.merge:
+        saved = json.loads((Path(args.out) / "fits.json").read_text(encoding="utf-8"))
+    previous = {tuple(r["span"]): r for r in saved.get("rows", [])}
+    chosen = {
+        name: (Span(*c["span"], float("nan")), c["candidates"])
+        for name, c in saved.get("chosen", {}).items()
+    }
+    if not args.no_eight and not chosen:  # the choices are part of the saved results
         (eight,) = toast.profile_distances(model, calib, progress=False).select(8)
         chosen["the paper's 8-block cut"] = (eight, [])
         for n in (4, 8):
@@ -293,10 +300,6 @@ def main() -> None:
     for span, _ in chosen.values():
         if all((span.start, span.stop) != (s.start, s.stop) for s in spans):
             spans.append(span)
-    previous = {}
-    if args.merge:
-        saved = json.loads((Path(args.out) / "fits.json").read_text(encoding="utf-8"))
-        previous = {tuple(r["span"]): r for r in saved["rows"]}
     for row in previous.values():
         for name in args.recompute:
             row.pop(name, None)
