@@ -1,6 +1,7 @@
 """Fixtures of the test suite; helpers live in :mod:`tests._helpers`."""
 
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -71,3 +72,22 @@ def digits_vit(digits_cache):
     from toast.zoo import digits_vit as build
 
     return build(cache=digits_cache, progress=False)
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for child processes that must see Ctrl-C: a shell that
+    starts a job in the background (``cmd &``, no job control) makes the job
+    ignore SIGINT, its children inherit that, and a Python started with
+    SIGINT ignored never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.fixture
+def sigint_raises():
+    """Ctrl-C raises KeyboardInterrupt in this process during the test,
+    whatever the disposition it inherited (see :func:`default_sigint`)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -16,6 +16,7 @@ Image = pytest.importorskip("PIL.Image")
 hf_models = pytest.importorskip("tests._helpers.hf_models")
 
 import toast.io.local  # noqa: E402
+from tests.conftest import default_sigint  # noqa: E402
 from toast.cli import main  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
@@ -197,7 +198,9 @@ def test_sigint_in_a_real_process_exits_130_with_one_line(tiny, tmp_path):
     )
     out = tmp_path / "out"
     argv = [sys.executable, "-c", code, *_argv("compress", tiny, out, "--quiet")]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=300, preexec_fn=default_sigint
+    )
     assert done.returncode == 128 + signal.SIGINT
     assert done.stderr.strip().splitlines() == ["toast compress: interrupted"]
     assert not out.exists()

@@ -50,6 +50,7 @@ def test_poll_must_be_callable():
         _core.error_matrix(_moments(), 0, 0, 0.0, False, 42)
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_sigint_reaches_a_running_error_matrix():
     # A wide cv error matrix runs for seconds without the GIL; the simulated
     # Ctrl-C from another thread must surface as KeyboardInterrupt.

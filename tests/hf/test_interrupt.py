@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 hf_models = pytest.importorskip("tests._helpers.hf_models")
 
 import toast  # noqa: E402
+from tests.conftest import default_sigint  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -85,7 +86,11 @@ _SCRIPT = textwrap.dedent(
 
 def test_sigint_stops_calibration_promptly():
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", _SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_sigint,
     )
     try:
         assert proc.stdout.readline().strip() == "started"
