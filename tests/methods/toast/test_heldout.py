@@ -92,3 +92,21 @@ def test_sequential_fits_are_not_checked_and_hold_nothing_out():
     _, every_batch = _compress(copy.deepcopy(model), data, holdout=0.0)
     assert sequential.checks == [] and "sequential" in sequential.check_note
     assert sequential.rows == every_batch.rows
+
+
+def test_a_span_that_fell_back_saves_and_reloads_as_plain_removal(monkeypatch, tmp_path):
+    closed_form = fitting.Fitter._closed_form
+
+    def ruined(self, moments, i, j, *rest):
+        t = closed_form(self, moments, i, j, *rest)
+        d = t.weight.shape[0]
+        return type(t)("affine", 5.0 * np.eye(d), np.zeros(d), 1.0, d, t.method)
+
+    monkeypatch.setattr(fitting.Fitter, "_closed_form", ruined)
+    data = R.text_loader()
+    pruned, report = _compress(R.decoder("llama"), data, holdout=0.25)
+    assert report.checks[0].used == "plain removal"
+    toast.save_pretrained(pruned, tmp_path / "saved")
+    reloaded = toast.load_pretrained(tmp_path / "saved")
+    for batch in data[:2]:
+        assert torch.equal(R.outputs(reloaded, batch), R.outputs(pruned, batch))
