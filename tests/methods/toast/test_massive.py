@@ -30,25 +30,10 @@ def test_papers_translator_loses_to_plain_removal_and_the_default_does_not(trans
     plain = copy.deepcopy(original)
     with skipped_blocks(find_blocks(plain), [Span(*SPAN, 0.0)]):
         plain_distance = R.logit_distance(plain, original, heldout)
-    papers, _ = toast.compress(
-        copy.deepcopy(original),
-        calib,
-        method="toast",
-        spans=[SPAN],
-        translator=translator,
-        massive_rows="fit",
-        holdout=0.0,
-        progress=False,
-    )
-    default, report = toast.compress(
-        copy.deepcopy(original),
-        calib,
-        method="toast",
-        spans=[SPAN],
-        translator=translator,
-        holdout=0.0,
-        progress=False,
-    )
+    options = {"method": "toast", "spans": [SPAN], "holdout": 0.0, "progress": False}
+    options["translator"] = translator
+    papers, _ = toast.compress(copy.deepcopy(original), calib, massive_rows="fit", **options)
+    default, report = toast.compress(copy.deepcopy(original), calib, **options)
     assert R.logit_distance(papers, original, heldout) > 1.5 * plain_distance
     assert R.logit_distance(default, original, heldout) < plain_distance
     assert report.analysis.massive is not None and report.analysis.massive.created(*SPAN).any()
