@@ -24,6 +24,7 @@ __all__ = [
     "prune_config",
     "remove_blocks",
     "replace_spans",
+    "translator_like",
 ]
 
 
@@ -108,6 +109,20 @@ def _install_blocks(
         _update_config(config, kept, total, backbone)
 
 
+def translator_like(fit: Translator | nn.Module, like: nn.Module) -> nn.Module:
+    """``fit`` as a module: a fitted :class:`toast.Translator` converted in
+    the dtype and device of ``like`` (the first block it replaces; float32
+    on the CPU when that has no parameters), a module as it is."""
+    if not isinstance(fit, Translator):
+        return fit
+    reference = next(like.parameters(), None)
+    return translator_module(
+        fit,
+        dtype=reference.dtype if reference is not None else torch.float32,
+        device=reference.device if reference is not None else "cpu",
+    )
+
+
 def replace_spans(
     model: nn.Module,
     spans: Sequence[tuple[int, int]],
@@ -135,14 +150,7 @@ def replace_spans(
     for (start, stop), k in zip(checked, order, strict=True):
         new_blocks.extend(old[position:start])
         kept.extend(range(position, start))
-        reference = next(old[start].parameters(), None)
-        module = translators[k]
-        if isinstance(module, Translator):
-            module = translator_module(
-                module,
-                dtype=reference.dtype if reference is not None else torch.float32,
-                device=reference.device if reference is not None else "cpu",
-            )
+        module = translator_like(translators[k], old[start])
         new_blocks.append(TranslatorBlock(module, (start, stop), like=old[start]))
         kept.append((start, stop))
         position = stop

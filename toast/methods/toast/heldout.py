@@ -15,19 +15,10 @@ from toast.core import Translator
 from toast.hf.blocks import BlockStack
 from toast.hf.heldout import HeldOutCheck, check_against_plain
 from toast.hf.quality import skipped_blocks
+from toast.hf.surgery import translator_like
 from toast.spans import Span
-from toast.translators import translator_module
 
 __all__ = ["check_translators", "translated"]
-
-
-def _as_module(fit: Translator | nn.Module, like: nn.Module) -> nn.Module:
-    if isinstance(fit, nn.Module):
-        return fit
-    reference = next(like.parameters(), None)
-    if reference is None:
-        return translator_module(fit)
-    return translator_module(fit, dtype=reference.dtype, device=reference.device)
 
 
 def _through(module: nn.Module) -> Any:
@@ -53,7 +44,7 @@ def translated(
             for span, fit in zip(spans, fits, strict=True):
                 if fit is not None:
                     last = stack.blocks[span.stop - 1]
-                    module = _as_module(fit, stack.blocks[span.start])
+                    module = translator_like(fit, stack.blocks[span.start])
                     handles.append(last.register_forward_hook(_through(module)))
             yield
     finally:
