@@ -451,6 +451,11 @@ toast_status toast_error_matrix_poll(const toast_moments *m,
     case TOAST_METRIC_COSINE:
     case TOAST_METRIC_ANGULAR:
     case TOAST_METRIC_EUCLIDEAN:
+        if (!toast_moments_has_rowstats(m))
+            return toast_set_error(err, TOAST_ENOTSTORED, -1,
+                                   "these moments were built without row "
+                                   "statistics (row_stats=False); the row "
+                                   "metrics need them");
         row_metric_matrix(m, metric, E);
         return TOAST_OK;
     }

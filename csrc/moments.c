@@ -31,6 +31,8 @@ struct toast_moments {
     int *panel_blocks; /* S: blocks in the row panel of state i */
     size_t *panel_off; /* S: offset of that panel within a set */
     double *data;      /* nsets * set_len */
+    int rowstats;      /* 1: updates form the per-row pair statistics */
+    int sources;       /* updates form the panels of states < sources */
     int64_t next_row;  /* rows accepted so far: row id of the next row */
     void *workspace;   /* update scratch kept between updates, or NULL */
 };
@@ -215,6 +217,8 @@ toast_status toast_moments_new(int S, int d, int folds, int span,
         goto nomem;
     toast_moments_layout_of(S, d, folds, span, &m->lay, err); /* checked */
     m->precision = precision;
+    m->rowstats = 1;
+    m->sources = S;
     if (!moments_alloc(m))
         goto nomem;
     fill_pair_index(m);
@@ -260,6 +264,26 @@ toast_precision toast_moments_precision(const toast_moments *m)
 
 int64_t toast_moments_rows(const toast_moments *m) { return m->next_row; }
 
+int toast_moments_has_rowstats(const toast_moments *m) { return m->rowstats; }
+
+int toast_moments_sources(const toast_moments *m) { return m->sources; }
+
+toast_status toast_moments_restrict(toast_moments *m, int rowstats,
+                                    int sources, toast_error *err)
+{
+    if (m->next_row != 0)
+        return toast_set_error(err, TOAST_EINVAL, -1,
+                               "what moments form can only be restricted "
+                               "before the first update");
+    if (sources < 1 || sources > m->lay.num_states)
+        return toast_set_error(err, TOAST_EINVAL, -1,
+                               "sources must be in [1, %d], got %d",
+                               m->lay.num_states, sources);
+    m->rowstats = rowstats != 0;
+    m->sources = sources;
+    return TOAST_OK;
+}
+
 void toast_moments_get_layout(const toast_moments *m,
                               toast_moments_layout *out)
 {
@@ -294,7 +318,7 @@ toast_status toast_moments_set_data(toast_moments *m, const double *data,
 int toast_moments_pair(const toast_moments *m, int i, int j)
 {
     const int S = m->lay.num_states;
-    if (i < 0 || j < 0 || i >= S || j >= S || i > j)
+    if (i < 0 || j < 0 || i >= S || j >= S || i > j || i >= m->sources)
         return -1;
     return m->pair_index[i * S + j];
 }
@@ -339,11 +363,15 @@ static const unsigned char *row_pointer(const toast_view *v, int64_t r)
 
 /* Loads row r of v (d elements) into dst, converting to T. Elements are
  * read with memcpy because array elements need not be aligned. */
-#define DEFINE_LOAD_ROW(NAME, T)                                           \
+#define DEFINE_LOAD_ROW(NAME, T, SAME)                                     \
     static void NAME(const toast_view *v, int64_t r, int d, T *dst)        \
     {                                                                      \
         const unsigned char *p = row_pointer(v, r);                        \
         const int64_t cs = v->col_stride;                                  \
+        if (v->dtype == SAME && cs == (int64_t)sizeof(T)) {                \
+            memcpy(dst, p, (size_t)d * sizeof(T));                         \
+            return;                                                        \
+        }                                                                  \
         switch (v->dtype) {                                                \
         case TOAST_FLOAT64:                                                \
             for (int c = 0; c < d; c++, p += cs) {                         \
@@ -376,47 +404,47 @@ static const unsigned char *row_pointer(const toast_view *v, int64_t r)
         }                                                                  \
     }
 
-DEFINE_LOAD_ROW(load_row_f64, double)
-DEFINE_LOAD_ROW(load_row_f32, float)
+DEFINE_LOAD_ROW(load_row_f64, double, TOAST_FLOAT64)
+DEFINE_LOAD_ROW(load_row_f32, float, TOAST_FLOAT32)
 
-/* 1 when every element of row r is finite. */
+/* 1 when every element of row r is finite (the dtype is dispatched once
+ * per row, not per element). */
 static int row_is_finite(const toast_view *v, int64_t r, int d)
 {
     const unsigned char *p = row_pointer(v, r);
     const int64_t cs = v->col_stride;
-    for (int c = 0; c < d; c++, p += cs) {
-        switch (v->dtype) {
-        case TOAST_FLOAT64: {
+    int ok = 1;
+    switch (v->dtype) {
+    case TOAST_FLOAT64:
+        for (int c = 0; c < d; c++, p += cs) {
             double x;
             memcpy(&x, p, sizeof x);
-            if (!isfinite(x))
-                return 0;
-            break;
+            ok &= isfinite(x) != 0;
         }
-        case TOAST_FLOAT32: {
+        break;
+    case TOAST_FLOAT32:
+        for (int c = 0; c < d; c++, p += cs) {
             float x;
             memcpy(&x, p, sizeof x);
-            if (!isfinite(x))
-                return 0;
-            break;
+            ok &= isfinite(x) != 0;
         }
-        case TOAST_FLOAT16: {
+        break;
+    case TOAST_FLOAT16:
+        for (int c = 0; c < d; c++, p += cs) {
             uint16_t x;
             memcpy(&x, p, sizeof x);
-            if (((x >> 10) & 0x1fu) == 0x1fu)
-                return 0;
-            break;
+            ok &= ((x >> 10) & 0x1fu) != 0x1fu;
         }
-        case TOAST_BFLOAT16: {
+        break;
+    case TOAST_BFLOAT16:
+        for (int c = 0; c < d; c++, p += cs) {
             uint16_t x;
             memcpy(&x, p, sizeof x);
-            if (((x >> 7) & 0xffu) == 0xffu)
-                return 0;
-            break;
+            ok &= ((x >> 7) & 0xffu) != 0xffu;
         }
-        }
+        break;
     }
-    return 1;
+    return ok;
 }
 
 static const char *dtype_name(toast_dtype t)
@@ -520,10 +548,48 @@ static double cosine_of(double dot, double nii, double njj)
     return c > 1.0 ? 1.0 : (c < -1.0 ? -1.0 : c);
 }
 
-/* The packed chunk: per state, `cap` rows of d values (double or float). */
+/* Bytes between consecutive rows of v when that is one positive stride
+ * (rows r and r + 1 always this far apart), else 0. */
+static int64_t direct_stride(const toast_view *v)
+{
+    if (v->inner == 1)
+        return v->outer_stride > 0 ? v->outer_stride : 0;
+    if (v->outer > 1 && v->outer_stride != v->inner * v->inner_stride)
+        return 0;
+    return v->inner_stride > 0 ? v->inner_stride : 0;
+}
+
+/* 1 when every state already holds its rows in the working type `want`
+ * (element size `elem`), contiguous within a row, aligned and with a
+ * uniform row stride BLAS can take as a leading dimension: the kernels
+ * then read the caller's arrays without a copy. */
+static int views_direct(const toast_view *views, int S, int d,
+                        toast_dtype want, size_t elem)
+{
+    for (int s = 0; s < S; s++) {
+        const toast_view *v = &views[s];
+        int64_t stride = direct_stride(v);
+        if (v->dtype != want || v->col_stride != (int64_t)elem ||
+            stride == 0 || stride % (int64_t)elem != 0 ||
+            stride / (int64_t)elem < d ||
+            stride / (int64_t)elem > INT_MAX ||
+            (uintptr_t)v->data % elem != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* One chunk of rows as the kernels read them: row k of state s starts at
+ * element k * ld[s] of base[s]. Packed chunks are copies (per state, `cap`
+ * rows of d values, double or float, rows stored whole so that adjacent
+ * states share one leading dimension); direct chunks point into the
+ * caller's arrays when those already hold rows in the working type. */
 typedef struct {
     int S, d, cap;
     int mixed;
+    int packed;         /* 1: base/ld point into buf */
+    const void **base;  /* S: first element of each state's rows */
+    size_t *ld;         /* S: elements between consecutive rows */
     void *buf;          /* S * cap * d elements */
     double *norms;      /* S: squared norms of the current row */
     float *scratch;     /* d x (widest panel), mixed precision only */
@@ -535,6 +601,8 @@ typedef struct {
 
 static void chunk_free(chunk *c)
 {
+    free(c->base);
+    free(c->ld);
     free(c->buf);
     free(c->norms);
     free(c->scratch);
@@ -585,6 +653,8 @@ static toast_status chunk_get(toast_moments *m, int64_t rows, chunk **out,
     c->cap = (int)cap;
     c->mixed = m->precision == TOAST_PRECISION_MIXED;
     c->buf = malloc(cap * per_row);
+    c->base = malloc((size_t)c->S * sizeof(void *));
+    c->ld = malloc((size_t)c->S * sizeof(size_t));
     c->norms = malloc((size_t)m->lay.num_states * sizeof(double));
     c->row = malloc(cap * sizeof(int64_t));
     c->fold = malloc(cap * sizeof(int));
@@ -593,7 +663,8 @@ static toast_status chunk_get(toast_moments *m, int64_t rows, chunk **out,
     if (c->mixed)
         c->scratch = malloc((size_t)c->d * c->d * m->panel_blocks[0] *
                             sizeof(float));
-    if (c->buf == NULL || c->norms == NULL || c->row == NULL ||
+    if (c->buf == NULL || c->base == NULL || c->ld == NULL ||
+        c->norms == NULL || c->row == NULL ||
         c->fold == NULL || c->slot == NULL || c->start == NULL ||
         (c->mixed && c->scratch == NULL)) {
         chunk_free(c);
@@ -643,7 +714,12 @@ static void chunk_pack(chunk *c, const toast_view *views, int n, int nsets)
         start[f] = start[f - 1];
     start[0] = 0;
 
+    c->packed = 1;
     for (int s = 0; s < c->S; s++) {
+        size_t first = packed_offset(c, s, 0);
+        c->base[s] = c->mixed ? (const void *)((const float *)c->buf + first)
+                              : (const void *)((const double *)c->buf + first);
+        c->ld[s] = (size_t)c->S * c->d;
         for (int k = 0; k < n; k++) {
             size_t at = packed_offset(c, s, c->slot[k]);
             if (c->mixed)
@@ -655,40 +731,67 @@ static void chunk_pack(chunk *c, const toast_view *views, int n, int nsets)
     }
 }
 
-static double packed_dot(const chunk *c, int si, int sj, int slot)
+static const float *rows_f32(const chunk *c, int s, int k)
 {
-    size_t ai = packed_offset(c, si, slot);
-    size_t aj = packed_offset(c, sj, slot);
-    if (c->mixed)
-        return dot_f32((const float *)c->buf + ai, (const float *)c->buf + aj,
-                       c->d);
-    return dot_f64((const double *)c->buf + ai, (const double *)c->buf + aj,
-                   c->d);
+    return (const float *)c->base[s] + (size_t)k * c->ld[s];
 }
 
-/* Count, sums and row statistics of slots [a, b) into one set. */
+static const double *rows_f64(const chunk *c, int s, int k)
+{
+    return (const double *)c->base[s] + (size_t)k * c->ld[s];
+}
+
+static double packed_dot(const chunk *c, int si, int sj, int k)
+{
+    if (c->mixed)
+        return dot_f32(rows_f32(c, si, k), rows_f32(c, sj, k), c->d);
+    return dot_f64(rows_f64(c, si, k), rows_f64(c, sj, k), c->d);
+}
+
+/* Points the chunk at rows [r0, r0 + n) of the caller's arrays (see
+ * direct_layout: every state holds them in the working type with a
+ * uniform row stride). */
+static void chunk_direct(chunk *c, const toast_view *views, int64_t r0)
+{
+    c->packed = 0;
+    for (int s = 0; s < c->S; s++) {
+        c->base[s] = row_pointer(&views[s], r0);
+        c->ld[s] = (size_t)direct_stride(&views[s]) /
+                   (c->mixed ? sizeof(float) : sizeof(double));
+    }
+}
+
+/* Count and column sums of slots [a, b) into one set. */
+static void add_sums(const toast_moments *m, const chunk *c, int a, int b,
+                     double *set)
+{
+    const int d = m->lay.dim;
+
+    set[0] += (double)(b - a);
+    for (int s = 0; s < m->lay.num_states; s++) {
+        double *sum = set + m->lay.off_sums + (size_t)s * d;
+        for (int k = a; k < b; k++) {
+            if (c->mixed) {
+                const float *x = rows_f32(c, s, k);
+                for (int e = 0; e < d; e++)
+                    sum[e] += x[e];
+            } else {
+                const double *x = rows_f64(c, s, k);
+                for (int e = 0; e < d; e++)
+                    sum[e] += x[e];
+            }
+        }
+    }
+}
+
+/* Per-row pair statistics of slots [a, b) into one set. */
 static void add_row_stats(const toast_moments *m, const chunk *c, int a, int b,
                           double *set)
 {
-    const int S = m->lay.num_states, d = m->lay.dim;
+    const int S = m->lay.num_states;
     double *rs = set + m->lay.off_rowstats;
     const size_t plane = (size_t)S * S;
 
-    set[0] += (double)(b - a);
-    for (int k = a; k < b; k++) {
-        /* packed row k holds the S states back to back, as do the sums */
-        double *sum = set + m->lay.off_sums;
-        const size_t at = packed_offset(c, 0, k), len = (size_t)S * d;
-        if (c->mixed) {
-            const float *x = (const float *)c->buf + at;
-            for (size_t e = 0; e < len; e++)
-                sum[e] += x[e];
-        } else {
-            const double *x = (const double *)c->buf + at;
-            for (size_t e = 0; e < len; e++)
-                sum[e] += x[e];
-        }
-    }
     for (int k = a; k < b; k++) {
         for (int s = 0; s < S; s++)
             c->norms[s] = packed_dot(c, s, s, k);
@@ -709,30 +812,71 @@ static void add_row_stats(const toast_moments *m, const chunk *c, int a, int b,
     }
 }
 
-/* Cross blocks of slots [a, b) into one set: one GEMM per row panel,
+/* Row panel of state i, float64: X_i^T X_i by dsyrk (upper triangle: half
+ * the multiply-adds), then X_i^T [X_i+1 | ...]: one dgemm when the chunk
+ * is packed (adjacent states share a leading dimension), else one per
+ * block. */
+static void add_panel_f64(const toast_moments *m, const chunk *c, int i,
+                          int a, int n, double *P)
+{
+    const int d = m->lay.dim, blocks = m->panel_blocks[i];
+    const int width = blocks * d;
+    const double *X = rows_f64(c, i, a);
+    const int ld = (int)c->ld[i];
+
+    toast_dsyrk(TOAST_CblasRowMajor, TOAST_CblasUpper, TOAST_CblasTrans, d, n,
+                1.0, X, ld, 1.0, P, width);
+    if (blocks > 1 && c->packed)
+        toast_dgemm(TOAST_CblasRowMajor, TOAST_CblasTrans, TOAST_CblasNoTrans,
+                    d, width - d, n, 1.0, X, ld, X + d, ld, 1.0, P + d,
+                    width);
+    for (int b = 1; b < blocks && !c->packed; b++)
+        toast_dgemm(TOAST_CblasRowMajor, TOAST_CblasTrans, TOAST_CblasNoTrans,
+                    d, d, n, 1.0, X, ld, rows_f64(c, i + b, a),
+                    (int)c->ld[i + b], 1.0, P + (size_t)b * d, width);
+}
+
+/* Row panel of state i, mixed: the same products in float32 into the
+ * scratch panel, then added to the float64 sums (upper triangle of the
+ * diagonal block only: ssyrk leaves the lower one unwritten). */
+static void add_panel_mixed(const toast_moments *m, const chunk *c, int i,
+                            int a, int n, double *P)
+{
+    const int d = m->lay.dim, blocks = m->panel_blocks[i];
+    const size_t width = (size_t)blocks * d;
+    const float *X = rows_f32(c, i, a);
+    const int ld = (int)c->ld[i];
+    float *T = c->scratch;
+
+    toast_ssyrk(TOAST_CblasRowMajor, TOAST_CblasUpper, TOAST_CblasTrans, d, n,
+                1.0f, X, ld, 0.0f, T, (int)width);
+    if (blocks > 1 && c->packed)
+        toast_sgemm(TOAST_CblasRowMajor, TOAST_CblasTrans, TOAST_CblasNoTrans,
+                    d, (int)width - d, n, 1.0f, X, ld, X + d, ld, 0.0f, T + d,
+                    (int)width);
+    for (int b = 1; b < blocks && !c->packed; b++)
+        toast_sgemm(TOAST_CblasRowMajor, TOAST_CblasTrans, TOAST_CblasNoTrans,
+                    d, d, n, 1.0f, X, ld, rows_f32(c, i + b, a),
+                    (int)c->ld[i + b], 0.0f, T + (size_t)b * d, (int)width);
+    for (size_t r = 0; r < (size_t)d; r++) {
+        const float *src = T + r * width;
+        double *dst = P + r * width;
+        for (size_t e = r; e < width; e++)
+            dst[e] += src[e];
+    }
+}
+
+/* Cross blocks of slots [a, b) into one set: one panel per source state,
  * X_i^T [X_i | X_i+1 | ... ], which keeps BLAS calls few and large. */
 static void add_cross_blocks(const toast_moments *m, const chunk *c, int a,
                              int b, double *set)
 {
-    const int d = m->lay.dim, n = b - a, ld = m->lay.num_states * d;
-
-    for (int i = 0; i < m->lay.num_states; i++) {
-        const int width = m->panel_blocks[i] * d;
+    for (int i = 0; i < m->sources; i++) {
         double *P = set + m->panel_off[i];
-        size_t oi = packed_offset(c, i, a);
-        if (!c->mixed) {
-            const double *X = (const double *)c->buf + oi;
-            toast_dgemm(TOAST_CblasRowMajor, TOAST_CblasTrans,
-                        TOAST_CblasNoTrans, d, width, n, 1.0, X, ld, X, ld,
-                        1.0, P, width);
-            continue;
-        }
-        const float *X = (const float *)c->buf + oi;
-        float *T = c->scratch;
-        toast_sgemm(TOAST_CblasRowMajor, TOAST_CblasTrans, TOAST_CblasNoTrans,
-                    d, width, n, 1.0f, X, ld, X, ld, 0.0f, T, width);
-        for (size_t e = 0; e < (size_t)d * width; e++)
-            P[e] += T[e];
+        if (c->mixed)
+            add_panel_mixed(m, c, i, a, b - a, P);
+        else
+            add_panel_f64(m, c, i, a, b - a, P);
     }
 }
 
@@ -743,28 +887,33 @@ static void chunk_accumulate(toast_moments *m, const chunk *c)
         if (b <= a)
             continue;
         double *set = m->data + (size_t)f * m->lay.set_len;
-        add_row_stats(m, c, a, b, set);
+        add_sums(m, c, a, b, set);
+        if (m->rowstats)
+            add_row_stats(m, c, a, b, set);
         add_cross_blocks(m, c, a, b, set);
     }
 }
 
-toast_status toast_moments_update(toast_moments *m, const toast_view *views,
-                                  const uint8_t *mask, const int64_t *fold_ids,
-                                  toast_error *err)
+/* Every row, without masks or folds, read in place chunk by chunk. */
+static int64_t update_direct(toast_moments *m, chunk *c,
+                             const toast_view *views, int64_t rows)
 {
-    int64_t rows = 0;
-    chunk *c = NULL;
-    toast_status st = validate_update(m, views, mask, fold_ids, &rows, err);
-    if (st != TOAST_OK)
-        return st;
-    if (m->next_row > INT64_MAX - rows)
-        return toast_set_error(err, TOAST_EOVERFLOW, -1,
-                               "the row counter (%lld) would overflow",
-                               (long long)m->next_row);
-    st = chunk_get(m, rows, &c, err);
-    if (st != TOAST_OK)
-        return st;
+    for (int64_t r = 0; r < rows; r += c->cap) {
+        int n = rows - r < c->cap ? (int)(rows - r) : c->cap;
+        chunk_direct(c, views, r);
+        c->start[0] = 0;
+        c->start[1] = n;
+        chunk_accumulate(m, c);
+    }
+    return rows;
+}
 
+/* The rows the mask keeps, dealt to folds, converted and grouped into the
+ * packed buffer chunk by chunk. */
+static int64_t update_packed(toast_moments *m, chunk *c,
+                             const toast_view *views, int64_t rows,
+                             const uint8_t *mask, const int64_t *fold_ids)
+{
     int64_t accepted = 0;
     int n = 0;
     for (int64_t r = 0; r < rows; r++) {
@@ -788,6 +937,34 @@ toast_status toast_moments_update(toast_moments *m, const toast_view *views,
         chunk_pack(c, views, n, m->lay.nsets);
         chunk_accumulate(m, c);
     }
+    return accepted;
+}
+
+toast_status toast_moments_update(toast_moments *m, const toast_view *views,
+                                  const uint8_t *mask, const int64_t *fold_ids,
+                                  toast_error *err)
+{
+    int64_t rows = 0;
+    chunk *c = NULL;
+    toast_status st = validate_update(m, views, mask, fold_ids, &rows, err);
+    if (st != TOAST_OK)
+        return st;
+    if (m->next_row > INT64_MAX - rows)
+        return toast_set_error(err, TOAST_EOVERFLOW, -1,
+                               "the row counter (%lld) would overflow",
+                               (long long)m->next_row);
+    st = chunk_get(m, rows, &c, err);
+    if (st != TOAST_OK)
+        return st;
+    const int direct =
+        mask == NULL && m->lay.nsets == 1 &&
+        views_direct(views, m->lay.num_states, m->lay.dim,
+                     c->mixed ? TOAST_FLOAT32 : TOAST_FLOAT64,
+                     c->mixed ? sizeof(float) : sizeof(double));
+
+    int64_t accepted = direct ? update_direct(m, c, views, rows)
+                              : update_packed(m, c, views, rows, mask,
+                                              fold_ids);
     m->next_row += accepted;
     return TOAST_OK;
 }
@@ -797,13 +974,16 @@ toast_status toast_moments_merge(toast_moments *dst, const toast_moments *src,
 {
     const toast_moments_layout *a = &src->lay, *b = &dst->lay;
     if (a->num_states != b->num_states || a->dim != b->dim ||
-        a->folds != b->folds || a->span != b->span)
+        a->folds != b->folds || a->span != b->span ||
+        src->rowstats != dst->rowstats || src->sources != dst->sources)
         return toast_set_error(err, TOAST_EINVAL, -1,
                                "cannot merge moments of (states=%d, dim=%d, "
-                               "folds=%d, span=%d) into (states=%d, dim=%d, "
-                               "folds=%d, span=%d)", a->num_states, a->dim,
-                               a->folds, a->span, b->num_states, b->dim,
-                               b->folds, b->span);
+                               "folds=%d, span=%d, rowstats=%d, sources=%d) "
+                               "into (states=%d, dim=%d, folds=%d, span=%d, "
+                               "rowstats=%d, sources=%d)", a->num_states,
+                               a->dim, a->folds, a->span, src->rowstats,
+                               src->sources, b->num_states, b->dim, b->folds,
+                               b->span, dst->rowstats, dst->sources);
     if (src->next_row > INT64_MAX - dst->next_row)
         return toast_set_error(err, TOAST_EOVERFLOW, -1,
                                "the merged row counter (%lld + %lld) would "
@@ -906,6 +1086,12 @@ toast_status toast_moments_cross(const toast_moments *m, toast_sets sel, int k,
         return toast_set_error(err, TOAST_ERANGE, -1,
                                "state pair (%d, %d) is out of range for %d "
                                "states", i, j, m->lay.num_states);
+    if (lo >= m->sources)
+        return toast_set_error(err, TOAST_ENOTSTORED, -1,
+                               "the cross block (%d, %d) is not kept: these "
+                               "moments form the blocks of states < %d only "
+                               "(sources=%d)", lo, hi, m->sources,
+                               m->sources);
     int p = toast_moments_pair(m, lo, hi);
     if (p < 0)
         return toast_set_error(err, TOAST_ENOTSTORED, -1,

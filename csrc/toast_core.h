@@ -116,8 +116,14 @@ typedef enum {
  *                                starting at panel_offset[i],
  *                                panel_blocks[i] = min(span, S-1-i) + 1.
  *                                Each symmetric pair is stored once
- *                                (j >= i); diagonal blocks are full and
- *                                symmetric up to rounding.
+ *                                (j >= i); of a diagonal block only the
+ *                                upper triangle is formed (by SYRK; the
+ *                                lower holds no data: read blocks through
+ *                                toast_moments_cross, which symmetrises).
+ *                                Moments restricted to `sources` states
+ *                                leave the panels of states >= sources
+ *                                zero, and without row statistics their
+ *                                region stays zero (toast_moments_restrict).
  * Keeping every quantity as a float64 sum makes merge an element-wise add.
  */
 typedef struct toast_moments toast_moments;
@@ -181,6 +187,26 @@ const double *toast_moments_data(const toast_moments *m);
 toast_status toast_moments_set_data(toast_moments *m, const double *data,
                                     size_t len, int64_t rows,
                                     toast_error *err);
+
+/*
+ * Restricts what updates form, before the first update (TOAST_EINVAL
+ * after): rowstats = 0 skips the per-row pair statistics (cosine, angle,
+ * distances: the row metrics then fail), and only the row panels of the
+ * first `sources` states (1 <= sources <= S) are formed, so blocks (i, j)
+ * with i >= sources are not kept (toast_moments_cross: TOAST_ENOTSTORED).
+ * A least-squares fit of state j from state i needs i < sources; e.g.
+ * S = 2, sources = 1 forms X_0^T X_0 and X_0^T X_1 but not X_1^T X_1.
+ * The storage layout is unchanged; moments merge only with moments
+ * restricted alike.
+ */
+toast_status toast_moments_restrict(toast_moments *m, int rowstats,
+                                    int sources, toast_error *err);
+
+/* 1 when updates form the per-row pair statistics (the default). */
+int toast_moments_has_rowstats(const toast_moments *m);
+
+/* States whose row panels updates form (num_states by default). */
+int toast_moments_sources(const toast_moments *m);
 
 /* Block index of (i, j) with i <= j, or -1 when not kept / out of range. */
 int toast_moments_pair(const toast_moments *m, int i, int j);

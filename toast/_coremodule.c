@@ -141,13 +141,14 @@ static PyObject *Moments_new(PyTypeObject *type, PyObject *args,
 static int Moments_init(MomentsObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"num_states", "dim", "folds", "span",
-                             "precision", NULL};
-    int S, d, folds = 0, span = -1, precision = 0;
+                             "precision", "rowstats", "sources", NULL};
+    int S, d, folds = 0, span = -1, precision = 0, rowstats = 1, sources = 0;
     toast_error err = {0};
     toast_moments *m = NULL;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ii|iii", kwlist, &S, &d,
-                                     &folds, &span, &precision))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ii|iiipi", kwlist, &S, &d,
+                                     &folds, &span, &precision, &rowstats,
+                                     &sources))
         return -1;
     if (self->m != NULL) {
         PyErr_SetString(PyExc_RuntimeError,
@@ -155,7 +156,10 @@ static int Moments_init(MomentsObject *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     if (toast_moments_new(S, d, folds, span, (toast_precision)precision, &m,
-                          &err) != TOAST_OK) {
+                          &err) != TOAST_OK ||
+        toast_moments_restrict(m, rowstats, sources > 0 ? sources : S,
+                               &err) != TOAST_OK) {
+        toast_moments_free(m);
         raise_core_error(&err);
         return -1;
     }
@@ -700,6 +704,8 @@ MOMENTS_INT_GETTER(folds, toast_moments_folds(self->m))
 MOMENTS_INT_GETTER(span, toast_moments_span(self->m))
 MOMENTS_INT_GETTER(precision_code, toast_moments_precision(self->m))
 MOMENTS_INT_GETTER(rows, toast_moments_rows(self->m))
+MOMENTS_INT_GETTER(rowstats, toast_moments_has_rowstats(self->m))
+MOMENTS_INT_GETTER(sources, toast_moments_sources(self->m))
 
 static PyObject *Moments_get_nbytes(MomentsObject *self, void *c)
 {
@@ -829,6 +835,10 @@ static PyGetSetDef Moments_getset[] = {
      "largest j - i whose cross block is kept", NULL},
     {"_precision_code", (getter)Moments_get_precision_code, NULL, NULL, NULL},
     {"rows", (getter)Moments_get_rows, NULL, "number of accepted rows", NULL},
+    {"_rowstats", (getter)Moments_get_rowstats, NULL,
+     "1 when updates form the per-row pair statistics", NULL},
+    {"_sources", (getter)Moments_get_sources, NULL,
+     "states whose row panels updates form", NULL},
     {"nbytes", (getter)Moments_get_nbytes, NULL,
      "bytes held by the moments", NULL},
     {NULL, NULL, NULL, NULL, NULL}
@@ -840,7 +850,8 @@ static PyTypeObject Moments_Type = {
     .tp_basicsize = sizeof(MomentsObject),
     .tp_dealloc = (destructor)Moments_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Moments(num_states, dim, folds=0, span=-1, precision=0)\n"
+    .tp_doc = "Moments(num_states, dim, folds=0, span=-1, precision=0, "
+              "rowstats=True, sources=0)\n"
               "--\n\n"
               "Streaming moments (C storage). Use toast.Moments.",
     .tp_methods = Moments_methods,

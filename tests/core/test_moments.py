@@ -844,3 +844,71 @@ def test_failed_update_leaves_object_unchanged(corrupt):
     m.update(C)
     ref = toast.Moments(S, d, folds=K).update(A).update(C)
     assert_moments_equal(m, ref, tol=1e-14)
+
+
+# --------------------------------------------------------------------------
+# what is formed: row statistics and sources
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("precision,tol", [("float64", 1e-12), ("mixed", 1e-5)])
+def test_least_squares_moments_form_the_source_blocks_and_sums(precision, tol):
+    X = make_states(11, 2, 500, 24)
+    m = toast.Moments(2, 24, precision=precision, row_stats=False, sources=1).update(X)
+    assert_rel(m.cross(0, 0), X[0].T @ X[0], tol, "cross(0,0)")
+    assert_rel(m.cross(0, 1), X[0].T @ X[1], tol, "cross(0,1)")
+    assert_rel(m.cross(1, 0), X[1].T @ X[0], tol, "cross(1,0)")
+    assert_rel(m.sum(1), X[1].sum(axis=0), tol, "sum(1)")
+    assert m.count() == 500
+
+
+def test_blocks_of_non_sources_raise_on_reading():
+    X = make_states(12, 3, 40, 5)
+    m = toast.Moments(3, 5, sources=2).update(X)
+    m.cross(1, 2)
+    assert not m.has_pair(2, 2)
+    with pytest.raises(ValueError, match=r"\(2, 2\) is not kept.*sources=2"):
+        m.cross(2, 2)
+    with pytest.raises(ValueError, match="not kept"):
+        toast.error_matrix(m, "linear", "in_sample")
+
+
+def test_row_metrics_refuse_moments_without_row_statistics():
+    m = toast.Moments(3, 5, row_stats=False).update(make_states(13, 3, 40, 5))
+    with pytest.raises(ValueError, match="row_stats=False"):
+        toast.error_matrix(m, "cosine")
+    full = toast.Moments(3, 5).update(make_states(13, 3, 40, 5))
+    np.testing.assert_array_equal(
+        toast.error_matrix(m, "linear", "in_sample"),
+        toast.error_matrix(full, "linear", "in_sample"),
+    )
+
+
+def test_restricted_moments_pickle_and_merge_only_with_their_kind():
+    X = make_states(14, 2, 60, 6)
+    m = toast.Moments(2, 6, row_stats=False, sources=1).update(X)
+    back = pickle.loads(pickle.dumps(m))
+    assert (back.row_stats, back.sources) == (False, 1)
+    np.testing.assert_array_equal(back.cross(0, 1), m.cross(0, 1))
+    with pytest.raises(ValueError, match="sources"):
+        toast.Moments(2, 6).merge(m)
+    with pytest.raises(ValueError, match="sources"):
+        toast.Moments(2, 6, sources=3)
+
+
+@pytest.mark.parametrize("precision,tol", [("float64", 1e-13), ("mixed", 1e-6)])
+def test_rows_read_in_place_equal_rows_copied(precision, tol):
+    # contiguous rows of the working type are read in place; a mask of
+    # all-true rows (or strided rows) takes the copying path
+    dtype = np.float64 if precision == "float64" else np.float32
+    X = [x.astype(dtype) for x in make_states(15, 3, 700, 20)]
+    direct = toast.Moments(3, 20, precision=precision).update(X)
+    copied = toast.Moments(3, 20, precision=precision).update(X, mask=np.ones(700, dtype=bool))
+    strided = toast.Moments(3, 20, precision=precision)
+    strided.update([np.asfortranarray(x) for x in X])
+    for other in (copied, strided):
+        for i, j in stored_pairs(3, 3):
+            assert_rel(direct.cross(i, j), other.cross(i, j), tol, f"cross({i},{j})")
+        np.testing.assert_allclose(
+            toast.error_matrix(direct, "cosine"), toast.error_matrix(other, "cosine"), rtol=1e-9
+        )

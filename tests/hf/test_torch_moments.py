@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tests._helpers import assert_rel
+from tests._helpers import assert_rel, make_states
 
 torch = pytest.importorskip("torch")
 
@@ -137,3 +137,16 @@ def test_windowed_moments_refuse_a_window_of_the_wrong_length():
     w = WindowedMoments(4, 3, pairs=2)
     with pytest.raises(ValueError, match="pairs with states 1..3: expected 3 tensors"):
         w.add_state(3, _states(2, 5, 3, 0))
+
+
+@pytest.mark.parametrize("precision", ["float64", "mixed"])
+def test_restricted_torch_moments_equal_restricted_core_moments(precision):
+    X = [torch.from_numpy(x) for x in make_states(21, 2, 300, 16)]
+    asked = {"precision": precision, "row_stats": False, "sources": 1}
+    t = TorchMoments(2, 16, **asked)
+    t.update(X)
+    c = toast.Moments(2, 16, **asked).update(X)
+    got = t.to_moments()
+    assert (got.row_stats, got.sources) == (False, 1)
+    tol = 1e-6 if precision == "mixed" else 1e-12  # of the storage's norm
+    assert_rel(got._get_data(), c._get_data(), tol, "storage")

@@ -138,13 +138,24 @@ class Moments(_core.Moments):
     pairs:
         Which cross blocks to keep: ``"all"``, ``"consecutive"`` (``j - i <=
         1``) or an int span ``m`` (``j - i <= m``). Diagonal blocks are
-        always kept. Row statistics are kept for every pair regardless.
+        always kept (of the sources, see below).
     precision:
         ``"float64"`` (default): products and sums in float64, so streaming
         equals one-shot to rounding. ``"mixed"``: each chunk of up to
         :data:`MIXED_CHUNK_ROWS` (4096) rows is multiplied in float32 and
         added to float64 sums; about twice as fast, with relative errors
         around 1e-6.
+    row_stats:
+        Whether updates form the per-row pair statistics (cosine, angle,
+        distances) that the row metrics of :func:`toast.error_matrix` read.
+        ``False`` when only least-squares fits will be asked for.
+    sources:
+        Form the cross blocks ``X_iᵀ X_j`` only for ``i < sources`` (default
+        every state). A fit of state ``j`` from state ``i`` reads ``X_iᵀ
+        X_i`` and ``X_iᵀ X_j``, never ``X_jᵀ X_j``: ``Moments(2, d,
+        sources=1, row_stats=False)`` forms exactly what a least-squares fit
+        of state 1 from state 0 needs (ReplaceMe's), about half the
+        multiply-adds of all pairs. Blocks not formed raise on reading.
 
     Memory: :attr:`nbytes` is the storage; an update also keeps a scratch
     workspace of up to ~100 MB between batches (so that many small batches do
@@ -161,13 +172,20 @@ class Moments(_core.Moments):
         folds: int = 0,
         pairs: Pairs = "all",
         precision: Literal["float64", "mixed"] = "float64",
+        row_stats: bool = True,
+        sources: int | None = None,
     ) -> None:
         num_states = check("num_states", num_states, _COUNT)
         dim = check("dim", dim, _COUNT)
         folds = _check_folds(folds)
         check("precision", precision, Options(PRECISIONS))
+        check("row_stats", row_stats, Options((True, False)))
+        if sources is not None:
+            sources = check("sources", sources, Interval(int, 1, num_states))
         span = pair_span(pairs, num_states)
-        super().__init__(num_states, dim, folds, span, PRECISIONS[precision])
+        super().__init__(
+            num_states, dim, folds, span, PRECISIONS[precision], row_stats, sources or 0
+        )
         self._pairs = pairs
         self._precision = precision
 
@@ -239,6 +257,16 @@ class Moments(_core.Moments):
         return self._precision
 
     @property
+    def row_stats(self) -> bool:
+        """Whether updates form the per-row pair statistics."""
+        return bool(self._rowstats)
+
+    @property
+    def sources(self) -> int:
+        """Cross blocks ``X_iᵀ X_j`` are formed for ``i < sources``."""
+        return int(self._sources)
+
+    @property
     def fold_rows(self) -> np.ndarray:
         """Rows per fold, shape ``(folds,)`` (empty without folds)."""
         return np.array(
@@ -283,6 +311,8 @@ class Moments(_core.Moments):
                 self._precision,
                 self._get_data(),
                 self.rows,
+                self.row_stats,
+                self.sources,
             ),
         )
 
@@ -294,12 +324,25 @@ class Moments(_core.Moments):
     def __repr__(self) -> str:
         return (
             f"Moments(num_states={self.num_states}, dim={self.dim}, folds={self.folds}, "
-            f"pairs={self._pairs!r}, rows={self.rows}, nbytes={self.nbytes})"
+            f"pairs={self._pairs!r}, rows={self.rows}, nbytes={self.nbytes}"
+            + ("" if self.row_stats else ", row_stats=False")
+            + ("" if self.sources == self.num_states else f", sources={self.sources}")
+            + ")"
         )
 
 
-def _restore_moments(cls, num_states, dim, folds, pairs, precision, data, rows):
-    m = cls(num_states, dim, folds=folds, pairs=pairs, precision=precision)
+def _restore_moments(
+    cls, num_states, dim, folds, pairs, precision, data, rows, row_stats=True, sources=None
+):
+    m = cls(
+        num_states,
+        dim,
+        folds=folds,
+        pairs=pairs,
+        precision=precision,
+        row_stats=row_stats,
+        sources=sources,
+    )
     m._set_data(data, rows)
     return m
 

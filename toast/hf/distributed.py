@@ -58,14 +58,24 @@ from toast.core.moments import PRECISIONS
 __all__ = ["all_reduce_moments"]
 
 # Layout fields that must agree on every rank, in the order they are gathered
-# (all but precision are read from the core's layout of the moments).
-_FIELDS = ("num_states", "dim", "folds", "span", "storage_len", "precision")
+# (the layout's, then what the moments form: precision, row statistics, sources).
+_FIELDS = (
+    "num_states",
+    "dim",
+    "folds",
+    "span",
+    "storage_len",
+    "precision",
+    "row_stats",
+    "sources",
+)
 _PRECISION_NAMES = {code: name for name, code in PRECISIONS.items()}
 
 
 def _layout(moments: _core.Moments) -> list[int]:
     layout = moments.layout()
-    return [*(int(layout[name]) for name in _FIELDS[:-1]), moments._precision_code]
+    formed = [moments._precision_code, moments._rowstats, moments._sources]
+    return [*(int(layout[name]) for name in _FIELDS[:5]), *formed]
 
 
 def _device_for(dist: Any, group: Any) -> Any:
@@ -81,7 +91,8 @@ def all_reduce_moments(moments: Any, group: Any = None) -> Any:
 
     Collective: every rank of ``group`` (default: the default process group)
     must call it. Raises :class:`ValueError` (on every rank) when the ranks'
-    moments differ in num_states, dim, folds, span or precision, and
+    moments differ in num_states, dim, folds, span, precision, row statistics
+    or sources, and
     :class:`RuntimeError` when torch.distributed is not initialised.
     """
     if not isinstance(moments, _core.Moments):
@@ -109,7 +120,8 @@ def all_reduce_moments(moments: Any, group: Any = None) -> Any:
             per_rank = ", ".join(f"rank {r}: {v}" for r, v in enumerate(shown))
             raise ValueError(
                 f"all_reduce: the ranks' moments differ in {name} ({per_rank}); every rank "
-                "must build Moments with the same num_states, dim, folds, pairs and precision"
+                "must build Moments with the same num_states, dim, folds, pairs, precision, "
+                "row_stats and sources"
             )
 
     # 2. One float64 SUM of [storage..., rows].

@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from toast._validation import Options, check
+from toast._validation import Interval, Options, check
 from toast.core.errors import non_finite_error
 from toast.core.moments import PRECISIONS, ROW_STATS, Moments, Pairs, storage_layout
 
@@ -30,7 +30,8 @@ class TorchMoments:
 
     Same parameters and row-to-fold rule as :class:`toast.Moments` (row r
     of the accepted rows goes to fold ``r % folds``). ``precision="mixed"``
-    multiplies in float32 and sums in float64, like the core.
+    multiplies in float32 and sums in float64, like the core; ``row_stats``
+    and ``sources`` skip what is not asked for, as there.
 
     Not thread-safe: one update at a time.
     """
@@ -43,10 +44,16 @@ class TorchMoments:
         pairs: Pairs = "all",
         precision: Literal["float64", "mixed"] = "float64",
         device: torch.device | str = "cpu",
+        row_stats: bool = True,
+        sources: int | None = None,
     ) -> None:
         # The core validates the shape and says where everything goes.
         layout = storage_layout(num_states, dim, folds, pairs)
         check("precision", precision, Options(PRECISIONS))
+        check("row_stats", row_stats, Options((True, False)))
+        if sources is not None:
+            check("sources", sources, Interval(int, 1, layout["num_states"]))
+        self.row_stats, self.sources = row_stats, sources or layout["num_states"]
         self.num_states, self.dim, self.folds = layout["num_states"], layout["dim"], layout["folds"]
         self.pairs, self.precision = pairs, precision
         self.span = layout["span"]
@@ -109,11 +116,13 @@ class TorchMoments:
         row = self.data[f]
         row[self._off_count] += n
         row[self._off_sums : self._off_rowstats] += z.sum(dim=0, dtype=torch.float64).reshape(-1)
-        self._add_row_stats(z.to(torch.float64), row)
+        if self.row_stats:
+            self._add_row_stats(z.to(torch.float64), row)
         flat = z.reshape(n, S * d)
-        for i in range(S):
+        for i in range(self.sources):
             width = self._panel_blocks[i] * d
             panel = flat[:, i * d : i * d + d].T @ flat[:, i * d : i * d + width]
+            panel[:, :d] = panel[:, :d].triu()  # as the core: X_iᵀX_i's upper triangle
             start = self._panel_off[i]
             row[start : start + d * width] += panel.to(torch.float64).reshape(-1)
 
@@ -127,7 +136,13 @@ class TorchMoments:
     def to_moments(self) -> Moments:
         """A :class:`toast.Moments` holding the same sums (one device→host copy)."""
         moments = Moments(
-            self.num_states, self.dim, folds=self.folds, pairs=self.pairs, precision=self.precision
+            self.num_states,
+            self.dim,
+            folds=self.folds,
+            pairs=self.pairs,
+            precision=self.precision,
+            row_stats=self.row_stats,
+            sources=self.sources,
         )
         moments._set_data(self.data.reshape(-1).cpu().numpy(), self.rows)
         return moments
@@ -210,7 +225,8 @@ class WindowedMoments(TorchMoments):
         for i, old in zip(range(first, j + 1), z, strict=True):
             width = self._panel_blocks[i] * d
             panel = row[self._panel_off[i] : self._panel_off[i] + d * width].view(d, width)
-            panel[:, (j - i) * d : (j - i + 1) * d] += (old.T @ new).to(torch.float64)
+            block = (old.T @ new).to(torch.float64)
+            panel[:, (j - i) * d : (j - i + 1) * d] += block if i < j else block.triu()
             if i < j:
                 stats = _pair_row_stats(old.to(torch.float64), new64)
                 for k, value in enumerate(stats):

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from toast._validation import Interval, Options, Predicate, check, validate
+from toast.core.moments import PRECISIONS
 from toast.hf.calibration import BACKENDS, TOKENS, Calibration, Tokens
 
 __all__ = [
@@ -101,7 +102,10 @@ class ReplaceMeConfig:
     ``include_padding=True``, as the reference does):
 
     - ``objective="ls"`` (Eq. 6): ``T = (MᵀM + ridge·I)⁻¹ Mᵀ(L − Y)`` from
-      float64 moments (``backend``: where the sums are formed);
+      float64 sums of exactly ``MᵀM``, ``Mᵀ(L − Y)`` and the column sums
+      (``backend``: where they are formed; ``precision``: ``"float64"``
+      products, or ``"mixed"``: float32 products of chunks of 4,096 rows
+      summed in float64, see :class:`toast.Moments`);
       ``massive_rows`` says what it does with the few rows whose massive
       activation only the removed blocks create (see :data:`MASSIVE`);
       ``structure="diagonal"`` (Eq. 13) or ``"orthogonal"`` (Procrustes) for
@@ -183,6 +187,7 @@ class ReplaceMeConfig:
     buffer_dtype: Any = np.float32
     buffer_dir: str | os.PathLike | None = None
     backend: Literal["auto", "c", "torch"] = "auto"
+    precision: Literal["float64", "mixed"] = "float64"
     check: bool = True
     calibration: Calibration = field(default_factory=Calibration)
 
@@ -218,6 +223,7 @@ class ReplaceMeConfig:
         "buffer_dtype": [Predicate(_is_dtype, "a floating-point NumPy dtype")],
         "buffer_dir": [str, os.PathLike, None],
         "backend": [Options(BACKENDS)],
+        "precision": [Options(PRECISIONS)],
         "check": [bool],
         "calibration": [Calibration],
     }

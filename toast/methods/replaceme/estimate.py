@@ -109,10 +109,12 @@ class _Estimator:
     def _open(self, cut: _Cut, d: int, device: torch.device) -> None:
         config = self.config
         if config.needs_moments:
+            # LS reads MᵀM, Mᵀ(L − Y) and the sums: nothing of the target alone
+            asked = {"precision": config.precision, "row_stats": False, "sources": 1}
             cut.moments = (
-                TorchMoments(2, d, folds=0, pairs="all", device=device)
+                TorchMoments(2, d, folds=0, pairs="all", device=device, **asked)
                 if uses_torch(config.backend, device)
-                else Moments(2, d, folds=0, pairs="all")
+                else Moments(2, d, folds=0, pairs="all", **asked)
             )
         if config.objective != "cosine":
             return
@@ -156,7 +158,7 @@ class _Estimator:
         else:
             a, target = lk, ls
         if cut.moments is not None:
-            self._add_moments(cut.moments, a.double(), target.double())
+            self._add_moments(cut.moments, a, target.double())
         if cut.sample is not None:
             if self.config.buffer_states == 3 and m is not None:  # exact loss: M, Y, L_{k+n}
                 cut.sample.add([m, lk.double() - m.double(), ls])
@@ -175,6 +177,9 @@ class _Estimator:
                 a, target = a[~created], target[~created]
             else:  # "plain": those rows ask T to act as plain removal does
                 target = torch.where(created[:, None], a, target)
+        # in the products' working type, the core reads the rows in place
+        work = torch.float32 if self.config.precision == "mixed" else torch.float64
+        a, target = a.to(work), target.to(work)
         if isinstance(moments, TorchMoments):
             moments.update([a, target])
         else:
