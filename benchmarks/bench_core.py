@@ -39,7 +39,20 @@ never inside a timed region or a memory window.
     same moments, and ``estimator="cv"`` on a separate ``Moments(folds=5)``
     (update + cv; its peak memory and ``nbytes`` are reported).
 
-(c) (a) and (b) are repeated for every size in ``--sizes`` (rows per state).
+(a) and (b) are repeated for every size in ``--sizes`` (rows per state).
+
+(c) ReplaceMe's least-squares statistics
+    ``--ls-rows`` float32 rows of width ``--ls-dim`` (32,768 x 576, SmolLM2's
+    width) in chunks of 4,096: M, Y and L = Y + M T + noise. Reference: the
+    plain torch loop a user would write, per chunk ``M64ᵀ M64`` and
+    ``M64ᵀ (L64 − Y64)`` in float64. Ours: ``toast.Moments(2, d,
+    row_stats=False, sources=1)`` (what ReplaceMe builds: MᵀM, Mᵀ(L − Y) and
+    the sums) updated with the same chunks, the target difference taken in
+    float64 as ReplaceMe does, in float64 and in mixed precision; and, for
+    comparison, the moments forming every block and the row statistics.
+    Every call timed in ``--ls-rounds`` interleaved rounds (medians), with
+    its peak RSS and the relative error of both products against the
+    reference.
 
 Peak memory
 -----------
@@ -81,6 +94,7 @@ import gc
 import inspect
 import json
 import platform
+import statistics
 import sys
 import threading
 import time
@@ -132,6 +146,10 @@ class Config:
     reference: bool = True
     repeat_ours: bool = True
     f64_check_max_rows: int = 10_000
+    ls_rows: int = 32_768
+    ls_dim: int = 576
+    ls_chunk: int = 4096
+    ls_rounds: int = 7
     out: Path = OUT_DIR / "core.json"
 
     @property
@@ -760,6 +778,115 @@ def checks_table(results: Sequence[dict[str, Any]]) -> str:
     return table(header, body)
 
 
+# --------------------------------------------------------------------------
+# (c) ReplaceMe least-squares statistics
+# --------------------------------------------------------------------------
+
+
+def ls_chunks(rows: int, dim: int, chunk: int, seed: int) -> list[tuple[torch.Tensor, ...]]:
+    """float32 chunks (M, Y, L) of a residual stream: L = Y + M T + noise."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.linspace(0.1, 3.0, dim)
+    t = torch.randn(dim, dim, generator=gen) / dim**0.5
+    out = []
+    for start in range(0, rows, chunk):
+        n = min(chunk, rows - start)
+        m = torch.randn(n, dim, generator=gen) * scale
+        y = torch.randn(n, dim, generator=gen)
+        out.append((m, y, y + m @ t + 0.1 * torch.randn(n, dim, generator=gen)))
+    return out
+
+
+def ls_reference(chunks: Sequence[tuple[torch.Tensor, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """The plain torch loop: float64 MᵀM and Mᵀ(L − Y) per chunk."""
+    d = chunks[0][0].shape[1]
+    a = torch.zeros(d, d, dtype=torch.float64)
+    b = torch.zeros(d, d, dtype=torch.float64)
+    for m, y, lt in chunks:
+        m64 = m.double()
+        a += m64.T @ m64
+        b += m64.T @ (lt.double() - y.double())
+    return a.numpy(), b.numpy()
+
+
+def ls_toast(chunks: Sequence[tuple[torch.Tensor, ...]], **options: Any) -> Any:
+    """toast's statistics of the same chunks, as ReplaceMe feeds them: the
+    target difference in float64, then both in the working type."""
+    d = chunks[0][0].shape[1]
+    mo = toast.Moments(2, d, pairs="all", **options)
+    work = torch.float32 if options.get("precision") == "mixed" else torch.float64
+    for m, y, lt in chunks:
+        mo.update([m.to(work), (lt.double() - y.double()).to(work)])
+    return mo
+
+
+LS_VARIANTS: dict[str, dict[str, Any]] = {
+    "toast float64": {"precision": "float64", "row_stats": False, "sources": 1},
+    "toast mixed": {"precision": "mixed", "row_stats": False, "sources": 1},
+    "toast float64, every block + row stats": {"precision": "float64"},
+}
+
+
+def bench_ls_statistics(rows: int, dim: int, chunk: int, rounds: int, seed: int) -> dict[str, Any]:
+    """Interleaved rounds of the torch float64 loop and toast's variants."""
+    chunks = ls_chunks(rows, dim, chunk, seed)
+    calls: dict[str, Callable[[], Any]] = {"torch float64 Gram loop": lambda: ls_reference(chunks)}
+    for name, options in LS_VARIANTS.items():
+        calls[name] = partial(ls_toast, chunks, **options)
+    for call in calls.values():
+        call()  # warm-up
+    seconds: dict[str, list[float]] = {k: [] for k in calls}
+    peaks: dict[str, float] = dict.fromkeys(calls, 0.0)
+    start = usage_start()
+    for _ in progress(range(rounds), "(c) LS statistics"):
+        for name, call in calls.items():
+            with PeakRSS() as mem:
+                seconds[name].append(timed(call)[1])
+            peaks[name] = max(peaks[name], mem.peak_mib)
+    usage = usage_stop(start)
+    warn_load("(c) LS statistics", usage)
+    a, b = ls_reference(chunks)
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    ref = med["torch float64 Gram loop"]
+    methods = {}
+    for name, sec in med.items():
+        methods[name] = {"seconds": sec, "ratio_ref_over_ours": ref / sec, "peak_mib": peaks[name]}
+        if name in LS_VARIANTS:
+            mo = ls_toast(chunks, **LS_VARIANTS[name])
+            methods[name]["gram_rel"] = float(
+                np.linalg.norm(mo.cross(0, 0) - a) / np.linalg.norm(a)
+            )
+            methods[name]["cross_rel"] = float(
+                np.linalg.norm(mo.cross(0, 1) - b) / np.linalg.norm(b)
+            )
+        print(f"  [(c) {name}] {sec:.3f} s, ref/ours {ref / sec:.2f}", flush=True)
+    return {
+        "rows": rows,
+        "dim": dim,
+        "chunk": chunk,
+        "rounds": rounds,
+        "usage": usage,
+        "methods": methods,
+    }
+
+
+def ls_table(ls: dict[str, Any]) -> str:
+    body = []
+    for name, m in ls["methods"].items():
+        errors = f"{m['gram_rel']:.1e} / {m['cross_rel']:.1e}" if "gram_rel" in m else "reference"
+        body.append(
+            [
+                name,
+                f"{m['seconds']:.3f}",
+                f"{m['ratio_ref_over_ours']:.2f}",
+                f"{m['peak_mib']:.0f}",
+                errors,
+            ]
+        )
+    header = ["method", "s (median)", "ref/ours", "peak MiB", "rel. error MᵀM / Mᵀ(L−Y)"]
+    return table(header, body)
+
+
 def phase_usages(r: dict[str, Any]) -> list[dict[str, Any]]:
     """Every phase record of one size that carries a load average."""
     e = r["error_matrix"]
@@ -768,7 +895,7 @@ def phase_usages(r: dict[str, Any]) -> list[dict[str, Any]]:
     return [r["throughput"]["usage"], *(x for x in runs if "loadavg_1m" in x)]
 
 
-def report(cfg: Config, results: Sequence[dict[str, Any]]) -> str:
+def report(cfg: Config, results: Sequence[dict[str, Any]], ls: dict[str, Any] | None = None) -> str:
     s, d = cfg.num_states, cfg.dim
     parts = [
         (
@@ -783,6 +910,15 @@ def report(cfg: Config, results: Sequence[dict[str, Any]]) -> str:
         "## Consistency checks (max abs differences; no assertions)",
         checks_table(results),
     ]
+    if ls:
+        parts += [
+            (
+                f"## (c) ReplaceMe least-squares statistics (width {ls['dim']}, {ls['rows']:,} "
+                f"float32 rows in chunks of {ls['chunk']:,}; median of {ls['rounds']} "
+                f"interleaved rounds; load {ls['usage']['loadavg_1m']:.2f})"
+            ),
+            ls_table(ls),
+        ]
     return "\n\n".join(parts)
 
 
@@ -793,7 +929,7 @@ def report(cfg: Config, results: Sequence[dict[str, Any]]) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--sizes", default="1000,10000,100000", help="rows per state, comma separated")
+    p.add_argument("--sizes", default="1000,20000,100000", help="rows per state, comma separated")
     p.add_argument("--rows", type=int, help="a single size (overrides --sizes)")
     p.add_argument("--quick", action="store_true", help="sizes 1000,10000 only")
     p.add_argument("--batch-images", type=int, default=64)
@@ -812,6 +948,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         default=10_000,
         help="untimed float64 lstsq accuracy check up to this many rows",
     )
+    p.add_argument("--ls-rows", type=int, default=32_768, help="(c): rows (0 skips it)")
+    p.add_argument("--ls-dim", type=int, default=576, help="(c): width")
+    p.add_argument("--ls-rounds", type=int, default=7, help="(c): interleaved rounds")
     p.add_argument("--out", type=Path, default=OUT_DIR / "core.json")
     a = p.parse_args(argv)
     if a.rows is not None:
@@ -831,6 +970,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         reference=not a.no_reference,
         repeat_ours=not a.no_repeat,
         f64_check_max_rows=a.f64_check_max_rows,
+        ls_rows=a.ls_rows,
+        ls_dim=a.ls_dim,
+        ls_rounds=a.ls_rounds,
         out=a.out,
     )
 
@@ -861,13 +1003,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
         write_outputs(cfg, info, precisions, results)  # after every size: partial results survive
-    print("\n" + report(cfg, results))
+    ls = None
+    if cfg.ls_rows:
+        print(f"\n=== (c) LS statistics, {cfg.ls_rows:,} rows ===", flush=True)
+        ls = bench_ls_statistics(cfg.ls_rows, cfg.ls_dim, cfg.ls_chunk, cfg.ls_rounds, cfg.seed)
+        write_outputs(cfg, info, precisions, results, ls)
+    print("\n" + report(cfg, results, ls))
     print(f"\nwrote {cfg.out} and {cfg.out.with_suffix('.md')}")
     return 0
 
 
 def write_outputs(
-    cfg: Config, info: dict[str, Any], precisions: list[str], results: list[dict[str, Any]]
+    cfg: Config,
+    info: dict[str, Any],
+    precisions: list[str],
+    results: list[dict[str, Any]],
+    ls: dict[str, Any] | None = None,
 ) -> None:
     """Write the JSON (everything) and the Markdown tables."""
     cfg.out.parent.mkdir(parents=True, exist_ok=True)
@@ -876,9 +1027,10 @@ def write_outputs(
         "machine": info,
         "precisions": precisions,
         "results": results,
+        "ls_statistics": ls,
     }
     cfg.out.write_text(json.dumps(payload, indent=1, default=float))
-    cfg.out.with_suffix(".md").write_text(report(cfg, results) + "\n")
+    cfg.out.with_suffix(".md").write_text(report(cfg, results, ls) + "\n")
 
 
 if __name__ == "__main__":
