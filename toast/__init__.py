@@ -13,8 +13,37 @@ packages: :mod:`toast.hf` (block discovery, capture, row samples, surgery),
 that needs torch loads on first use.
 """
 
-from toast._lazy import lazy_getattr
-from toast.core import (
+import os as _os
+
+
+def _load_core() -> None:
+    """Loads the C extension and with it the core's own OpenBLAS.
+
+    OpenBLAS worker threads busy-wait for 2^28 cycles (about a tenth of a
+    second) after every call before they sleep, and OpenBLAS reads how long
+    only when it loads. Between the moment updates of a capture pass the
+    model's forward runs on torch's thread pool, which those spinning
+    threads starve: on two cores analyze's forward ran up to twice as slow
+    (``benchmarks/bench_analyze.py``). The core's threads therefore sleep
+    at once (2^4 cycles), unless ``OPENBLAS_THREAD_TIMEOUT`` is set already;
+    the variable is set only while the library loads, so no other OpenBLAS
+    sees it.
+    """
+    key = "OPENBLAS_THREAD_TIMEOUT"
+    chosen = key in _os.environ
+    if not chosen:
+        _os.environ[key] = "4"
+    try:
+        from toast import _core  # noqa: F401
+    finally:
+        if not chosen:
+            del _os.environ[key]
+
+
+_load_core()
+
+from toast._lazy import lazy_getattr  # noqa: E402
+from toast.core import (  # noqa: E402
     METRICS,
     IllConditionedWarning,
     InSampleWarning,
