@@ -13,6 +13,10 @@ Models (real weights, offline):
 - **digits ViT** (``toast.zoo.digits_vit``; 13 states × 64): the 1,297
   training images in batches of 64.
 
+Also **SmolLM2-135M-Instruct** (``--smollm2-sequences`` × 512 tokens):
+ReplaceMe's LS estimation pass of one forced cut (blocks[12:16]) in
+float64 (default), mixed precision and with the torch backend.
+
 Variants, run round-robin (``--rounds`` rounds, medians): the forward pass;
 ``analyze(estimator="gcv")`` with the default precision; with
 ``precision="float64"`` and ``"mixed"`` (C backend); with
@@ -21,7 +25,7 @@ the largest resident set above the start of each call (sampled every 5
 ms). ``--profile`` also prints where one default analysis spends its time
 (cProfile, cumulative). Writes ``results/analyze.{json,md}``.
 
-    .venv/bin/python benchmarks/bench_analyze.py     # ~4 min on 2 cores
+    .venv/bin/python benchmarks/bench_analyze.py     # ~12 min on 2 cores
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ import torch
 import toast
 from toast.core.blas import get_blas_threads
 from toast.data import digits, stdlib_sentences
+from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.methods.replaceme.estimate import Estimation
+from toast.spans import Span
 from toast.zoo import digits_vit, minilm_path
 
 ROOT = Path(__file__).resolve().parent
@@ -90,12 +97,28 @@ def digits_model() -> tuple[torch.nn.Module, list]:
     return digits_vit(progress=False), loader
 
 
+def smollm2(calibration: int) -> tuple[torch.nn.Module, list]:
+    from toast.hf.text import TextData
+    from toast.io.local import load_model, load_tokenizer
+    from toast.zoo import smollm2_gguf
+
+    gguf = smollm2_gguf()
+    model, tokenizer = load_model(gguf), load_tokenizer(gguf)
+    options = {"max_length": 512, "pack": True, "batch_size": 4, "num_samples": calibration}
+    return model, list(TextData(stdlib_sentences(limit=None), tokenizer, **options))
+
+
 def forward(model: torch.nn.Module, loader: list) -> None:
     with torch.inference_mode():
         for batch in loader:
             model(**batch) if isinstance(batch, dict) else model(batch)
 
 
+LS_VARIANTS: dict[str, dict] = {
+    "LS float64 (default)": {},
+    "LS mixed": {"precision": "mixed"},
+    "LS torch backend": {"backend": "torch"},
+}
 VARIANTS: dict[str, dict] = {
     "analyze (default)": {},
     "float64": {"precision": "float64", "backend": "c"},
@@ -104,12 +127,33 @@ VARIANTS: dict[str, dict] = {
 }
 
 
-def bench(name: str, model: torch.nn.Module, loader: list, rounds: int) -> dict:
+def analyze_calls(model: torch.nn.Module, loader: list) -> dict[str, Callable[[], object]]:
     calls: dict[str, Callable[[], object]] = {"forward": lambda: forward(model, loader)}
     for label, options in VARIANTS.items():
         calls[label] = lambda o=options: toast.analyze(
             model, loader, estimator="gcv", progress=False, **o
         )
+    return calls
+
+
+def replaceme_calls(model: torch.nn.Module, loader: list) -> dict[str, Callable[[], object]]:
+    """The forward and ReplaceMe's LS estimation pass of one forced cut."""
+    stack = toast.find_blocks(model)
+    span = Span(12, 16, float("nan"))
+
+    def estimate(**options: object) -> object:
+        config = ReplaceMeConfig.from_options(
+            None, {"spans": [(12, 16)], "progress": False, **options}
+        )
+        return Estimation(model, loader, config, stack).fit([span])
+
+    calls: dict[str, Callable[[], object]] = {"forward": lambda: forward(model, loader)}
+    for label, options in LS_VARIANTS.items():
+        calls[label] = lambda o=options: estimate(**o)
+    return calls
+
+
+def bench(name: str, calls: dict[str, Callable[[], object]], rows: int, rounds: int) -> dict:
     for call in calls.values():  # warm-up: caches, allocator, thread pools
         call()
     seconds: dict[str, list[float]] = {k: [] for k in calls}
@@ -120,11 +164,9 @@ def bench(name: str, model: torch.nn.Module, loader: list, rounds: int) -> dict:
             seconds[label].append(s)
             peaks[label].append(p / 2**20)
     med = {k: statistics.median(v) for k, v in seconds.items()}
-    rows = toast.analyze(model, loader, estimator="gcv", progress=False).moments.rows
     result = {
         "model": name,
         "rows": rows,
-        "batches": len(loader),
         "seconds": med,
         "spread": {k: [min(v), max(v)] for k, v in seconds.items()},
         "peak_mib": {k: max(v) for k, v in peaks.items()},
@@ -146,25 +188,37 @@ def profile(model: torch.nn.Module, loader: list) -> str:
     return str(out)
 
 
-def markdown(results: list[dict], machine: dict, rounds: int) -> str:
-    labels = ["forward", *VARIANTS]
-    head = "| model | rows | " + " | ".join(labels) + " |"
-    lines = [
-        "# analyze against a plain forward pass",
-        "",
-        f"Wall time, median of {rounds} interleaved rounds (ratio to the forward pass; peak "
-        "RSS above the start of the call). `analyze` is `toast.analyze(model, loader, "
-        'estimator="gcv")`: the forward with hooks, the moments and the error matrix.',
-        "",
-        head,
-        "|" + "---|" * (len(labels) + 2),
-    ]
+def table(results: list[dict], labels: list[str]) -> list[str]:
+    lines = ["| model | rows | " + " | ".join(labels) + " |", "|" + "---|" * (len(labels) + 2)]
     for r in results:
         cells = [
             f"{r['seconds'][k]:.2f} s ({r['ratio'][k]:.2f}×, {r['peak_mib'][k]:.0f} MiB)"
             for k in labels
         ]
         lines.append(f"| {r['model']} | {r['rows']:,} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown(analyses: list[dict], ls: list[dict], machine: dict, rounds: int) -> str:
+    lines = [
+        "# Capture passes against a plain forward pass",
+        "",
+        f"Wall time, median of {rounds} interleaved rounds (ratio to the forward pass over the "
+        "same batches; peak RSS above the start of the call).",
+        "",
+        '`toast.analyze(model, loader, estimator="gcv")`: the forward with hooks, the all-pairs '
+        "moments and the error matrix.",
+        "",
+        *table(analyses, ["forward", *VARIANTS]),
+    ]
+    if ls:
+        lines += [
+            "",
+            "ReplaceMe's LS estimation pass of one cut (blocks[12:16], forced): the forward with "
+            "hooks and the statistics MᵀM, Mᵀ(L − Y) and the sums.",
+            "",
+            *table(ls, ["forward", *LS_VARIANTS]),
+        ]
     lines += [
         "",
         f"Machine: {machine['cpus']} cores, torch threads {machine['torch_threads']}, "
@@ -178,21 +232,27 @@ def markdown(results: list[dict], machine: dict, rounds: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=["minilm", "digits"])
+    parser.add_argument("--only", choices=["minilm", "digits", "smollm2"])
+    parser.add_argument("--smollm2-sequences", type=int, default=16, help="of 512 tokens (16)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "results"))
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
     before = os.getloadavg()
-    models = {"all-MiniLM-L6-v2": minilm, "digits ViT": digits_model}
-    if args.only:
-        models = {k: v for k, v in models.items() if args.only in k.lower().replace("-", "")}
-    results = []
-    for name, build in models.items():
+    analyses, ls = [], []
+    builders = {"minilm": ("all-MiniLM-L6-v2", minilm), "digits": ("digits ViT", digits_model)}
+    for key, (name, build) in builders.items():
+        if args.only not in (None, key):
+            continue
         model, loader = build()
         if args.profile:
             profile(model, loader)
-        results.append(bench(name, model, loader, args.rounds))
+        rows = toast.analyze(model, loader, estimator="gcv", progress=False).moments.rows
+        analyses.append(bench(name, analyze_calls(model, loader), rows, args.rounds))
+    if args.only in (None, "smollm2"):
+        model, loader = smollm2(args.smollm2_sequences)
+        rows = sum(int(b["attention_mask"].sum()) for b in loader)
+        ls.append(bench("SmolLM2-135M-Instruct", replaceme_calls(model, loader), rows, args.rounds))
     machine = {
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
@@ -202,10 +262,10 @@ def main() -> None:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
-    text = markdown(results, machine, args.rounds)
+    text = markdown(analyses, ls, machine, args.rounds)
     if not args.only:
         out = Path(args.out)
-        payload = {"results": results, "machine": machine, "rounds": args.rounds}
+        payload = {"analyze": analyses, "replaceme": ls, "machine": machine, "rounds": args.rounds}
         (out / "analyze.json").write_text(json.dumps(payload, indent=1), encoding="utf-8")
         (out / "analyze.md").write_text(text, encoding="utf-8")
     print(text)

@@ -109,6 +109,7 @@ import numpy as np
 import torch
 
 import toast
+from toast.hf.torch_moments import TorchMoments
 
 try:  # optional: progress bars
     from tqdm import tqdm as _tqdm
@@ -809,21 +810,31 @@ def ls_reference(chunks: Sequence[tuple[torch.Tensor, ...]]) -> tuple[np.ndarray
     return a.numpy(), b.numpy()
 
 
-def ls_toast(chunks: Sequence[tuple[torch.Tensor, ...]], **options: Any) -> Any:
+def ls_toast(chunks: Sequence[tuple[torch.Tensor, ...]], backend: str = "c", **options: Any) -> Any:
     """toast's statistics of the same chunks, as ReplaceMe feeds them: the
-    target difference in float64, then both in the working type."""
+    target difference in float64, then both in the working type (C core, or
+    ``backend="torch"``: :class:`TorchMoments` on the CPU)."""
     d = chunks[0][0].shape[1]
-    mo = toast.Moments(2, d, pairs="all", **options)
+    if backend == "torch":
+        mo = TorchMoments(2, d, pairs="all", **options)
+    else:
+        mo = toast.Moments(2, d, pairs="all", **options)
     work = torch.float32 if options.get("precision") == "mixed" else torch.float64
     for m, y, lt in chunks:
         mo.update([m.to(work), (lt.double() - y.double()).to(work)])
-    return mo
+    return mo.to_moments() if backend == "torch" else mo
 
 
 LS_VARIANTS: dict[str, dict[str, Any]] = {
     "toast float64": {"precision": "float64", "row_stats": False, "sources": 1},
     "toast mixed": {"precision": "mixed", "row_stats": False, "sources": 1},
     "toast float64, every block + row stats": {"precision": "float64"},
+    "torch backend float64": {
+        "backend": "torch",
+        "precision": "float64",
+        "row_stats": False,
+        "sources": 1,
+    },
 }
 
 

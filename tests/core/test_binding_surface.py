@@ -95,9 +95,7 @@ def test_layout_comes_from_the_core_and_addresses_the_storage():
             want = X[i].T @ X[i + k]
             if k == 0:  # a diagonal block holds its upper triangle only
                 want = np.triu(want)
-            np.testing.assert_allclose(
-                panel[:, k * d : (k + 1) * d], want, rtol=1e-12, atol=1e-12
-            )
+            np.testing.assert_allclose(panel[:, k * d : (k + 1) * d], want, rtol=1e-12, atol=1e-12)
     assert lay["panel_offsets"][-1] + d * d == lay["set_len"]
 
 
