@@ -927,12 +927,16 @@ static void chunk_accumulate(toast_moments *m, const chunk *c)
     }
 }
 
-/* Every row, without masks or folds, read in place chunk by chunk. */
+/* Every row, without masks or folds, read in place: in chunks of
+ * TOAST_CHUNK_MAX_ROWS in mixed precision (the float32 products' bound),
+ * else in as few BLAS calls as an int row count allows (each call streams
+ * the float64 panels once, so fewer calls move less memory). */
 static int64_t update_direct(toast_moments *m, chunk *c,
                              const toast_view *views, int64_t rows)
 {
-    for (int64_t r = 0; r < rows; r += c->cap) {
-        int n = rows - r < c->cap ? (int)(rows - r) : c->cap;
+    const int64_t step = c->mixed ? TOAST_CHUNK_MAX_ROWS : INT_MAX;
+    for (int64_t r = 0; r < rows; r += step) {
+        int n = rows - r < step ? (int)(rows - r) : (int)step;
         chunk_direct(c, views, r);
         c->start[0] = 0;
         c->start[1] = n;

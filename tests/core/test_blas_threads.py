@@ -36,3 +36,20 @@ def test_moments_agree_to_rounding_whatever_the_count():
 def test_bad_counts_are_rejected(bad):
     with pytest.raises(ValueError, match=r"threads must be an int in \[1, inf\)"):
         set_blas_threads(bad)
+
+
+@pytest.mark.parametrize("given", [None, "12"])
+def test_the_thread_timeout_is_set_only_while_the_core_loads(given):
+    # the core's OpenBLAS threads sleep at once after a call; the variable
+    # must not leak to other libraries, and a user's own value wins
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if given is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = given
+    code = "import os, toast; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(given)
