@@ -181,6 +181,18 @@ def test_ls_backend_torch_equals_the_c_core():
     assert_rel(t.transforms[0], c.transforms[0], 1e-10)
 
 
+@pytest.mark.parametrize("backend", ["c", "torch"])
+def test_ls_in_mixed_precision_is_the_float64_fit_to_float32_rounding(backend):
+    # float32 products of well-conditioned rows: T within what float32 sums allow
+    loader = R.text_loader()
+    _, exact = _compress(R.decoder("llama"), loader, spans=[SPAN], backend=backend)
+    _, mixed = _compress(
+        R.decoder("llama"), loader, spans=[SPAN], backend=backend, precision="mixed"
+    )
+    assert_rel(mixed.transforms[0], exact.transforms[0], 1e-4)
+    assert not np.array_equal(mixed.transforms[0], exact.transforms[0])
+
+
 # -- item 3: planted transform; cosine from LS ------------------------------------------
 
 
