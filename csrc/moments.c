@@ -410,29 +410,21 @@ DEFINE_LOAD_ROW(load_row_f32, float, TOAST_FLOAT32)
 /* 0 when some element of a contiguous row is NaN or Inf: x * 0 is 0 for
  * every finite x and NaN otherwise, so one branch-free (vectorisable) sum
  * tells. */
-static int contiguous_finite_f64(const unsigned char *p, int d)
-{
-    double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-    for (int c = 0; c < d; c++) {
-        double x;
-        memcpy(&x, p + (size_t)c * sizeof x, sizeof x);
-        acc += x * 0.0;
+#define DEFINE_CONTIGUOUS_FINITE(NAME, T)                                  \
+    static int NAME(const unsigned char *p, int d)                         \
+    {                                                                      \
+        T acc = 0;                                                         \
+        _Pragma("omp simd reduction(+ : acc)")                             \
+        for (int c = 0; c < d; c++) {                                      \
+            T x;                                                           \
+            memcpy(&x, p + (size_t)c * sizeof x, sizeof x);                \
+            acc += x * (T)0;                                               \
+        }                                                                  \
+        return acc == (T)0;                                                \
     }
-    return acc == 0.0;
-}
 
-static int contiguous_finite_f32(const unsigned char *p, int d)
-{
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int c = 0; c < d; c++) {
-        float x;
-        memcpy(&x, p + (size_t)c * sizeof x, sizeof x);
-        acc += x * 0.0f;
-    }
-    return acc == 0.0f;
-}
+DEFINE_CONTIGUOUS_FINITE(contiguous_finite_f64, double)
+DEFINE_CONTIGUOUS_FINITE(contiguous_finite_f32, float)
 
 /* 1 when every element of row r is finite (the dtype is dispatched once
  * per row, not per element). */

@@ -3,7 +3,8 @@
 
 Each input drives one short scenario:
 
-* constructing Moments with random sizes, folds, pairs and precision, now and
+* constructing Moments with random sizes, folds, pairs, precision, row
+  statistics and sources, now and
   then absurd ones (overflowing products, INT_MAX states, negative values,
   wrong types), checked for consistency with ``Moments.estimate_nbytes``;
 * updates with random shapes (2-D, 3-D, wrong ranks, zero-size dimensions),
@@ -477,6 +478,9 @@ class Target:
         return self.m.dim
 
 
+SOURCES = [None, None, 1, 2, 3, 0, 9]
+
+
 def make_moments(fdp) -> Target | None:
     S = small_int(fdp, 1, 4, [0, -1, 2**31, True, 2.5, "3"])
     d = small_int(fdp, 1, 6, [0, -1, 2**31, None])
@@ -484,12 +488,16 @@ def make_moments(fdp) -> Target | None:
     if fdp.ConsumeIntInRange(0, 5) == 0:
         span = small_int(fdp, -2, 4, [2**31, -(2**31)])
         prec = small_int(fdp, -1, 2)
-        m = attempt("raw_new", _core.Moments, S, d, folds, span, prec)
+        rowstats, sources = fdp.ConsumeBool(), small_int(fdp, -1, 5)
+        m = attempt("raw_new", _core.Moments, S, d, folds, span, prec, rowstats, sources)
         raw = True
     else:
         pairs = fdp.PickValueInList(PAIRS)
         prec = fdp.PickValueInList(PRECISIONS)
-        m = attempt("new", toast.Moments, S, d, folds=folds, pairs=pairs, precision=prec)
+        # what updates form: every block and row statistic, or fewer (reads
+        # of what was not formed must raise, never return zeros)
+        asked = {"row_stats": fdp.ConsumeBool(), "sources": fdp.PickValueInList(SOURCES)}
+        m = attempt("new", toast.Moments, S, d, folds=folds, pairs=pairs, precision=prec, **asked)
         raw = False
     if m is FAILED:
         return None

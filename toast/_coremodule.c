@@ -157,7 +157,7 @@ static int Moments_init(MomentsObject *self, PyObject *args, PyObject *kwds)
     }
     if (toast_moments_new(S, d, folds, span, (toast_precision)precision, &m,
                           &err) != TOAST_OK ||
-        toast_moments_restrict(m, rowstats, sources > 0 ? sources : S,
+        toast_moments_restrict(m, rowstats, sources == 0 ? S : sources,
                                &err) != TOAST_OK) {
         toast_moments_free(m);
         raise_core_error(&err);
