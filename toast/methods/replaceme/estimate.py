@@ -110,11 +110,11 @@ class _Estimator:
         config = self.config
         if config.needs_moments:
             # LS reads MᵀM, Mᵀ(L − Y) and the sums: nothing of the target alone
-            asked = {"precision": config.precision, "row_stats": False, "sources": 1}
+            precision = config.precision
             cut.moments = (
-                TorchMoments(2, d, folds=0, pairs="all", device=device, **asked)
+                TorchMoments(2, d, 0, "all", precision, device=device, row_stats=False, sources=1)
                 if uses_torch(config.backend, device)
-                else Moments(2, d, folds=0, pairs="all", **asked)
+                else Moments(2, d, 0, "all", precision, row_stats=False, sources=1)
             )
         if config.objective != "cosine":
             return
