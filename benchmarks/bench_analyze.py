@@ -34,7 +34,6 @@ import argparse
 import cProfile
 import json
 import os
-import platform
 import pstats
 import statistics
 import threading
@@ -43,9 +42,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _machine import describe
+from _machine import machine as measured_on
 
 import toast
-from toast.core.blas import get_blas_threads
 from toast.data import digits, stdlib_sentences
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.estimate import Estimation
@@ -219,13 +219,7 @@ def markdown(analyses: list[dict], ls: list[dict], machine: dict, rounds: int) -
             "",
             *table(ls, ["forward", *LS_VARIANTS]),
         ]
-    lines += [
-        "",
-        f"Machine: {machine['cpus']} cores, torch threads {machine['torch_threads']}, "
-        f"BLAS threads {machine['blas_threads']}, load average before "
-        f"{machine['load_before'][0]:.2f}, after {machine['load_after'][0]:.2f}; torch "
-        f"{machine['torch']}, Python {machine['python']}.",
-    ]
+    lines += ["", describe(machine)]
     return "\n".join(lines) + "\n"
 
 
@@ -253,15 +247,7 @@ def main() -> None:
         model, loader = smollm2(args.smollm2_sequences)
         rows = sum(int(b["attention_mask"].sum()) for b in loader)
         ls.append(bench("SmolLM2-135M-Instruct", replaceme_calls(model, loader), rows, args.rounds))
-    machine = {
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "blas_threads": get_blas_threads(),
-        "load_before": list(before),
-        "load_after": list(os.getloadavg()),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
+    machine = measured_on(before)
     text = markdown(analyses, ls, machine, args.rounds)
     if not args.only:
         out = Path(args.out)

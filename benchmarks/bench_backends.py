@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
+from _machine import describe, machine
 
 import toast
 from toast.hf.torch_moments import TorchMoments
@@ -62,14 +62,7 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     before = os.getloadavg()
     rows = [one(S, d) for S, d in SHAPES]
-    machine = {
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_before": list(before),
-        "load_after": list(os.getloadavg()),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
+    m = machine(before)
     lines = [
         "# C core against TorchMoments on the CPU (update alone)",
         "",
@@ -83,12 +76,11 @@ def main() -> None:
             for r in rows
         ),
         "",
-        f"Machine: {machine['cpus']} cores, torch threads {machine['torch_threads']}, load "
-        f"average before {before[0]:.2f}, after {machine['load_after'][0]:.2f}.",
+        describe(m),
     ]
     out = Path(ROOT / "results")
     (out / "backends.json").write_text(
-        json.dumps({"rows": rows, "machine": machine}, indent=1), encoding="utf-8"
+        json.dumps({"rows": rows, "machine": m}, indent=1), encoding="utf-8"
     )
     (out / "backends.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

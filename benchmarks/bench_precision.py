@@ -33,13 +33,13 @@ import contextlib
 import copy
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from _machine import describe, machine
 
 import toast
 from toast.data import digits, stdlib_sentences
@@ -231,8 +231,7 @@ def markdown(result: dict) -> str:
     lines += [
         "",
         f"analyze: float64 {d['seconds']['float64']:.2f} s, mixed {d['seconds']['mixed']:.2f} s. "
-        f"Machine: {m['cpus']} cores, torch threads {m['torch_threads']}, load average before "
-        f"{m['load_before'][0]:.2f}, after {m['load_after'][0]:.2f}.",
+        + describe(m),
     ]
     return "\n".join(lines) + "\n"
 
@@ -254,14 +253,7 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     before = os.getloadavg()
     result = {"smollm2": smollm2(args), "digits": digits_part(args)}
-    result["machine"] = {
-        "cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_before": list(before),
-        "load_after": list(os.getloadavg()),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
+    result["machine"] = machine(before)
     out = Path(args.out)
     (out / "precision.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     text = markdown(result)

@@ -764,7 +764,7 @@ static const double *rows_f64(const chunk *c, int s, int k)
     return (const double *)c->base[s] + (size_t)k * c->ld[s];
 }
 
-static double packed_dot(const chunk *c, int si, int sj, int k)
+static double row_dot(const chunk *c, int si, int sj, int k)
 {
     if (c->mixed)
         return dot_f32(rows_f32(c, si, k), rows_f32(c, sj, k), c->d);
@@ -819,10 +819,10 @@ static void add_row_stats(const toast_moments *m, const chunk *c, int a, int b,
 
     for (int k = a; k < b; k++) {
         for (int s = 0; s < S; s++)
-            c->norms[s] = packed_dot(c, s, s, k);
+            c->norms[s] = row_dot(c, s, s, k);
         for (int i = 0; i < S; i++) {
             for (int j = i + 1; j < S; j++) {
-                double dot = packed_dot(c, i, j, k);
+                double dot = row_dot(c, i, j, k);
                 double cs = cosine_of(dot, c->norms[i], c->norms[j]);
                 double sq = c->norms[i] + c->norms[j] - 2.0 * dot;
                 if (sq < 0.0)

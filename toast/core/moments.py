@@ -179,7 +179,7 @@ class Moments(_core.Moments):
         dim = check("dim", dim, _COUNT)
         folds = _check_folds(folds)
         check("precision", precision, Options(PRECISIONS))
-        check("row_stats", row_stats, Options((True, False)))
+        check("row_stats", row_stats, bool)
         if sources is not None:
             sources = check("sources", sources, Interval(int, 1, num_states))
         span = pair_span(pairs, num_states)

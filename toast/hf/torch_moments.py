@@ -50,7 +50,7 @@ class TorchMoments:
         # The core validates the shape and says where everything goes.
         layout = storage_layout(num_states, dim, folds, pairs)
         check("precision", precision, Options(PRECISIONS))
-        check("row_stats", row_stats, Options((True, False)))
+        check("row_stats", row_stats, bool)
         if sources is not None:
             check("sources", sources, Interval(int, 1, layout["num_states"]))
         self.row_stats, self.sources = row_stats, sources or layout["num_states"]
