@@ -100,6 +100,10 @@ _NAMES = {
     "ToastVitConfig": "toast.methods.toast_vit.config",
     "ToastVitReport": "toast.methods.toast_vit.compress",
     "toast_macs": "toast.methods.toast_vit.macs",
+    # every method at once, by measurement
+    "search": "toast.frontier",
+    "SearchResult": "toast.frontier",
+    "Target": "toast.frontier",
     # saving and accounting
     "load_model": "toast.io.local",
     "load_tokenizer": "toast.io.local",
@@ -112,6 +116,7 @@ _NAMES = {
     "hf": "toast.hf",
     "io": "toast.io",
     "methods": "toast.methods",
+    "frontier": "toast.frontier",
     "translators": "toast.translators",
 }
 

@@ -143,12 +143,15 @@ class _Estimator:
         d = int(rows[0].shape[-1])
         self.samples, self.dim = self.samples + int(rows[0].shape[0]), d
         keep = None if (mask is None or self.config.include_padding) else mask.reshape(-1)
+        # cuts that start at the same block share its MLP output (taken once per pass)
+        recorder = self.recorder
+        mlp = {} if recorder is None else {k: recorder.take(k) for k in {c.kept for c in self.cuts}}
         for cut in self.cuts:
             if cut.moments is None and cut.sample is None:
                 self._open(cut, d, rows[0].device)
             lk = _flat(rows[self.positions[cut.span.start]], d, keep)
             ls = _flat(rows[self.positions[cut.span.stop]], d, keep)
-            m = None if self.recorder is None else _flat(self.recorder.take(cut.kept), d, keep)
+            m = None if recorder is None else _flat(mlp[cut.kept], d, keep)
             self._add(cut, lk, ls, m)
         return self.cuts[0].rows
 

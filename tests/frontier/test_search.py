@@ -1,0 +1,187 @@
+"""toast.search end to end on tiny models: the front, the chosen model,
+the cache, the report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import toast
+from toast.frontier.cache import fingerprint
+from toast.frontier.pareto import dominates
+
+from .conftest import (
+    CALIBRATION_LENGTH,
+    image_batches,
+    tiny_llama,
+    tiny_vit,
+    token_batches,
+)
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.hf
+
+
+def _calibration_forwards(model: torch.nn.Module) -> list[int]:
+    """Counts forwards of any copy of ``model`` on calibration-width batches
+    (deep copies keep the hook)."""
+    count = [0]
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, torch.Tensor) and ids.shape[-1] == CALIBRATION_LENGTH:
+            count[0] += 1
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    return count
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    model = tiny_llama()
+    data, heldout = token_batches(6, CALIBRATION_LENGTH, 1), token_batches(2, 12, 2)
+    cache = tmp_path_factory.mktemp("cache")
+    result = toast.search(model, data, heldout, target=0.2, cache=cache, progress=False)
+    return model, data, heldout, cache, result
+
+
+def test_front_is_non_dominated_and_complete(searched):
+    *_, result = searched
+    points = [(result.size(m.measurement), m.measurement.quality) for m in result.measured]
+    higher = result.higher_is_better
+    assert result.front
+    for k in result.front:
+        assert not any(dominates(p, points[k], higher) for p in points)
+    for k in set(range(len(points))) - set(result.front):
+        assert any(dominates(p, points[k], higher) for p in points)
+
+
+def test_chosen_meets_the_target_and_is_the_best_measured(searched):
+    *_, result = searched
+    best = result.best
+    assert best is not None
+    assert best.measurement.params <= 0.8 * result.original.params
+    eligible = [m.measurement.quality for m in result.measured]
+    assert best.measurement.quality == min(eligible)  # perplexity: lower is better
+    assert toast.count_params(result.model) == best.measurement.params
+
+
+def test_measured_sizes_are_the_predicted_sizes(searched):
+    *_, result = searched
+    for m in result.measured:
+        assert m.measurement.params == m.candidate.params
+
+
+def test_search_leaves_the_model_unchanged():
+    model = tiny_llama()
+    before = fingerprint(model)
+    data, heldout = token_batches(3, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
+    toast.search(model, data, heldout, max_measured=2, cache=False, latency=False, progress=False)
+    assert fingerprint(model) == before
+
+
+def test_chosen_model_reloads_in_a_fresh_process_with_identical_outputs(searched, tmp_path):
+    *_, heldout, _, result = searched
+    result.save(tmp_path)
+    ids = heldout[0]["input_ids"]
+    torch.save(ids, tmp_path / "ids.pt")
+    with torch.inference_mode():
+        expected = result.model(input_ids=ids).logits
+    script = textwrap.dedent(
+        f"""
+        import torch, toast
+        model = toast.load_pretrained({str(tmp_path / "model")!r}).eval()
+        ids = torch.load({str(tmp_path / "ids.pt")!r})
+        with torch.inference_mode():
+            torch.save(model(input_ids=ids).logits, {str(tmp_path / "out.pt")!r})
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
+
+
+def test_saved_folder_holds_report_plot_and_json(searched, tmp_path):
+    *_, result = searched
+    result.save(tmp_path)
+    for name in ("report.md", "front.png", "front.svg", "search.json", "model"):
+        assert (tmp_path / name).exists(), name
+    saved = json.loads((tmp_path / "search.json").read_text())
+    assert saved["chosen"] == result.chosen
+    assert len(saved["measured"]) == len(result.measured)
+
+
+def test_cached_second_call_makes_no_calibration_pass(searched):
+    model, data, heldout, cache, first = searched
+    assert first.calibration_passes == 2  # the analysis and ReplaceMe's transforms
+    forwards = _calibration_forwards(model)
+    again = toast.search(model, data, heldout, target=0.3, cache=cache, progress=False)
+    assert again.calibration_passes == 0
+    assert forwards[0] == 0
+    reused = {m.candidate.key for m in again.measured if m.cached}
+    assert reused == {m.candidate.key for m in first.measured} & {
+        m.candidate.key for m in again.measured
+    }
+
+
+def test_first_call_forwards_the_calibration_data(tmp_path):
+    # the counter of the test above can see a calibration pass
+    model = tiny_llama()
+    forwards = _calibration_forwards(model)
+    data, heldout = token_batches(3, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
+    toast.search(model, data, heldout, max_measured=1, cache=tmp_path, latency=False, progress=False)
+    assert forwards[0] >= 3
+
+
+def test_report_states_the_rank_correlation(searched):
+    *_, result = searched
+    text = result.to_markdown()
+    assert "Spearman" in text
+    assert result.best is not None and result.best.candidate.label in text
+
+
+def test_quality_target_chooses_the_smallest_model_within_the_floor(tmp_path):
+    model = tiny_llama()
+    data, heldout = token_batches(4, CALIBRATION_LENGTH, 1), token_batches(2, 12, 2)
+    result = toast.search(
+        model, data, heldout, target="quality=5%", cache=tmp_path, latency=False, progress=False
+    )
+    floor = 1.05 * result.original.quality
+    within = [m for m in result.measured if m.measurement.quality <= floor]
+    assert result.best is not None
+    assert result.best.measurement.params == min(m.measurement.params for m in within)
+
+
+def test_vit_search_offers_head_pruning_and_combinations(tmp_path):
+    model = tiny_vit()
+    data, heldout = image_batches(3, 1), image_batches(1, 2)
+    result = toast.search(
+        model, data, heldout, target=0.2, max_measured=12, cache=tmp_path, latency=False,
+        progress=False,
+    )
+    families = {m.candidate.family for m in result.measured}
+    assert "toast-vit" in families
+    assert any("+" in f for f in families)
+    assert result.metric == "cosine"
+    for m in result.measured:
+        assert m.measurement.params == m.candidate.params
+
+
+def test_heldout_is_required():
+    model = tiny_llama()
+    with pytest.raises(ValueError, match="held-out"):
+        toast.search(model, token_batches(2, CALIBRATION_LENGTH, 1), cache=False)
+
+
+def test_target_beyond_reach_says_so(tmp_path):
+    model = tiny_llama()
+    data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
+    result = toast.search(
+        model, data, heldout, target=0.9, cache=tmp_path, latency=False, progress=False
+    )
+    assert result.best is None and result.model is None
+    assert any("max_blocks" in note for note in result.notes)

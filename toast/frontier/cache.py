@@ -1,0 +1,146 @@
+"""What a search keeps between calls: the calibration (moments, massive
+rows, ReplaceMe transforms) under a key of the model's weights, the
+calibration data and the options that shaped the pass, and every
+measurement under that key plus the held-out data's.
+
+A second search of the same model and data with a new target reads the
+calibration back (no calibration pass) and measures only candidates it
+has not measured before. Files are written whole or not at all (a
+temporary file renamed into place; an interrupted write leaves nothing).
+The cache is the user's own folder: it is read with pickle, as a model
+checkpoint would be.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .calibrate import Calibrated
+
+__all__ = ["SearchCache", "default_cache_dir", "fingerprint", "fingerprint_batches"]
+
+#: Bumped when what a key stands for changes (old entries are then ignored).
+VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    """``$TOAST_CACHE/search``, else ``~/.cache/toast/search``."""
+    root = os.environ.get("TOAST_CACHE")
+    base = Path(root) if root else Path.home() / ".cache" / "toast"
+    return base / "search"
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
+def _update(h: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        h.update(f"T{tuple(value.shape)}{value.dtype}".encode())
+        h.update(_tensor_bytes(value))
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            h.update(f"K{key}".encode())
+            _update(h, value[key])
+    elif isinstance(value, (list, tuple)):
+        h.update(f"L{len(value)}".encode())
+        for item in value:
+            _update(h, item)
+    else:
+        h.update(f"V{value!r}".encode())
+
+
+def fingerprint(model: nn.Module) -> str:
+    """A digest of ``model``'s class, config and every weight and buffer."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(type(model).__qualname__.encode())
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_json_string"):
+        h.update(config.to_json_string(use_diff=False).encode())
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        _update(h, tensor)
+    return h.hexdigest()
+
+
+def fingerprint_batches(batches: Iterable) -> str:
+    """A digest of every batch's tensors and values, in order."""
+    h = hashlib.blake2b(digest_size=16)
+    count = 0
+    for batch in batches:
+        _update(h, batch)
+        count += 1
+    h.update(f"N{count}".encode())
+    return h.hexdigest()
+
+
+def combine(*parts: Any) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"v{VERSION}".encode())
+    for part in parts:
+        h.update(repr(part).encode())
+    return h.hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class SearchCache:
+    """The cache folder (``None``: nothing is kept)."""
+
+    def __init__(self, root: str | os.PathLike | None) -> None:
+        self.root = None if root is None else Path(root)
+
+    def _file(self, key: str, name: str) -> Path | None:
+        return None if self.root is None else self.root / key / name
+
+    def load_calibrated(self, key: str) -> Calibrated | None:
+        file = self._file(key, "calibration.pkl")
+        if file is None or not file.is_file():
+            return None
+        try:
+            with file.open("rb") as f:
+                found = pickle.load(f)
+        except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
+            return None  # an unreadable entry is recomputed, never trusted
+        return found if isinstance(found, Calibrated) else None
+
+    def save_calibrated(self, key: str, calibrated: Calibrated) -> None:
+        file = self._file(key, "calibration.pkl")
+        if file is not None:
+            _write_atomic(file, pickle.dumps(calibrated, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def load_measurements(self, key: str) -> dict[str, dict[str, Any]]:
+        file = self._file(key, "measurements.json")
+        if file is None or not file.is_file():
+            return {}
+        try:
+            found = json.loads(file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def save_measurements(self, key: str, measurements: Mapping[str, Any]) -> None:
+        file = self._file(key, "measurements.json")
+        if file is not None:
+            _write_atomic(file, json.dumps(measurements, indent=1, sort_keys=True).encode())

@@ -1,0 +1,100 @@
+"""What a search measures of each built model: held-out quality, exact
+parameters, linear-layer MACs on the example batch, and throughput on the
+device the model runs on."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from toast.hf.capture import _forward_inputs
+from toast.hf.params import count_params
+from toast.hf.quality import Evaluator
+
+from .latency import measure_throughput
+
+__all__ = ["Measurement", "linear_macs", "measure"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One model measured: ``quality`` in ``metric``; ``macs`` per sample
+    of the ``nn.Linear`` layers on the example batch (attention's own
+    products, which every candidate keeps per kept block, are not counted);
+    ``throughput`` a :class:`toast.frontier.latency.Throughput` as a dict
+    (None when latency was not measured); ``seconds`` what measuring took."""
+
+    quality: float
+    metric: str
+    params: int
+    macs: int
+    throughput: dict[str, Any] | None
+    seconds: float
+
+    @property
+    def forward_per_s(self) -> float | None:
+        return None if self.throughput is None else float(self.throughput["forward_per_s"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measurement:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+def _rows(args: tuple, kwargs: dict) -> int:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return int(value.shape[0])
+    return 1
+
+
+def linear_macs(model: nn.Module, example: Any) -> int:
+    """Multiply-adds per sample of every ``nn.Linear`` in one forward of
+    ``example`` (each call: its input rows × in × out features)."""
+    total = [0]
+
+    def count(module: nn.Module, args: tuple, output: Any) -> None:
+        x = args[0]
+        total[0] += (x.numel() // x.shape[-1]) * module.in_features * module.out_features
+
+    handles = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, nn.Linear)]
+    was_training = model.training
+    model.eval()
+    try:
+        args, kwargs = _forward_inputs(model, example)
+        with torch.inference_mode():
+            model(*args, **kwargs)
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    return total[0] // max(_rows(args, kwargs), 1)
+
+
+def measure(
+    model: nn.Module,
+    evaluator: Evaluator,
+    example: Any,
+    label: str,
+    latency: bool = True,
+    rounds: int = 3,
+) -> Measurement:
+    """``model`` measured on the evaluator's held-out data and ``example``."""
+    start = time.perf_counter()
+    quality = evaluator.measure(model, label)
+    assert evaluator.metric is not None  # set by the measurement
+    throughput = measure_throughput(model, example, rounds=rounds).to_dict() if latency else None
+    return Measurement(
+        quality=float(quality),
+        metric=evaluator.metric,
+        params=count_params(model),
+        macs=linear_macs(model, example),
+        throughput=throughput,
+        seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,266 @@
+"""What :func:`toast.search` returns: every measured candidate, the
+Pareto front, the chosen model and the report around them."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from .candidates import Candidate
+from .measure import Measurement
+from .pareto import spearman
+from .plot import Point, front_figure, front_svg
+from .target import Target
+
+__all__ = ["Measured", "SearchResult"]
+
+_HIGHER = {"perplexity": False, "accuracy": True, "cosine": True}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A candidate and what was measured of it; ``cached`` when the
+    measurement came from an earlier call."""
+
+    candidate: Candidate
+    measurement: Measurement
+    cached: bool = False
+
+
+@dataclass
+class SearchResult:
+    """A search's outcome.
+
+    ``measured``: every measured candidate; ``front``: indices into it of
+    the Pareto front (size on ``size_axis`` against quality); ``chosen``:
+    the index of the chosen candidate (None when none meets the target);
+    ``model``: the chosen model (None likewise); ``original``: the
+    unmodified model measured; ``enumerated``: how many candidates applied;
+    ``notes``: what the search left out and why; ``timings``: seconds per
+    phase; ``calibration_passes``: passes over the calibration data this
+    call made (0 when the cache held them).
+    """
+
+    target: Target
+    original: Measurement
+    measured: list[Measured]
+    front: list[int]
+    chosen: int | None
+    size_axis: str
+    enumerated: int
+    calibration_passes: int
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    model: nn.Module | None = field(default=None, repr=False)
+
+    @property
+    def metric(self) -> str:
+        return self.original.metric
+
+    @property
+    def higher_is_better(self) -> bool:
+        return _HIGHER[self.metric]
+
+    @property
+    def best(self) -> Measured | None:
+        return None if self.chosen is None else self.measured[self.chosen]
+
+    def size(self, m: Measurement) -> float:
+        """``m``'s size on the front's axis: parameters, MACs or seconds per
+        forward, relative to the original's."""
+        if self.size_axis == "params":
+            return m.params / self.original.params
+        if self.size_axis == "macs":
+            return m.macs / self.original.macs
+        rate, base = m.forward_per_s, self.original.forward_per_s
+        return math.nan if rate is None or base is None else base / rate
+
+    @property
+    def spearman(self) -> float:
+        """Rank correlation of predicted error with measured quality loss
+        over every measured candidate (1: the prediction ranks perfectly)."""
+        return self._spearman(self.measured)
+
+    def spearman_by_family(self) -> dict[str, float]:
+        families = sorted({m.candidate.family for m in self.measured})
+        return {f: self._spearman([m for m in self.measured if m.candidate.family == f]) for f in families}
+
+    def _spearman(self, measured: list[Measured]) -> float:
+        sign = -1.0 if self.higher_is_better else 1.0
+        return spearman(
+            [m.candidate.predicted for m in measured],
+            [sign * m.measurement.quality for m in measured],
+        )
+
+    def table(self) -> list[dict[str, Any]]:
+        """One row per measured candidate, the original first."""
+        rows = [self._row("original", None, self.original, "original")]
+        for k, m in enumerate(self.measured):
+            role = "chosen" if k == self.chosen else "front" if k in self.front else ""
+            rows.append(self._row(m.candidate.label, m.candidate, m.measurement, role))
+        return rows
+
+    def _row(self, label: str, c: Candidate | None, m: Measurement, role: str) -> dict[str, Any]:
+        return {
+            "candidate": label,
+            "role": role,
+            "predicted": None if c is None else c.predicted,
+            self.metric: m.quality,
+            "params": m.params,
+            "params_kept": m.params / self.original.params,
+            "macs": m.macs,
+            "forward_per_s": m.forward_per_s,
+            "decode_tokens_per_s": None if m.throughput is None else m.throughput.get("decode_tokens_per_s"),
+            "speedup": None if m.forward_per_s is None or self.original.forward_per_s is None
+            else m.forward_per_s / self.original.forward_per_s,
+        }
+
+    def to_markdown(self) -> str:
+        """The report: target, the table of measured candidates, the rank
+        correlation, and what was left out."""
+        spec = ".2f" if self.metric == "perplexity" else ".4f"
+        unit = self.original.throughput.get("unit", "") if self.original.throughput else ""
+        lines = [
+            f"**toast.search**: {self.target.describe()}; {self.enumerated} candidates "
+            f"applied, {len(self.measured)} measured on held-out data "
+            f"({sum(m.cached for m in self.measured)} from the cache); calibration passes "
+            f"this call: {self.calibration_passes}.",
+            "",
+            f"| candidate | predicted error | {self.metric} | params | kept | linear MACs "
+            f"| {unit or 'throughput'} | speed-up |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for row in self.table():
+            mark = {"chosen": " **(chosen)**", "front": " (front)"}.get(row["role"], "")
+            predicted = "—" if row["predicted"] is None else f"{row['predicted']:.4f}"
+            rate = "—" if row["forward_per_s"] is None else f"{row['forward_per_s']:,.0f}"
+            speed = "—" if row["speedup"] is None else f"×{row['speedup']:.2f}"
+            lines.append(
+                f"| {row['candidate']}{mark} | {predicted} | {row[self.metric]:{spec}} "
+                f"| {row['params']:,} | {100 * row['params_kept']:.1f}% | {row['macs']:,} "
+                f"| {rate} | {speed} |"
+            )
+        lines += ["", self._ranking_line()]
+        if self.original.throughput is not None:
+            lines.append(f"Throughput of the original: {_describe(self.original.throughput)}.")
+        lines += [f"- {note}" for note in self.notes]
+        return "\n".join(lines)
+
+    def _ranking_line(self) -> str:
+        families = ", ".join(
+            f"{f} {_fmt(r)}" for f, r in self.spearman_by_family().items()
+        )
+        return (
+            f"Ranking check: Spearman correlation of predicted error with measured "
+            f"{self.metric} loss over the measured candidates = {_fmt(self.spearman)} "
+            f"(by family: {families})."
+        )
+
+    def points(self) -> list[Point]:
+        """The plot's points: the original, then every measured candidate."""
+        points = [Point(self.size(self.original), self.original.quality, "original", "", "original")]
+        for k, m in enumerate(self.measured):
+            c = m.candidate
+            role = "chosen" if k == self.chosen else "front" if k in self.front else (
+                "plain" if c.family == "plain" else "candidate"
+            )
+            detail = "\n".join(
+                [
+                    f"{self.metric} {m.measurement.quality:.4g}",
+                    f"params {m.measurement.params:,}",
+                    f"predicted error {c.predicted:.4g}",
+                ]
+            )
+            points.append(Point(self.size(m.measurement), m.measurement.quality, c.label, detail, role, c.family))
+        return points
+
+    def _axes(self) -> tuple[str, str]:
+        x = {"params": "parameters", "macs": "linear MACs", "latency": "time per forward"}
+        size = x.get(self.size_axis, "parameters")
+        return f"{size} (fraction of the original)", f"held-out {self.metric}"
+
+    def plot(self):
+        """A matplotlib figure of measured quality against size (the caller
+        closes it)."""
+        x, y = self._axes()
+        return front_figure(self.points(), x, y, higher_is_better=self.higher_is_better,
+                            title=f"toast.search: {self.target.describe()}")
+
+    def svg(self) -> str:
+        """The same plot as SVG: hovering a point shows its spans and settings."""
+        x, y = self._axes()
+        return front_svg(self.points(), x, y, higher_is_better=self.higher_is_better,
+                         title=f"toast.search: {self.target.describe()}")
+
+    def _repr_html_(self) -> str:
+        return self.svg()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": {"kind": self.target.kind, "value": self.target.value},
+            "metric": self.metric,
+            "size_axis": self.size_axis,
+            "original": self.original.to_dict(),
+            "measured": [
+                {**m.candidate.to_dict(), "measurement": m.measurement.to_dict(), "cached": m.cached}
+                for m in self.measured
+            ],
+            "front": self.front,
+            "chosen": self.chosen,
+            "spearman": self.spearman,
+            "spearman_by_family": self.spearman_by_family(),
+            "enumerated": self.enumerated,
+            "calibration_passes": self.calibration_passes,
+            "notes": self.notes,
+            "timings": self.timings,
+        }
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Writes ``folder/model`` (the chosen model, reloadable with
+        :func:`toast.load_pretrained`), ``report.md``, ``front.png``,
+        ``front.svg`` and ``search.json``; returns the folder."""
+        import matplotlib.pyplot as plt
+
+        from toast.io.save import save_pretrained
+
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        if self.model is not None:
+            save_pretrained(self.model, out / "model")
+        (out / "report.md").write_text(self.to_markdown() + "\n")
+        (out / "front.svg").write_text(self.svg())
+        (out / "search.json").write_text(json.dumps(self.to_dict(), indent=1, default=_json))
+        figure = self.plot()
+        try:
+            figure.savefig(out / "front.png", dpi=120, bbox_inches="tight")
+        finally:
+            plt.close(figure)
+        return out
+
+
+def _fmt(value: float) -> str:
+    return "n/a (fewer than 3 measured)" if not math.isfinite(value) else f"{value:+.2f}"
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+
+
+def _describe(throughput: dict[str, Any]) -> str:
+    parts = [f"{throughput['forward_per_s']:,.1f} {throughput['unit']} forward "
+             f"(batch {throughput['batch_size']}"
+             + (f" × {throughput['seq_len']} tokens" if throughput.get("seq_len") else "")
+             + ", no KV cache)"]
+    if throughput.get("decode_tokens_per_s"):
+        parts.append(f"{throughput['decode_tokens_per_s']:,.1f} tokens/s decoding "
+                     f"{throughput['new_tokens']} new tokens with the KV cache (batch 1)")
+    parts.append(f"{throughput['device']}, median of {throughput['rounds']} rounds")
+    return "; ".join(parts)

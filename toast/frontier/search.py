@@ -1,0 +1,376 @@
+"""``toast.search``: the best compression of a model for a target, by
+measurement.
+
+Data flows one way: the calibration passes (or the cache) give moments
+and ReplaceMe transforms; every applicable candidate is enumerated with
+its exact size and predicted error; the best-predicted candidates of each
+family are built from those calibrated pieces (no further calibration)
+and measured on held-out data; the measured candidates give the Pareto
+front and the chosen model.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from toast._validation import Interval, check
+from toast.hf.blocks import BlockStack, find_blocks
+from toast.hf.calibration import Calibration
+from toast.hf.progress import progress_bar
+from toast.hf.quality import Evaluator
+from toast.hf.text import as_batches
+from toast.methods.runner import split_text_options
+
+from .build import build
+from .cache import SearchCache, combine, default_cache_dir, fingerprint, fingerprint_batches
+from .calibrate import (
+    Calibrated,
+    calibrate_analysis,
+    calibrate_replaceme,
+    model_sizes,
+    predictions,
+    replaceme_cuts,
+)
+from .candidates import Candidate, Sizes, enumerate_candidates
+from .measure import Measurement, measure
+from .pareto import pareto_front
+from .result import Measured, SearchResult
+from .target import Target
+
+__all__ = ["search"]
+
+#: The largest share of blocks a search removes by default.
+MAX_BLOCK_SHARE = 0.5
+
+
+@dataclass
+class _Run:
+    """What one call shares across its phases, found once."""
+
+    model: nn.Module
+    data: Iterable
+    heldout: Iterable
+    target: Target
+    stack: BlockStack
+    calibration: Calibration
+    cache: SearchCache
+    key: str
+    latency: bool
+    started: float
+    max_seconds: float | None
+
+
+def search(
+    model: nn.Module,
+    data: Any,
+    heldout: Any = None,
+    *,
+    target: Any = 0.2,
+    max_measured: int = 8,
+    max_minutes: float | None = None,
+    max_blocks: int | None = None,
+    latency: bool = True,
+    cache: bool | str | os.PathLike = True,
+    output: str | os.PathLike | None = None,
+    backend: str = "auto",
+    **options: Any,
+) -> SearchResult:
+    """Finds the best compression of ``model`` for ``target``, measured.
+
+    ``target``: a fraction of parameters to remove (``0.2``), or
+    ``"params=20%"``, ``"macs=25%"`` (linear-layer MACs), ``"latency=30%"``
+    (measured forward time), ``"quality=10%"`` (held-out quality at most
+    10% worse than the original: the smallest model that keeps it). See
+    :class:`toast.frontier.Target`.
+
+    One calibration pass over ``data`` gives every span's predicted error
+    and every closed-form fit; a second estimates ReplaceMe's transforms
+    for the best cuts of every size up to ``max_blocks`` (default half the
+    blocks). Candidates: plain removal, TOAST linear and affine translators
+    over planned spans, ReplaceMe cuts, and for ViTs ToaSt head pruning
+    alone and with block removal. The ``max_measured`` best-predicted
+    candidates meeting the target (taken from each family in turn) are
+    built from the calibration and measured on ``heldout``: quality
+    (perplexity, accuracy or output cosine, as :func:`toast.compress`
+    reports), parameters, MACs and, with ``latency``, throughput on the
+    model's device. ``max_minutes`` stops measuring when the next
+    candidate would not fit in it.
+
+    ``cache`` (True: ``$TOAST_CACHE/search`` or ``~/.cache/toast/search``;
+    a folder; False: none) keeps the calibration and the measurements, so
+    a call with a new target makes no calibration pass. ``output``: the
+    folder :meth:`SearchResult.save` writes (chosen model, report, plot).
+    ``data`` and ``heldout`` are batches or raw text read with the text
+    options (``tokenizer``, ``max_length``...), and the calibration options
+    (``max_samples``, ``progress``...) bound the pass, as for
+    :func:`toast.compress`; a float ``heldout`` holds out that share of raw
+    text. The model is left unchanged.
+    """
+    run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
+    check("max_measured", max_measured, Interval(int, 1, None))
+    calibrated, passes = _calibrated(run, backend, max_blocks)
+    sizes = model_sizes(run.model, run.stack, calibrated.analysis.moments.dim)
+    candidates = enumerate_candidates(
+        sizes,
+        predictions(calibrated.analysis),
+        _max_blocks(run, max_blocks),
+        replaceme=bool(calibrated.transforms),
+    )
+    result = _measure_all(run, calibrated, sizes, candidates, max_measured, passes)
+    if calibrated.note:
+        result.notes.append(calibrated.note)
+    if output is not None:
+        result.save(output)
+    return result
+
+
+def _prepare(
+    model: nn.Module,
+    data: Any,
+    heldout: Any,
+    target: Any,
+    max_blocks: int | None,
+    max_minutes: float | None,
+    latency: bool,
+    cache: bool | str | os.PathLike,
+    options: dict[str, Any],
+) -> _Run:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    goal = Target.parse(target)
+    check("max_blocks", max_blocks, Interval(int, 1, None), None)
+    check("max_minutes", max_minutes, Interval(float, 0, None, closed="neither"), None)
+    check("latency", latency, bool)
+    text, rest = split_text_options(options)
+    calibration = Calibration.from_options(None, **rest)
+    if data is None:
+        raise ValueError("search needs calibration data (a loader of batches, or raw text)")
+    data = as_batches(data, **text)
+    heldout = _heldout(data, heldout, text)
+    if isinstance(heldout, tuple):
+        data, heldout = heldout
+    folder = default_cache_dir() if cache is True else None if cache is False else cache
+    stack = find_blocks(model, calibration.blocks)
+    settings = (calibration.max_samples, calibration.max_batches, calibration.sample,
+                calibration.seed, stack.path, max_blocks)
+    key = combine(fingerprint(model), fingerprint_batches(data), settings)
+    return _Run(
+        model, data, heldout, goal, stack, calibration, SearchCache(folder), key, latency,
+        time.perf_counter(), None if max_minutes is None else 60.0 * max_minutes,
+    )
+
+
+def _heldout(data: Iterable, heldout: Any, text: dict[str, Any]) -> Any:
+    if heldout is None:
+        raise ValueError(
+            "search measures candidates on held-out data: pass heldout=<batches or raw text> "
+            "(or heldout=0.1 to hold out a tenth of raw text data)"
+        )
+    if isinstance(heldout, float):
+        split = getattr(data, "split", None)
+        if split is None:
+            raise ValueError(
+                f"heldout={heldout} holds out a share of raw text data (with tokenizer=); with "
+                "batches, pass held-out batches as heldout=..."
+            )
+        return split(heldout)
+    return as_batches(heldout, **text)
+
+
+def _max_blocks(run: _Run, max_blocks: int | None) -> int:
+    total = run.stack.num_blocks
+    chosen = max_blocks if max_blocks is not None else max(1, int(total * MAX_BLOCK_SHARE))
+    return min(chosen, total - 1)
+
+
+def _calibrated(run: _Run, backend: str, max_blocks: int | None) -> tuple[Calibrated, int]:
+    """The calibration from the cache, else from its passes (then cached)."""
+    found = run.cache.load_calibrated(run.key)
+    if found is not None:
+        return found, 0
+    analysis = calibrate_analysis(run.model, run.data, run.stack, run.calibration, backend)
+    cuts = replaceme_cuts(predictions(analysis), _max_blocks(run, max_blocks))
+    transforms, note = calibrate_replaceme(run.model, run.data, run.stack, run.calibration, cuts)
+    calibrated = Calibrated(analysis, transforms, note)
+    run.cache.save_calibrated(run.key, calibrated)
+    return calibrated, 1 + bool(cuts and not note)
+
+
+def _eligible(run: _Run, sizes: Sizes, candidate: Candidate) -> bool:
+    """Whether ``candidate`` can meet a size target, before measuring:
+    parameters directly; MACs and latency by the share of the blocks'
+    parameters removed (checked again on the measured model)."""
+    goal = run.target
+    if goal.kind == "quality":
+        return True
+    if goal.kind == "params":
+        return candidate.params <= (1.0 - goal.value) * sizes.params
+    removed = sizes.params - candidate.params
+    return removed >= goal.value * sum(sizes.block_params)
+
+
+def _selection(candidates: Sequence[Candidate], limit: int) -> list[Candidate]:
+    """The best-predicted ``limit`` candidates, taken from each family in
+    turn (predicted errors compare within a family only)."""
+    families: dict[str, list[Candidate]] = {}
+    for c in sorted(candidates, key=lambda c: (c.predicted, -c.params, c.key)):
+        families.setdefault(c.family, []).append(c)
+    chosen: list[Candidate] = []
+    queues = [families[f] for f in sorted(families)]
+    while len(chosen) < limit and any(queues):
+        for queue in queues:
+            if queue and len(chosen) < limit:
+                chosen.append(queue.pop(0))
+    return chosen
+
+
+def _meets(result_original: Measurement, m: Measurement, run: _Run, higher: bool) -> bool:
+    """Whether a measured model meets the target."""
+    goal = run.target
+    if goal.kind == "params":
+        return m.params <= (1.0 - goal.value) * result_original.params
+    if goal.kind == "macs":
+        return m.macs <= (1.0 - goal.value) * result_original.macs
+    if goal.kind == "latency":
+        rate, base = m.forward_per_s, result_original.forward_per_s
+        return rate is not None and base is not None and base / rate <= 1.0 - goal.value
+    if higher:
+        return m.quality >= (1.0 - goal.value) * result_original.quality
+    return m.quality <= (1.0 + goal.value) * result_original.quality
+
+
+def _measure_all(
+    run: _Run,
+    calibrated: Calibrated,
+    sizes: Sizes,
+    candidates: list[Candidate],
+    max_measured: int,
+    passes: int,
+) -> SearchResult:
+    """Measures the selection (what the cache lacks), then the front and
+    the chosen model."""
+    eligible = [c for c in candidates if _eligible(run, sizes, c)]
+    selected = _selection(eligible, max_measured)
+    store_key = combine(run.key, fingerprint_batches(run.heldout), run.latency)
+    store = run.cache.load_measurements(store_key)
+    todo = [c for c in selected if c.key not in store]
+    example = next(iter(run.heldout))
+    evaluator = Evaluator(run.heldout, _cached_metric(store), progress=False)
+    original = _original(run, evaluator, example, store, bool(todo))
+    notes = _measure_new(run, calibrated, todo, evaluator, example, store, store_key)
+    measured = [
+        Measured(c, Measurement.from_dict(store[c.key]), c not in todo)
+        for c in eligible
+        if c.key in store
+    ]
+    measured.sort(key=lambda m: (m.measurement.params, m.candidate.key))
+    result = _result(run, original, measured, len(eligible), passes, notes)
+    if result.chosen is not None:
+        result.model = build(run.model, measured[result.chosen].candidate, calibrated)
+    if not eligible:
+        result.notes.append(
+            f"no candidate can meet {run.target.describe()} removing at most half the blocks: "
+            "raise max_blocks= or ask for less"
+        )
+    return result
+
+
+def _cached_metric(store: dict[str, Any]) -> Any:
+    original = store.get("original")
+    return None if original is None else original.get("metric")
+
+
+def _original(
+    run: _Run, evaluator: Evaluator, example: Any, store: dict[str, Any], reference: bool
+) -> Measurement:
+    """The unmodified model, measured (again when a cosine evaluator needs
+    its outputs as the reference for new candidates)."""
+    found = store.get("original")
+    if found is not None and not (reference and found.get("metric") == "cosine"):
+        return Measurement.from_dict(found)
+    measured = measure(run.model, evaluator, example, "original", run.latency)
+    store["original"] = measured.to_dict()
+    return measured
+
+
+def _measure_new(
+    run: _Run,
+    calibrated: Calibrated,
+    todo: list[Candidate],
+    evaluator: Evaluator,
+    example: Any,
+    store: dict[str, Any],
+    store_key: str,
+) -> list[str]:
+    """Builds and measures ``todo`` in order, saving each measurement as it
+    comes (an interrupted search keeps what it measured); returns notes."""
+    notes: list[str] = []
+    run.cache.save_measurements(store_key, store)
+    bar = progress_bar("search: measuring", len(todo), "candidate", disable=not run.calibration.progress)
+    spent: list[float] = []
+    try:
+        for k, candidate in enumerate(todo):
+            if _out_of_time(run, spent):
+                notes.append(
+                    f"max_minutes reached: measured {k} of the {len(todo)} selected candidates"
+                )
+                break
+            begin = time.perf_counter()
+            built = build(run.model, candidate, calibrated)
+            m = measure(built, evaluator, example, candidate.label, run.latency)
+            del built
+            store[candidate.key] = m.to_dict()
+            run.cache.save_measurements(store_key, store)
+            spent.append(time.perf_counter() - begin)
+            bar.update(1)
+    finally:
+        bar.close()
+    return notes
+
+
+def _out_of_time(run: _Run, spent: list[float]) -> bool:
+    if run.max_seconds is None or not spent:
+        return False
+    elapsed = time.perf_counter() - run.started
+    return elapsed + sum(spent) / len(spent) > run.max_seconds
+
+
+def _result(
+    run: _Run,
+    original: Measurement,
+    measured: list[Measured],
+    enumerated: int,
+    passes: int,
+    notes: list[str],
+) -> SearchResult:
+    axis = {"params": "params", "macs": "macs", "latency": "latency"}.get(run.target.kind, "params")
+    result = SearchResult(
+        target=run.target,
+        original=original,
+        measured=measured,
+        front=[],
+        chosen=None,
+        size_axis=axis,
+        enumerated=enumerated,
+        calibration_passes=passes,
+        notes=notes,
+    )
+    higher = result.higher_is_better
+    points = [(result.size(m.measurement), m.measurement.quality) for m in measured]
+    result.front = pareto_front(points, higher)
+    meeting = [k for k, m in enumerate(measured) if _meets(original, m.measurement, run, higher)]
+    if meeting:
+        sign = 1.0 if higher else -1.0
+        if run.target.kind == "quality":
+            result.chosen = min(meeting, key=lambda k: (points[k][0], -sign * points[k][1]))
+        else:
+            result.chosen = max(meeting, key=lambda k: (sign * points[k][1], -points[k][0]))
+    result.timings["total"] = time.perf_counter() - run.started
+    return result
