@@ -133,7 +133,9 @@ def test_first_call_forwards_the_calibration_data(tmp_path):
     model = tiny_llama()
     forwards = _calibration_forwards(model)
     data, heldout = token_batches(3, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
-    toast.search(model, data, heldout, max_measured=1, cache=tmp_path, latency=False, progress=False)
+    toast.search(
+        model, data, heldout, max_measured=1, cache=tmp_path, latency=False, progress=False
+    )
     assert forwards[0] >= 3
 
 
@@ -160,7 +162,13 @@ def test_vit_search_offers_head_pruning_and_combinations(tmp_path):
     model = tiny_vit()
     data, heldout = image_batches(3, 1), image_batches(1, 2)
     result = toast.search(
-        model, data, heldout, target=0.2, max_measured=12, cache=tmp_path, latency=False,
+        model,
+        data,
+        heldout,
+        target=0.2,
+        max_measured=12,
+        cache=tmp_path,
+        latency=False,
         progress=False,
     )
     families = {m.candidate.family for m in result.measured}

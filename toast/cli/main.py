@@ -9,6 +9,9 @@
   report (and measured held-out quality); a checkpoint that does not fit
   ``--max-memory`` is calibrated block by block from disk and written
   without loading it.
+- ``toast search MODEL --data DATA --heldout H --target 20% --out DIR``: the
+  best compression for a target across every method, measured
+  (:mod:`toast.cli.search`).
 - ``toast replaceme MODEL_PATH --data FILE --blocks N --out DIR``: ReplaceMe on
   a local causal LM; a standard checkpoint out (:mod:`toast.cli.replaceme`).
 
@@ -51,6 +54,7 @@ from toast.cli.options import (
     say_path,
 )
 from toast.cli.replaceme import add_parser as _add_replaceme
+from toast.cli.search import add_parser as _add_search
 from toast.methods.toast.config import ToastConfig
 
 
@@ -89,6 +93,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _add_local_commands(sub)
     _add_replaceme(sub)
+    _add_search(sub)
     return parser
 
 
@@ -298,6 +303,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run(args)
     if args.command in ("analyze", "compress"):
         return _run_local(args)
+    if args.command == "search":
+        from toast.cli.search import run as run_search
+
+        return run_search(args)
     return _demo(args)
 
 

@@ -24,7 +24,7 @@ from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.estimate import Estimation
 from toast.methods.replaceme.fold import NotFoldableError, check_cuts
 from toast.methods.toast.analysis import Analysis, analyze
-from toast.methods.toast_vit.blocks import vit_blocks
+from toast.methods.toast_vit.blocks import Attention, vit_blocks
 from toast.spans import Span
 
 from .candidates import ALTERNATIVES, Predictions, Sizes
@@ -127,12 +127,11 @@ def calibrate_replaceme(
     return {cut: f.transform for cut, f in zip(cuts, fitted, strict=True)}, ""
 
 
-def _head_dim_params(attention: nn.Module) -> int:
+def _head_dim_params(attention: Attention) -> int:
     """Parameters one head dimension costs: a row of Q, K and V (with
     their biases) and a column of the output projection."""
     per_dim = 0
-    for name in ("q_proj", "k_proj", "v_proj"):
-        linear = getattr(attention, name)
+    for linear in (attention.q_proj, attention.k_proj, attention.v_proj):
         per_dim += linear.in_features + (1 if linear.bias is not None else 0)
     return per_dim + attention.o_proj.out_features
 

@@ -89,7 +89,10 @@ class SearchResult:
 
     def spearman_by_family(self) -> dict[str, float]:
         families = sorted({m.candidate.family for m in self.measured})
-        return {f: self._spearman([m for m in self.measured if m.candidate.family == f]) for f in families}
+        return {
+            f: self._spearman([m for m in self.measured if m.candidate.family == f])
+            for f in families
+        }
 
     def _spearman(self, measured: list[Measured]) -> float:
         sign = -1.0 if self.higher_is_better else 1.0
@@ -116,8 +119,11 @@ class SearchResult:
             "params_kept": m.params / self.original.params,
             "macs": m.macs,
             "forward_per_s": m.forward_per_s,
-            "decode_tokens_per_s": None if m.throughput is None else m.throughput.get("decode_tokens_per_s"),
-            "speedup": None if m.forward_per_s is None or self.original.forward_per_s is None
+            "decode_tokens_per_s": None
+            if m.throughput is None
+            else m.throughput.get("decode_tokens_per_s"),
+            "speedup": None
+            if m.forward_per_s is None or self.original.forward_per_s is None
             else m.forward_per_s / self.original.forward_per_s,
         }
 
@@ -153,9 +159,7 @@ class SearchResult:
         return "\n".join(lines)
 
     def _ranking_line(self) -> str:
-        families = ", ".join(
-            f"{f} {_fmt(r)}" for f, r in self.spearman_by_family().items()
-        )
+        families = ", ".join(f"{f} {_fmt(r)}" for f, r in self.spearman_by_family().items())
         return (
             f"Ranking check: Spearman correlation of predicted error with measured "
             f"{self.metric} loss over the measured candidates = {_fmt(self.spearman)} "
@@ -164,11 +168,17 @@ class SearchResult:
 
     def points(self) -> list[Point]:
         """The plot's points: the original, then every measured candidate."""
-        points = [Point(self.size(self.original), self.original.quality, "original", "", "original")]
+        points = [
+            Point(self.size(self.original), self.original.quality, "original", "", "original")
+        ]
         for k, m in enumerate(self.measured):
             c = m.candidate
-            role = "chosen" if k == self.chosen else "front" if k in self.front else (
-                "plain" if c.family == "plain" else "candidate"
+            role = (
+                "chosen"
+                if k == self.chosen
+                else "front"
+                if k in self.front
+                else ("plain" if c.family == "plain" else "candidate")
             )
             detail = "\n".join(
                 [
@@ -177,7 +187,11 @@ class SearchResult:
                     f"predicted error {c.predicted:.4g}",
                 ]
             )
-            points.append(Point(self.size(m.measurement), m.measurement.quality, c.label, detail, role, c.family))
+            points.append(
+                Point(
+                    self.size(m.measurement), m.measurement.quality, c.label, detail, role, c.family
+                )
+            )
         return points
 
     def _axes(self) -> tuple[str, str]:
@@ -189,14 +203,24 @@ class SearchResult:
         """A matplotlib figure of measured quality against size (the caller
         closes it)."""
         x, y = self._axes()
-        return front_figure(self.points(), x, y, higher_is_better=self.higher_is_better,
-                            title=f"toast.search: {self.target.describe()}")
+        return front_figure(
+            self.points(),
+            x,
+            y,
+            higher_is_better=self.higher_is_better,
+            title=f"toast.search: {self.target.describe()}",
+        )
 
     def svg(self) -> str:
         """The same plot as SVG: hovering a point shows its spans and settings."""
         x, y = self._axes()
-        return front_svg(self.points(), x, y, higher_is_better=self.higher_is_better,
-                         title=f"toast.search: {self.target.describe()}")
+        return front_svg(
+            self.points(),
+            x,
+            y,
+            higher_is_better=self.higher_is_better,
+            title=f"toast.search: {self.target.describe()}",
+        )
 
     def _repr_html_(self) -> str:
         return self.svg()
@@ -208,7 +232,11 @@ class SearchResult:
             "size_axis": self.size_axis,
             "original": self.original.to_dict(),
             "measured": [
-                {**m.candidate.to_dict(), "measurement": m.measurement.to_dict(), "cached": m.cached}
+                {
+                    **m.candidate.to_dict(),
+                    "measurement": m.measurement.to_dict(),
+                    "cached": m.cached,
+                }
                 for m in self.measured
             ],
             "front": self.front,
@@ -235,7 +263,7 @@ class SearchResult:
             save_pretrained(self.model, out / "model")
         (out / "report.md").write_text(self.to_markdown() + "\n")
         (out / "front.svg").write_text(self.svg())
-        (out / "search.json").write_text(json.dumps(self.to_dict(), indent=1, default=_json))
+        (out / "search.json").write_text(json.dumps(_finite(self.to_dict()), indent=1))
         figure = self.plot()
         try:
             figure.savefig(out / "front.png", dpi=120, bbox_inches="tight")
@@ -248,19 +276,28 @@ def _fmt(value: float) -> str:
     return "n/a (fewer than 3 measured)" if not math.isfinite(value) else f"{value:+.2f}"
 
 
-def _json(value: Any) -> Any:
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity as None (JSON has neither)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    raise TypeError(f"cannot write {type(value).__name__} to JSON")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _describe(throughput: dict[str, Any]) -> str:
-    parts = [f"{throughput['forward_per_s']:,.1f} {throughput['unit']} forward "
-             f"(batch {throughput['batch_size']}"
-             + (f" × {throughput['seq_len']} tokens" if throughput.get("seq_len") else "")
-             + ", no KV cache)"]
+    parts = [
+        f"{throughput['forward_per_s']:,.1f} {throughput['unit']} forward "
+        f"(batch {throughput['batch_size']}"
+        + (f" × {throughput['seq_len']} tokens" if throughput.get("seq_len") else "")
+        + ", no KV cache)"
+    ]
     if throughput.get("decode_tokens_per_s"):
-        parts.append(f"{throughput['decode_tokens_per_s']:,.1f} tokens/s decoding "
-                     f"{throughput['new_tokens']} new tokens with the KV cache (batch 1)")
+        parts.append(
+            f"{throughput['decode_tokens_per_s']:,.1f} tokens/s decoding "
+            f"{throughput['new_tokens']} new tokens with the KV cache (batch 1)"
+        )
     parts.append(f"{throughput['device']}, median of {throughput['rounds']} rounds")
     return "; ".join(parts)

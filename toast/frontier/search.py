@@ -11,7 +11,6 @@ front and the chosen model.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -149,7 +148,7 @@ def _prepare(
     check("max_minutes", max_minutes, Interval(float, 0, None, closed="neither"), None)
     check("latency", latency, bool)
     text, rest = split_text_options(options)
-    calibration = Calibration.from_options(None, **rest)
+    calibration = Calibration.from_options(rest.pop("calibration", None), **rest)
     if data is None:
         raise ValueError("search needs calibration data (a loader of batches, or raw text)")
     data = as_batches(data, **text)
@@ -158,12 +157,27 @@ def _prepare(
         data, heldout = heldout
     folder = default_cache_dir() if cache is True else None if cache is False else cache
     stack = find_blocks(model, calibration.blocks)
-    settings = (calibration.max_samples, calibration.max_batches, calibration.sample,
-                calibration.seed, stack.path, max_blocks)
+    settings = (
+        calibration.max_samples,
+        calibration.max_batches,
+        calibration.sample,
+        calibration.seed,
+        stack.path,
+        max_blocks,
+    )
     key = combine(fingerprint(model), fingerprint_batches(data), settings)
     return _Run(
-        model, data, heldout, goal, stack, calibration, SearchCache(folder), key, latency,
-        time.perf_counter(), None if max_minutes is None else 60.0 * max_minutes,
+        model,
+        data,
+        heldout,
+        goal,
+        stack,
+        calibration,
+        SearchCache(folder),
+        key,
+        latency,
+        time.perf_counter(),
+        None if max_minutes is None else 60.0 * max_minutes,
     )
 
 
@@ -313,7 +327,9 @@ def _measure_new(
     comes (an interrupted search keeps what it measured); returns notes."""
     notes: list[str] = []
     run.cache.save_measurements(store_key, store)
-    bar = progress_bar("search: measuring", len(todo), "candidate", disable=not run.calibration.progress)
+    bar = progress_bar(
+        "search: measuring", len(todo), "candidate", disable=not run.calibration.progress
+    )
     spent: list[float] = []
     try:
         for k, candidate in enumerate(todo):

@@ -1,0 +1,109 @@
+"""``toast search MODEL --data DATA --heldout HELDOUT --target 20% --out DIR``:
+:func:`toast.search` on a local model, the chosen model and the report
+(table, plot, JSON) written to ``--out``."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from pathlib import Path
+from typing import Any
+
+from toast._validation import Interval, check
+from toast.cli.checks import (
+    check_data_path,
+    check_model_path,
+    check_out,
+    check_tokenizer_files,
+    staged_output,
+)
+from toast.cli.options import (
+    EXIT_STATUSES,
+    HELDOUT_HELP,
+    add_calibration_arguments,
+    add_output_arguments,
+    calibration_from_args,
+    heldout_value,
+    quiet_libraries,
+    report_warnings,
+)
+
+__all__ = ["add_parser", "run"]
+
+_HELP = "find the best compression for a target across every method, measured on held-out data"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("search", help=_HELP, description=_HELP, epilog=EXIT_STATUSES)
+    p.add_argument("model", help="local model: a directory, or a .gguf file")
+    p.add_argument("--data", required=True, help="calibration data: folder of images, or text")
+    p.add_argument("--heldout", type=heldout_value, required=True, help=HELDOUT_HELP)
+    p.add_argument(
+        "--target",
+        default="params=20%",
+        help="params=20%%, macs=25%%, latency=30%% or quality=10%% (params=20%%)",
+    )
+    p.add_argument("--max-measured", type=int, default=8, help="candidates to measure (8)")
+    p.add_argument("--max-minutes", type=float, default=None, help="time budget (none)")
+    p.add_argument("--max-blocks", type=int, default=None, help="most blocks removed (half)")
+    p.add_argument("--no-latency", action="store_true", help="do not measure throughput")
+    p.add_argument("--cache", default=None, help="cache folder (~/.cache/toast/search)")
+    p.add_argument("--no-cache", action="store_true", help="keep nothing between calls")
+    p.add_argument("--batch-size", type=int, default=8, help="samples per batch (8)")
+    p.add_argument("--max-length", type=int, default=256, help="tokens per text sample (256)")
+    add_output_arguments(p)
+    add_calibration_arguments(p, max_samples=256, blocks_flag=True)
+
+
+def _check(args: argparse.Namespace) -> Path:
+    """Every argument and path before anything loads."""
+    from toast.frontier.target import Target
+
+    model = check_model_path(args.model)
+    data = check_data_path("--data", args.data)
+    if isinstance(args.heldout, str):
+        check_data_path("--heldout", args.heldout, folder_ok=data.is_dir())
+    if data.is_file():
+        check_tokenizer_files(model)
+    args.target = Target.parse(args.target)
+    for name in ("max_measured", "batch_size", "max_length"):
+        check(f"--{name.replace('_', '-')}", getattr(args, name), Interval(int, 1, None))
+    check("--max-blocks", args.max_blocks, Interval(int, 1, None), None)
+    check("--max-minutes", args.max_minutes, Interval(float, 0, None, closed="neither"), None)
+    calibration_from_args(args)  # checks --max-samples, --max-batches
+    return check_out(args.out, args.overwrite)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``toast search``; returns the exit status."""
+    out = _check(args)
+    quiet_libraries(progress=not args.no_progress, quiet=args.quiet)
+    import toast
+    from toast.io.local import load_batches, load_model
+
+    model = load_model(args.model)
+    read = {"batch_size": args.batch_size, "max_length": args.max_length}
+    data = load_batches(args.model, args.data, **read)
+    heldout = args.heldout
+    if isinstance(heldout, str):
+        heldout = load_batches(args.model, heldout, **read)
+    cache = False if args.no_cache else (args.cache or True)
+    calibration = calibration_from_args(args)
+    with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
+        warnings.simplefilter("always")
+        result = toast.search(
+            model,
+            data,
+            heldout,
+            target=args.target,
+            max_measured=args.max_measured,
+            max_minutes=args.max_minutes,
+            max_blocks=args.max_blocks,
+            latency=not args.no_latency,
+            cache=cache,
+            calibration=calibration,
+        )
+        result.save(stage)
+    report_warnings(caught, quiet=args.quiet)
+    print(result.to_markdown())
+    return 0
