@@ -193,3 +193,11 @@ def test_target_beyond_reach_says_so(tmp_path):
     )
     assert result.best is None and result.model is None
     assert any("max_blocks" in note for note in result.notes)
+
+
+def test_notebook_view_shows_each_candidate_on_hover(searched):
+    *_, result = searched
+    html = result._repr_html_()
+    assert html.count("<title>") >= len(result.measured) + 1  # and the original
+    for m in result.measured:
+        assert m.candidate.label.replace("&", "&amp;") in html

@@ -18,9 +18,10 @@ from .pareto import spearman
 from .plot import Point, front_figure, front_svg
 from .target import Target
 
-__all__ = ["Measured", "SearchResult"]
+__all__ = ["HIGHER", "Measured", "SearchResult"]
 
-_HIGHER = {"perplexity": False, "accuracy": True, "cosine": True}
+#: Whether a higher value of each quality metric is better.
+HIGHER = {"perplexity": False, "accuracy": True, "cosine": True}
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ class SearchResult:
 
     @property
     def higher_is_better(self) -> bool:
-        return _HIGHER[self.metric]
+        return HIGHER[self.metric]
 
     @property
     def best(self) -> Measured | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,9 @@ from .calibrate import (
 from .candidates import Candidate, Sizes, enumerate_candidates
 from .measure import Measurement, measure
 from .pareto import pareto_front
+from .result import HIGHER as _HIGHER
 from .result import Measured, SearchResult
+from .selection import Bisection, Ranked
 from .target import Target
 
 __all__ = ["search"]
@@ -230,21 +232,6 @@ def _eligible(run: _Run, sizes: Sizes, candidate: Candidate) -> bool:
     return removed >= goal.value * sum(sizes.block_params)
 
 
-def _selection(candidates: Sequence[Candidate], limit: int) -> list[Candidate]:
-    """The best-predicted ``limit`` candidates, taken from each family in
-    turn (predicted errors compare within a family only)."""
-    families: dict[str, list[Candidate]] = {}
-    for c in sorted(candidates, key=lambda c: (c.predicted, -c.params, c.key)):
-        families.setdefault(c.family, []).append(c)
-    chosen: list[Candidate] = []
-    queues = [families[f] for f in sorted(families)]
-    while len(chosen) < limit and any(queues):
-        for queue in queues:
-            if queue and len(chosen) < limit:
-                chosen.append(queue.pop(0))
-    return chosen
-
-
 def _meets(result_original: Measurement, m: Measurement, run: _Run, higher: bool) -> bool:
     """Whether a measured model meets the target."""
     goal = run.target
@@ -271,21 +258,17 @@ def _measure_all(
     """Measures the selection (what the cache lacks), then the front and
     the chosen model."""
     eligible = [c for c in candidates if _eligible(run, sizes, c)]
-    selected = _selection(eligible, max_measured)
-    store_key = combine(run.key, fingerprint_batches(run.heldout), run.latency)
-    store = run.cache.load_measurements(store_key)
-    todo = [c for c in selected if c.key not in store]
-    example = next(iter(run.heldout))
-    evaluator = Evaluator(run.heldout, _cached_metric(store), progress=False)
-    original = _original(run, evaluator, example, store, bool(todo))
-    notes = _measure_new(run, calibrated, todo, evaluator, example, store, store_key)
+    selector = (Bisection if run.target.kind == "quality" else Ranked)(eligible, max_measured)
+    measurer = _Measurer(run, calibrated)
+    notes = measurer.measure(selector, max_measured)
+    keys = set(measurer.store)
     measured = [
-        Measured(c, Measurement.from_dict(store[c.key]), c not in todo)
+        Measured(c, Measurement.from_dict(measurer.store[c.key]), c.key in measurer.before)
         for c in eligible
-        if c.key in store
+        if c.key in keys
     ]
     measured.sort(key=lambda m: (m.measurement.params, m.candidate.key))
-    result = _result(run, original, measured, len(eligible), passes, notes)
+    result = _result(run, measurer.original, measured, len(eligible), passes, notes)
     if result.chosen is not None:
         result.model = build(run.model, measured[result.chosen].candidate, calibrated)
     if not eligible:
@@ -296,59 +279,64 @@ def _measure_all(
     return result
 
 
-def _cached_metric(store: dict[str, Any]) -> Any:
-    original = store.get("original")
-    return None if original is None else original.get("metric")
+class _Measurer:
+    """Measures candidates on the held-out data, keeping every measurement
+    in the cache as it comes (an interrupted search keeps what it
+    measured). ``before``: the keys the cache held at the start."""
 
+    def __init__(self, run: _Run, calibrated: Calibrated) -> None:
+        self.run, self.calibrated = run, calibrated
+        self.key = combine(run.key, fingerprint_batches(run.heldout), run.latency)
+        self.store = run.cache.load_measurements(self.key)
+        self.before = set(self.store)
+        self.example = next(iter(run.heldout))
+        found = self.store.get("original")
+        self.evaluator = Evaluator(
+            run.heldout, None if found is None else found["metric"], progress=False
+        )
+        self.reference = False  # whether a cosine evaluator holds the original's outputs
+        self.original = self._original(found)
 
-def _original(
-    run: _Run, evaluator: Evaluator, example: Any, store: dict[str, Any], reference: bool
-) -> Measurement:
-    """The unmodified model, measured (again when a cosine evaluator needs
-    its outputs as the reference for new candidates)."""
-    found = store.get("original")
-    if found is not None and not (reference and found.get("metric") == "cosine"):
-        return Measurement.from_dict(found)
-    measured = measure(run.model, evaluator, example, "original", run.latency)
-    store["original"] = measured.to_dict()
-    return measured
+    def _original(self, found: dict[str, Any] | None) -> Measurement:
+        if found is not None:
+            return Measurement.from_dict(found)
+        measured = measure(
+            self.run.model, self.evaluator, self.example, "original", self.run.latency
+        )
+        self.store["original"] = measured.to_dict()
+        self.run.cache.save_measurements(self.key, self.store)
+        self.reference = True
+        return measured
 
+    def _new(self, candidate: Candidate) -> None:
+        if self.evaluator.metric == "cosine" and not self.reference:
+            self.evaluator.measure(self.run.model, "original")  # the reference outputs
+            self.reference = True
+        built = build(self.run.model, candidate, self.calibrated)
+        m = measure(built, self.evaluator, self.example, candidate.label, self.run.latency)
+        self.store[candidate.key] = m.to_dict()
+        self.run.cache.save_measurements(self.key, self.store)
 
-def _measure_new(
-    run: _Run,
-    calibrated: Calibrated,
-    todo: list[Candidate],
-    evaluator: Evaluator,
-    example: Any,
-    store: dict[str, Any],
-    store_key: str,
-) -> list[str]:
-    """Builds and measures ``todo`` in order, saving each measurement as it
-    comes (an interrupted search keeps what it measured); returns notes."""
-    notes: list[str] = []
-    run.cache.save_measurements(store_key, store)
-    bar = progress_bar(
-        "search: measuring", len(todo), "candidate", disable=not run.calibration.progress
-    )
-    spent: list[float] = []
-    try:
-        for k, candidate in enumerate(todo):
-            if _out_of_time(run, spent):
-                notes.append(
-                    f"max_minutes reached: measured {k} of the {len(todo)} selected candidates"
-                )
-                break
-            begin = time.perf_counter()
-            built = build(run.model, candidate, calibrated)
-            m = measure(built, evaluator, example, candidate.label, run.latency)
-            del built
-            store[candidate.key] = m.to_dict()
-            run.cache.save_measurements(store_key, store)
-            spent.append(time.perf_counter() - begin)
-            bar.update(1)
-    finally:
-        bar.close()
-    return notes
+    def measure(self, selector: Ranked | Bisection, limit: int) -> list[str]:
+        """Measures what ``selector`` asks for (at most ``limit``); returns notes."""
+        higher = _HIGHER[self.original.metric]
+        progress = self.run.calibration.progress
+        bar = progress_bar("search: measuring", limit, "candidate", disable=not progress)
+        spent: list[float] = []
+        try:
+            while (candidate := selector.next()) is not None:
+                if candidate.key not in self.store:
+                    if _out_of_time(self.run, spent):
+                        return [f"max_minutes reached after {len(spent)} new measurements"]
+                    begin = time.perf_counter()
+                    self._new(candidate)
+                    spent.append(time.perf_counter() - begin)
+                bar.update(1)
+                m = Measurement.from_dict(self.store[candidate.key])
+                selector.tell(candidate, _meets(self.original, m, self.run, higher))
+        finally:
+            bar.close()
+        return []
 
 
 def _out_of_time(run: _Run, spent: list[float]) -> bool:

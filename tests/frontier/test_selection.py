@@ -1,0 +1,57 @@
+"""Which candidates a search measures: ranked for size targets, bisection
+for a quality floor (checked against brute force)."""
+
+import math
+
+import pytest
+
+from toast.frontier.candidates import Candidate
+from toast.frontier.selection import Bisection, Ranked
+
+
+def _candidate(family: str, blocks: int, predicted: float) -> Candidate:
+    return Candidate(family, ((1, 1 + blocks),), "identity", None, 1000 - 10 * blocks, predicted)
+
+
+def _drain(selector, meets) -> list[Candidate]:
+    asked = []
+    while (c := selector.next()) is not None:
+        asked.append(c)
+        selector.tell(c, meets(c))
+    return asked
+
+
+def test_ranked_takes_families_in_turn_best_predicted_first():
+    pool = [_candidate("a", k, 0.1 * k) for k in range(1, 5)]
+    pool += [_candidate("b", k, 1.0 + k) for k in range(1, 3)]
+    asked = _drain(Ranked(pool, 5), lambda c: True)
+    assert [(c.family, c.blocks_removed) for c in asked] == [
+        ("a", 1),
+        ("b", 1),
+        ("a", 2),
+        ("b", 2),
+        ("a", 3),
+    ]
+
+
+@pytest.mark.parametrize("threshold", range(0, 18))
+def test_bisection_finds_the_smallest_model_within_the_floor(threshold):
+    pool = [_candidate("a", k, float(k)) for k in range(1, 17)]
+    meets = lambda c: c.blocks_removed <= threshold  # noqa: E731
+    asked = _drain(Bisection(pool, 100), meets)
+    within = [c for c in asked if meets(c)]
+    best = max((c.blocks_removed for c in within), default=0)
+    assert best == min(threshold, 16)
+    assert len(asked) <= math.ceil(math.log2(17)) + 1
+
+
+def test_bisection_probes_the_best_predicted_candidate_of_each_size():
+    worse = _candidate("a", 2, 5.0)
+    better = Candidate("a", ((3, 5),), "identity", None, worse.params, 1.0)
+    asked = _drain(Bisection([worse, better], 10), lambda c: True)
+    assert asked == [better]
+
+
+def test_bisection_stops_at_its_limit():
+    pool = [_candidate(f, k, float(k)) for f in "ab" for k in range(1, 17)]
+    assert len(_drain(Bisection(pool, 3), lambda c: True)) == 3
