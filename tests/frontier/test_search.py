@@ -201,3 +201,24 @@ def test_notebook_view_shows_each_candidate_on_hover(searched):
     assert html.count("<title>") >= len(result.measured) + 1  # and the original
     for m in result.measured:
         assert m.candidate.label.replace("&", "&amp;") in html
+
+
+def test_mac_target_offers_token_channel_selection_and_counts_its_savings(tmp_path):
+    model = tiny_vit()
+    data, heldout = image_batches(3, 1), image_batches(1, 2)
+    result = toast.search(
+        model,
+        data,
+        heldout,
+        target="macs=20%",
+        max_measured=14,
+        cache=tmp_path,
+        latency=False,
+        progress=False,
+    )
+    with_tcs = [m for m in result.measured if m.candidate.schedule is not None]
+    assert with_tcs
+    for m in with_tcs:
+        # the same heads without TCS cost exactly the FFN MACs TCS saves more
+        assert 0 < m.measurement.macs < result.original.macs
+        assert m.measurement.params == m.candidate.params

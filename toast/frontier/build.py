@@ -16,24 +16,52 @@ from toast.io.guard import guard_save
 from toast.methods.replaceme.fold import apply_cuts
 from toast.methods.toast.config import ToastConfig
 from toast.methods.toast.fitting import Fitter
+from toast.methods.toast_vit.blocks import vit_blocks
+from toast.methods.toast_vit.macs import toast_macs
 from toast.methods.toast_vit.scwp import prune_heads
+from toast.methods.toast_vit.tcs import enable_tcs
 from toast.spans import Span
 
 from .calibrate import Calibrated
-from .candidates import Candidate
+from .candidates import Candidate, tcs_schedule
 
-__all__ = ["build"]
+__all__ = ["build", "enable_schedule", "tcs_mac_saving"]
 
 
-def build(model: nn.Module, candidate: Candidate, calibrated: Calibrated) -> nn.Module:
+def build(
+    model: nn.Module, candidate: Candidate, calibrated: Calibrated, tcs: bool = True
+) -> nn.Module:
     """``candidate`` applied to a deep copy of ``model`` (which is left as
-    it is); the copy's ``save_pretrained`` writes a complete save."""
+    it is); the copy's ``save_pretrained`` writes a complete save. Without
+    ``tcs`` its Token Channel Selection is left for :func:`enable_schedule`."""
     built = copy.deepcopy(model)
     if candidate.spans:
         _remove(built, candidate, calibrated)
     if candidate.head_sparsity is not None:
         prune_heads(built, candidate.head_sparsity)
+    if tcs:
+        enable_schedule(built, candidate)
     return guard_save(built)
+
+
+def enable_schedule(model: nn.Module, candidate: Candidate) -> None:
+    """The candidate's Token Channel Selection, installed in ``model``."""
+    if candidate.schedule is not None:
+        blocks = vit_blocks(model).num_blocks
+        enable_tcs(model, tcs_schedule(candidate.schedule, blocks), seed=0)
+        guard_save(model)
+
+
+def tcs_mac_saving(model: nn.Module, candidate: Candidate) -> int:
+    """MACs per image the candidate's TCS saves in the FFNs, in ToaSt's
+    count (the paper's; the dense form computes fewer still)."""
+    if candidate.schedule is None:
+        return 0
+    config = model.config
+    rho = candidate.head_sparsity or 0.0
+    schedule = tcs_schedule(candidate.schedule, vit_blocks(model).num_blocks)
+    full = toast_macs(config, head_sparsity=rho, schedule=None).ffn
+    return int(round(full - toast_macs(config, head_sparsity=rho, schedule=schedule).ffn))
 
 
 def _remove(model: nn.Module, candidate: Candidate, calibrated: Calibrated) -> None:

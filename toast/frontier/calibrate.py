@@ -25,6 +25,7 @@ from toast.methods.replaceme.estimate import Estimation
 from toast.methods.replaceme.fold import NotFoldableError, check_cuts
 from toast.methods.toast.analysis import Analysis, analyze
 from toast.methods.toast_vit.blocks import Attention, vit_blocks
+from toast.methods.toast_vit.macs import vit_arch
 from toast.spans import Span
 
 from .candidates import ALTERNATIVES, Predictions, Sizes
@@ -147,4 +148,8 @@ def model_sizes(model: nn.Module, stack: BlockStack, width: int) -> Sizes:
         return Sizes(count_params(model), block_params, width)
     per_dim = tuple(_head_dim_params(b.attention) for b in vm.blocks)
     dims = tuple((b.heads, b.head_dim) for b in vm.blocks)
-    return Sizes(count_params(model), block_params, width, per_dim, dims)
+    try:
+        tcs = not vit_arch(model.config).swiglu
+    except (ValueError, TypeError, AttributeError):
+        tcs = False
+    return Sizes(count_params(model), block_params, width, per_dim, dims, tcs=tcs)

@@ -30,10 +30,24 @@ import numpy as np
 from toast.accounting import translator_params
 from toast.spans import plan_spans
 
-__all__ = ["HEAD_SPARSITIES", "Candidate", "Predictions", "Sizes", "enumerate_candidates"]
+__all__ = [
+    "HEAD_SPARSITIES",
+    "TCS_SCHEDULES",
+    "Candidate",
+    "Predictions",
+    "Sizes",
+    "enumerate_candidates",
+    "tcs_schedule",
+]
 
 #: The head sparsities ρ a search tries (ToaSt's schedules use 0.5–0.9).
 HEAD_SPARSITIES = (0.25, 0.5, 0.75, 0.9)
+#: Token Channel Selection schedules a search tries on ViTs, for MAC and
+#: latency targets (TCS removes no parameter): ToaSt's named schedules
+#: prune the FFN channels of the last blocks hardest; these do so on the
+#: last third of the blocks of any depth: ``{name: (FC1 ratio of the last
+#: block, FC2 ratio of the last third)}``.
+TCS_SCHEDULES: dict[str, tuple[float, float]] = {"late-0.5": (0.0, 0.5), "late-0.9": (0.3, 0.9)}
 #: Alternatives per family and size beside the exact plan: single spans or
 #: ReplaceMe windows, best predicted first.
 ALTERNATIVES = 2
@@ -48,8 +62,10 @@ class Candidate:
     ``(start, stop)`` block spans removed (original indices);
     ``translator``: what replaces each span (``"identity"``, ``"linear"``,
     ``"affine"``, ``"ls"`` for ReplaceMe's folded transform);
-    ``head_sparsity``: ToaSt's ρ (None without head pruning); ``params``:
-    the parameter count after; ``predicted``: the predicted error.
+    ``head_sparsity``: ToaSt's ρ (None without head pruning);
+    ``schedule``: a Token Channel Selection schedule of
+    :data:`TCS_SCHEDULES` (None: no TCS); ``params``: the parameter count
+    after; ``predicted``: the predicted error.
     """
 
     family: str
@@ -58,13 +74,14 @@ class Candidate:
     head_sparsity: float | None
     params: int
     predicted: float
+    schedule: str | None = None
 
     @property
     def key(self) -> str:
         """A stable identifier (the cache's key for its measurement)."""
         spans = ",".join(f"{a}-{b}" for a, b in self.spans)
         rho = "" if self.head_sparsity is None else f"{self.head_sparsity:g}"
-        return f"{self.family}|{self.translator or ''}|{spans}|{rho}"
+        return f"{self.family}|{self.translator or ''}|{spans}|{rho}|{self.schedule or ''}"
 
     @property
     def blocks_removed(self) -> int:
@@ -79,6 +96,8 @@ class Candidate:
             parts.append(f"{_VERB.get(self.translator or '', self.translator)} blocks{spans}")
         if self.head_sparsity is not None:
             parts.append(f"heads ρ={self.head_sparsity:g}")
+        if self.schedule is not None:
+            parts.append(f"TCS {self.schedule}")
         return f"{self.family}: " + ", ".join(parts)
 
     def to_dict(self) -> dict:
@@ -89,6 +108,7 @@ class Candidate:
             "spans": [list(s) for s in self.spans],
             "translator": self.translator,
             "head_sparsity": self.head_sparsity,
+            "schedule": self.schedule,
             "params": self.params,
             "predicted": self.predicted,
         }
@@ -102,7 +122,8 @@ class Sizes:
     """What sizes are made of, read once from the model: parameters of the
     whole model and of each block, the hidden width, and for ViTs the
     parameters one head dimension costs in each block and each block's
-    head dimension (empty for other models)."""
+    head dimension (empty for other models), and whether Token Channel
+    Selection applies."""
 
     params: int
     block_params: tuple[int, ...]
@@ -110,6 +131,7 @@ class Sizes:
     head_dim_params: tuple[int, ...] = ()
     head_dims: tuple[tuple[int, int], ...] = ()  # (heads, head_dim) per block
     skip_heads: tuple[int, ...] = (0,)
+    tcs: bool = False  # whether the MLPs take Token Channel Selection (fc1-GELU-fc2)
 
     @property
     def num_blocks(self) -> int:
@@ -198,16 +220,42 @@ def _windows(predictions: Predictions, n: int) -> Iterator[tuple[tuple[int, int]
         yield (window,)
 
 
+def tcs_schedule(name: str, num_blocks: int) -> dict[str, dict[int, float]]:
+    """The TCS schedule ``name`` of :data:`TCS_SCHEDULES` for ``num_blocks``
+    blocks, as :func:`toast.enable_tcs` takes it (0-based blocks)."""
+    fc1, fc2 = TCS_SCHEDULES[name]
+    last_third = range(num_blocks - max(1, math.ceil(num_blocks / 3)), num_blocks)
+    schedule: dict[str, dict[int, float]] = {"fc2": {b: fc2 for b in last_third}}
+    if fc1:
+        schedule["fc1"] = {num_blocks - 1: fc1}
+    return schedule
+
+
+def _tcs_proxy(sizes: Sizes, name: str) -> float:
+    # a weight-free proxy as for heads: the FFN channels dropped, per block
+    schedule = tcs_schedule(name, sizes.num_blocks)
+    dropped = sum(schedule["fc2"].values()) + sum(schedule.get("fc1", {}).values())
+    return dropped / sizes.num_blocks
+
+
 def _head_proxy(sizes: Sizes, rho: float, spans: Sequence[tuple[int, int]]) -> float:
     pruned = sizes.num_blocks - len(sizes.skip_heads) - sum(b - a for a, b in spans)
     return rho * max(pruned, 0) / sizes.num_blocks
 
 
-def _vit_candidates(sizes: Sizes, predictions: Predictions, max_blocks: int) -> Iterator[Candidate]:
+def _vit_candidates(
+    sizes: Sizes, predictions: Predictions, max_blocks: int, tcs: bool
+) -> Iterator[Candidate]:
     sparsities = [rho for rho in HEAD_SPARSITIES if sizes.can_prune(rho)]
-    for rho in sparsities:
-        params = sizes.params - sizes.head_params_removed(rho)
-        yield Candidate("toast-vit", (), None, rho, params, _head_proxy(sizes, rho, ()))
+    schedules = [None, *TCS_SCHEDULES] if tcs and sizes.tcs else [None]
+    for rho in [None, *sparsities]:
+        params = sizes.params - (0 if rho is None else sizes.head_params_removed(rho))
+        heads = 0.0 if rho is None else _head_proxy(sizes, rho, ())
+        for name in schedules:
+            if rho is None and name is None:
+                continue  # the original model
+            predicted = heads + (0.0 if name is None else _tcs_proxy(sizes, name))
+            yield Candidate("toast-vit", (), None, rho, params, predicted, name)
     for n in range(1, max_blocks + 1):
         for family, kind in (("plain", "identity"), ("toast", "affine")):
             plan = next(_plans(predictions, kind, n), None)
@@ -220,16 +268,21 @@ def _vit_candidates(sizes: Sizes, predictions: Predictions, max_blocks: int) -> 
 
 
 def enumerate_candidates(
-    sizes: Sizes, predictions: Predictions, max_blocks: int, replaceme: bool = True
+    sizes: Sizes,
+    predictions: Predictions,
+    max_blocks: int,
+    replaceme: bool = True,
+    tcs: bool = False,
 ) -> list[Candidate]:
     """Every candidate removing at most ``max_blocks`` blocks (ReplaceMe's
-    only when ``replaceme``), deduplicated, in no particular order."""
+    only when ``replaceme``; ViTs: Token Channel Selection only with
+    ``tcs``), deduplicated, in no particular order."""
     found: dict[str, Candidate] = {}
     for n in range(1, max_blocks + 1):
         for candidate in _span_candidates(sizes, predictions, n):
             if candidate.family != "replaceme" or replaceme:
                 found.setdefault(candidate.key, candidate)
     if sizes.is_vit:
-        for candidate in _vit_candidates(sizes, predictions, max_blocks):
+        for candidate in _vit_candidates(sizes, predictions, max_blocks, tcs):
             found.setdefault(candidate.key, candidate)
     return [c for c in found.values() if math.isfinite(c.predicted)]

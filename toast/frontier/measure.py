@@ -56,7 +56,8 @@ def _rows(args: tuple, kwargs: dict) -> int:
 
 def linear_macs(model: nn.Module, example: Any) -> int:
     """Multiply-adds per sample of every ``nn.Linear`` in one forward of
-    ``example`` (each call: its input rows × in × out features)."""
+    ``example``'s first sample (each call: its input rows × in × out
+    features)."""
     total = [0]
 
     def count(module: nn.Module, args: tuple, output: Any) -> None:
@@ -68,13 +69,26 @@ def linear_macs(model: nn.Module, example: Any) -> int:
     model.eval()
     try:
         args, kwargs = _forward_inputs(model, example)
+        rows = _rows(args, kwargs)
         with torch.inference_mode():
-            model(*args, **kwargs)
+            model(*_first(args, rows), **_first(kwargs, rows))
     finally:
         model.train(was_training)
         for handle in handles:
             handle.remove()
-    return total[0] // max(_rows(args, kwargs), 1)
+    return total[0]
+
+
+def _first(values: Any, rows: int) -> Any:
+    """``values`` (a tuple or dict) with every batch tensor cut to its first row."""
+
+    def cut(v: Any) -> Any:
+        is_batch = isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == rows
+        return v[:1] if is_batch else v
+
+    if isinstance(values, dict):
+        return {k: cut(v) for k, v in values.items()}
+    return tuple(cut(v) for v in values)
 
 
 def measure(
@@ -84,8 +98,11 @@ def measure(
     label: str,
     latency: bool = True,
     rounds: int = 3,
+    macs: int | None = None,
 ) -> Measurement:
-    """``model`` measured on the evaluator's held-out data and ``example``."""
+    """``model`` measured on the evaluator's held-out data and ``example``
+    (``macs``: counted already, where the linear layers' hooks cannot see
+    them, as in Token Channel Selection's gathered products)."""
     start = time.perf_counter()
     quality = evaluator.measure(model, label)
     assert evaluator.metric is not None  # set by the measurement
@@ -94,7 +111,7 @@ def measure(
         quality=float(quality),
         metric=evaluator.metric,
         params=count_params(model),
-        macs=linear_macs(model, example),
+        macs=linear_macs(model, example) if macs is None else macs,
         throughput=throughput,
         seconds=time.perf_counter() - start,
     )

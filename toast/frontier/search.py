@@ -26,8 +26,9 @@ from toast.hf.progress import progress_bar
 from toast.hf.quality import Evaluator
 from toast.hf.text import as_batches
 from toast.methods.runner import split_text_options
+from toast.methods.toast_vit.macs import toast_macs
 
-from .build import build
+from .build import build, enable_schedule, tcs_mac_saving
 from .cache import SearchCache, combine, default_cache_dir, fingerprint, fingerprint_batches
 from .calibrate import (
     Calibrated,
@@ -38,7 +39,7 @@ from .calibrate import (
     replaceme_cuts,
 )
 from .candidates import Candidate, Sizes, enumerate_candidates
-from .measure import Measurement, measure
+from .measure import Measurement, linear_macs, measure
 from .pareto import pareto_front
 from .result import HIGHER as _HIGHER
 from .result import Measured, SearchResult
@@ -74,7 +75,7 @@ def search(
     heldout: Any = None,
     *,
     target: Any = 0.2,
-    max_measured: int = 8,
+    max_measured: int = 12,
     max_minutes: float | None = None,
     max_blocks: int | None = None,
     latency: bool = True,
@@ -96,9 +97,12 @@ def search(
     for the best cuts of every size up to ``max_blocks`` (default half the
     blocks). Candidates: plain removal, TOAST linear and affine translators
     over planned spans, ReplaceMe cuts, and for ViTs ToaSt head pruning
-    alone and with block removal. The ``max_measured`` best-predicted
-    candidates meeting the target (taken from each family in turn) are
-    built from the calibration and measured on ``heldout``: quality
+    alone and with block removal (and, for MAC and latency targets, Token
+    Channel Selection). For a size target the ``max_measured``
+    best-predicted candidates that can meet it (taken from each family in
+    turn) are measured; for a quality floor each family's smallest model
+    within it is found by bisection over its sizes. Candidates are built
+    from the calibration and measured on ``heldout``: quality
     (perplexity, accuracy or output cosine, as :func:`toast.compress`
     reports), parameters, MACs and, with ``latency``, throughput on the
     model's device. ``max_minutes`` stops measuring when the next
@@ -123,6 +127,7 @@ def search(
         predictions(calibrated.analysis),
         _max_blocks(run, max_blocks),
         replaceme=bool(calibrated.transforms),
+        tcs=run.target.kind in ("macs", "latency"),
     )
     result = _measure_all(run, calibrated, sizes, candidates, max_measured, passes)
     if calibrated.note:
@@ -222,29 +227,32 @@ def _calibrated(run: _Run, backend: str, max_blocks: int | None) -> tuple[Calibr
 def _eligible(run: _Run, sizes: Sizes, candidate: Candidate) -> bool:
     """Whether ``candidate`` can meet a size target, before measuring:
     parameters directly; MACs and latency by the share of the blocks'
-    parameters removed (checked again on the measured model)."""
+    parameters removed plus, with TCS, the share of MACs it saves (checked
+    again on the measured model)."""
     goal = run.target
     if goal.kind == "quality":
         return True
     if goal.kind == "params":
         return candidate.params <= (1.0 - goal.value) * sizes.params
-    removed = sizes.params - candidate.params
-    return removed >= goal.value * sum(sizes.block_params)
+    share = (sizes.params - candidate.params) / sum(sizes.block_params)
+    if candidate.schedule is not None:
+        share += tcs_mac_saving(run.model, candidate) / toast_macs(run.model.config).macs
+    return share >= goal.value
 
 
-def _meets(result_original: Measurement, m: Measurement, run: _Run, higher: bool) -> bool:
+def _meets(original: Measurement, m: Measurement, run: _Run, higher: bool) -> bool:
     """Whether a measured model meets the target."""
     goal = run.target
     if goal.kind == "params":
-        return m.params <= (1.0 - goal.value) * result_original.params
+        return m.params <= (1.0 - goal.value) * original.params
     if goal.kind == "macs":
-        return m.macs <= (1.0 - goal.value) * result_original.macs
+        return m.macs <= (1.0 - goal.value) * original.macs
     if goal.kind == "latency":
-        rate, base = m.forward_per_s, result_original.forward_per_s
+        rate, base = m.forward_per_s, original.forward_per_s
         return rate is not None and base is not None and base / rate <= 1.0 - goal.value
     if higher:
-        return m.quality >= (1.0 - goal.value) * result_original.quality
-    return m.quality <= (1.0 + goal.value) * result_original.quality
+        return m.quality >= (1.0 - goal.value) * original.quality
+    return m.quality <= (1.0 + goal.value) * original.quality
 
 
 def _measure_all(
@@ -312,8 +320,12 @@ class _Measurer:
         if self.evaluator.metric == "cosine" and not self.reference:
             self.evaluator.measure(self.run.model, "original")  # the reference outputs
             self.reference = True
-        built = build(self.run.model, candidate, self.calibrated)
-        m = measure(built, self.evaluator, self.example, candidate.label, self.run.latency)
+        built = build(self.run.model, candidate, self.calibrated, tcs=False)
+        macs = linear_macs(built, self.example) - tcs_mac_saving(built, candidate)
+        enable_schedule(built, candidate)
+        m = measure(
+            built, self.evaluator, self.example, candidate.label, self.run.latency, macs=macs
+        )
         self.store[candidate.key] = m.to_dict()
         self.run.cache.save_measurements(self.key, self.store)
 
