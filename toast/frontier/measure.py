@@ -4,6 +4,7 @@ device the model runs on."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -38,6 +39,14 @@ class Measurement:
     @property
     def forward_per_s(self) -> float | None:
         return None if self.throughput is None else float(self.throughput["forward_per_s"])
+
+    def speedup(self, original: Measurement) -> float | None:
+        """Forward throughput relative to the original's: to the original
+        timed in the same rounds when it was (see :func:`paired_throughput`)."""
+        if self.throughput is None:
+            return None
+        base = self.throughput.get("reference_forward_per_s") or original.forward_per_s
+        return None if not base else float(self.throughput["forward_per_s"]) / base
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,22 +100,60 @@ def _first(values: Any, rows: int) -> Any:
     return tuple(cut(v) for v in values)
 
 
+def _options(example: Any) -> dict[str, Any]:
+    # one sequence for text models: a request's latency, and cheap enough to
+    # time every candidate beside the original; image batches as they come
+    text = isinstance(example, dict) and "input_ids" in example
+    return {"batch_size": 1, "new_tokens": 16} if text else {}
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def paired_throughput(
+    model: nn.Module, reference: nn.Module | None, example: Any, rounds: int = 3
+) -> dict[str, Any]:
+    """``model``'s throughput, timed in rounds that alternate with
+    ``reference`` (the original) so that both see the same machine load;
+    medians of the rounds, the reference's under ``reference_*``. Without
+    a reference, ``model`` alone."""
+    options = _options(example)
+    if reference is None:
+        return measure_throughput(model, example, rounds=rounds, **options).to_dict()
+    own: list[dict[str, Any]] = []
+    other: list[dict[str, Any]] = []
+    for r in range(rounds):
+        warm = 1 if r == 0 else 0
+        other.append(
+            measure_throughput(reference, example, rounds=1, warmup=warm, **options).to_dict()
+        )
+        own.append(measure_throughput(model, example, rounds=1, warmup=warm, **options).to_dict())
+    result = dict(own[0], rounds=rounds)
+    for key in ("forward_per_s", "decode_tokens_per_s"):
+        result[key] = _median([t[key] for t in own])
+        result[f"reference_{key}"] = _median([t[key] for t in other])
+    return result
+
+
 def measure(
     model: nn.Module,
     evaluator: Evaluator,
     example: Any,
     label: str,
     latency: bool = True,
-    rounds: int = 3,
+    reference: nn.Module | None = None,
     macs: int | None = None,
 ) -> Measurement:
     """``model`` measured on the evaluator's held-out data and ``example``
-    (``macs``: counted already, where the linear layers' hooks cannot see
+    (throughput paired with ``reference``'s, see :func:`paired_throughput`;
+    ``macs``: counted already, where the linear layers' hooks cannot see
     them, as in Token Channel Selection's gathered products)."""
     start = time.perf_counter()
     quality = evaluator.measure(model, label)
     assert evaluator.metric is not None  # set by the measurement
-    throughput = measure_throughput(model, example, rounds=rounds).to_dict() if latency else None
+    throughput = paired_throughput(model, reference, example) if latency else None
     return Measurement(
         quality=float(quality),
         metric=evaluator.metric,

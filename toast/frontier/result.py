@@ -79,8 +79,8 @@ class SearchResult:
             return m.params / self.original.params
         if self.size_axis == "macs":
             return m.macs / self.original.macs
-        rate, base = m.forward_per_s, self.original.forward_per_s
-        return math.nan if rate is None or base is None else base / rate
+        speedup = m.speedup(self.original)
+        return math.nan if not speedup else 1.0 / speedup
 
     @property
     def spearman(self) -> float:
@@ -123,9 +123,7 @@ class SearchResult:
             "decode_tokens_per_s": None
             if m.throughput is None
             else m.throughput.get("decode_tokens_per_s"),
-            "speedup": None
-            if m.forward_per_s is None or self.original.forward_per_s is None
-            else m.forward_per_s / self.original.forward_per_s,
+            "speedup": m.speedup(self.original),
         }
 
     def to_markdown(self) -> str:

@@ -248,8 +248,8 @@ def _meets(original: Measurement, m: Measurement, run: _Run, higher: bool) -> bo
     if goal.kind == "macs":
         return m.macs <= (1.0 - goal.value) * original.macs
     if goal.kind == "latency":
-        rate, base = m.forward_per_s, original.forward_per_s
-        return rate is not None and base is not None and base / rate <= 1.0 - goal.value
+        speedup = m.speedup(original)
+        return speedup is not None and 1.0 / speedup <= 1.0 - goal.value
     if higher:
         return m.quality >= (1.0 - goal.value) * original.quality
     return m.quality <= (1.0 + goal.value) * original.quality
@@ -324,7 +324,13 @@ class _Measurer:
         macs = linear_macs(built, self.example) - tcs_mac_saving(built, candidate)
         enable_schedule(built, candidate)
         m = measure(
-            built, self.evaluator, self.example, candidate.label, self.run.latency, macs=macs
+            built,
+            self.evaluator,
+            self.example,
+            candidate.label,
+            self.run.latency,
+            reference=self.run.model,
+            macs=macs,
         )
         self.store[candidate.key] = m.to_dict()
         self.run.cache.save_measurements(self.key, self.store)
@@ -387,6 +393,8 @@ def _result(
         if run.target.kind == "quality":
             result.chosen = min(meeting, key=lambda k: (points[k][0], -sign * points[k][1]))
         else:
-            result.chosen = max(meeting, key=lambda k: (sign * points[k][1], -points[k][0]))
+            # equal quality: the larger model, the one nearest the target (a tie
+            # on a few held-out batches is weak evidence for more compression)
+            result.chosen = max(meeting, key=lambda k: (sign * points[k][1], points[k][0]))
     result.timings["total"] = time.perf_counter() - run.started
     return result
