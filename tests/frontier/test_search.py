@@ -222,3 +222,24 @@ def test_mac_target_offers_token_channel_selection_and_counts_its_savings(tmp_pa
         # the same heads without TCS cost exactly the FFN MACs TCS saves more
         assert 0 < m.measurement.macs < result.original.macs
         assert m.measurement.params == m.candidate.params
+
+
+def test_time_budget_stops_measuring_and_says_so(tmp_path):
+    model = tiny_llama()
+    data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
+    result = toast.search(
+        model, data, heldout, max_minutes=1e-4, cache=tmp_path, latency=False, progress=False
+    )
+    assert len(result.measured) == 1  # the first always runs; then the budget is spent
+    assert any("max_minutes" in note for note in result.notes)
+
+
+def test_unreadable_cache_entry_is_recomputed_not_trusted(tmp_path):
+    model = tiny_llama()
+    data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
+    options = {"max_measured": 1, "cache": tmp_path, "latency": False, "progress": False}
+    toast.search(model, data, heldout, **options)
+    (entry,) = tmp_path.glob("*/calibration.pkl")
+    entry.write_bytes(b"not a pickle")
+    again = toast.search(model, data, heldout, **options)
+    assert again.calibration_passes == 2

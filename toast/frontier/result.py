@@ -129,33 +129,48 @@ class SearchResult:
     def to_markdown(self) -> str:
         """The report: target, the table of measured candidates, the rank
         correlation, and what was left out."""
-        spec = ".2f" if self.metric == "perplexity" else ".4f"
-        unit = self.original.throughput.get("unit", "") if self.original.throughput else ""
         lines = [
             f"**toast.search**: {self.target.describe()}; {self.enumerated} candidates "
             f"applied, {len(self.measured)} measured on held-out data "
             f"({sum(m.cached for m in self.measured)} from the cache); calibration passes "
             f"this call: {self.calibration_passes}.",
             "",
-            f"| candidate | predicted error | {self.metric} | params | kept | linear MACs "
-            f"| {unit or 'throughput'} | speed-up |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            *self._table_lines(),
+            "",
+            self._ranking_line(),
         ]
-        for row in self.table():
-            mark = {"chosen": " **(chosen)**", "front": " (front)"}.get(row["role"], "")
-            predicted = "—" if row["predicted"] is None else f"{row['predicted']:.4f}"
-            rate = "—" if row["forward_per_s"] is None else f"{row['forward_per_s']:,.0f}"
-            speed = "—" if row["speedup"] is None else f"×{row['speedup']:.2f}"
-            lines.append(
-                f"| {row['candidate']}{mark} | {predicted} | {row[self.metric]:{spec}} "
-                f"| {row['params']:,} | {100 * row['params_kept']:.1f}% | {row['macs']:,} "
-                f"| {rate} | {speed} |"
-            )
-        lines += ["", self._ranking_line()]
         if self.original.throughput is not None:
             lines.append(f"Throughput of the original: {_describe(self.original.throughput)}.")
+            lines.append(
+                "Speed-ups are forward throughput against the original timed in the same, "
+                "alternating rounds."
+            )
         lines += [f"- {note}" for note in self.notes]
         return "\n".join(lines)
+
+    def _table_lines(self) -> list[str]:
+        spec = ".2f" if self.metric == "perplexity" else ".4f"
+        timed = self.original.throughput
+        unit = timed.get("unit", "") if timed else ""
+        decode = bool(timed and timed.get("decode_tokens_per_s"))
+        header = f"| candidate | predicted error | {self.metric} | params | kept | linear MACs |"
+        header += f" forward {unit or 'throughput'} |" + (" decode tokens/s |" if decode else "")
+        lines = [header + " speed-up |", "|---|" + "---:|" * (header.count("|") - 1)]
+        for row in self.table():
+            mark = {"chosen": " **(chosen)**", "front": " (front)"}.get(row["role"], "")
+            cells = [
+                f"{row['candidate']}{mark}",
+                _cell(row["predicted"], ".4f"),
+                _cell(row[self.metric], spec),
+                f"{row['params']:,}",
+                f"{100 * row['params_kept']:.1f}%",
+                f"{row['macs']:,}",
+                _cell(row["forward_per_s"], ",.0f"),
+                *([_cell(row["decode_tokens_per_s"], ",.1f")] if decode else []),
+                "—" if row["speedup"] is None else f"×{row['speedup']:.2f}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        return lines
 
     def _ranking_line(self) -> str:
         families = ", ".join(f"{f} {_fmt(r)}" for f, r in self.spearman_by_family().items())
@@ -179,19 +194,29 @@ class SearchResult:
                 if k in self.front
                 else ("plain" if c.family == "plain" else "candidate")
             )
-            detail = "\n".join(
-                [
-                    f"{self.metric} {m.measurement.quality:.4g}",
-                    f"params {m.measurement.params:,}",
-                    f"predicted error {c.predicted:.4g}",
-                ]
-            )
+            detail = self._detail(m)
             points.append(
                 Point(
                     self.size(m.measurement), m.measurement.quality, c.label, detail, role, c.family
                 )
             )
         return points
+
+    def _detail(self, measured: Measured) -> str:
+        """What a point's tooltip says beside its label."""
+        m, c = measured.measurement, measured.candidate
+        lines = [
+            f"{self.metric} {m.quality:.4g} (original {self.original.quality:.4g})",
+            f"params {m.params:,} ({100 * m.params / self.original.params:.1f}% kept)",
+            f"linear MACs per sample {m.macs:,}",
+            f"predicted error {c.predicted:.4g}",
+        ]
+        speedup = m.speedup(self.original)
+        if speedup is not None:
+            lines.append(f"forward ×{speedup:.2f} the original's")
+        if measured.cached:
+            lines.append("measured by an earlier call (cache)")
+        return "\n".join(lines)
 
     def _axes(self) -> tuple[str, str]:
         x = {"params": "parameters", "macs": "linear MACs", "latency": "time per forward"}
@@ -269,6 +294,10 @@ class SearchResult:
         finally:
             plt.close(figure)
         return out
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "—" if value is None else f"{value:{spec}}"
 
 
 def _fmt(value: float) -> str:
