@@ -14,11 +14,11 @@ CALIBRATION_LENGTH = 16
 HELDOUT_LENGTH = 12
 
 
-def tiny_llama() -> torch.nn.Module:
+def tiny_llama(layers: int = 6) -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         hidden_size=32,
-        num_hidden_layers=6,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=64,
@@ -38,16 +38,18 @@ def token_batches(count: int, length: int, seed: int) -> list[dict]:
     ]
 
 
-def tiny_vit() -> torch.nn.Module:
+def tiny_vit(layers: int = 6, classifier: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.ViTConfig(
         hidden_size=32,
-        num_hidden_layers=6,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         intermediate_size=64,
         image_size=16,
         patch_size=4,
     )
+    if classifier:
+        return transformers.ViTForImageClassification(config).eval()
     return transformers.ViTModel(config, add_pooling_layer=False).eval()
 
 

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tests.frontier import conftest as frontier_models  # noqa: E402
 from toast.frontier.latency import (  # noqa: E402
     Throughput,
     _decode_once,
@@ -23,29 +24,11 @@ FAST = {"rounds": 2, "warmup": 0}
 
 
 def tiny_llama():
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        vocab_size=97,
-    )
-    return transformers.LlamaForCausalLM(config)
+    return frontier_models.tiny_llama(layers=2).train()
 
 
 def tiny_vit():
-    torch.manual_seed(0)
-    config = transformers.ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        image_size=16,
-        patch_size=4,
-    )
-    return transformers.ViTForImageClassification(config)
+    return frontier_models.tiny_vit(layers=2, classifier=True).train()
 
 
 def text_batch(rows=2, width=8):
