@@ -243,3 +243,21 @@ def test_unreadable_cache_entry_is_recomputed_not_trusted(tmp_path):
     entry.write_bytes(b"not a pickle")
     again = toast.search(model, data, heldout, **options)
     assert again.calibration_passes == 2
+
+
+@pytest.mark.parametrize(
+    "bad, said",
+    [
+        ({"cache": 3}, "cache must be"),
+        ({"backend": "gpu"}, "backend must be"),
+        ({"max_measured": 0}, "max_measured must be"),
+        ({"max_blocks": 0}, "max_blocks must be"),
+        ({"target": "weights=20%"}, "target kind"),
+        ({"max_samples": -1}, "max_samples"),
+    ],
+)
+def test_bad_arguments_name_the_problem(bad, said):
+    model = tiny_llama()
+    data, heldout = token_batches(1, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
+    with pytest.raises((ValueError, TypeError), match=said):
+        toast.search(model, data, heldout, **bad)

@@ -19,9 +19,9 @@ from typing import Any
 
 from torch import nn
 
-from toast._validation import Interval, check
+from toast._validation import Interval, Options, Predicate, check
 from toast.hf.blocks import BlockStack, find_blocks
-from toast.hf.calibration import Calibration
+from toast.hf.calibration import BACKENDS, Calibration
 from toast.hf.progress import progress_bar
 from toast.hf.quality import Evaluator
 from toast.hf.text import as_batches
@@ -118,8 +118,10 @@ def search(
     :func:`toast.compress`; a float ``heldout`` holds out that share of raw
     text. The model is left unchanged.
     """
-    run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
     check("max_measured", max_measured, Interval(int, 1, None))
+    check("backend", backend, Options(BACKENDS))
+    options["backend"] = backend
+    run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
     calibrated, passes = _calibrated(run, backend, max_blocks)
     sizes = model_sizes(run.model, run.stack, calibrated.analysis.moments.dim)
     candidates = enumerate_candidates(
@@ -154,6 +156,8 @@ def _prepare(
     check("max_blocks", max_blocks, Interval(int, 1, None), None)
     check("max_minutes", max_minutes, Interval(float, 0, None, closed="neither"), None)
     check("latency", latency, bool)
+    check("cache", cache, bool, Predicate(_is_path, "a folder"))
+    backend = options.pop("backend")
     text, rest = split_text_options(options)
     calibration = Calibration.from_options(rest.pop("calibration", None), **rest)
     if data is None:
@@ -171,6 +175,7 @@ def _prepare(
         calibration.seed,
         stack.path,
         max_blocks,
+        backend,
     )
     key = combine(fingerprint(model), fingerprint_batches(data), settings)
     return _Run(
@@ -186,6 +191,10 @@ def _prepare(
         time.perf_counter(),
         None if max_minutes is None else 60.0 * max_minutes,
     )
+
+
+def _is_path(value: Any) -> bool:
+    return isinstance(value, (str, os.PathLike))
 
 
 def _heldout(data: Iterable, heldout: Any, text: dict[str, Any]) -> Any:
