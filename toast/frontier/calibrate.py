@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from torch import nn
 
-from toast.core import Moments
 from toast.hf.blocks import BlockStack
 from toast.hf.calibration import Calibration
 from toast.hf.params import count_params
@@ -28,7 +27,7 @@ from toast.methods.toast_vit.blocks import Attention, vit_blocks
 from toast.methods.toast_vit.macs import vit_arch
 from toast.spans import Span
 
-from .candidates import ALTERNATIVES, Predictions, Sizes
+from .candidates import Predictions, Sizes, best_windows
 
 __all__ = ["Calibrated", "calibrate_analysis", "calibrate_replaceme", "model_sizes", "predictions"]
 
@@ -36,10 +35,11 @@ __all__ = ["Calibrated", "calibrate_analysis", "calibrate_replaceme", "model_siz
 @dataclass
 class Calibrated:
     """What the calibration passes left: the analysis (moments, massive
-    rows) and ReplaceMe's transforms by cut, ``note`` saying why ReplaceMe
-    was left out ("" when it was not)."""
+    rows), the span errors derived from it, and ReplaceMe's transforms by
+    cut, ``note`` saying why ReplaceMe was left out ("" when it was not)."""
 
     analysis: Analysis
+    predictions: Predictions
     transforms: dict[tuple[int, int], np.ndarray | None] = field(default_factory=dict)
     note: str = ""
 
@@ -64,19 +64,13 @@ def calibrate_analysis(
         )
 
 
-def _identity_errors(moments: Moments) -> np.ndarray:
-    """``‖Y − X‖_F / ‖Y‖_F`` for every pair of states (NaN below the
-    diagonal and for pairs the moments do not keep)."""
-    n = moments.num_states
-    traces = [float(np.trace(moments.cross(i, i))) for i in range(n)]
-    errors = np.full((n, n), np.nan)
-    for i in range(n):
-        for j in range(i + 1, n):
-            if not moments.has_pair(i, j):
-                continue
-            squared = traces[j] - 2.0 * float(np.trace(moments.cross(i, j))) + traces[i]
-            errors[i, j] = np.sqrt(max(squared, 0.0) / traces[j]) if traces[j] > 0 else np.nan
-    return errors
+def _identity_errors(analysis: Analysis) -> np.ndarray:
+    """``‖Y − X‖_F / ‖Y‖_F`` for every pair of states, from the core's
+    ``mse`` (the mean of ``‖y − x‖²`` over rows; NaN where it is)."""
+    moments = analysis.moments
+    norms = np.array([np.trace(moments.cross(j, j)) for j in range(moments.num_states)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.sqrt(analysis.error_matrix("mse") * moments.rows / norms[None, :])
 
 
 def predictions(analysis: Analysis) -> Predictions:
@@ -85,7 +79,7 @@ def predictions(analysis: Analysis) -> Predictions:
         warnings.simplefilter("ignore")
         return Predictions(
             {
-                "identity": _identity_errors(analysis.moments),
+                "identity": _identity_errors(analysis),
                 "linear": analysis.error_matrix("linear"),
                 "affine": analysis.error_matrix("affine"),
             }
@@ -96,12 +90,7 @@ def replaceme_cuts(predictions: Predictions, max_blocks: int) -> list[tuple[int,
     """The cuts whose transforms a search estimates: the best-predicted
     windows of every size up to ``max_blocks``."""
     table = predictions.errors["linear"]
-    cuts: list[tuple[int, int]] = []
-    for n in range(1, max_blocks + 1):
-        windows = [(a, a + n) for a in range(1, table.shape[0] - n) if np.isfinite(table[a, a + n])]
-        windows.sort(key=lambda s: table[s])
-        cuts += windows[:ALTERNATIVES]
-    return cuts
+    return [cut for n in range(1, max_blocks + 1) for cut in best_windows(table, n)]
 
 
 def calibrate_replaceme(

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from toast.accounting import translator_params
+from toast.methods.toast_vit.schedules import head_keep
 from toast.spans import plan_spans
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Candidate",
     "Predictions",
     "Sizes",
+    "best_windows",
     "enumerate_candidates",
     "tcs_schedule",
 ]
@@ -148,7 +150,12 @@ class Sizes:
 
     def can_prune(self, rho: float) -> bool:
         """Whether ``rho`` leaves every pruned head at least one dimension."""
-        return all(math.floor(d * (1 - rho)) >= 1 for _, d in self.head_dims)
+        try:
+            for _, head_dim in self.head_dims:
+                head_keep(head_dim, rho)
+        except ValueError:
+            return False
+        return True
 
     def head_params_removed(self, rho: float, spans: Sequence[tuple[int, int]] = ()) -> int:
         """Parameters ToaSt's ρ removes from the blocks no span removes."""
@@ -158,8 +165,7 @@ class Sizes:
             if k in gone or k in self.skip_heads:
                 continue
             heads, head_dim = self.head_dims[k]
-            keep = math.floor(head_dim * (1 - rho))
-            total += heads * (head_dim - keep) * per_dim
+            total += heads * (head_dim - head_keep(head_dim, rho)) * per_dim
         return total
 
 
@@ -182,9 +188,7 @@ def _plans(predictions: Predictions, kind: str, n: int) -> Iterator[tuple[tuple[
     plan = plan_spans(table, max_blocks=n)
     if sum(s.num_blocks for s in plan) == n:
         yield tuple((s.start, s.stop) for s in plan)
-    singles = [(a, a + n) for a in range(1, table.shape[0] - n) if np.isfinite(table[a, a + n])]
-    singles.sort(key=lambda s: table[s])
-    for span in singles[:ALTERNATIVES]:
+    for span in best_windows(table, n):
         yield (span,)
 
 
@@ -199,7 +203,8 @@ def _span_candidates(sizes: Sizes, predictions: Predictions, n: int) -> Iterator
                 sizes.after_spans(spans, kind),
                 predictions.span_error(kind, spans),
             )
-    for spans in dict.fromkeys(_windows(predictions, n)):
+    for window in best_windows(predictions.errors["linear"], n):
+        spans = (window,)
         yield Candidate(
             "replaceme",
             spans,
@@ -210,14 +215,13 @@ def _span_candidates(sizes: Sizes, predictions: Predictions, n: int) -> Iterator
         )
 
 
-def _windows(predictions: Predictions, n: int) -> Iterator[tuple[tuple[int, int], ...]]:
-    """ReplaceMe's single cuts of ``n`` blocks, best predicted first (a
-    cut folds into the block before it, so none starts at block 0)."""
-    table = predictions.errors["linear"]
+def best_windows(table: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """The :data:`ALTERNATIVES` single spans of ``n`` blocks with the lowest
+    error in ``table``, none starting at block 0 (the papers keep it, and a
+    ReplaceMe cut folds into the block before it)."""
     windows = [(a, a + n) for a in range(1, table.shape[0] - n) if np.isfinite(table[a, a + n])]
     windows.sort(key=lambda s: table[s])
-    for window in windows[:ALTERNATIVES]:
-        yield (window,)
+    return windows[:ALTERNATIVES]
 
 
 def tcs_schedule(name: str, num_blocks: int) -> dict[str, dict[int, float]]:

@@ -14,7 +14,7 @@ from torch import nn
 
 from toast.hf.capture import _forward_inputs
 from toast.hf.params import count_params
-from toast.hf.quality import Evaluator
+from toast.hf.quality import Evaluator, _batch_rows
 
 from .latency import measure_throughput
 
@@ -56,13 +56,6 @@ class Measurement:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__})
 
 
-def _rows(args: tuple, kwargs: dict) -> int:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            return int(value.shape[0])
-    return 1
-
-
 def linear_macs(model: nn.Module, example: Any) -> int:
     """Multiply-adds per sample of every ``nn.Linear`` in one forward of
     ``example``'s first sample (each call: its input rows × in × out
@@ -78,7 +71,7 @@ def linear_macs(model: nn.Module, example: Any) -> int:
     model.eval()
     try:
         args, kwargs = _forward_inputs(model, example)
-        rows = _rows(args, kwargs)
+        rows = _batch_rows(args, kwargs)
         with torch.inference_mode():
             model(*_first(args, rows), **_first(kwargs, rows))
     finally:

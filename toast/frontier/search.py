@@ -25,7 +25,7 @@ from toast.hf.calibration import BACKENDS, Calibration
 from toast.hf.progress import progress_bar
 from toast.hf.quality import Evaluator
 from toast.hf.text import as_batches
-from toast.methods.runner import split_text_options
+from toast.methods.runner import split_heldout, split_text_options
 from toast.methods.toast_vit.macs import toast_macs
 
 from .build import build, enable_schedule, tcs_mac_saving
@@ -126,7 +126,7 @@ def search(
     sizes = model_sizes(run.model, run.stack, calibrated.analysis.moments.dim)
     candidates = enumerate_candidates(
         sizes,
-        predictions(calibrated.analysis),
+        calibrated.predictions,
         _max_blocks(run, max_blocks),
         replaceme=bool(calibrated.transforms),
         tcs=run.target.kind in ("macs", "latency"),
@@ -204,13 +204,7 @@ def _heldout(data: Iterable, heldout: Any, text: dict[str, Any]) -> Any:
             "(or heldout=0.1 to hold out a tenth of raw text data)"
         )
     if isinstance(heldout, float):
-        split = getattr(data, "split", None)
-        if split is None:
-            raise ValueError(
-                f"heldout={heldout} holds out a share of raw text data (with tokenizer=); with "
-                "batches, pass held-out batches as heldout=..."
-            )
-        return split(heldout)
+        return split_heldout(data, heldout)
     return as_batches(heldout, **text)
 
 
@@ -226,9 +220,10 @@ def _calibrated(run: _Run, backend: str, max_blocks: int | None) -> tuple[Calibr
     if found is not None:
         return found, 0
     analysis = calibrate_analysis(run.model, run.data, run.stack, run.calibration, backend)
-    cuts = replaceme_cuts(predictions(analysis), _max_blocks(run, max_blocks))
+    errors = predictions(analysis)
+    cuts = replaceme_cuts(errors, _max_blocks(run, max_blocks))
     transforms, note = calibrate_replaceme(run.model, run.data, run.stack, run.calibration, cuts)
-    calibrated = Calibrated(analysis, transforms, note)
+    calibrated = Calibrated(analysis, errors, transforms, note)
     run.cache.save_calibrated(run.key, calibrated)
     return calibrated, 1 + bool(cuts and not note)
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from toast.methods.base import Method, Report
     from toast.spans import Span
 
-__all__ = ["TEXT_OPTIONS", "run_method", "split_text_options"]
+__all__ = ["TEXT_OPTIONS", "run_method", "split_heldout", "split_text_options"]
 
 
 def split_text_options(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -59,13 +59,15 @@ def run_method(
     if heldout is None:
         return method.run(model, data, config, None)
     if isinstance(heldout, float):
-        data, heldout = _split(data, heldout)
+        data, heldout = split_heldout(data, heldout)
     else:
         heldout = as_batches(heldout, **text)
     return _run_measured(method, model, data, config, heldout)
 
 
-def _split(data: Iterable | None, fraction: float) -> tuple[TextData, TextData]:
+def split_heldout(data: Iterable | None, fraction: float) -> tuple[TextData, TextData]:
+    """Raw text ``data`` split into (calibration, the last ``fraction`` of its
+    samples held out); batches cannot be split and raise ``ValueError``."""
     if not isinstance(data, TextData):
         raise ValueError(
             f"heldout={fraction} holds out a fraction of raw text data (with tokenizer=); "
