@@ -18,9 +18,9 @@ import json
 import os
 import pickle
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import nn
@@ -93,12 +93,13 @@ def combine(*parts: Any) -> str:
     return h.hexdigest()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write(file)`` into a temporary file renamed to ``path`` once whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "wb") as f:
-            f.write(data)
+            write(f)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -128,7 +129,8 @@ class SearchCache:
     def save_calibrated(self, key: str, calibrated: Calibrated) -> None:
         file = self._file(key, "calibration.pkl")
         if file is not None:
-            _write_atomic(file, pickle.dumps(calibrated, protocol=pickle.HIGHEST_PROTOCOL))
+            # streamed: the moments are large (1.4 GB for SmolLM2), no second copy in memory
+            _write_atomic(file, lambda f: pickle.dump(calibrated, f, pickle.HIGHEST_PROTOCOL))
 
     def load_measurements(self, key: str) -> dict[str, dict[str, Any]]:
         file = self._file(key, "measurements.json")
@@ -143,4 +145,5 @@ class SearchCache:
     def save_measurements(self, key: str, measurements: Mapping[str, Any]) -> None:
         file = self._file(key, "measurements.json")
         if file is not None:
-            _write_atomic(file, json.dumps(measurements, indent=1, sort_keys=True).encode())
+            text = json.dumps(measurements, indent=1, sort_keys=True).encode()
+            _write_atomic(file, lambda f: f.write(text))
