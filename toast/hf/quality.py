@@ -38,7 +38,13 @@ from toast.hf.blocks import BlockStack
 from toast.hf.capture import _forward_inputs
 from toast.hf.progress import progress_bar
 
-__all__ = ["QUALITY_METRICS", "Evaluator", "Quality", "quality_metric", "skipped_blocks"]
+__all__ = [
+    "QUALITY_METRICS",
+    "Evaluator",
+    "Quality",
+    "quality_metric",
+    "skipped_blocks",
+]
 
 QualityMetric = Literal["perplexity", "accuracy", "cosine"]
 QUALITY_METRICS = ("perplexity", "accuracy", "cosine")
@@ -161,15 +167,20 @@ class Evaluator:
         finally:
             model.train(was_training)
 
+    def outputs(self, model: nn.Module, label: str) -> Iterator[tuple[Any, tuple, dict, Any]]:
+        """Each held-out batch with its forward inputs and ``model``'s output
+        (what a sequential evaluator computes block by block instead)."""
+        for batch in self._iterate(label):
+            args, kwargs = _forward_inputs(model, batch)
+            yield batch, args, kwargs, model(*args, **_no_cache(model, kwargs))
+
     def _measure(self, model: nn.Module, label: str) -> float:
         totals = [0.0, 0]  # summed score, count
         vectors: list[torch.Tensor] = []
         samples = 0
-        for batch in self._iterate(label):
+        for batch, args, kwargs, output in self.outputs(model, label):
             if self.metric is None:
                 self.metric = quality_metric(model, batch)
-            args, kwargs = _forward_inputs(model, batch)
-            output = model(*args, **_no_cache(model, kwargs))
             samples += _batch_rows(args, kwargs)
             if self.metric == "perplexity":
                 _add(totals, *_token_nll(output, kwargs, _labels(batch)))

@@ -1,0 +1,48 @@
+"""Held-out quality measured block by block from a checkpoint on disk equals
+the in-memory :class:`toast.hf.quality.Evaluator`'s: for the original
+model, for plain removal of blocks, and for blocks changed as they load,
+with the checkpoint's blocks never all in memory."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from tests._helpers import replaceme_models as R  # noqa: E402
+from toast.hf.blocks import find_blocks  # noqa: E402
+from toast.hf.disk_quality import SequentialEvaluator  # noqa: E402
+from toast.hf.quality import Evaluator, skipped_blocks  # noqa: E402
+from toast.hf.sequential import BlockEdits, DiskModel  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+CASES = {
+    "llama": lambda: (R.decoder("llama"), R.text_loader(16)),
+    "gpt2": lambda: (R.decoder("gpt2"), R.text_loader(16)),
+    "vit": lambda: (R.encoder("vit"), R.image_loader(16)),
+}
+
+
+def _both(name, tmp_path):
+    model, data = CASES[name]()
+    model.save_pretrained(tmp_path)
+    return model, data, DiskModel.open(tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_original_and_plain_removal_measured_from_disk_equal_in_memory(name, tmp_path):
+    model, data, disk = _both(name, tmp_path)
+    memory = Evaluator(data, progress=False)
+    on_disk = SequentialEvaluator(disk, data, progress=False)
+    assert on_disk.measure(disk.model) == pytest.approx(memory.measure(model), rel=1e-5)
+    with skipped_blocks(find_blocks(model), [(1, 3)]):
+        expected = memory.measure(model)
+    got = on_disk.measure_edited(BlockEdits(skip=frozenset({1, 2})))
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert (on_disk.metric, on_disk.count, on_disk.samples) == (
+        memory.metric,
+        memory.count,
+        memory.samples,
+    )
