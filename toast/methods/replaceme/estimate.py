@@ -36,7 +36,7 @@ from toast.methods.replaceme.fold import NotFoldableError
 from toast.methods.replaceme.hooks import MlpOutputs, no_kv_cache
 from toast.spans import Span
 
-__all__ = ["Estimation", "Fitted"]
+__all__ = ["Cut", "Estimation", "Estimator", "Fitted", "flat_rows", "solve"]
 
 # fit_cosine's arguments and the ReplaceMeConfig fields that fill them.
 _COSINE_OPTIONS = {
@@ -53,7 +53,7 @@ _STRUCTURE_KIND = {"full": "linear", "diagonal": "diagonal", "orthogonal": "orth
 
 
 @dataclass
-class _Cut:
+class Cut:
     """One span being estimated, with its accumulators."""
 
     span: Span
@@ -84,19 +84,19 @@ class Fitted:
     rows_kept: int = 0
 
 
-def _flat(x: torch.Tensor, d: int, keep: torch.Tensor | None) -> torch.Tensor:
+def flat_rows(x: torch.Tensor, d: int, keep: torch.Tensor | None) -> torch.Tensor:
     x = x.reshape(-1, d)
     return x if keep is None else x[keep]
 
 
-class _Estimator:
+class Estimator:
     """The consumer of the estimation pass: opens each cut's accumulators
     on the first batch (when the width and device are known) and adds
     every batch's rows to them."""
 
     def __init__(
         self,
-        cuts: list[_Cut],
+        cuts: list[Cut],
         config: ReplaceMeConfig,
         positions: dict[int, int],
         recorder: MlpOutputs | None,
@@ -106,7 +106,7 @@ class _Estimator:
         self.recorder, self.expected_rows = recorder, expected_rows
         self.samples, self.dim = 0, 0  # for the calibration-size check
 
-    def _open(self, cut: _Cut, d: int, device: torch.device) -> None:
+    def open(self, cut: Cut, d: int, device: torch.device) -> None:
         config = self.config
         if config.needs_moments:
             # LS reads MᵀM, Mᵀ(L − Y) and the sums: nothing of the target alone
@@ -148,14 +148,14 @@ class _Estimator:
         mlp = {} if recorder is None else {k: recorder.take(k) for k in {c.kept for c in self.cuts}}
         for cut in self.cuts:
             if cut.moments is None and cut.sample is None:
-                self._open(cut, d, rows[0].device)
-            lk = _flat(rows[self.positions[cut.span.start]], d, keep)
-            ls = _flat(rows[self.positions[cut.span.stop]], d, keep)
-            m = None if recorder is None else _flat(mlp[cut.kept], d, keep)
-            self._add(cut, lk, ls, m)
+                self.open(cut, d, rows[0].device)
+            lk = flat_rows(rows[self.positions[cut.span.start]], d, keep)
+            ls = flat_rows(rows[self.positions[cut.span.stop]], d, keep)
+            m = None if recorder is None else flat_rows(mlp[cut.kept], d, keep)
+            self.add(cut, lk, ls, m)
         return self.cuts[0].rows
 
-    def _add(self, cut: _Cut, lk: torch.Tensor, ls: torch.Tensor, m: torch.Tensor | None) -> None:
+    def add(self, cut: Cut, lk: torch.Tensor, ls: torch.Tensor, m: torch.Tensor | None) -> None:
         if m is not None:
             a, target = m, ls.double() - lk.double() + m.double()  # L_{k+n} − Y_k
         else:
@@ -189,8 +189,8 @@ class _Estimator:
             moments.update([a.detach().cpu(), target.detach().cpu()])
 
 
-def _solve(
-    cut: _Cut, config: ReplaceMeConfig, device: torch.device, start: np.ndarray | None = None
+def solve(
+    cut: Cut, config: ReplaceMeConfig, device: torch.device, start: np.ndarray | None = None
 ) -> Fitted:
     """The transform of one estimated cut (closes its row buffer); the
     cosine objective starts from ``start`` when given (else as ``init``
@@ -257,23 +257,23 @@ class Estimation:
         begin = [None] * len(cuts) if starts is None else list(starts)
         try:
             return [
-                _solve(cut, self.config, device, start)
+                solve(cut, self.config, device, start)
                 for cut, start in zip(cuts, begin, strict=True)
             ], cuts[0].rows
         finally:
             for cut in cuts:
                 cut.close()
 
-    def _estimate(self, spans: Sequence[Span]) -> list[_Cut]:
+    def _estimate(self, spans: Sequence[Span]) -> list[Cut]:
         """One pass over the data filling the accumulators of every cut."""
         config = self.config
-        cuts = [_Cut(s) for s in spans]
+        cuts = [Cut(s) for s in spans]
         wanted = sorted({k for s in spans for k in (s.start, s.stop)})
         positions = {state: i for i, state in enumerate(wanted)}
         folding = config.placement != "block"
         kept = [c.kept for c in cuts]
         recorder = MlpOutputs(self.stack, kept, config.check) if folding else None
-        consume = _Estimator(cuts, config, positions, recorder, self.expected_rows)
+        consume = Estimator(cuts, config, positions, recorder, self.expected_rows)
         try:
             with no_kv_cache(self.model):
                 stream_states(

@@ -21,7 +21,7 @@ from toast.methods.toast.heldout import check_translators
 from toast.methods.toast.report import CompressionReport
 from toast.spans import Span, validate_spans
 
-__all__ = ["METHOD", "compress_toast"]
+__all__ = ["METHOD", "choose_spans", "compress_toast"]
 
 
 def compress_toast(
@@ -45,7 +45,7 @@ def compress_toast(
     issued = {str(w.message): w.message for w in caught}
     for message in issued.values():  # each once, as the analysis issued it
         warnings.warn(message, stacklevel=2)
-    spans = _choose_spans(analysis, config)
+    spans = choose_spans(analysis, config)
     if before_surgery is not None:
         before_surgery(spans, stack)
     blocks_before, params_before = stack.num_blocks, count_params(model)
@@ -123,7 +123,7 @@ def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: Block
     )
 
 
-def _choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
+def choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
     budget = config.budget
     if budget is not None and not 1 <= budget < analysis.num_blocks:
         raise ValueError(

@@ -48,7 +48,7 @@ class Fitter:
         if self._ill_conditioned is not None and self._ill_conditioned not in already:
             warnings.warn(self._ill_conditioned, IllConditionedWarning, stacklevel=3)
 
-    def _closed_form(
+    def closed_form(
         self, moments: Moments, i: int, j: int, massive: MassiveRows | None = None
     ) -> Translator:
         kind, ridge, relative = self.config.translator, self.config.ridge, False
@@ -119,7 +119,7 @@ class Fitter:
         """One translator per span, all on the original model."""
         if self.config.translator in CLOSED_FORM:
             massive = analysis.massive
-            return [self._closed_form(analysis.moments, s.start, s.stop, massive) for s in spans]
+            return [self.closed_form(analysis.moments, s.start, s.stop, massive) for s in spans]
         states = [k for s in spans for k in (s.start, s.stop)]
         with self._rows(model, data, states, stack) as rows:
             return [
@@ -142,6 +142,6 @@ class Fitter:
                 calibration=self.config.calibration,
                 stack=stack,
             )
-            return self._closed_form(moments, 0, 1)
+            return self.closed_form(moments, 0, 1)
         with self._rows(model, data, list(where), stack) as rows:
             return self._trained(rows, 0, 1, stack.blocks[where[0]])
