@@ -25,10 +25,10 @@ import torch
 from torch import nn
 
 from toast.hf.calibration import Calibration
-from toast.hf.quality import Evaluator, QualityMetric
+from toast.hf.quality import Evaluator, Quality, QualityMetric
 from toast.hf.sequential import BlockEdits, DiskModel, Swept, sweep
 
-__all__ = ["SequentialEvaluator"]
+__all__ = ["SequentialEvaluator", "measure_from_disk", "removal"]
 
 
 class SequentialEvaluator(Evaluator):
@@ -120,3 +120,41 @@ def _replayed(disk: DiskModel, swept: Swept) -> Iterator[None]:
         handle.remove()
         for block in blocks:
             del block.forward
+
+
+def measure_from_disk(
+    disk: DiskModel,
+    heldout: Iterable,
+    plain: BlockEdits,
+    compressed: BlockEdits,
+    *,
+    progress: bool = True,
+    buffer_dir: str | os.PathLike | None = None,
+) -> Quality:
+    """The :class:`~toast.hf.quality.Quality` of ``toast.compress``'s
+    ``heldout=`` for a checkpoint on disk: the original, plain removal
+    (``plain``) and the compressed model (``compressed``), measured in that
+    order (the cosine compares with the original) by one sweep each."""
+    evaluator = SequentialEvaluator(disk, heldout, progress=progress, buffer_dir=buffer_dir)
+    original = evaluator.measure_edited(BlockEdits(), "original")
+    removed = evaluator.measure_edited(plain, "plain removal")
+    result = evaluator.measure_edited(compressed, "compressed")
+    assert evaluator.metric is not None  # set by the first measurement
+    return Quality(
+        metric=evaluator.metric,
+        original=original,
+        compressed=result,
+        plain_removal=removed,
+        samples=evaluator.samples,
+        count=evaluator.count,
+    )
+
+
+def removal(spans: Iterable[Any]) -> BlockEdits:
+    """Plain removal of ``spans`` (``(start, stop)`` pairs or
+    :class:`toast.Span`): their blocks are skipped."""
+    skip = set()
+    for span in spans:
+        start, stop = (span.start, span.stop) if hasattr(span, "start") else span
+        skip.update(range(start, stop))
+    return BlockEdits(skip=frozenset(skip))
