@@ -46,3 +46,44 @@ def test_original_and_plain_removal_measured_from_disk_equal_in_memory(name, tmp
         memory.count,
         memory.samples,
     )
+
+
+def test_blocks_changed_as_they_load_measure_as_the_changed_model_in_memory(tmp_path):
+    model, data, disk = _both("llama", tmp_path)
+    stack = find_blocks(model)
+    scale = torch.full((R.HIDDEN,), 0.5)
+
+    def halve(module, args, output):
+        return output * scale
+
+    handle = stack.blocks[3].register_forward_hook(halve)
+    try:
+        expected = Evaluator(data, progress=False).measure(model)
+    finally:
+        handle.remove()
+    edits = BlockEdits(after={3: lambda hidden: hidden * scale})
+    got = SequentialEvaluator(disk, data, progress=False).measure_edited(edits)
+    assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_at_most_one_block_holds_weights_while_the_heldout_data_is_measured(tmp_path):
+    _, data, disk = _both("llama", tmp_path)
+    loaded: list[int] = []
+
+    def holding() -> int:
+        return sum(any(not p.is_meta for p in b.parameters()) for b in disk.stack.blocks)
+
+    load = disk.load_block
+
+    def counting_load(index):
+        block = load(index)
+        loaded.append(holding())
+        return block
+
+    def head_forward(module, args):
+        loaded.append(holding())
+
+    disk.load_block = counting_load
+    disk.model.register_forward_pre_hook(head_forward)
+    SequentialEvaluator(disk, data, progress=False).measure(disk.model)
+    assert max(loaded) == 1 and loaded[-1] == 0  # the head runs with no block loaded
