@@ -17,8 +17,9 @@ from them. Peak memory: one block, the embeddings and the head.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from toast.hf.calibration import Calibration
 from toast.hf.quality import Evaluator, Quality, QualityMetric
 from toast.hf.sequential import BlockEdits, DiskModel, Swept, sweep
 
-__all__ = ["SequentialEvaluator", "measure_from_disk", "removal"]
+__all__ = ["SequentialEvaluator", "measure_from_disk", "removal", "replaced"]
 
 
 class SequentialEvaluator(Evaluator):
@@ -158,3 +159,17 @@ def removal(spans: Iterable[Any]) -> BlockEdits:
         start, stop = (span.start, span.stop) if hasattr(span, "start") else span
         skip.update(range(start, stop))
     return BlockEdits(skip=frozenset(skip))
+
+
+def replaced(
+    spans: Sequence[Any], modules: Sequence[Callable[[torch.Tensor], Any] | None]
+) -> BlockEdits:
+    """Each span replaced by its module (None: plain removal), which maps
+    the span's input to what the block after it receives (a translator)."""
+    plain = removal(spans)
+    after = {}
+    for span, module in zip(spans, modules, strict=True):
+        if module is not None:
+            stop = span.stop if hasattr(span, "stop") else span[1]
+            after[stop - 1] = module
+    return dataclasses.replace(plain, after=after)

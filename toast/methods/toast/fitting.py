@@ -76,6 +76,13 @@ class Fitter:
             self._ill_conditioned = explain_rank_deficiency(t.rank, moments.dim, moments.rows, hint)
         return t
 
+    def closed_forms(self, spans: list[Span], analysis: Analysis) -> list[Translator]:
+        """The closed-form translator of each span from the analysis's
+        moments (with its massive rows, when it recorded them): all a
+        closed form needs, in memory or from disk."""
+        massive = analysis.massive
+        return [self.closed_form(analysis.moments, s.start, s.stop, massive) for s in spans]
+
     def _trained(self, sample: RowSample, i: int, j: int, like: nn.Module) -> nn.Module:
         config = self.config
         module = train_translator(
@@ -118,8 +125,7 @@ class Fitter:
     ) -> list:
         """One translator per span, all on the original model."""
         if self.config.translator in CLOSED_FORM:
-            massive = analysis.massive
-            return [self.closed_form(analysis.moments, s.start, s.stop, massive) for s in spans]
+            return list(self.closed_forms(spans, analysis))
         states = [k for s in spans for k in (s.start, s.stop)]
         with self._rows(model, data, states, stack) as rows:
             return [
