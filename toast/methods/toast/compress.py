@@ -16,7 +16,7 @@ from toast.hf.surgery import replace_spans
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.toast.analysis import Analysis, analyze
 from toast.methods.toast.config import ToastConfig
-from toast.methods.toast.fitting import Fitter
+from toast.methods.toast.fitting import Fitter, records_massive_rows
 from toast.methods.toast.heldout import check_translators
 from toast.methods.toast.report import CompressionReport
 from toast.spans import Span, validate_spans
@@ -102,11 +102,6 @@ def _checked(
 
 
 def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: BlockStack) -> Analysis:
-    record = (
-        config.massive_rows == "plain"
-        and config.translator in ("linear", "affine")
-        and not config.calibration.is_distributed
-    )
     return analyze(
         model,
         data,
@@ -119,7 +114,7 @@ def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: Block
         backend=config.backend,
         calibration=config.calibration,
         stack=stack,
-        massive_rows=record,
+        massive_rows=records_massive_rows(config),
     )
 
 

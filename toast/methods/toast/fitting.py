@@ -22,7 +22,7 @@ from toast.methods.toast.config import CLOSED_FORM, ToastConfig
 from toast.spans import Span
 from toast.translators import train_translator
 
-__all__ = ["FEW_ROWS_RIDGE", "FewRowsWarning", "Fitter"]
+__all__ = ["FEW_ROWS_RIDGE", "FewRowsWarning", "Fitter", "records_massive_rows"]
 
 # Ridge (relative to the mean diagonal of XᵀX) for fits with rows <= dim.
 FEW_ROWS_RIDGE = 1e-3
@@ -30,6 +30,17 @@ FEW_ROWS_RIDGE = 1e-3
 
 class FewRowsWarning(UserWarning):
     """A translator was fitted from no more rows than features (ridge used)."""
+
+
+def records_massive_rows(config: ToastConfig) -> bool:
+    """Whether the analysis records the massive rows for the fits: a plain
+    correction of closed-form least squares (``massive_rows="plain"``), on
+    one process's rows."""
+    return (
+        config.massive_rows == "plain"
+        and config.translator in ("linear", "affine")
+        and not config.calibration.is_distributed
+    )
 
 
 class Fitter:

@@ -38,7 +38,7 @@ from toast.methods.runner import split_heldout, split_text_options
 from toast.methods.toast.analysis import Analysis, analyze_from_disk
 from toast.methods.toast.compress import METHOD, choose_spans
 from toast.methods.toast.config import CLOSED_FORM, ToastConfig
-from toast.methods.toast.fitting import Fitter
+from toast.methods.toast.fitting import Fitter, records_massive_rows
 from toast.methods.toast.report import CompressionReport
 from toast.spans import Span
 from toast.translators.block import translator_module
@@ -124,6 +124,7 @@ def _analyze(
         pairs=config.pairs,
         calibration=config.calibration,
         buffer_dir=buffer_dir,
+        massive_rows=records_massive_rows(config),
     )
 
 
