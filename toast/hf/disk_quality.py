@@ -154,7 +154,7 @@ def measure_from_disk(
 def removal(spans: Iterable[Any]) -> BlockEdits:
     """Plain removal of ``spans`` (``(start, stop)`` pairs or
     :class:`toast.Span`): their blocks are skipped."""
-    skip = set()
+    skip: set[int] = set()
     for span in spans:
         start, stop = (span.start, span.stop) if hasattr(span, "start") else span
         skip.update(range(start, stop))

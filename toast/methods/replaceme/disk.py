@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from toast.core import Translator
-from toast.hf.disk_quality import SequentialEvaluator, measure_from_disk, removal
+from toast.hf.disk_quality import SequentialEvaluator, measure_from_disk, removal, replaced
 from toast.hf.heldout import HeldOutCheck, Holdout, check_against_plain
 from toast.hf.sequential import BlockEdits, DiskModel, DiskStates, stream_blocks
 from toast.hf.text import as_batches
@@ -279,22 +279,19 @@ def cut_edits(
     the writer of the block before its cut by the in-memory arithmetic
     (:func:`toast.methods.replaceme.fold.fold_into_writer`), or, with
     ``placement="block"``, applied by a translator after the cut."""
-    plain = removal(spans)
     if config.placement == "block":
         kind = "diagonal" if config.structure == "diagonal" else "linear"
-        after = {
-            s.stop - 1: _translator(np.asarray(t), kind, dtype)
-            for s, t in zip(spans, transforms, strict=True)
-            if t is not None
-        }
-        return dataclasses.replace(plain, after=after)
+        modules = [
+            None if t is None else _translator(np.asarray(t), kind, dtype) for t in transforms
+        ]
+        return replaced(spans, modules)
     folds = {s.start - 1: t for s, t in zip(spans, transforms, strict=True) if t is not None}
 
     def fold(index: int, block: nn.Module) -> None:
         if index in folds:
             fold_into_writer(residual_writer(block), folds[index])
 
-    return dataclasses.replace(plain, edit=fold)
+    return dataclasses.replace(removal(spans), edit=fold)
 
 
 def _translator(transform: np.ndarray, kind: str, dtype: torch.dtype) -> nn.Module:
@@ -408,20 +405,21 @@ def replaceme_from_disk(
     config = ReplaceMeConfig.from_options(config, params)
     _check_supported(config, output)
     data = as_batches(data, **text)
+    measured: Iterable | None = None  # the held-out batches
     if isinstance(heldout, float):
-        data, heldout = split_heldout(data, heldout)
+        data, measured = split_heldout(data, heldout)
     elif heldout is not None:
-        heldout = as_batches(heldout, **text)
+        measured = as_batches(heldout, **text)
     if output is not None and Path(output).exists():
         raise FileExistsError(f"{output} exists; the pruned checkpoint goes to a new folder")
     disk = DiskModel.open(folder, config.calibration.blocks)
     chosen = _fit(disk, data, config)
     transforms = [f.transform for f in chosen.fitted]
     report = _report(disk, config, chosen)
-    if heldout is not None:
+    if measured is not None:
         report.quality = measure_from_disk(
             disk,
-            heldout,
+            measured,
             removal(chosen.spans),
             cut_edits(chosen.spans, transforms, config, disk.dtype),
             progress=config.calibration.progress,

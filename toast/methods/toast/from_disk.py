@@ -79,10 +79,11 @@ def compress_from_disk(
             f"{config.translator!r}, fit={config.fit!r}"
         )
     data = as_batches(data, **text)
+    measured: Iterable | None = None  # the held-out batches
     if isinstance(heldout, float):
-        data, heldout = split_heldout(data, heldout)
+        data, measured = split_heldout(data, heldout)
     elif heldout is not None:
-        heldout = as_batches(heldout, **text)
+        measured = as_batches(heldout, **text)
     disk = DiskModel.open(folder, config.calibration.blocks)
     split = Holdout(data, config.holdout)
     analysis = _analyze(disk, split.fit, config, buffer_dir)
@@ -96,10 +97,10 @@ def compress_from_disk(
         translators = with_fallback(translators, checks, _identity(analysis.moments.dim))
     fitter.warn_ill_conditioned()
     report = _report(disk, config, spans, fitter, analysis, translators, checks, note)
-    if heldout is not None:
+    if measured is not None:
         report.quality = measure_from_disk(
             disk,
-            heldout,
+            measured,
             removal(spans),
             translated_edits(disk, spans, translators),
             progress=config.calibration.progress,
