@@ -12,12 +12,20 @@ The same statistics as the in-memory path, fed from
   batch in a disk-backed buffer until the block ending the cut has run,
   then feeds the same moments (or cosine row sample) batch by batch. Only
   blocks up to the last cut run;
+- the held-out check against plain removal and the choice among candidate
+  cuts are :func:`toast.methods.replaceme.estimate.fit_checked`, the
+  in-memory code, with :class:`DiskEstimation` fitting by the pass above
+  and measuring by :class:`toast.hf.disk_quality.SequentialEvaluator`: each
+  candidate is applied as the blocks load (:func:`cut_edits`: its blocks
+  skipped, T folded into the block before it), one sweep per measurement;
+- ``heldout=`` quality is measured the same way
+  (:func:`toast.hf.disk_quality.measure_from_disk`);
 - the pruned checkpoint is written by :func:`toast.io.pruned.write_pruned_checkpoint`
   with each T folded into its down-projection by the in-memory arithmetic
   (:func:`toast.methods.replaceme.fold.folded`).
 
-So cuts, transforms and the written tensors equal those of
-:func:`toast.replaceme` followed by ``save_pretrained``.
+So cuts, checks, transforms, measured quality and the written tensors equal
+those of :func:`toast.replaceme` followed by ``save_pretrained``.
 """
 
 from __future__ import annotations
