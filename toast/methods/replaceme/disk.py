@@ -62,7 +62,7 @@ from toast.methods.replaceme.estimate import (
     fit_checked,
     fits_sequentially,
     flat_rows,
-    solve,
+    solve_cut,
 )
 from toast.methods.replaceme.fold import (
     check_cuts,
@@ -175,7 +175,9 @@ def estimate_from_disk(
             raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
         begin = [None] * len(cuts) if starts is None else list(starts)
         cpu = torch.device("cpu")
-        fitted = [solve(cut, config, cpu, start) for cut, start in zip(cuts, begin, strict=True)]
+        fitted = [
+            solve_cut(cut, config, cpu, start) for cut, start in zip(cuts, begin, strict=True)
+        ]
         return fitted, cuts[0].rows
     finally:
         for cut in cuts:
@@ -222,10 +224,10 @@ def _state_consumer(
                     pending.mlps[n].append(recorders[cut.kept].take(cut.kept))
             if state == cut.span.stop:
                 if cut.moments is None and cut.sample is None:
-                    estimator.open(cut, d, hidden.device)
+                    estimator.open_cut(cut, d, hidden.device)
                 lk = flat_rows(pending.starts[n].read(batch), d, keep)
                 m = flat_rows(pending.mlps[n].read(batch), d, keep) if n in pending.mlps else None
-                estimator.add(cut, lk, flat_rows(hidden, d, keep), m)
+                estimator.add_rows(cut, lk, flat_rows(hidden, d, keep), m)
 
     return on_state
 

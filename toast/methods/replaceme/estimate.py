@@ -49,7 +49,7 @@ __all__ = [
     "fit_checked",
     "fits_sequentially",
     "flat_rows",
-    "solve",
+    "solve_cut",
 ]
 
 # fit_cosine's arguments and the ReplaceMeConfig fields that fill them.
@@ -99,6 +99,7 @@ class Fitted:
 
 
 def flat_rows(x: torch.Tensor, d: int, keep: torch.Tensor | None) -> torch.Tensor:
+    """``x`` as rows of width ``d``, only the ``keep`` ones when given."""
     x = x.reshape(-1, d)
     return x if keep is None else x[keep]
 
@@ -120,7 +121,8 @@ class Estimator:
         self.recorder, self.expected_rows = recorder, expected_rows
         self.samples, self.dim = 0, 0  # for the calibration-size check
 
-    def open(self, cut: Cut, d: int, device: torch.device) -> None:
+    def open_cut(self, cut: Cut, d: int, device: torch.device) -> None:
+        """Creates ``cut``'s accumulators for rows of width ``d`` on ``device``."""
         config = self.config
         if config.needs_moments:
             # LS reads MᵀM, Mᵀ(L − Y) and the sums: nothing of the target alone
@@ -162,14 +164,18 @@ class Estimator:
         mlp = {} if recorder is None else {k: recorder.take(k) for k in {c.kept for c in self.cuts}}
         for cut in self.cuts:
             if cut.moments is None and cut.sample is None:
-                self.open(cut, d, rows[0].device)
+                self.open_cut(cut, d, rows[0].device)
             lk = flat_rows(rows[self.positions[cut.span.start]], d, keep)
             ls = flat_rows(rows[self.positions[cut.span.stop]], d, keep)
             m = None if recorder is None else flat_rows(mlp[cut.kept], d, keep)
-            self.add(cut, lk, ls, m)
+            self.add_rows(cut, lk, ls, m)
         return self.cuts[0].rows
 
-    def add(self, cut: Cut, lk: torch.Tensor, ls: torch.Tensor, m: torch.Tensor | None) -> None:
+    def add_rows(
+        self, cut: Cut, lk: torch.Tensor, ls: torch.Tensor, m: torch.Tensor | None
+    ) -> None:
+        """Adds one batch's rows to ``cut``: the states before (``lk``) and after
+        (``ls``) the cut and the kept block's MLP output ``m`` (None without it)."""
         if m is not None:
             a, target = m, ls.double() - lk.double() + m.double()  # L_{k+n} − Y_k
         else:
@@ -203,7 +209,7 @@ class Estimator:
             moments.update([a.detach().cpu(), target.detach().cpu()])
 
 
-def solve(
+def solve_cut(
     cut: Cut, config: ReplaceMeConfig, device: torch.device, start: np.ndarray | None = None
 ) -> Fitted:
     """The transform of one estimated cut (closes its row buffer); the
@@ -296,7 +302,7 @@ class Estimation:
         begin = [None] * len(cuts) if starts is None else list(starts)
         try:
             return [
-                solve(cut, self.config, device, start)
+                solve_cut(cut, self.config, device, start)
                 for cut, start in zip(cuts, begin, strict=True)
             ], cuts[0].rows
         finally:

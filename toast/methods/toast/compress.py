@@ -119,6 +119,8 @@ def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: Block
 
 
 def choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
+    """The spans ``config`` asks for: given, or planned from the analysis by
+    ``budget`` or ``max_error``."""
     budget = config.budget
     if budget is not None and not 1 <= budget < analysis.num_blocks:
         raise ValueError(

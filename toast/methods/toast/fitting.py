@@ -62,6 +62,9 @@ class Fitter:
     def closed_form(
         self, moments: Moments, i: int, j: int, massive: MassiveRows | None = None
     ) -> Translator:
+        """The closed-form translator of ``blocks[i:j]`` from the moments, with
+        the massive-row correction when ``massive`` is given (a relative ridge
+        and a warning when there are too few rows)."""
         kind, ridge, relative = self.config.translator, self.config.ridge, False
         if ridge is None and kind in ("linear", "affine") and moments.rows <= moments.dim:
             ridge, relative = FEW_ROWS_RIDGE, True
