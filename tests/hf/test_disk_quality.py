@@ -87,3 +87,20 @@ def test_at_most_one_block_holds_weights_while_the_heldout_data_is_measured(tmp_
     disk.model.register_forward_pre_hook(head_forward)
     SequentialEvaluator(disk, data, progress=False).measure(disk.model)
     assert max(loaded) == 1 and loaded[-1] == 0  # the head runs with no block loaded
+
+
+# block calls: while embedding, while the blocks run, while the head runs
+@pytest.mark.parametrize("calls", [3, 16, 30])
+def test_an_interrupted_measurement_leaves_no_buffer_and_no_loaded_weights(calls, tmp_path):
+    _, data, disk = _both("llama", tmp_path / "model")
+    buffers = tmp_path / "buffers"
+    buffers.mkdir()
+    evaluator = SequentialEvaluator(disk, data, progress=False, buffer_dir=buffers)
+    handle = R.interrupt_after(calls)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            evaluator.measure(disk.model)
+    finally:
+        handle.remove()
+    assert list(buffers.iterdir()) == []
+    assert all(p.is_meta for p in disk.model.parameters())

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -66,7 +66,7 @@ class SequentialEvaluator(Evaluator):
         with self.editing(edits):
             return self.measure(self.disk.model, label)
 
-    def outputs(self, model: nn.Module, label: str) -> Iterator[tuple[Any, tuple, dict, Any]]:
+    def outputs(self, model: nn.Module, label: str) -> Generator[tuple[Any, tuple, dict, Any]]:
         disk = self.disk
         if model is not disk.model:
             raise ValueError("a SequentialEvaluator measures its own checkpoint: pass disk.model")

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -167,7 +167,7 @@ class Evaluator:
         finally:
             model.train(was_training)
 
-    def outputs(self, model: nn.Module, label: str) -> Iterator[tuple[Any, tuple, dict, Any]]:
+    def outputs(self, model: nn.Module, label: str) -> Generator[tuple[Any, tuple, dict, Any]]:
         """Each held-out batch with its forward inputs and ``model``'s output
         (what a sequential evaluator computes block by block instead)."""
         for batch in self._iterate(label):
@@ -178,16 +178,18 @@ class Evaluator:
         totals = [0.0, 0]  # summed score, count
         vectors: list[torch.Tensor] = []
         samples = 0
-        for batch, args, kwargs, output in self.outputs(model, label):
-            if self.metric is None:
-                self.metric = quality_metric(model, batch)
-            samples += _batch_rows(args, kwargs)
-            if self.metric == "perplexity":
-                _add(totals, *_token_nll(output, kwargs, _labels(batch)))
-            elif self.metric == "accuracy":
-                _add(totals, *_correct(output, _labels(batch)))
-            else:
-                vectors.append(_sample_vectors(output, kwargs.get("attention_mask")))
+        # closed on every exit: a sequential evaluator's buffers go with it
+        with contextlib.closing(self.outputs(model, label)) as outputs:
+            for batch, args, kwargs, output in outputs:
+                if self.metric is None:
+                    self.metric = quality_metric(model, batch)
+                samples += _batch_rows(args, kwargs)
+                if self.metric == "perplexity":
+                    _add(totals, *_token_nll(output, kwargs, _labels(batch)))
+                elif self.metric == "accuracy":
+                    _add(totals, *_correct(output, _labels(batch)))
+                else:
+                    vectors.append(_sample_vectors(output, kwargs.get("attention_mask")))
         if samples == 0:
             raise ValueError("the held-out data yielded no batch")
         self.samples = samples

@@ -391,15 +391,17 @@ def _embed(
     code = getattr(base.forward, "__code__", None)
     takes_cache = code is not None and "use_cache" in code.co_varnames
     batches: list[_Batch] = []
-    with torch.inference_mode():
-        for args, kwargs in _batches(base, loader, cal, torch.device("cpu")):
-            if takes_cache:
-                kwargs["use_cache"] = False  # no KV cache is built
-            hidden, batch = _record_inputs(disk, args, kwargs)
-            states.append(hidden)
-            batches.append(batch)
-            on_state(0, len(batches) - 1, hidden, batch.mask)
-    disk.release()
+    try:
+        with torch.inference_mode():
+            for args, kwargs in _batches(base, loader, cal, torch.device("cpu")):
+                if takes_cache:
+                    kwargs["use_cache"] = False  # no KV cache is built
+                hidden, batch = _record_inputs(disk, args, kwargs)
+                states.append(hidden)
+                batches.append(batch)
+                on_state(0, len(batches) - 1, hidden, batch.mask)
+    finally:  # interrupted too: the embedding is not kept
+        disk.release()
     if not batches:
         raise ValueError("the loader yielded no batches")
     return batches
