@@ -18,6 +18,8 @@ surgery, distributed reductions and parameter counting.
 - :mod:`toast.hf.sequential`: calibration block by block from disk
   (:class:`DiskModel`, :func:`stream_blocks`), for models bigger than memory;
 - :mod:`toast.hf.disk_moments`: moments from that stream;
+- :mod:`toast.hf.disk_quality`: held-out quality measured block by block from
+  disk, with blocks skipped or changed as they load (:class:`SequentialEvaluator`);
 - :mod:`toast.hf.budget`: whether a checkpoint fits the memory budget.
 """
 

@@ -30,8 +30,8 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
-from typing import Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
 
 import torch
 
@@ -43,7 +43,11 @@ from toast.hf.capture import MomentsSink, Tokens, _check_states, naming_state, s
 from toast.hf.sequential import DiskModel, DiskStates, stream_blocks
 from toast.hf.torch_moments import WindowedMoments
 
-__all__ = ["capture_moments_from_disk"]
+__all__ = ["Observer", "capture_moments_from_disk"]
+
+#: ``observe(rows, mask)``: one batch's chosen states (``rows[k]``) and the
+#: token rows that enter the statistics.
+Observer = Callable[[list[torch.Tensor], "torch.Tensor | None"], Any]
 
 
 def capture_moments_from_disk(
@@ -58,16 +62,19 @@ def capture_moments_from_disk(
     backend: Literal["auto", "c", "torch"] = "auto",
     calibration: Calibration | None = None,
     buffer_dir: str | os.PathLike | None = None,
+    observe: Observer | None = None,
 ) -> tuple[Moments, BlockStack]:
     """The moments :func:`toast.capture_moments` gives on the loaded model,
     from the checkpoint ``disk`` (see the module docstring: with a bounded
     ``pairs`` span only that many states wait on disk). Blocks after the
-    last chosen state do not run."""
+    last chosen state do not run. ``observe(rows, mask)`` sees every batch
+    the moments see, every chosen state at once, as in memory (so with it
+    every chosen state waits on disk, whatever ``pairs``)."""
     cal = Calibration.from_options(calibration)
     chosen = _check_states(states, disk.num_blocks + 1)
     sink = MomentsSink(states, folds, pairs, precision, backend)
     span = pair_span(pairs, len(chosen))
-    windowed = span < len(chosen) - 1 and chosen == sorted(chosen)
+    windowed = span < len(chosen) - 1 and chosen == sorted(chosen) and observe is None
     folder = tempfile.mkdtemp(prefix="toast-moments-", dir=buffer_dir)
     try:
         if cal.progress:
@@ -77,11 +84,23 @@ def capture_moments_from_disk(
                 f"in {folder}",
                 file=sys.stderr,
             )
-        run = _windowed if windowed else _all_pairs
-        moments = run(disk, loader, chosen, tokens, sink, span, cal, folder, buffer_dir)
+        if windowed:
+            moments = _windowed(disk, loader, chosen, tokens, sink, span, cal, folder, buffer_dir)
+        else:
+            consume = sink if observe is None else _observed(sink, observe)
+            _all_pairs(disk, loader, chosen, tokens, consume, cal, folder, buffer_dir)
+            moments = sink.collected()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return sink.finish(moments, len(chosen), cal), disk.stack
+
+
+def _observed(sink: MomentsSink, observe: Observer) -> Observer:
+    def consume(rows: list[torch.Tensor], mask: torch.Tensor | None) -> None:
+        observe(rows, mask)
+        sink(rows, mask)
+
+    return consume
 
 
 def _all_pairs(
@@ -89,12 +108,11 @@ def _all_pairs(
     loader: Iterable,
     chosen: list[int],
     tokens: Tokens,
-    sink: MomentsSink,
-    span: int,
+    sink: Observer,
     cal: Calibration,
     folder: str,
     buffer_dir: str | os.PathLike | None,
-) -> Moments | None:
+) -> None:
     """Every chosen state on disk, then every batch into ``sink`` in order."""
     stores = {k: DiskStates(os.path.join(folder, f"state{k}.bin"), torch.float32) for k in chosen}
     masks: list[torch.Tensor | None] = []
@@ -116,7 +134,6 @@ def _all_pairs(
     finally:
         for store in stores.values():
             store.close()
-    return sink.collected()
 
 
 def _windowed(

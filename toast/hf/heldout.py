@@ -31,6 +31,7 @@ __all__ = [
     "check_against_plain",
     "check_lines",
     "unchecked_because",
+    "with_fallback",
 ]
 
 #: ``apply(spans, fits)``: a context within which the model computes as if
@@ -117,13 +118,17 @@ def check_against_plain(
     heldout: Iterable,
     fallback: bool,
     alone: bool = False,
+    evaluator: Evaluator | None = None,
 ) -> list[HeldOutCheck | None]:
     """Each span's fit against plain removal on ``heldout``, the other spans
     as decided so far (none with ``alone``: candidates that may overlap);
     with ``fallback`` a span whose fit measures worse is removed plainly.
     One entry per span (None: no fit to check). Nothing in the model
-    changes."""
-    evaluator = Evaluator(heldout, progress=False)
+    changes. ``evaluator`` measures ``model`` on ``heldout`` (default an
+    in-memory :class:`~toast.hf.quality.Evaluator`; from disk a
+    :class:`~toast.hf.disk_quality.SequentialEvaluator`, ``model`` its
+    checkpoint's skeleton and ``apply`` setting its edits)."""
+    evaluator = Evaluator(heldout, progress=False) if evaluator is None else evaluator
     first = next(iter(heldout))
     if quality_metric(model, first) == "cosine":
         evaluator.measure(model, "original")  # the reference the cosine compares with
@@ -148,6 +153,15 @@ def check_against_plain(
             current[k] = None
         checks.append(HeldOutCheck(span, evaluator.metric, fitted, removed, evaluator.count, used))
     return checks
+
+
+def with_fallback(fits: Sequence[Any], checks: Sequence[HeldOutCheck | None], plain: Any) -> list:
+    """``fits`` with ``plain`` (what stands for plain removal) in place of
+    each fit whose check gave the model plain removal."""
+    return [
+        fit if check is None or check.used == "fitted" else plain
+        for fit, check in zip(fits, checks, strict=True)
+    ]
 
 
 def _better(metric: str, a: float, b: float) -> bool:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,7 +38,13 @@ from toast.hf.blocks import BlockStack
 from toast.hf.capture import _forward_inputs
 from toast.hf.progress import progress_bar
 
-__all__ = ["QUALITY_METRICS", "Evaluator", "Quality", "quality_metric", "skipped_blocks"]
+__all__ = [
+    "QUALITY_METRICS",
+    "Evaluator",
+    "Quality",
+    "quality_metric",
+    "skipped_blocks",
+]
 
 QualityMetric = Literal["perplexity", "accuracy", "cosine"]
 QUALITY_METRICS = ("perplexity", "accuracy", "cosine")
@@ -161,22 +167,29 @@ class Evaluator:
         finally:
             model.train(was_training)
 
+    def outputs(self, model: nn.Module, label: str) -> Generator[tuple[Any, tuple, dict, Any]]:
+        """Each held-out batch with its forward inputs and ``model``'s output
+        (what a sequential evaluator computes block by block instead)."""
+        for batch in self._iterate(label):
+            args, kwargs = _forward_inputs(model, batch)
+            yield batch, args, kwargs, model(*args, **_no_cache(model, kwargs))
+
     def _measure(self, model: nn.Module, label: str) -> float:
         totals = [0.0, 0]  # summed score, count
         vectors: list[torch.Tensor] = []
         samples = 0
-        for batch in self._iterate(label):
-            if self.metric is None:
-                self.metric = quality_metric(model, batch)
-            args, kwargs = _forward_inputs(model, batch)
-            output = model(*args, **_no_cache(model, kwargs))
-            samples += _batch_rows(args, kwargs)
-            if self.metric == "perplexity":
-                _add(totals, *_token_nll(output, kwargs, _labels(batch)))
-            elif self.metric == "accuracy":
-                _add(totals, *_correct(output, _labels(batch)))
-            else:
-                vectors.append(_sample_vectors(output, kwargs.get("attention_mask")))
+        # closed on every exit: a sequential evaluator's buffers go with it
+        with contextlib.closing(self.outputs(model, label)) as outputs:
+            for batch, args, kwargs, output in outputs:
+                if self.metric is None:
+                    self.metric = quality_metric(model, batch)
+                samples += _batch_rows(args, kwargs)
+                if self.metric == "perplexity":
+                    _add(totals, *_token_nll(output, kwargs, _labels(batch)))
+                elif self.metric == "accuracy":
+                    _add(totals, *_correct(output, _labels(batch)))
+                else:
+                    vectors.append(_sample_vectors(output, kwargs.get("attention_mask")))
         if samples == 0:
             raise ValueError("the held-out data yielded no batch")
         self.samples = samples

@@ -26,12 +26,13 @@ order state 0 of every batch, state 1 of every batch, ...
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,16 @@ from toast.hf.calibration import Calibration
 from toast.hf.capture import _batches, _rss_mib
 from toast.hf.checkpoint import Checkpoint
 
-__all__ = ["DiskModel", "DiskStates", "OnBlock", "OnState", "stream_blocks"]
+__all__ = [
+    "BlockEdits",
+    "DiskModel",
+    "DiskStates",
+    "OnBlock",
+    "OnState",
+    "Swept",
+    "stream_blocks",
+    "sweep",
+]
 
 #: ``on_state(state, batch, hidden, mask)``: one batch's ``(batch, tokens,
 #: dim)`` state and its padding mask (None without one).
@@ -155,6 +165,7 @@ class DiskModel:
     base_path: str
     dtype: torch.dtype
     _ready: bool = field(default=False, repr=False)
+    _full: bool = field(default=False, repr=False)
     _names: dict[str, str] | None = field(default=None, repr=False)
 
     @classmethod
@@ -224,39 +235,53 @@ class DiskModel:
         for name, key in keys.items():
             _set_tensor(module, name, self.checkpoint.read(key))
 
-    def prepare(self) -> None:
-        """Loads everything of the base model outside the block list (the
-        embeddings, the final norm, rotary buffers), once."""
-        if self._ready:
-            return
+    def _outside(self, full: bool) -> tuple[nn.Module, str]:
+        """The module whose parts outside the block list :meth:`prepare`
+        loads, and its prefix among the model's state-dict names."""
+        if full:
+            return self.model, ""
+        return self.base, f"{self.base_path}." if self.base_path else ""
+
+    @contextlib.contextmanager
+    def _without_blocks(self) -> Iterator[None]:
+        # the blocks stay on the meta device while the rest moves
         holder_path, _, attr = self.stack.path.rpartition(".")
         holder = self.model.get_submodule(holder_path) if holder_path else self.model
-        setattr(holder, attr, nn.ModuleList())  # the blocks stay on the meta device
+        setattr(holder, attr, nn.ModuleList())
         try:
-            base = self.base
-            prefix = f"{self.base_path}." if self.base_path else ""
+            yield
+        finally:
+            setattr(holder, attr, self.stack.blocks)
+
+    def prepare(self, full: bool = False) -> None:
+        """Loads everything of the base model outside the block list (the
+        embeddings, the final norm, rotary buffers), once; with ``full``,
+        of the whole model (the head too: the held-out measurements need
+        its outputs)."""
+        if self._ready:
+            return
+        with self._without_blocks():
+            module, prefix = self._outside(full)
             names = self._names or {}
             # what the checkpoint lacks (a tied head, an unused pooler) stays
             # on the meta device: the forward stops at the last block
-            keys = {n: names[prefix + n] for n in base.state_dict() if prefix + n in names}
-            self._load(base, keys)
-        finally:
-            setattr(holder, attr, self.stack.blocks)
+            keys = {n: names[prefix + n] for n in module.state_dict() if prefix + n in names}
+            self._load(module, keys)
+            if full:
+                _tie_head(self.model)
+                _drop_absent(self.model)
         self._ready = True
+        self._full = full
 
     def release(self) -> None:
         """Frees what :meth:`prepare` loaded: after stage 0 the blocks'
         inputs are recorded and the embedding is no longer needed."""
         if not self._ready:
             return
-        holder_path, _, attr = self.stack.path.rpartition(".")
-        holder = self.model.get_submodule(holder_path) if holder_path else self.model
-        setattr(holder, attr, nn.ModuleList())
-        try:
-            self.base.to("meta")
-        finally:
-            setattr(holder, attr, self.stack.blocks)
+        with self._without_blocks():
+            self._outside(self._full)[0].to("meta")
         self._ready = False
+        _trim_heap()
 
     def load_block(self, index: int) -> nn.Module:
         """Block ``index`` with its weights read from the checkpoint."""
@@ -268,6 +293,30 @@ class DiskModel:
         """Frees block ``index``'s weights (back to the meta device)."""
         self.stack.blocks[index].to("meta")
         _trim_heap()
+
+
+def _tie_head(model: nn.Module) -> None:
+    """A head tied to the input embedding is not in the checkpoint: tie it
+    to the loaded embedding, as ``from_pretrained`` does."""
+    tie = getattr(model, "tie_weights", None)
+    if tie is not None:
+        tie()
+
+
+def _drop_absent(model: nn.Module) -> None:
+    """Removes the parts the checkpoint lacks entirely (a pooler the saved
+    model was built without), as the saved model has none: the forward
+    skips a part that is None."""
+    absent: list[str] = []
+    for name, module in model.named_modules():
+        if not name or any(name.startswith(a + ".") for a in absent):
+            continue
+        params = list(module.parameters())
+        if params and all(p.is_meta for p in params):
+            absent.append(name)
+    for name in absent:
+        parent_path, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent_path) if parent_path else model, leaf, None)
 
 
 def _trim_heap() -> None:
@@ -342,15 +391,17 @@ def _embed(
     code = getattr(base.forward, "__code__", None)
     takes_cache = code is not None and "use_cache" in code.co_varnames
     batches: list[_Batch] = []
-    with torch.inference_mode():
-        for args, kwargs in _batches(base, loader, cal, torch.device("cpu")):
-            if takes_cache:
-                kwargs["use_cache"] = False  # no KV cache is built
-            hidden, batch = _record_inputs(disk, args, kwargs)
-            states.append(hidden)
-            batches.append(batch)
-            on_state(0, len(batches) - 1, hidden, batch.mask)
-    disk.release()
+    try:
+        with torch.inference_mode():
+            for args, kwargs in _batches(base, loader, cal, torch.device("cpu")):
+                if takes_cache:
+                    kwargs["use_cache"] = False  # no KV cache is built
+                hidden, batch = _record_inputs(disk, args, kwargs)
+                states.append(hidden)
+                batches.append(batch)
+                on_state(0, len(batches) - 1, hidden, batch.mask)
+    finally:  # interrupted too: the embedding is not kept
+        disk.release()
     if not batches:
         raise ValueError("the loader yielded no batches")
     return batches
@@ -365,25 +416,81 @@ def _announce(states: DiskStates, folder: str) -> None:
     )
 
 
+@dataclass(frozen=True)
+class BlockEdits:
+    """A model described by what changes in the checkpoint's blocks as they
+    load, for measuring a compressed model without writing it: the blocks
+    of ``skip`` are not run (their input is handed on: plain removal),
+    ``after[i]`` maps block ``i``'s output (or, when it is skipped, its
+    input) to what the next block receives (a translator standing in for
+    a span ending at ``i``), and ``edit(i, block)`` rewrites a block's
+    loaded weights before it runs (a transform folded into them). None of
+    them changes the checkpoint."""
+
+    skip: frozenset[int] = frozenset()
+    after: Mapping[int, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    edit: Callable[[int, nn.Module], None] | None = None
+
+    def changes(self, index: int) -> bool:
+        """Whether block ``index`` runs as the checkpoint has it."""
+        return index in self.skip or index in self.after
+
+
+@dataclass
+class _Form:
+    """The form of a block's output (a tensor, or a tuple with the hidden
+    states first), learnt from the first block run, so that the replayed
+    final states reach the model's head as a block hands them on."""
+
+    rest: tuple | None = None
+
+    def learn(self, output: Any) -> None:
+        if isinstance(output, (tuple, list)) and self.rest is None:
+            self.rest = tuple(output[1:])
+
+    def wrap(self, hidden: torch.Tensor) -> Any:
+        return hidden if self.rest is None else (hidden, *self.rest)
+
+
 def _run_block(
-    block: nn.Module,
+    run: Callable[..., Any],
     index: int,
     source: DiskStates,
     target: DiskStates,
     batches: list[_Batch],
     on_state: OnState,
     bar: Any,
+    form: _Form,
+    after: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
-    """Block ``index`` on every batch: read, run, write, report."""
+    """Block ``index`` (``run``) on every batch: read, run, write, report."""
     with torch.inference_mode():
         for b, batch in enumerate(batches):
             args, kwargs = batch.inputs[index]
-            output = block(source.read(b), *args, **kwargs)
+            output = run(source.read(b), *args, **kwargs)
+            form.learn(output)
             hidden = output[0] if isinstance(output, (tuple, list)) else output
+            if after is not None:
+                hidden = after(hidden)
             target.write(b, hidden)
             on_state(index + 1, b, hidden, batch.mask)
             bar.update(1)
             bar.set_postfix(block=index, rss=f"{_rss_mib():.0f}MiB")
+
+
+def _skipped(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return hidden
+
+
+@dataclass
+class Swept:
+    """What a sweep over the blocks leaves: the final states of every batch
+    (the last block's outputs, on disk), each batch's recorded inputs, and
+    the form of a block's output."""
+
+    states: DiskStates
+    batches: list[_Batch]
+    form: _Form
 
 
 def stream_blocks(
@@ -404,6 +511,35 @@ def stream_blocks(
     temporary directory under ``buffer_dir`` (default the system's), which
     is removed on every exit. ``calibration`` bounds the batches as for the
     in-memory passes."""
+    with sweep(
+        disk,
+        loader,
+        on_state,
+        calibration,
+        upto=upto,
+        on_block=on_block,
+        buffer_dir=buffer_dir,
+        desc=desc,
+    ):
+        pass
+
+
+@contextlib.contextmanager
+def sweep(
+    disk: DiskModel,
+    loader: Iterable,
+    on_state: OnState,
+    calibration: Calibration | None = None,
+    *,
+    upto: int | None = None,
+    on_block: OnBlock | None = None,
+    edits: BlockEdits | None = None,
+    buffer_dir: str | os.PathLike | None = None,
+    desc: str = "sequential",
+) -> Iterator[Swept]:
+    """:func:`stream_blocks` with the blocks changed as ``edits`` say (a
+    skipped block hands no state on), yielding what it leaves before its
+    temporary directory is removed."""
     cal = Calibration.from_options(calibration)
     upto = disk.num_blocks if upto is None else upto
     if not 0 <= upto <= disk.num_blocks:
@@ -418,39 +554,60 @@ def stream_blocks(
             _announce(source, folder)
         target = DiskStates(os.path.join(folder, "state_b.bin"), source.dtype, source.shapes)
         files.append(target)
-        _run_blocks(disk, batches, source, target, on_state, on_block, upto, cal, desc)
+        run = _Run(disk, batches, on_state, on_block, edits or BlockEdits(), cal, desc)
+        yield Swept(run.blocks(source, target, upto), batches, run.form)
     finally:
         for f in files:
             f.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _run_blocks(
-    disk: DiskModel,
-    batches: list[_Batch],
-    source: DiskStates,
-    target: DiskStates,
-    on_state: OnState,
-    on_block: OnBlock | None,
-    upto: int,
-    cal: Calibration,
-    desc: str,
-) -> None:
-    from tqdm.auto import tqdm
+@dataclass
+class _Run:
+    """One sweep's blocks, run one at a time over every batch."""
 
-    bar = tqdm(
-        desc=desc, total=upto * len(batches), unit="batch", disable=not cal.progress, leave=False
-    )
-    try:
-        for index in range(upto):
-            block = disk.load_block(index)
-            cleanup = on_block(index, block) if on_block is not None else None
-            try:
-                _run_block(block, index, source, target, batches, on_state, bar)
-            finally:
-                if cleanup is not None:
-                    cleanup()
-                disk.unload_block(index)
-            source, target = target, source
-    finally:
-        bar.close()
+    disk: DiskModel
+    batches: list[_Batch]
+    on_state: OnState
+    on_block: OnBlock | None
+    edits: BlockEdits
+    cal: Calibration
+    desc: str
+    form: _Form = field(default_factory=_Form)
+
+    def blocks(self, source: DiskStates, target: DiskStates, upto: int) -> DiskStates:
+        """Runs blocks ``0 .. upto - 1``; returns the buffer holding the last
+        states."""
+        from tqdm.auto import tqdm
+
+        total = upto * len(self.batches)
+        bar = tqdm(
+            desc=self.desc, total=total, unit="batch", disable=not self.cal.progress, leave=False
+        )
+        try:
+            for index in range(upto):
+                self._block(index, source, target, bar)
+                source, target = target, source
+        finally:
+            bar.close()
+        return source
+
+    def _block(self, index: int, source: DiskStates, target: DiskStates, bar: Any) -> None:
+        after = self.edits.after.get(index)
+        if index in self.edits.skip:
+            _run_block(
+                _skipped, index, source, target, self.batches, self.on_state, bar, _Form(), after
+            )
+            return
+        block = self.disk.load_block(index)
+        if self.edits.edit is not None:
+            self.edits.edit(index, block)
+        cleanup = self.on_block(index, block) if self.on_block is not None else None
+        try:
+            _run_block(
+                block, index, source, target, self.batches, self.on_state, bar, self.form, after
+            )
+        finally:
+            if cleanup is not None:
+                cleanup()
+            self.disk.unload_block(index)

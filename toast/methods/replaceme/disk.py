@@ -12,22 +12,33 @@ The same statistics as the in-memory path, fed from
   batch in a disk-backed buffer until the block ending the cut has run,
   then feeds the same moments (or cosine row sample) batch by batch. Only
   blocks up to the last cut run;
+- the held-out check against plain removal and the choice among candidate
+  cuts are :func:`toast.methods.replaceme.estimate.fit_checked`, the
+  in-memory code, with :class:`DiskEstimation` fitting by the pass above
+  and measuring by :class:`toast.hf.disk_quality.SequentialEvaluator`: each
+  candidate is applied as the blocks load (:func:`cut_edits`: its blocks
+  skipped, T folded into the block before it), one sweep per measurement;
+- ``heldout=`` quality is measured the same way
+  (:func:`toast.hf.disk_quality.measure_from_disk`);
 - the pruned checkpoint is written by :func:`toast.io.pruned.write_pruned_checkpoint`
   with each T folded into its down-projection by the in-memory arithmetic
   (:func:`toast.methods.replaceme.fold.folded`).
 
-So cuts, transforms and the written tensors equal those of
-:func:`toast.replaceme` followed by ``save_pretrained``.
+So cuts, checks, transforms, measured quality and the written tensors equal
+those of :func:`toast.replaceme` followed by ``save_pretrained``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +46,27 @@ import numpy as np
 import torch
 from torch import nn
 
-from toast.hf.sequential import DiskModel, DiskStates, stream_blocks
+from toast.core import Translator
+from toast.hf.disk_quality import SequentialEvaluator, measure_from_disk, removal, replaced
+from toast.hf.heldout import HeldOutCheck, Holdout, check_against_plain
+from toast.hf.sequential import BlockEdits, DiskModel, DiskStates, stream_blocks
 from toast.hf.text import as_batches
 from toast.io.pruned import write_pruned_checkpoint
 from toast.methods.replaceme.config import ReplaceMeConfig
-from toast.methods.replaceme.cuts import explicit_cuts, select_cuts
-from toast.methods.replaceme.estimate import Fitted, _Cut, _Estimator, _flat, _solve
+from toast.methods.replaceme.cuts import candidate_cuts, explicit_cuts, select_cuts
+from toast.methods.replaceme.estimate import (
+    Cut,
+    Estimator,
+    Fitted,
+    check_note,
+    fit_checked,
+    fits_sequentially,
+    flat_rows,
+    solve_cut,
+)
 from toast.methods.replaceme.fold import (
     check_cuts,
+    fold_into_writer,
     folded,
     folded_bias,
     folded_norm,
@@ -51,18 +75,26 @@ from toast.methods.replaceme.fold import (
     residual_writer,
 )
 from toast.methods.replaceme.hooks import MlpOutputs
-from toast.methods.replaceme.profile import DistanceProfile, _ProfileRows, check_selection
+from toast.methods.replaceme.profile import DistanceProfile, ProfileRows, check_selection
 from toast.methods.replaceme.report import ReplaceMeReport
-from toast.methods.runner import split_text_options
+from toast.methods.runner import split_heldout, split_text_options
 from toast.spans import Span
+from toast.translators.block import translator_module
 
-__all__ = ["estimate_from_disk", "profile_from_disk", "replaceme_from_disk", "write_replaceme"]
+__all__ = [
+    "DiskEstimation",
+    "cut_edits",
+    "estimate_from_disk",
+    "profile_from_disk",
+    "replaceme_from_disk",
+    "write_replaceme",
+]
 
 
 def profile_from_disk(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) -> DistanceProfile:
     """The distance profile of :func:`toast.methods.replaceme.profile_distances`,
     one block at a time."""
-    rows = _ProfileRows(config.distance_tokens, config.include_padding)
+    rows = ProfileRows(config.distance_tokens, config.include_padding)
     kept: dict[int, list[torch.Tensor]] = {}  # per batch, each state's profile rows
     keeps: list[torch.Tensor | None] = []
 
@@ -90,7 +122,7 @@ class _Pending:
     """The states of the cuts' starts (``L_start``, and ``M`` when folding),
     waiting on disk for the block that ends each cut."""
 
-    def __init__(self, folder: str, cuts: list[_Cut], folding: bool) -> None:
+    def __init__(self, folder: str, cuts: list[Cut], folding: bool) -> None:
         self.starts: dict[int, DiskStates] = {}
         self.mlps: dict[int, DiskStates] = {}
         for n in range(len(cuts)):
@@ -109,12 +141,15 @@ def estimate_from_disk(
     config: ReplaceMeConfig,
     spans: Sequence[Span],
     expected_rows: int | None = None,
+    starts: Sequence[np.ndarray | None] | None = None,
 ) -> tuple[list[Fitted], int]:
     """The transforms of ``spans`` (one pass, as :meth:`Estimation.fit` on the
-    original model), with blocks run up to the last cut's end."""
-    cuts = [_Cut(s) for s in spans]
+    original model), with blocks run up to the last cut's end; the cosine
+    objective of each starts from its entry of ``starts`` (None: as
+    ``init`` says)."""
+    cuts = [Cut(s) for s in spans]
     folding = config.placement != "block"
-    estimator = _Estimator(cuts, config, {}, None, expected_rows)
+    estimator = Estimator(cuts, config, {}, None, expected_rows)
     folder = tempfile.mkdtemp(prefix="toast-replaceme-", dir=config.buffer_dir)
     pending = _Pending(folder, cuts, folding)
     if config.calibration.progress:
@@ -138,7 +173,12 @@ def estimate_from_disk(
         )
         if cuts[0].rows == 0:
             raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
-        return [_solve(cut, config, torch.device("cpu")) for cut in cuts], cuts[0].rows
+        begin = [None] * len(cuts) if starts is None else list(starts)
+        cpu = torch.device("cpu")
+        fitted = [
+            solve_cut(cut, config, cpu, start) for cut, start in zip(cuts, begin, strict=True)
+        ]
+        return fitted, cuts[0].rows
     finally:
         for cut in cuts:
             cut.close()
@@ -147,7 +187,7 @@ def estimate_from_disk(
 
 
 def _block_hooks(
-    disk: DiskModel, cuts: list[_Cut], recorders: dict[int, MlpOutputs], config: ReplaceMeConfig
+    disk: DiskModel, cuts: list[Cut], recorders: dict[int, MlpOutputs], config: ReplaceMeConfig
 ) -> Callable[[int, nn.Module], Callable[[], None] | None]:
     targets = {cut.kept for cut in cuts}
 
@@ -166,8 +206,8 @@ def _block_hooks(
 
 
 def _state_consumer(
-    cuts: list[_Cut],
-    estimator: _Estimator,
+    cuts: list[Cut],
+    estimator: Estimator,
     pending: _Pending,
     recorders: dict[int, MlpOutputs],
     config: ReplaceMeConfig,
@@ -184,12 +224,91 @@ def _state_consumer(
                     pending.mlps[n].append(recorders[cut.kept].take(cut.kept))
             if state == cut.span.stop:
                 if cut.moments is None and cut.sample is None:
-                    estimator._open(cut, d, hidden.device)
-                lk = _flat(pending.starts[n].read(batch), d, keep)
-                m = _flat(pending.mlps[n].read(batch), d, keep) if n in pending.mlps else None
-                estimator._add(cut, lk, _flat(hidden, d, keep), m)
+                    estimator.open_cut(cut, d, hidden.device)
+                lk = flat_rows(pending.starts[n].read(batch), d, keep)
+                m = flat_rows(pending.mlps[n].read(batch), d, keep) if n in pending.mlps else None
+                estimator.add_rows(cut, lk, flat_rows(hidden, d, keep), m)
 
     return on_state
+
+
+@dataclass(frozen=True)
+class DiskEstimation:
+    """:class:`toast.methods.replaceme.estimate.Estimation` for a checkpoint
+    on disk (the :class:`~toast.methods.replaceme.estimate.Fits` that
+    :func:`~toast.methods.replaceme.estimate.fit_checked` uses): fits by
+    :func:`estimate_from_disk`, checks by a sequential evaluator with each
+    cut applied as its blocks load."""
+
+    disk: DiskModel
+    data: Iterable
+    config: ReplaceMeConfig
+    expected_rows: int | None = None
+
+    def on(self, data: Iterable, expected_rows: int | None) -> DiskEstimation:
+        return dataclasses.replace(self, data=data, expected_rows=expected_rows)
+
+    def fit(
+        self, spans: Sequence[Span], starts: Sequence[np.ndarray | None] | None = None
+    ) -> tuple[list[Fitted], int]:
+        return estimate_from_disk(
+            self.disk, self.data, self.config, spans, self.expected_rows, starts
+        )
+
+    def check(
+        self,
+        spans: Sequence[Span],
+        transforms: Sequence[np.ndarray | None],
+        heldout: Iterable,
+        alone: bool,
+    ) -> list[HeldOutCheck | None]:
+        """Each cut's T against plain removal on ``heldout``
+        (:func:`toast.hf.heldout.check_against_plain`), measured block by
+        block with the cuts made as the blocks load."""
+        config = self.config
+        evaluator = SequentialEvaluator(
+            self.disk, heldout, progress=False, buffer_dir=config.buffer_dir
+        )
+
+        def apply(where: Sequence[Span], fits: Sequence[Any]) -> AbstractContextManager:
+            return evaluator.editing(cut_edits(where, fits, config, self.disk.dtype))
+
+        return check_against_plain(
+            self.disk.model, spans, transforms, apply, heldout, config.fallback, alone, evaluator
+        )
+
+
+def cut_edits(
+    spans: Sequence[Span],
+    transforms: Sequence[np.ndarray | None],
+    config: ReplaceMeConfig,
+    dtype: torch.dtype,
+) -> BlockEdits:
+    """The cuts as edits of the checkpoint's blocks while they load: the
+    blocks of ``spans`` skipped and each T (None: plain removal) folded into
+    the writer of the block before its cut by the in-memory arithmetic
+    (:func:`toast.methods.replaceme.fold.fold_into_writer`), or, with
+    ``placement="block"``, applied by a translator after the cut."""
+    if config.placement == "block":
+        kind = "diagonal" if config.structure == "diagonal" else "linear"
+        modules = [
+            None if t is None else _translator(np.asarray(t), kind, dtype) for t in transforms
+        ]
+        return replaced(spans, modules)
+    folds = {s.start - 1: t for s, t in zip(spans, transforms, strict=True) if t is not None}
+
+    def fold(index: int, block: nn.Module) -> None:
+        if index in folds:
+            fold_into_writer(residual_writer(block), folds[index])
+
+    return dataclasses.replace(removal(spans), edit=fold)
+
+
+def _translator(transform: np.ndarray, kind: str, dtype: torch.dtype) -> nn.Module:
+    # in the model's dtype, as the surgery's translator block
+    d = transform.shape[0]
+    fitted = Translator(kind, transform, np.zeros(d), float("nan"), d, "replaceme")
+    return translator_module(fitted, dtype=dtype)
 
 
 def _choose(
@@ -269,6 +388,8 @@ def replaceme_from_disk(
     data: Iterable,
     output: str | os.PathLike | None = None,
     config: ReplaceMeConfig | None = None,
+    *,
+    heldout: Iterable | float | None = None,
     **params: Any,
 ) -> ReplaceMeReport:
     """ReplaceMe on the checkpoint in ``folder`` without loading the model.
@@ -277,7 +398,12 @@ def replaceme_from_disk(
     before. ``data`` is a loader of tokenized batches, or raw text with
     ``tokenizer=`` (and ``max_length``, ``batch_size``...: see
     :func:`toast.compress`); ``config`` and/or its fields as keywords choose
-    the cut and the transform.
+    the cut and the transform, as in memory: with ``holdout`` the
+    ``candidates`` windows of smallest distance are fitted and measured on
+    held-out calibration batches against plain removal, block by block.
+    ``heldout`` data (or a fraction of raw text ``data``) adds the measured
+    quality of the original, plain removal and the pruned model to the
+    report (``report.quality``), measured block by block.
     With ``output``, the pruned checkpoint is written there (a new folder;
     ``placement="fold"`` only). Only one block's weights and the calibration
     states are ever in memory; the states wait between blocks in a
@@ -289,29 +415,68 @@ def replaceme_from_disk(
     config = ReplaceMeConfig.from_options(config, params)
     _check_supported(config, output)
     data = as_batches(data, **text)
+    measured: Iterable | None = None  # the held-out batches
+    if isinstance(heldout, float):
+        data, measured = split_heldout(data, heldout)
+    elif heldout is not None:
+        measured = as_batches(heldout, **text)
     if output is not None and Path(output).exists():
         raise FileExistsError(f"{output} exists; the pruned checkpoint goes to a new folder")
     disk = DiskModel.open(folder, config.calibration.blocks)
-    spans, profile = _choose(disk, data, config)
-    check_cuts(disk.stack, spans, config.structure, config.placement, config.objective)
-    if config.objective == "identity":
-        fitted, rows = [Fitted(None) for _ in spans], 0
-    else:
-        expected = profile.token_rows if profile is not None else None
-        fitted, rows = estimate_from_disk(disk, data, config, spans, expected)
-    transforms = [f.transform for f in fitted]
+    chosen = _fit(disk, data, config)
+    transforms = [f.transform for f in chosen.fitted]
+    report = _report(disk, config, chosen)
+    if measured is not None:
+        report.quality = measure_from_disk(
+            disk,
+            measured,
+            removal(chosen.spans),
+            cut_edits(chosen.spans, transforms, config, disk.dtype),
+            progress=config.calibration.progress,
+            buffer_dir=config.buffer_dir,
+        )
     if output is not None:
-        write_replaceme(disk, output, spans, transforms, progress=config.calibration.progress)
-    return _report(disk, config, spans, fitted, rows, profile)
+        write_replaceme(
+            disk, output, chosen.spans, transforms, progress=config.calibration.progress
+        )
+    return report
+
+
+@dataclass
+class _Chosen:
+    """The cuts, their fits and how they were chosen."""
+
+    spans: list[Span]
+    fitted: list[Fitted]
+    rows: int
+    profile: DistanceProfile | None
+    checks: list[HeldOutCheck | None]
+    candidates: list[HeldOutCheck]
+    note: str
+
+
+def _fit(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) -> _Chosen:
+    """The cuts and their transforms, chosen and checked on held-out
+    calibration batches as :func:`toast.replaceme` does."""
+    split = Holdout(data, 0.0 if fits_sequentially(config) else config.holdout)
+    spans, profile = _choose(disk, split.fit, config)
+    note = check_note(config, split, len(spans))
+    pool = [] if note else candidate_cuts(profile, config)
+    check_cuts(disk.stack, pool or spans, config.structure, config.placement, config.objective)
+    if config.objective == "identity":
+        return _Chosen(spans, [Fitted(None) for _ in spans], 0, profile, [], [], note)
+    expected = profile.token_rows if profile is not None else None
+    estimation = DiskEstimation(disk, split.fit, config, expected)
+    spans, fitted, rows, checks, measured = fit_checked(estimation, spans, pool, split, note)
+    return _Chosen(spans, fitted, rows, profile, checks, measured, note)
 
 
 def _check_supported(config: ReplaceMeConfig, output: str | os.PathLike | None) -> None:
-    if config.fit == "sequential" and (config.spans is None or len(config.spans) > 1):
-        if config.num_cuts > 1 or (config.spans is not None and len(config.spans) > 1):
-            raise ValueError(
-                "fit='sequential' re-runs the model with earlier cuts applied, which the "
-                "from-disk path does not do; use fit='independent' (the default)"
-            )
+    if fits_sequentially(config):
+        raise ValueError(
+            "fit='sequential' re-runs the model with earlier cuts applied, which the "
+            "from-disk path does not do; use fit='independent' (the default)"
+        )
     if output is not None and config.placement != "fold":
         raise ValueError(
             f"placement={config.placement!r} needs modules a standard checkpoint does not "
@@ -319,14 +484,8 @@ def _check_supported(config: ReplaceMeConfig, output: str | os.PathLike | None) 
         )
 
 
-def _report(
-    disk: DiskModel,
-    config: ReplaceMeConfig,
-    spans: Sequence[Span],
-    fitted: Sequence[Fitted],
-    rows: int,
-    profile: DistanceProfile | None,
-) -> ReplaceMeReport:
+def _report(disk: DiskModel, config: ReplaceMeConfig, chosen: _Chosen) -> ReplaceMeReport:
+    spans, fitted = chosen.spans, chosen.fitted
     tensors = disk.checkpoint.tensors
     before = sum(math.prod(info.shape) for info in tensors.values())
     removed = sum(
@@ -348,13 +507,12 @@ def _report(
         blocks_after=disk.num_blocks - sum(s.num_blocks for s in spans),
         params_before=before,
         params_after=before - removed,
-        rows=rows,
-        profile=profile,
+        rows=chosen.rows,
+        profile=chosen.profile,
         buffer_bytes=sum(f.buffer_bytes for f in fitted),
         rows_kept=sum(f.rows_kept for f in fitted),
         fit=config.fit,
-        check_note="none (from disk: every batch fits and the distance chooses the cut; "
-        "the check runs in memory)"
-        if config.holdout and config.objective != "identity"
-        else "",
+        checks=chosen.checks,
+        check_note=chosen.note,
+        candidates=chosen.candidates,
     )

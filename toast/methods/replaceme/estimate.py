@@ -18,6 +18,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -27,16 +28,29 @@ from toast.core import Moments, fit_translator
 from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.calibration import warn_if_small
 from toast.hf.capture import ForwardError, stream_states, uses_torch
+from toast.hf.heldout import HeldOutCheck, Holdout, best_candidate, unchecked_because
 from toast.hf.massive import massive
 from toast.hf.rows import RowSample
 from toast.hf.torch_moments import TorchMoments
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cosine import fit_cosine
 from toast.methods.replaceme.fold import NotFoldableError
+from toast.methods.replaceme.heldout import check_fits
 from toast.methods.replaceme.hooks import MlpOutputs, no_kv_cache
 from toast.spans import Span
 
-__all__ = ["Estimation", "Fitted"]
+__all__ = [
+    "Cut",
+    "Estimation",
+    "Estimator",
+    "Fits",
+    "Fitted",
+    "check_note",
+    "fit_checked",
+    "fits_sequentially",
+    "flat_rows",
+    "solve_cut",
+]
 
 # fit_cosine's arguments and the ReplaceMeConfig fields that fill them.
 _COSINE_OPTIONS = {
@@ -53,7 +67,7 @@ _STRUCTURE_KIND = {"full": "linear", "diagonal": "diagonal", "orthogonal": "orth
 
 
 @dataclass
-class _Cut:
+class Cut:
     """One span being estimated, with its accumulators."""
 
     span: Span
@@ -84,19 +98,20 @@ class Fitted:
     rows_kept: int = 0
 
 
-def _flat(x: torch.Tensor, d: int, keep: torch.Tensor | None) -> torch.Tensor:
+def flat_rows(x: torch.Tensor, d: int, keep: torch.Tensor | None) -> torch.Tensor:
+    """``x`` as rows of width ``d``, only the ``keep`` ones when given."""
     x = x.reshape(-1, d)
     return x if keep is None else x[keep]
 
 
-class _Estimator:
+class Estimator:
     """The consumer of the estimation pass: opens each cut's accumulators
     on the first batch (when the width and device are known) and adds
     every batch's rows to them."""
 
     def __init__(
         self,
-        cuts: list[_Cut],
+        cuts: list[Cut],
         config: ReplaceMeConfig,
         positions: dict[int, int],
         recorder: MlpOutputs | None,
@@ -106,7 +121,8 @@ class _Estimator:
         self.recorder, self.expected_rows = recorder, expected_rows
         self.samples, self.dim = 0, 0  # for the calibration-size check
 
-    def _open(self, cut: _Cut, d: int, device: torch.device) -> None:
+    def open_cut(self, cut: Cut, d: int, device: torch.device) -> None:
+        """Creates ``cut``'s accumulators for rows of width ``d`` on ``device``."""
         config = self.config
         if config.needs_moments:
             # LS reads MᵀM, Mᵀ(L − Y) and the sums: nothing of the target alone
@@ -148,14 +164,18 @@ class _Estimator:
         mlp = {} if recorder is None else {k: recorder.take(k) for k in {c.kept for c in self.cuts}}
         for cut in self.cuts:
             if cut.moments is None and cut.sample is None:
-                self._open(cut, d, rows[0].device)
-            lk = _flat(rows[self.positions[cut.span.start]], d, keep)
-            ls = _flat(rows[self.positions[cut.span.stop]], d, keep)
-            m = None if recorder is None else _flat(mlp[cut.kept], d, keep)
-            self._add(cut, lk, ls, m)
+                self.open_cut(cut, d, rows[0].device)
+            lk = flat_rows(rows[self.positions[cut.span.start]], d, keep)
+            ls = flat_rows(rows[self.positions[cut.span.stop]], d, keep)
+            m = None if recorder is None else flat_rows(mlp[cut.kept], d, keep)
+            self.add_rows(cut, lk, ls, m)
         return self.cuts[0].rows
 
-    def _add(self, cut: _Cut, lk: torch.Tensor, ls: torch.Tensor, m: torch.Tensor | None) -> None:
+    def add_rows(
+        self, cut: Cut, lk: torch.Tensor, ls: torch.Tensor, m: torch.Tensor | None
+    ) -> None:
+        """Adds one batch's rows to ``cut``: the states before (``lk``) and after
+        (``ls``) the cut and the kept block's MLP output ``m`` (None without it)."""
         if m is not None:
             a, target = m, ls.double() - lk.double() + m.double()  # L_{k+n} − Y_k
         else:
@@ -189,8 +209,8 @@ class _Estimator:
             moments.update([a.detach().cpu(), target.detach().cpu()])
 
 
-def _solve(
-    cut: _Cut, config: ReplaceMeConfig, device: torch.device, start: np.ndarray | None = None
+def solve_cut(
+    cut: Cut, config: ReplaceMeConfig, device: torch.device, start: np.ndarray | None = None
 ) -> Fitted:
     """The transform of one estimated cut (closes its row buffer); the
     cosine objective starts from ``start`` when given (else as ``init``
@@ -245,6 +265,31 @@ class Estimation:
         """The same, with the block stack looked up again by its path."""
         return dataclasses.replace(self, stack=find_blocks(self.model, self.stack))
 
+    def on(self, data: Iterable, expected_rows: int | None) -> Estimation:
+        """The same estimation on other calibration data."""
+        return dataclasses.replace(self, data=data, expected_rows=expected_rows)
+
+    def check(
+        self,
+        spans: Sequence[Span],
+        transforms: Sequence[np.ndarray | None],
+        heldout: Iterable,
+        alone: bool,
+    ) -> list[HeldOutCheck | None]:
+        """Each cut's T against plain removal on ``heldout``, applied by hooks
+        (:func:`toast.methods.replaceme.heldout.check_fits`)."""
+        config = self.config
+        return check_fits(
+            self.model,
+            self.stack,
+            spans,
+            transforms,
+            config.placement,
+            heldout,
+            config.fallback,
+            alone=alone,
+        )
+
     def fit(
         self, spans: Sequence[Span], starts: Sequence[np.ndarray | None] | None = None
     ) -> tuple[list[Fitted], int]:
@@ -257,23 +302,23 @@ class Estimation:
         begin = [None] * len(cuts) if starts is None else list(starts)
         try:
             return [
-                _solve(cut, self.config, device, start)
+                solve_cut(cut, self.config, device, start)
                 for cut, start in zip(cuts, begin, strict=True)
             ], cuts[0].rows
         finally:
             for cut in cuts:
                 cut.close()
 
-    def _estimate(self, spans: Sequence[Span]) -> list[_Cut]:
+    def _estimate(self, spans: Sequence[Span]) -> list[Cut]:
         """One pass over the data filling the accumulators of every cut."""
         config = self.config
-        cuts = [_Cut(s) for s in spans]
+        cuts = [Cut(s) for s in spans]
         wanted = sorted({k for s in spans for k in (s.start, s.stop)})
         positions = {state: i for i, state in enumerate(wanted)}
         folding = config.placement != "block"
         kept = [c.kept for c in cuts]
         recorder = MlpOutputs(self.stack, kept, config.check) if folding else None
-        consume = _Estimator(cuts, config, positions, recorder, self.expected_rows)
+        consume = Estimator(cuts, config, positions, recorder, self.expected_rows)
         try:
             with no_kv_cache(self.model):
                 stream_states(
@@ -300,3 +345,91 @@ class Estimation:
         if config.objective != "identity":  # a d×d transform needs more rows than d
             warn_if_small(cuts[0].rows, consume.dim, 0, consume.samples, cuts[0].rows)
         return cuts
+
+
+class Fits(Protocol):
+    """What :func:`fit_checked` needs of an estimation: in memory
+    (:class:`Estimation`) or block by block from disk
+    (:class:`toast.methods.replaceme.disk.DiskEstimation`)."""
+
+    @property
+    def config(self) -> ReplaceMeConfig: ...
+
+    @property
+    def expected_rows(self) -> int | None: ...
+
+    def on(self, data: Iterable, expected_rows: int | None) -> Fits: ...
+
+    def check(
+        self,
+        spans: Sequence[Span],
+        transforms: Sequence[np.ndarray | None],
+        heldout: Iterable,
+        alone: bool,
+    ) -> list[HeldOutCheck | None]: ...
+
+    def fit(
+        self, spans: Sequence[Span], starts: Sequence[np.ndarray | None] | None = None
+    ) -> tuple[list[Fitted], int]: ...
+
+
+def fits_sequentially(config: ReplaceMeConfig) -> bool:
+    """Whether several cuts are fitted one after the other (not checked, so
+    nothing is held out for them)."""
+    cuts = config.num_cuts if config.spans is None else len(config.spans)
+    return config.fit == "sequential" and cuts > 1
+
+
+def check_note(config: ReplaceMeConfig, split: Holdout, cuts: int) -> str:
+    """Why the fits are not checked on held-out batches ("" when they are)."""
+    if config.objective == "identity":
+        return ""
+    return unchecked_because(split, config.fit == "sequential" and cuts > 1)
+
+
+def fit_checked(
+    estimation: Fits, spans: list[Span], pool: list[Span], split: Holdout, note: str
+) -> tuple[list[Span], list[Fitted], int, list[HeldOutCheck | None], list[HeldOutCheck]]:
+    """The cuts fitted in one pass and, unless ``note`` says why not,
+    measured against plain removal on the held-out batches (a fit that
+    lost is dropped with ``fallback``) and the winners fitted again on
+    every batch. With candidate windows (``pool``), each is fitted and
+    measured alone and the best becomes the cut. Returns the cuts, their
+    fits, the rows used, the checks and every candidate's measurement."""
+    fitted, rows = estimation.fit(pool or spans)
+    if note:
+        return spans, fitted, rows, [], []
+    transforms = [f.transform for f in fitted]
+    measured = estimation.check(pool or spans, transforms, split.check, alone=bool(pool))
+    kept = [
+        dataclasses.replace(f, transform=None) if c is not None and c.used != "fitted" else f
+        for f, c in zip(fitted, measured, strict=True)
+    ]
+    if not pool:
+        fitted, rows = _refit(estimation, spans, kept, split.data, rows)
+        return spans, fitted, rows, measured, []
+    candidates = [c for c in measured if c is not None]  # every candidate has a fit
+    k = best_candidate(candidates)
+    fitted, rows = _refit(estimation, [pool[k]], [kept[k]], split.data, rows)
+    return [pool[k]], fitted, rows, [measured[k]], candidates
+
+
+def _refit(
+    estimation: Fits, spans: Sequence[Span], fitted: list[Fitted], data: Any, rows: int
+) -> tuple[list[Fitted], int]:
+    """The cuts whose fit won the held-out check fitted again on every
+    calibration batch (one more pass): the check chose the method, the
+    held-out batch need not be lost to it."""
+    won = [k for k, f in enumerate(fitted) if f.transform is not None]
+    if not won:
+        return fitted, rows
+    # the cosine buffer was sized for the fit part; the held-out part is at
+    # most as large (holdout <= 0.5)
+    expected = None if estimation.expected_rows is None else 2 * estimation.expected_rows
+    # the cosine objective goes on from where the checked fit stopped
+    cosine = estimation.config.objective == "cosine"
+    starts = [fitted[k].transform for k in won] if cosine else None
+    again, rows = estimation.on(data, expected).fit([spans[k] for k in won], starts)
+    for k, f in zip(won, again, strict=True):
+        fitted[k] = f
+    return fitted, rows

@@ -22,21 +22,25 @@ cut among the closest windows and check every fit against plain removal.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from torch import nn
 
 from toast.hf.blocks import find_blocks
-from toast.hf.heldout import unchecked_because
 from toast.hf.params import count_params
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import candidate_cuts, choose_cuts
-from toast.methods.replaceme.estimate import Estimation, Fitted
+from toast.methods.replaceme.estimate import (
+    Estimation,
+    Fitted,
+    check_note,
+    fit_checked,
+    fits_sequentially,
+)
 from toast.methods.replaceme.fold import apply_cuts, check_cuts
-from toast.methods.replaceme.heldout import HeldOutCheck, Holdout, best_candidate, check_fits
+from toast.methods.replaceme.heldout import HeldOutCheck, Holdout
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.methods.runner import run_method, split_text_options
 from toast.spans import Span
@@ -89,9 +93,9 @@ def _replaceme(
     assert data is not None  # the runner refuses None for a method that needs data
     stack = find_blocks(model, config.calibration.blocks)
     blocks_before, params_before = stack.num_blocks, count_params(model)
-    split = Holdout(data, 0.0 if _sequential(config) else config.holdout)
+    split = Holdout(data, 0.0 if fits_sequentially(config) else config.holdout)
     spans, profile = choose_cuts(model, split.fit, config, stack)
-    note = _check_note(config, split, len(spans))
+    note = check_note(config, split, len(spans))
     pool = [] if note else candidate_cuts(profile, config)
     check_cuts(stack, pool or spans, config.structure, config.placement, config.objective)
     expected_rows = profile.token_rows if profile is not None else None
@@ -103,7 +107,7 @@ def _replaceme(
     if not fitting:
         fitted, rows = [Fitted(None) for _ in spans], 0
     elif not sequential:
-        spans, fitted, rows, checks, measured = _fit_checked(estimation, spans, pool, split, note)
+        spans, fitted, rows, checks, measured = fit_checked(estimation, spans, pool, split, note)
     if before_surgery is not None:
         before_surgery(spans, stack)
     if sequential:
@@ -133,79 +137,6 @@ def _replaceme(
         candidates=measured,
     )
     return model, report
-
-
-def _sequential(config: ReplaceMeConfig) -> bool:
-    """Whether several cuts are fitted one after the other (not checked, so
-    nothing is held out for them)."""
-    cuts = config.num_cuts if config.spans is None else len(config.spans)
-    return config.fit == "sequential" and cuts > 1
-
-
-def _check_note(config: ReplaceMeConfig, split: Holdout, cuts: int) -> str:
-    """Why the fits are not checked on held-out batches ("" when they are)."""
-    if config.objective == "identity":
-        return ""
-    return unchecked_because(split, config.fit == "sequential" and cuts > 1)
-
-
-def _fit_checked(
-    estimation: Estimation, spans: list[Span], pool: list[Span], split: Holdout, note: str
-) -> tuple[list[Span], list[Fitted], int, list[HeldOutCheck | None], list[HeldOutCheck]]:
-    """The cuts fitted in one pass and, unless ``note`` says why not,
-    measured against plain removal on the held-out batches (a fit that
-    lost is dropped with ``fallback``) and the winners fitted again on
-    every batch. With candidate windows (``pool``), each is fitted and
-    measured alone and the best becomes the cut. Returns the cuts, their
-    fits, the rows used, the checks and every candidate's measurement."""
-    fitted, rows = estimation.fit(pool or spans)
-    if note:
-        return spans, fitted, rows, [], []
-    config = estimation.config
-    measured = check_fits(
-        estimation.model,
-        estimation.stack,
-        pool or spans,
-        [f.transform for f in fitted],
-        config.placement,
-        split.check,
-        config.fallback,
-        alone=bool(pool),
-    )
-    kept = [
-        dataclasses.replace(f, transform=None) if c is not None and c.used != "fitted" else f
-        for f, c in zip(fitted, measured, strict=True)
-    ]
-    if not pool:
-        fitted, rows = _refit(estimation, spans, kept, split.data, rows)
-        return spans, fitted, rows, measured, []
-    candidates = [c for c in measured if c is not None]  # every candidate has a fit
-    k = best_candidate(candidates)
-    fitted, rows = _refit(estimation, [pool[k]], [kept[k]], split.data, rows)
-    return [pool[k]], fitted, rows, [measured[k]], candidates
-
-
-def _refit(
-    estimation: Estimation, spans: Sequence[Span], fitted: list[Fitted], data: Any, rows: int
-) -> tuple[list[Fitted], int]:
-    """The cuts whose fit won the held-out check fitted again on every
-    calibration batch (one more pass): the check chose the method, the
-    held-out batch need not be lost to it."""
-    won = [k for k, f in enumerate(fitted) if f.transform is not None]
-    if not won:
-        return fitted, rows
-    # the cosine buffer was sized for the fit part; the held-out part is at
-    # most as large (holdout <= 0.5)
-    expected = None if estimation.expected_rows is None else 2 * estimation.expected_rows
-    # the cosine objective goes on from where the checked fit stopped
-    cosine = estimation.config.objective == "cosine"
-    starts = [fitted[k].transform for k in won] if cosine else None
-    again, rows = dataclasses.replace(estimation, data=data, expected_rows=expected).fit(
-        [spans[k] for k in won], starts
-    )
-    for k, f in zip(won, again, strict=True):
-        fitted[k] = f
-    return fitted, rows
 
 
 def _apply(estimation: Estimation, spans: Sequence[Span], fitted: Sequence[Fitted]) -> None:

@@ -261,19 +261,23 @@ def analyze_from_disk(
     precision: Literal["float64", "mixed"] = "float64",
     calibration: Calibration | None = None,
     buffer_dir: str | os.PathLike | None = None,
+    massive_rows: bool = False,
     **options: Any,
 ) -> Analysis:
     """:func:`analyze` of the checkpoint in ``folder`` without loading the
     model: the blocks run one at a time from disk
     (:func:`toast.hf.disk_moments.capture_moments_from_disk`) and give the
     same moments, so the same error matrix and plans. The states of every
-    calibration token wait in a temporary directory under ``buffer_dir``."""
+    calibration token wait in a temporary directory under ``buffer_dir``.
+    ``massive_rows`` records the rows massive in some state, as
+    :func:`analyze` does."""
     from toast.hf.disk_moments import capture_moments_from_disk
     from toast.hf.sequential import DiskModel  # noqa: F811 (imported for typing above)
 
     check("metric", metric, Options(METRICS))
     text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
     cal = Calibration.from_options(calibration, **options)
+    recorder = MassiveRows() if massive_rows else None
     moments, stack = capture_moments_from_disk(
         DiskModel.open(folder, cal.blocks),
         as_batches(loader, **text),
@@ -283,6 +287,7 @@ def analyze_from_disk(
         precision=precision,
         calibration=cal,
         buffer_dir=buffer_dir,
+        observe=recorder,
     )
     errors = _errors(moments, metric, estimator, ridge)
-    return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge)
+    return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)

@@ -16,12 +16,12 @@ from toast.hf.surgery import replace_spans
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.toast.analysis import Analysis, analyze
 from toast.methods.toast.config import ToastConfig
-from toast.methods.toast.fitting import Fitter
+from toast.methods.toast.fitting import Fitter, records_massive_rows
 from toast.methods.toast.heldout import check_translators
 from toast.methods.toast.report import CompressionReport
 from toast.spans import Span, validate_spans
 
-__all__ = ["METHOD", "compress_toast"]
+__all__ = ["METHOD", "choose_spans", "compress_toast"]
 
 
 def compress_toast(
@@ -45,7 +45,7 @@ def compress_toast(
     issued = {str(w.message): w.message for w in caught}
     for message in issued.values():  # each once, as the analysis issued it
         warnings.warn(message, stacklevel=2)
-    spans = _choose_spans(analysis, config)
+    spans = choose_spans(analysis, config)
     if before_surgery is not None:
         before_surgery(spans, stack)
     blocks_before, params_before = stack.num_blocks, count_params(model)
@@ -102,11 +102,6 @@ def _checked(
 
 
 def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: BlockStack) -> Analysis:
-    record = (
-        config.massive_rows == "plain"
-        and config.translator in ("linear", "affine")
-        and not config.calibration.is_distributed
-    )
     return analyze(
         model,
         data,
@@ -119,11 +114,13 @@ def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: Block
         backend=config.backend,
         calibration=config.calibration,
         stack=stack,
-        massive_rows=record,
+        massive_rows=records_massive_rows(config),
     )
 
 
-def _choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
+def choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
+    """The spans ``config`` asks for: given, or planned from the analysis by
+    ``budget`` or ``max_error``."""
     budget = config.budget
     if budget is not None and not 1 <= budget < analysis.num_blocks:
         raise ValueError(

@@ -22,7 +22,7 @@ from toast.methods.toast.config import CLOSED_FORM, ToastConfig
 from toast.spans import Span
 from toast.translators import train_translator
 
-__all__ = ["FEW_ROWS_RIDGE", "FewRowsWarning", "Fitter"]
+__all__ = ["FEW_ROWS_RIDGE", "FewRowsWarning", "Fitter", "records_massive_rows"]
 
 # Ridge (relative to the mean diagonal of XᵀX) for fits with rows <= dim.
 FEW_ROWS_RIDGE = 1e-3
@@ -30,6 +30,17 @@ FEW_ROWS_RIDGE = 1e-3
 
 class FewRowsWarning(UserWarning):
     """A translator was fitted from no more rows than features (ridge used)."""
+
+
+def records_massive_rows(config: ToastConfig) -> bool:
+    """Whether the analysis records the massive rows for the fits: a plain
+    correction of closed-form least squares (``massive_rows="plain"``), on
+    one process's rows."""
+    return (
+        config.massive_rows == "plain"
+        and config.translator in ("linear", "affine")
+        and not config.calibration.is_distributed
+    )
 
 
 class Fitter:
@@ -48,9 +59,12 @@ class Fitter:
         if self._ill_conditioned is not None and self._ill_conditioned not in already:
             warnings.warn(self._ill_conditioned, IllConditionedWarning, stacklevel=3)
 
-    def _closed_form(
+    def closed_form(
         self, moments: Moments, i: int, j: int, massive: MassiveRows | None = None
     ) -> Translator:
+        """The closed-form translator of ``blocks[i:j]`` from the moments, with
+        the massive-row correction when ``massive`` is given (a relative ridge
+        and a warning when there are too few rows)."""
         kind, ridge, relative = self.config.translator, self.config.ridge, False
         if ridge is None and kind in ("linear", "affine") and moments.rows <= moments.dim:
             ridge, relative = FEW_ROWS_RIDGE, True
@@ -75,6 +89,13 @@ class Fitter:
             _, hint = gram_rank(moments, i, center=kind == "affine")
             self._ill_conditioned = explain_rank_deficiency(t.rank, moments.dim, moments.rows, hint)
         return t
+
+    def closed_forms(self, spans: list[Span], analysis: Analysis) -> list[Translator]:
+        """The closed-form translator of each span from the analysis's
+        moments (with its massive rows, when it recorded them): all a
+        closed form needs, in memory or from disk."""
+        massive = analysis.massive
+        return [self.closed_form(analysis.moments, s.start, s.stop, massive) for s in spans]
 
     def _trained(self, sample: RowSample, i: int, j: int, like: nn.Module) -> nn.Module:
         config = self.config
@@ -118,8 +139,7 @@ class Fitter:
     ) -> list:
         """One translator per span, all on the original model."""
         if self.config.translator in CLOSED_FORM:
-            massive = analysis.massive
-            return [self._closed_form(analysis.moments, s.start, s.stop, massive) for s in spans]
+            return list(self.closed_forms(spans, analysis))
         states = [k for s in spans for k in (s.start, s.stop)]
         with self._rows(model, data, states, stack) as rows:
             return [
@@ -142,6 +162,6 @@ class Fitter:
                 calibration=self.config.calibration,
                 stack=stack,
             )
-            return self._closed_form(moments, 0, 1)
+            return self.closed_form(moments, 0, 1)
         with self._rows(model, data, list(where), stack) as rows:
             return self._trained(rows, 0, 1, stack.blocks[where[0]])

@@ -6,28 +6,44 @@ The moments are those of the in-memory pass
 (:func:`toast.methods.toast.analyze_from_disk`), so the plan and the
 translators are too; :func:`toast.io.from_disk.save_translated_from_disk`
 writes what :func:`toast.save_pretrained` writes for the patched model.
+The held-out check against plain removal and the ``heldout=`` quality are
+measured block by block (:class:`toast.hf.disk_quality.SequentialEvaluator`),
+each translator standing in for its span as the blocks load.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
+import numpy as np
+
 from toast.core import Translator
-from toast.hf.sequential import DiskModel
+from toast.hf.disk_quality import SequentialEvaluator, measure_from_disk, removal, replaced
+from toast.hf.heldout import (
+    HeldOutCheck,
+    Holdout,
+    check_against_plain,
+    unchecked_because,
+    with_fallback,
+)
+from toast.hf.sequential import BlockEdits, DiskModel
+from toast.hf.text import as_batches
 from toast.io.from_disk import save_translated_from_disk
 from toast.methods.base import make_config
-from toast.methods.runner import split_text_options
+from toast.methods.runner import split_heldout, split_text_options
 from toast.methods.toast.analysis import Analysis, analyze_from_disk
-from toast.methods.toast.compress import METHOD, _choose_spans
+from toast.methods.toast.compress import METHOD, choose_spans
 from toast.methods.toast.config import CLOSED_FORM, ToastConfig
-from toast.methods.toast.fitting import Fitter
+from toast.methods.toast.fitting import Fitter, records_massive_rows
 from toast.methods.toast.report import CompressionReport
 from toast.spans import Span
+from toast.translators.block import translator_module
 
-__all__ = ["compress_from_disk"]
+__all__ = ["compress_from_disk", "translated_edits"]
 
 
 def compress_from_disk(
@@ -37,6 +53,7 @@ def compress_from_disk(
     config: ToastConfig | None = None,
     *,
     buffer_dir: str | os.PathLike | None = None,
+    heldout: Iterable | float | None = None,
     **params: Any,
 ) -> CompressionReport:
     """``toast.compress(model, data, method="toast", ...)`` followed by
@@ -44,8 +61,12 @@ def compress_from_disk(
     ``folder``, without loading the model. Closed-form translators
     (``"linear"``, ``"affine"``, ``"diagonal"``...) with ``fit="independent"``
     only: trained translators need the rows, sequential fits the patched
-    model. ``buffer_dir`` holds the calibration states while the blocks
-    run (a temporary directory, removed on every exit)."""
+    model. With ``holdout``, each translator is measured against plain
+    removal on held-out calibration batches, as in memory; ``heldout``
+    data (or a fraction of raw text ``data``) adds the measured quality of
+    the original, plain removal and the patched model to the report.
+    ``buffer_dir`` holds the states while the blocks run (a temporary
+    directory, removed on every exit)."""
     text, params = split_text_options(params)
     if config is None:
         config = make_config(METHOD, params)
@@ -57,8 +78,43 @@ def compress_from_disk(
             f"{sorted(CLOSED_FORM)}) with fit='independent'; got translator="
             f"{config.translator!r}, fit={config.fit!r}"
         )
+    data = as_batches(data, **text)
+    measured: Iterable | None = None  # the held-out batches
+    if isinstance(heldout, float):
+        data, measured = split_heldout(data, heldout)
+    elif heldout is not None:
+        measured = as_batches(heldout, **text)
     disk = DiskModel.open(folder, config.calibration.blocks)
-    analysis = analyze_from_disk(
+    split = Holdout(data, config.holdout)
+    analysis = _analyze(disk, split.fit, config, buffer_dir)
+    spans = choose_spans(analysis, config)
+    fitter = Fitter(config)
+    translators: list[Translator] = fitter.closed_forms(spans, analysis)
+    note = unchecked_because(split, sequential=False)
+    checks: list[HeldOutCheck | None] = []
+    if not note:
+        checks = _check(disk, spans, translators, split.check, config, buffer_dir)
+        translators = with_fallback(translators, checks, _identity(analysis.moments.dim))
+    fitter.warn_ill_conditioned()
+    report = _report(disk, config, spans, fitter, analysis, translators, checks, note)
+    if measured is not None:
+        report.quality = measure_from_disk(
+            disk,
+            measured,
+            removal(spans),
+            translated_edits(disk, spans, translators),
+            progress=config.calibration.progress,
+            buffer_dir=buffer_dir,
+        )
+    pairs = [(s.start, s.stop) for s in spans]
+    save_translated_from_disk(disk, output, pairs, translators, report.to_markdown())
+    return report
+
+
+def _analyze(
+    disk: DiskModel, data: Iterable, config: ToastConfig, buffer_dir: str | os.PathLike | None
+) -> Analysis:
+    return analyze_from_disk(
         disk,
         data,
         metric=config.metric,
@@ -69,15 +125,43 @@ def compress_from_disk(
         pairs=config.pairs,
         calibration=config.calibration,
         buffer_dir=buffer_dir,
-        **text,
+        massive_rows=records_massive_rows(config),
     )
-    spans = _choose_spans(analysis, config)
-    fitter = Fitter(config)
-    translators = [fitter._closed_form(analysis.moments, s.start, s.stop) for s in spans]
-    report = _report(disk, config, spans, fitter, analysis, translators)
-    pairs = [(s.start, s.stop) for s in spans]
-    save_translated_from_disk(disk, output, pairs, translators, report.to_markdown())
-    return report
+
+
+def translated_edits(
+    disk: DiskModel, spans: Sequence[Span], fits: Sequence[Translator | None]
+) -> BlockEdits:
+    """Each span replaced by its translator (None: plain removal) as the
+    checkpoint's blocks load, in the weights' dtype as the patched model
+    has it."""
+    modules = [None if t is None else translator_module(t, dtype=disk.dtype) for t in fits]
+    return replaced(spans, modules)
+
+
+def _check(
+    disk: DiskModel,
+    spans: list[Span],
+    translators: list[Translator],
+    heldout: Iterable,
+    config: ToastConfig,
+    buffer_dir: str | os.PathLike | None,
+) -> list[HeldOutCheck | None]:
+    """Each translator against plain removal on the held-out batches
+    (:func:`toast.hf.heldout.check_against_plain`), block by block."""
+    evaluator = SequentialEvaluator(disk, heldout, progress=False, buffer_dir=buffer_dir)
+
+    def apply(where: Sequence[Span], fits: Sequence[Any]) -> AbstractContextManager:
+        return evaluator.editing(translated_edits(disk, where, fits))
+
+    return check_against_plain(
+        disk.model, spans, translators, apply, heldout, config.fallback, evaluator=evaluator
+    )
+
+
+def _identity(d: int) -> Translator:
+    """What stands for plain removal among translators."""
+    return Translator("identity", np.eye(d), np.zeros(d), 1.0, d, "identity")
 
 
 def _report(
@@ -87,6 +171,8 @@ def _report(
     fitter: Fitter,
     analysis: Analysis,
     translators: list[Translator],
+    checks: list[HeldOutCheck | None],
+    note: str,
 ) -> CompressionReport:
     tensors = disk.checkpoint.tensors
     before = sum(math.prod(t.shape) for t in tensors.values())
@@ -96,12 +182,15 @@ def _report(
         for b in range(s.start, s.stop)
         for key in disk.block_keys(b).values()
     )
-    added = sum(int(t.weight.size) + int(t.bias.size) for t in translators)
+    # as the patched model counts them: an identity has none, a zero bias is left out
+    added = sum(p.numel() for t in translators for p in translator_module(t).parameters())
     return CompressionReport(
         method="toast",
         translator=config.translator,
         spans=spans,
         conditions=fitter.conditions,
+        ranks=fitter.ranks,
+        width=analysis.moments.dim,
         blocks_before=disk.num_blocks,
         blocks_after=disk.num_blocks - sum(s.num_blocks for s in spans) + len(spans),
         params_before=before,
@@ -109,7 +198,6 @@ def _report(
         rows=analysis.rows,
         analysis=analysis,
         fit=config.fit,
-        check_note="none (from disk: every batch is analysed; the check runs in memory)"
-        if config.holdout
-        else "",
+        checks=checks,
+        check_note=note,
     )
