@@ -74,7 +74,7 @@ def test_chosen_meets_the_target_and_is_the_best_measured(searched):
 def test_measured_sizes_are_the_predicted_sizes(searched):
     *_, result = searched
     for m in result.measured:
-        assert m.measurement.params == m.candidate.params
+        assert m.measurement.params == m.candidate.params_after
 
 
 def test_search_leaves_the_model_unchanged():
@@ -176,7 +176,7 @@ def test_vit_search_offers_head_pruning_and_combinations(tmp_path):
     assert any("+" in f for f in families)
     assert result.metric == "cosine"
     for m in result.measured:
-        assert m.measurement.params == m.candidate.params
+        assert m.measurement.params == m.candidate.params_after
 
 
 def test_heldout_is_required():
@@ -221,7 +221,7 @@ def test_mac_target_offers_token_channel_selection_and_counts_its_savings(tmp_pa
     for m in with_tcs:
         # the same heads without TCS cost exactly the FFN MACs TCS saves more
         assert 0 < m.measurement.macs < result.original.macs
-        assert m.measurement.params == m.candidate.params
+        assert m.measurement.params == m.candidate.params_after
 
 
 def test_time_budget_stops_measuring_and_says_so(tmp_path):

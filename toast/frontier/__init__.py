@@ -11,9 +11,8 @@ error), :mod:`.build` (a recipe applied to a copy of the model),
 :mod:`.search` (the orchestration).
 """
 
-from toast.frontier.candidates import Candidate
 from toast.frontier.result import Measured, SearchResult
 from toast.frontier.search import search
 from toast.frontier.target import Target
 
-__all__ = ["Candidate", "Measured", "SearchResult", "Target", "search"]
+__all__ = ["Measured", "SearchResult", "Target", "search"]

@@ -39,6 +39,7 @@ from toast.methods.replaceme.fold import apply_cuts, check_cuts
 from toast.methods.replaceme.heldout import HeldOutCheck, Holdout, best_candidate, check_fits
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.methods.runner import run_method, split_text_options
+from toast.methods.replaceme.stages import STAGES
 from toast.spans import Span
 
 __all__ = ["replaceme"]
@@ -241,5 +242,6 @@ METHOD = register(
         config=ReplaceMeConfig,
         run=_replaceme,
         summary="remove blocks, fold a least-squares or cosine transform into the last kept one",
+        stages=STAGES,
     )
 )

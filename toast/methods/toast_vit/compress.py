@@ -23,6 +23,7 @@ from toast.methods.toast_vit.schedules import (
 )
 from toast.methods.toast_vit.scwp import PruneReport, prune_heads
 from toast.methods.toast_vit.tcs import TcsHandle, enable_tcs
+from toast.methods.toast_vit.stages import STAGES
 
 __all__ = ["METHOD", "ToastVitReport", "compress_vit"]
 
@@ -172,5 +173,6 @@ METHOD = register(
         run=compress_vit,
         needs_data=False,
         summary="ViT head-dimension pruning by geometric median and Token Channel Selection",
+        stages=STAGES,
     )
 )
