@@ -59,7 +59,12 @@ def test_search_finds_a_language_models_blocks_once(discoveries, tmp_path):
 def test_search_finds_a_vits_blocks_once(discoveries, tmp_path):
     data, heldout = image_batches(2, 1), image_batches(1, 2)
     toast.search(
-        tiny_vit(), data, heldout, target="macs=20%", cache=tmp_path, latency=False,
+        tiny_vit(),
+        data,
+        heldout,
+        target="macs=20%",
+        cache=tmp_path,
+        latency=False,
         progress=False,
     )
     assert discoveries == {"find_blocks": 1, "vit_blocks": 1}

@@ -261,3 +261,23 @@ def test_bad_arguments_name_the_problem(bad, said):
     data, heldout = token_batches(1, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
     with pytest.raises((ValueError, TypeError), match=said):
         toast.search(model, data, heldout, **bad)
+
+
+def test_reported_macs_are_toast_macs_linear_convention(searched):
+    """A user checking the search's MAC figures with toast.macs reads the same
+    numbers: the original's and the chosen model's (held-out batches: 12 tokens)."""
+    model, _, heldout, _, result = searched
+    assert toast.macs(model, convention="linear", seq_len=12).macs == result.original.macs
+    chosen = toast.macs(result.model, convention="linear", example=heldout[0]).macs
+    assert chosen == result.best.measurement.macs
+
+
+def test_vit_reported_macs_are_toast_macs_linear_convention(tmp_path):
+    model = tiny_vit()
+    data, heldout = image_batches(2, 1), image_batches(1, 2)
+    result = toast.search(
+        model, data, heldout, target=0.2, max_measured=3, cache=tmp_path, latency=False,
+        progress=False,
+    )  # fmt: skip
+    assert toast.macs(model, convention="linear").macs == result.original.macs
+    assert toast.macs(result.model, convention="linear").macs == result.best.measurement.macs

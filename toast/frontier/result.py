@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from toast.methods.base import Plan
+
 from .measure import Measurement
 from .pareto import spearman
 from .plot import Point, front_figure, front_svg

@@ -81,7 +81,8 @@ def search(
     """Finds the best compression of ``model`` for ``target``, measured.
 
     ``target``: a fraction of parameters to remove (``0.2``), or
-    ``"params=20%"``, ``"macs=25%"`` (linear-layer MACs), ``"latency=30%"``
+    ``"params=20%"``, ``"macs=25%"`` (linear-layer MACs: what
+    ``toast.macs(model, convention="linear")`` counts), ``"latency=30%"``
     (measured forward time), ``"quality=10%"`` (held-out quality at most
     10% worse than the original: the smallest model that keeps it). See
     :class:`toast.frontier.Target`.

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from toast.hf.params import count_params
 from toast.hf.blocks import find_blocks
+from toast.hf.params import count_params
 from toast.methods.base import (
     BeforeSurgery,
     Layout,
@@ -65,8 +65,7 @@ def _chosen(
         raise ValueError("method='remove' with num_blocks= needs calibration data (or spans=)")
     if config.num_blocks >= layout.num_blocks:
         raise ValueError(
-            f"num_blocks={config.num_blocks} leaves no block of {layout.num_blocks}; "
-            "remove fewer"
+            f"num_blocks={config.num_blocks} leaves no block of {layout.num_blocks}; remove fewer"
         )
     shared = capture_shared(model, data, layout, config.calibration, config.backend)
     stats = STAGES.calibrate(model, data, layout, shared, config.calibration, config.num_blocks)

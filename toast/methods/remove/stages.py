@@ -60,9 +60,7 @@ class RemoveStages(BaseStages):
         assert shared is not None  # needs() asked for it
         return RemoveStats(errors=identity_errors(shared))
 
-    def propose(
-        self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool
-    ) -> list[Plan]:
+    def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         assert isinstance(stats, RemoveStats)
         return span_family_plans(
             "remove", "plain", stats.errors, "identity", sizes, max_blocks, extendable=True

@@ -38,8 +38,8 @@ from toast.methods.replaceme.estimate import Estimation, Fitted
 from toast.methods.replaceme.fold import apply_cuts, check_cuts
 from toast.methods.replaceme.heldout import HeldOutCheck, Holdout, best_candidate, check_fits
 from toast.methods.replaceme.report import ReplaceMeReport
-from toast.methods.runner import run_method, split_text_options
 from toast.methods.replaceme.stages import STAGES
+from toast.methods.runner import run_method, split_text_options
 from toast.spans import Span
 
 __all__ = ["replaceme"]

@@ -89,11 +89,11 @@ class ReplaceMeStages(BaseStages):
         if not cuts:
             return ReplaceMeStats(errors=errors)
         transforms, note = _estimate(model, data, layout, calibration, cuts)
-        return ReplaceMeStats(passes=0 if note else 1, note=note, errors=errors, transforms=transforms)
+        return ReplaceMeStats(
+            passes=0 if note else 1, note=note, errors=errors, transforms=transforms
+        )
 
-    def propose(
-        self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool
-    ) -> list[Plan]:
+    def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         assert isinstance(stats, ReplaceMeStats)
         if not stats.transforms:
             return []

@@ -74,9 +74,7 @@ class ToastStages(BaseStages):
         )
         return ToastStats(analysis=analysis, errors=errors)
 
-    def propose(
-        self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool
-    ) -> list[Plan]:
+    def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         assert isinstance(stats, ToastStats) and stats.analysis is not None
         width = stats.analysis.moments.dim
         return [

@@ -22,8 +22,8 @@ from toast.methods.toast_vit.schedules import (
     skip_blocks,
 )
 from toast.methods.toast_vit.scwp import PruneReport, prune_heads
-from toast.methods.toast_vit.tcs import TcsHandle, enable_tcs
 from toast.methods.toast_vit.stages import STAGES
+from toast.methods.toast_vit.tcs import TcsHandle, enable_tcs
 
 __all__ = ["METHOD", "ToastVitReport", "compress_vit"]
 

@@ -163,9 +163,7 @@ class ToastVitStages(BaseStages):
             macs=toast_macs(config).macs if saved else 0,
         )
 
-    def propose(
-        self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool
-    ) -> list[Plan]:
+    def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         assert isinstance(stats, ToastVitStats)
         if not stats.head_dims:
             return []
