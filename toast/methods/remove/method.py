@@ -58,8 +58,8 @@ def _chosen(
     """The spans to delete: the given ones, else the exact plan of
     ``num_blocks`` under the identity-span error."""
     if config.spans is not None:
-        spans = validate_spans(config.spans, layout.num_blocks)
-        return [Span(a, b, float("nan")) for a, b in spans]
+        given = validate_spans(config.spans, layout.num_blocks)
+        return [Span(a, b, float("nan")) for a, b in given]
     assert config.num_blocks is not None  # the config holds one of the two
     if data is None:
         raise ValueError("method='remove' with num_blocks= needs calibration data (or spans=)")
@@ -69,12 +69,12 @@ def _chosen(
         )
     shared = capture_shared(model, data, layout, config.calibration, config.backend)
     stats = STAGES.calibrate(model, data, layout, shared, config.calibration, config.num_blocks)
-    spans = plan_spans(stats.errors, max_blocks=config.num_blocks)
-    if sum(s.num_blocks for s in spans) < config.num_blocks:
+    planned = plan_spans(stats.errors, max_blocks=config.num_blocks)
+    if sum(s.num_blocks for s in planned) < config.num_blocks:
         raise ValueError(
             f"no plan removes {config.num_blocks} blocks with finite error; remove fewer"
         )
-    return spans
+    return planned
 
 
 def remove(

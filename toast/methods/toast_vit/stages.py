@@ -160,7 +160,7 @@ class ToastVitStages(BaseStages):
             head_dims=head_dims,
             sparsities=sparsities,
             tcs_saved=saved,
-            macs=toast_macs(config).macs if saved else 0,
+            macs=int(toast_macs(config).macs) if saved else 0,
         )
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
