@@ -5,6 +5,7 @@ from the calibration, head pruning from the weights)."""
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 from torch import nn
 
@@ -16,11 +17,12 @@ from .calibrate import Calibrated
 __all__ = ["Built", "build", "finish"]
 
 
+@dataclass(frozen=True)
 class Built:
     """A built copy of the model and the layout that describes it."""
 
-    def __init__(self, model: nn.Module, layout: Layout) -> None:
-        self.model, self.layout = model, layout
+    model: nn.Module
+    layout: Layout
 
 
 def build(model: nn.Module, layout: Layout, plan: Plan, calibrated: Calibrated) -> Built:
