@@ -89,6 +89,22 @@ def test_one_block_removed_is_the_one_nearest_identity_after_block_zero():
     assert len(model.model.layers) == LAYERS - 1
 
 
+def test_two_blocks_removed_are_the_cheapest_plan_by_brute_force():
+    model, data = _llama(), _batches()
+    states = _states(model, data)
+
+    def err(a, b):
+        return float((states[b] - states[a]).norm() / states[b].norm())
+
+    plans = [((a, a + 2),) for a in range(1, LAYERS - 1)]
+    plans += [((a, a + 1), (b, b + 1)) for a in range(1, LAYERS) for b in range(a + 2, LAYERS)]
+    best = min(plans, key=lambda p: sum(err(a, b) for a, b in p))
+    _, report = toast.compress(model, data, method="remove", num_blocks=2, progress=False)
+    assert tuple((s.start, s.stop) for s in report.spans) == best
+    for s in report.spans:
+        assert s.error == pytest.approx(err(s.start, s.stop), rel=1e-6)
+
+
 def test_given_spans_leave_the_model_the_kept_blocks_would_compute():
     model, data = _llama(), _batches(1)
     by_hand = copy.deepcopy(model)

@@ -1,8 +1,10 @@
 """``toast.compress(..., method="remove")``: plain block removal, the
-baseline, through the same stages the search runs."""
+baseline, through the same stages the search runs (calibrate, the best
+plan of the size asked, apply)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -22,7 +24,7 @@ from toast.methods.base import (
 )
 from toast.methods.remove.config import RemoveConfig
 from toast.methods.remove.stages import STAGES, RemoveStats
-from toast.spans import Span, plan_spans, validate_spans
+from toast.spans import Span, validate_spans
 
 __all__ = ["METHOD", "RemoveReport", "remove"]
 
@@ -52,29 +54,27 @@ class RemoveReport(Report):
         return "\n".join(lines) + self.quality_markdown()
 
 
-def _chosen(
-    model: nn.Module, data: Iterable | None, config: RemoveConfig, layout: Layout
-) -> list[Span]:
-    """The spans to delete: the given ones, else the exact plan of
-    ``num_blocks`` under the identity-span error."""
+def _plan(
+    model: nn.Module, data: Iterable | None, config: RemoveConfig, layout: Layout, sizes: Sizes
+) -> tuple[Plan, RemoveStats]:
+    """The plan: the given spans, else calibrate and take the best-predicted
+    of the plans removing exactly ``num_blocks`` (the search's stages)."""
     if config.spans is not None:
-        given = validate_spans(config.spans, layout.num_blocks)
-        return [Span(a, b, float("nan")) for a, b in given]
-    assert config.num_blocks is not None  # the config holds one of the two
+        spans = tuple(validate_spans(config.spans, layout.num_blocks))
+        after = sizes.after_spans(spans)
+        return Plan(("remove",), "plain", spans, "identity", None, after, math.nan), RemoveStats()
+    n = config.num_blocks
+    assert n is not None  # the config holds one of the two
     if data is None:
         raise ValueError("method='remove' with num_blocks= needs calibration data (or spans=)")
-    if config.num_blocks >= layout.num_blocks:
-        raise ValueError(
-            f"num_blocks={config.num_blocks} leaves no block of {layout.num_blocks}; remove fewer"
-        )
+    if n >= layout.num_blocks:
+        raise ValueError(f"num_blocks={n} leaves no block of {layout.num_blocks}; remove fewer")
     shared = capture_shared(model, data, layout, config.calibration, config.backend)
-    stats = STAGES.calibrate(model, data, layout, shared, config.calibration, config.num_blocks)
-    planned = plan_spans(stats.errors, max_blocks=config.num_blocks)
-    if sum(s.num_blocks for s in planned) < config.num_blocks:
-        raise ValueError(
-            f"no plan removes {config.num_blocks} blocks with finite error; remove fewer"
-        )
-    return planned
+    stats = STAGES.calibrate(model, data, layout, shared, config.calibration, n)
+    plans = [p for p in STAGES.propose(stats, sizes, n, False) if p.blocks_removed == n]
+    if not plans:
+        raise ValueError(f"no plan removes {n} blocks with finite error; remove fewer")
+    return min(plans, key=lambda p: (p.predicted_error, p.key)), stats
 
 
 def remove(
@@ -83,19 +83,19 @@ def remove(
     config: RemoveConfig,
     before_surgery: BeforeSurgery | None = None,
 ) -> tuple[nn.Module, RemoveReport]:
-    """Deletes the chosen blocks of ``model``, in place (see :class:`RemoveConfig`)."""
+    """Deletes the chosen blocks of ``model``, in place (see
+    :class:`RemoveConfig`): calibrate, best plan, apply."""
     layout = Layout(find_blocks(model, config.calibration.blocks))
-    spans = _chosen(model, data, config, layout)
+    sizes = Sizes(count_params(model), tuple(count_params(b) for b in layout.stack.blocks))
+    plan, stats = _plan(model, data, config, layout, sizes)
+    errors = stats.errors if stats.errors.size else None
+    spans = [Span(a, b, math.nan if errors is None else float(errors[a, b])) for a, b in plan.spans]
     if before_surgery is not None:
         before_surgery(spans, layout.stack)
-    sizes = Sizes(count_params(model), tuple(count_params(b) for b in layout.stack.blocks))
-    pairs = tuple((s.start, s.stop) for s in spans)
-    predicted = sum(s.error for s in spans)
-    plan = Plan(("remove",), "plain", pairs, "identity", None, sizes.after_spans(pairs), predicted)
-    STAGES.apply(model, plan, RemoveStats(), layout)
+    STAGES.apply(model, plan, stats, layout)
     report = RemoveReport(
         method="remove",
-        spans=list(spans),
+        spans=spans,
         blocks_before=sizes.num_blocks,
         blocks_after=sizes.num_blocks - plan.blocks_removed,
         params_before=sizes.params,
