@@ -322,3 +322,63 @@ def test_pair_reads_square_and_rectangular_sizes(value, expected):
 def test_pair_refuses_other_lengths():
     with pytest.raises(ValueError, match="pair"):
         accounting.pair((1, 2, 3))
+
+
+# -- the "linear" convention: nn.Linear layers only, toast.search's macs= target
+
+
+def _linear_per_row(model, inside=None):
+    """Σ in × out over the ``nn.Linear`` layers (of ``inside``, default all):
+    one row's MACs through every one of them."""
+    modules = (inside or model).modules()
+    return sum(m.in_features * m.out_features for m in modules if isinstance(m, nn.Linear))
+
+
+def test_linear_convention_is_every_linear_layer_once_per_token():
+    model = _build("vit", "none")  # no pooler or classifier: every layer sees every token
+    tokens = (16 // 4) ** 2 + 1  # patches and CLS
+    report = toast.macs(model, convention="linear")
+    assert report.convention == "linear"
+    assert report.macs == tokens * _linear_per_row(model)
+    assert report.tokens == tokens
+
+
+def test_linear_convention_of_a_text_model_follows_seq_len_and_batch():
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=64, vocab_size=97,
+        )
+    ).eval()  # fmt: skip
+    report = toast.macs(model, convention="linear", seq_len=SEQ, batch=3)
+    assert report.macs == 3 * SEQ * _linear_per_row(model)
+    assert len(report.per_block) == LAYERS
+    first_block = model.model.layers[0]
+    assert report.per_block[0].dense == 3 * SEQ * _linear_per_row(model, first_block)
+
+
+def test_linear_convention_puts_pooled_heads_outside_the_blocks():
+    model = _build("vit", "classifier")  # the classifier sees the CLS token only
+    report = toast.macs(model, convention="linear")
+    tokens = (16 // 4) ** 2 + 1
+    blocks = tokens * sum(_linear_per_row(model, b) for b in toast.find_blocks(model).blocks)
+    assert report.head.dense == _linear_per_row(model, model.classifier)
+    assert report.macs == blocks + report.head.dense
+
+
+def test_linear_convention_counts_translators_apart():
+    model = _build("vit", "none")
+    toast.replace_spans(model, [SPAN], [nn.Linear(D, D, bias=False)])
+    report = toast.macs(model, convention="linear")
+    tokens = (16 // 4) ** 2 + 1
+    assert len(report.per_block) == LAYERS - (SPAN[1] - SPAN[0])
+    assert [t.dense for t in report.translators] == [tokens * D * D]
+
+
+def test_linear_convention_needs_a_model_and_takes_no_prediction():
+    with pytest.raises(TypeError, match="not its config"):
+        toast.macs(_config("vit"), convention="linear")
+    with pytest.raises(ValueError, match="convention"):
+        toast.macs(_config("vit"), convention="fvcore")
+    with pytest.raises(ValueError, match="as it is"):
+        toast.macs(_build("vit", "none"), convention="linear", removed_spans=[SPAN])

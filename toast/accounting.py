@@ -70,7 +70,7 @@ subtracts ``d² + d`` per *removed block* rather than per span.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from toast._validation import Interval, Options, check
@@ -80,6 +80,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
 __all__ = [
+    "MAC_CONVENTIONS",
     "TRANSLATOR_KINDS",
     "Counts",
     "MacReport",
@@ -100,30 +101,24 @@ Head = Literal["base", "none", "classifier"]
 #: (:class:`toast.translators.MLPTranslator`, hidden ``d // 2``) and ``resmlp``
 #: (:class:`toast.translators.ResMLPTranslator`).
 TRANSLATOR_KINDS: tuple[str, ...] = ("identity", "linear", "affine", "diagonal", "mlp", "resmlp")
+#: What :func:`macs` counts: ``"all"`` the matmuls (linear layers, patch
+#: embedding, attention products; analytic), ``"linear"`` the ``nn.Linear``
+#: layers alone (counted by hooks; ``toast.search``'s ``macs=`` target).
+MAC_CONVENTIONS: tuple[str, ...] = ("all", "linear")
 
 _HEADS = ("base", "none", "classifier")
 
 _FAMILIES = {
-    "vit": "vit",
-    "deit": "deit",
-    "dinov2": "dinov2",
-    "clip_vision_model": "clip_vision",
+    "vit": "vit", "deit": "deit", "dinov2": "dinov2", "clip_vision_model": "clip_vision",
     "bert": "bert",
-}
+}  # fmt: skip
 
 # Model classes whose head runs on every token (or reshapes the batch): the
 # head MACs of :func:`macs` assume one pooled vector per input, so refuse.
 _PER_TOKEN_HEADS = (
-    "MaskedLM",
-    "MaskedImageModeling",
-    "TokenClassification",
-    "QuestionAnswering",
-    "CausalLM",
-    "LMHead",
-    "PreTraining",
-    "MultipleChoice",
-    "Backbone",
-)
+    "MaskedLM", "MaskedImageModeling", "TokenClassification", "QuestionAnswering", "CausalLM",
+    "LMHead", "PreTraining", "MultipleChoice", "Backbone",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -159,12 +154,7 @@ class Counts:
     def __add__(self, other: Counts) -> Counts:
         if not isinstance(other, Counts):
             return NotImplemented
-        return Counts(
-            self.dense + other.dense,
-            self.attention + other.attention,
-            self.softmax + other.softmax,
-            self.norm + other.norm,
-        )
+        return Counts(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
     def __radd__(self, other: Any) -> Counts:
         # lets sum() start from 0
@@ -174,12 +164,7 @@ class Counts:
 
     def scaled(self, factor: int) -> Counts:
         """These counts times ``factor`` (e.g. a batch size)."""
-        return Counts(
-            self.dense * factor,
-            self.attention * factor,
-            self.softmax * factor,
-            self.norm * factor,
-        )
+        return Counts(*(v * factor for v in astuple(self)))
 
 
 @dataclass(frozen=True)
@@ -202,6 +187,7 @@ class MacReport:
     head: Counts
     tokens: int
     batch: int
+    convention: str = "all"
 
     @property
     def total(self) -> Counts:
@@ -581,6 +567,8 @@ def macs(
     translator: TranslatorKind | str = "identity",
     head: Head | str | None = None,
     blocks: str | None = None,
+    convention: str = "all",
+    example: Any = None,
 ) -> MacReport:
     """Analytic operation counts of one forward pass (see the module
     docstring for what is counted and the GMACs / GFLOPs conventions).
@@ -601,10 +589,18 @@ def macs(
     :func:`count_params_from_config`. ``blocks`` names a model's block list
     when :func:`toast.find_blocks` cannot find it alone.
 
-    ToaSt's pruned-ViT convention is :func:`toast.toast_macs`.
+    ``convention="linear"``: the ``nn.Linear`` layers only, by hooks on one
+    forward of a model of any family (``example``, else an input of
+    ``image_size`` or ``seq_len``), as ``toast.search``'s ``macs=`` target
+    counts (:mod:`toast.linear_macs`). ToaSt's is :func:`toast.toast_macs`.
     """
     batch = check("batch", batch, Interval(int, 1, None))
+    check("convention", convention, Options(MAC_CONVENTIONS))
     _check_translator(translator)
+    if convention == "linear":
+        if removed_spans or translator != "identity" or head is not None:
+            raise ValueError("convention='linear' counts a model as it is: pass no spans or head")
+        return _linear_report(model_or_config, image_size, seq_len, batch, blocks, example)
     if hasattr(model_or_config, "named_modules"):  # an nn.Module (configs have no modules)
         if removed_spans or translator != "identity" or head is not None:
             raise ValueError(
@@ -684,3 +680,19 @@ def _count_module(module: nn.Module, a: _Arch, n: int, blocks: str | None) -> _P
         Counts(),
     )
     return tuple(block_counts), tuple(translators), head
+
+
+def _linear_report(
+    module: Any, image_size: Any, seq_len: int | None, batch: int, blocks: str | None, example: Any
+) -> MacReport:
+    """The ``"linear"`` convention: every ``nn.Linear`` counted by hooks."""
+    from toast.hf.blocks import find_blocks
+    from toast.linear_macs import linear_counts, synthetic_example
+
+    if not hasattr(module, "named_modules"):
+        raise TypeError("convention='linear' runs the model: pass the model, not its config")
+    example = synthetic_example(module, image_size, seq_len) if example is None else example
+    c = linear_counts(module, example, find_blocks(module, blocks))
+    blocks_, translators = (tuple(Counts(dense=batch * n) for n in ns) for ns in c.parts)
+    head = Counts(dense=batch * c.outside)
+    return MacReport(Counts(), blocks_, translators, Counts(), head, c.tokens, batch, "linear")

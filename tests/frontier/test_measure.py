@@ -2,7 +2,7 @@
 
 import pytest
 
-from toast.frontier.measure import linear_macs
+from toast.linear_macs import linear_macs
 
 from .conftest import tiny_llama, token_batches
 

@@ -74,7 +74,7 @@ def test_chosen_meets_the_target_and_is_the_best_measured(searched):
 def test_measured_sizes_are_the_predicted_sizes(searched):
     *_, result = searched
     for m in result.measured:
-        assert m.measurement.params == m.candidate.params
+        assert m.measurement.params == m.candidate.params_after
 
 
 def test_search_leaves_the_model_unchanged():
@@ -176,7 +176,7 @@ def test_vit_search_offers_head_pruning_and_combinations(tmp_path):
     assert any("+" in f for f in families)
     assert result.metric == "cosine"
     for m in result.measured:
-        assert m.measurement.params == m.candidate.params
+        assert m.measurement.params == m.candidate.params_after
 
 
 def test_heldout_is_required():
@@ -221,7 +221,7 @@ def test_mac_target_offers_token_channel_selection_and_counts_its_savings(tmp_pa
     for m in with_tcs:
         # the same heads without TCS cost exactly the FFN MACs TCS saves more
         assert 0 < m.measurement.macs < result.original.macs
-        assert m.measurement.params == m.candidate.params
+        assert m.measurement.params == m.candidate.params_after
 
 
 def test_time_budget_stops_measuring_and_says_so(tmp_path):
@@ -261,3 +261,23 @@ def test_bad_arguments_name_the_problem(bad, said):
     data, heldout = token_batches(1, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
     with pytest.raises((ValueError, TypeError), match=said):
         toast.search(model, data, heldout, **bad)
+
+
+def test_reported_macs_are_toast_macs_linear_convention(searched):
+    """A user checking the search's MAC figures with toast.macs reads the same
+    numbers: the original's and the chosen model's (held-out batches: 12 tokens)."""
+    model, _, heldout, _, result = searched
+    assert toast.macs(model, convention="linear", seq_len=12).macs == result.original.macs
+    chosen = toast.macs(result.model, convention="linear", example=heldout[0]).macs
+    assert chosen == result.best.measurement.macs
+
+
+def test_vit_reported_macs_are_toast_macs_linear_convention(tmp_path):
+    model = tiny_vit()
+    data, heldout = image_batches(2, 1), image_batches(1, 2)
+    result = toast.search(
+        model, data, heldout, target=0.2, max_measured=3, cache=tmp_path, latency=False,
+        progress=False,
+    )  # fmt: skip
+    assert toast.macs(model, convention="linear").macs == result.original.macs
+    assert toast.macs(result.model, convention="linear").macs == result.best.measurement.macs

@@ -5,15 +5,16 @@ import math
 
 import pytest
 
-from toast.frontier.candidates import Candidate
 from toast.frontier.selection import Bisection, Ranked
+from toast.methods.base import Plan
 
 
-def _candidate(family: str, blocks: int, predicted: float) -> Candidate:
-    return Candidate(family, ((1, 1 + blocks),), "identity", None, 1000 - 10 * blocks, predicted)
+def _candidate(family: str, blocks: int, predicted: float) -> Plan:
+    spans = ((1, 1 + blocks),)
+    return Plan(("remove",), family, spans, "identity", None, 1000 - 10 * blocks, predicted)
 
 
-def _drain(selector, meets) -> list[Candidate]:
+def _drain(selector, meets) -> list[Plan]:
     asked = []
     while (c := selector.next()) is not None:
         asked.append(c)
@@ -47,7 +48,7 @@ def test_bisection_finds_the_smallest_model_within_the_floor(threshold):
 
 def test_bisection_probes_the_best_predicted_candidate_of_each_size():
     worse = _candidate("a", 2, 5.0)
-    better = Candidate("a", ((3, 5),), "identity", None, worse.params, 1.0)
+    better = Plan(("remove",), "a", ((3, 5),), "identity", None, worse.params_after, 1.0)
     asked = _drain(Bisection([worse, better], 10), lambda c: True)
     assert asked == [better]
 

@@ -11,12 +11,19 @@ from toast.methods.base import Method, Report, get_method, make_config, register
 from toast.methods.toast.config import ToastConfig
 
 
-def test_the_three_methods_are_registered():
-    assert available_methods() == ["replaceme", "toast", "toast-vit"]
+def test_the_four_methods_are_registered():
+    assert available_methods() == ["remove", "replaceme", "toast", "toast-vit"]
+
+
+def test_every_registered_method_has_stages_the_search_can_run():
+    from toast.methods.base import Stages
+
+    for name in available_methods():
+        assert isinstance(get_method(name).stages, Stages), name
 
 
 def test_an_unknown_method_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"method must be one of \['replaceme', 'toast'"):
+    with pytest.raises(ValueError, match=r"method must be one of \['remove', 'replaceme', 'toast'"):
         toast.compress(object(), [], method="prune")
 
 

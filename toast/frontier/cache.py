@@ -30,7 +30,7 @@ from .calibrate import Calibrated
 __all__ = ["SearchCache", "default_cache_dir", "fingerprint", "fingerprint_batches"]
 
 #: Bumped when what a key stands for changes (old entries are then ignored).
-VERSION = 2
+VERSION = 3
 
 
 def default_cache_dir() -> Path:

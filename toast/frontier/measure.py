@@ -9,23 +9,24 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
-from toast.hf.capture import _forward_inputs
 from toast.hf.params import count_params
-from toast.hf.quality import Evaluator, _batch_rows
+from toast.hf.quality import Evaluator
+from toast.linear_macs import linear_macs
 
 from .latency import measure_throughput
 
-__all__ = ["Measurement", "linear_macs", "measure"]
+__all__ = ["Measurement", "measure"]
 
 
 @dataclass(frozen=True)
 class Measurement:
     """One model measured: ``quality`` in ``metric``; ``macs`` per sample
-    of the ``nn.Linear`` layers on the example batch (attention's own
-    products, which every candidate keeps per kept block, are not counted);
+    of the ``nn.Linear`` layers on the example batch, as
+    ``toast.macs(model, convention="linear", example=...)`` counts them
+    (attention's own products, which every plan keeps per kept block, are
+    not counted);
     ``throughput`` a :class:`toast.frontier.latency.Throughput` as a dict
     (None when latency was not measured); ``seconds`` what measuring took."""
 
@@ -54,43 +55,6 @@ class Measurement:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measurement:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__})
-
-
-def linear_macs(model: nn.Module, example: Any) -> int:
-    """Multiply-adds per sample of every ``nn.Linear`` in one forward of
-    ``example``'s first sample (each call: its input rows × in × out
-    features)."""
-    total = [0]
-
-    def count(module: nn.Module, args: tuple, output: Any) -> None:
-        x = args[0]
-        total[0] += (x.numel() // x.shape[-1]) * module.in_features * module.out_features
-
-    handles = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, nn.Linear)]
-    was_training = model.training
-    model.eval()
-    try:
-        args, kwargs = _forward_inputs(model, example)
-        rows = _batch_rows(args, kwargs)
-        with torch.inference_mode():
-            model(*_first(args, rows), **_first(kwargs, rows))
-    finally:
-        model.train(was_training)
-        for handle in handles:
-            handle.remove()
-    return total[0]
-
-
-def _first(values: Any, rows: int) -> Any:
-    """``values`` (a tuple or dict) with every batch tensor cut to its first row."""
-
-    def cut(v: Any) -> Any:
-        is_batch = isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == rows
-        return v[:1] if is_batch else v
-
-    if isinstance(values, dict):
-        return {k: cut(v) for k, v in values.items()}
-    return tuple(cut(v) for v in values)
 
 
 def _options(example: Any) -> dict[str, Any]:

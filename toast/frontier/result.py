@@ -12,7 +12,8 @@ from typing import Any
 
 from torch import nn
 
-from .candidates import Candidate
+from toast.methods.base import Plan
+
 from .measure import Measurement
 from .pareto import spearman
 from .plot import Point, front_figure, front_svg
@@ -29,7 +30,7 @@ class Measured:
     """A candidate and what was measured of it; ``cached`` when the
     measurement came from an earlier call."""
 
-    candidate: Candidate
+    candidate: Plan
     measurement: Measurement
     cached: bool = False
 
@@ -98,7 +99,7 @@ class SearchResult:
     def _spearman(self, measured: list[Measured]) -> float:
         sign = -1.0 if self.higher_is_better else 1.0
         return spearman(
-            [m.candidate.predicted for m in measured],
+            [m.candidate.predicted_error for m in measured],
             [sign * m.measurement.quality for m in measured],
         )
 
@@ -110,11 +111,11 @@ class SearchResult:
             rows.append(self._row(m.candidate.label, m.candidate, m.measurement, role))
         return rows
 
-    def _row(self, label: str, c: Candidate | None, m: Measurement, role: str) -> dict[str, Any]:
+    def _row(self, label: str, c: Plan | None, m: Measurement, role: str) -> dict[str, Any]:
         return {
             "candidate": label,
             "role": role,
-            "predicted": None if c is None else c.predicted,
+            "predicted": None if c is None else c.predicted_error,
             self.metric: m.quality,
             "params": m.params,
             "params_kept": m.params / self.original.params,
@@ -209,7 +210,7 @@ class SearchResult:
             f"{self.metric} {m.quality:.4g} (original {self.original.quality:.4g})",
             f"params {m.params:,} ({100 * m.params / self.original.params:.1f}% kept)",
             f"linear MACs per sample {m.macs:,}",
-            f"predicted error {c.predicted:.4g}",
+            f"predicted error {c.predicted_error:.4g}",
         ]
         speedup = m.speedup(self.original)
         if speedup is not None:

@@ -20,25 +20,18 @@ from typing import Any
 from torch import nn
 
 from toast._validation import Interval, Options, Predicate, check
-from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.calibration import BACKENDS, Calibration
 from toast.hf.progress import progress_bar
 from toast.hf.quality import Evaluator
 from toast.hf.text import as_batches
+from toast.methods import available_methods
+from toast.methods.base import Layout, Method, Plan, Sizes, find_layout, staged_methods
 from toast.methods.runner import split_heldout, split_text_options
-from toast.methods.toast_vit.macs import toast_macs
 
-from .build import build, enable_schedule, tcs_mac_saving
+from .build import build, finish
 from .cache import SearchCache, combine, default_cache_dir, fingerprint, fingerprint_batches
-from .calibrate import (
-    Calibrated,
-    calibrate_analysis,
-    calibrate_replaceme,
-    model_sizes,
-    predictions,
-    replaceme_cuts,
-)
-from .candidates import Candidate, Sizes, enumerate_candidates
+from .calibrate import Calibrated, calibrate, model_sizes
+from .candidates import enumerate_candidates
 from .measure import Measurement, linear_macs, measure
 from .pareto import pareto_front
 from .result import HIGHER as _HIGHER
@@ -60,7 +53,8 @@ class _Run:
     data: Iterable
     heldout: Iterable
     target: Target
-    stack: BlockStack
+    layout: Layout
+    methods: list[Method]
     calibration: Calibration
     cache: SearchCache
     key: str
@@ -87,7 +81,8 @@ def search(
     """Finds the best compression of ``model`` for ``target``, measured.
 
     ``target``: a fraction of parameters to remove (``0.2``), or
-    ``"params=20%"``, ``"macs=25%"`` (linear-layer MACs), ``"latency=30%"``
+    ``"params=20%"``, ``"macs=25%"`` (linear-layer MACs: what
+    ``toast.macs(model, convention="linear")`` counts), ``"latency=30%"``
     (measured forward time), ``"quality=10%"`` (held-out quality at most
     10% worse than the original: the smallest model that keeps it). See
     :class:`toast.frontier.Target`.
@@ -123,17 +118,16 @@ def search(
     options["backend"] = backend
     run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
     calibrated, passes = _calibrated(run, backend, max_blocks)
-    sizes = model_sizes(run.model, run.stack, calibrated.analysis.moments.dim)
+    sizes = model_sizes(run.model, run.layout)
     candidates = enumerate_candidates(
+        run.methods,
+        calibrated,
         sizes,
-        calibrated.predictions,
         _max_blocks(run, max_blocks),
-        replaceme=bool(calibrated.transforms),
-        tcs=run.target.kind in ("macs", "latency"),
+        macs_matter=run.target.kind in ("macs", "latency"),
     )
     result = _measure_all(run, calibrated, sizes, candidates, max_measured, passes)
-    if calibrated.note:
-        result.notes.append(calibrated.note)
+    result.notes.extend(calibrated.notes)
     if output is not None:
         result.save(output)
     return result
@@ -167,15 +161,18 @@ def _prepare(
     if isinstance(heldout, tuple):
         data, heldout = heldout
     folder = default_cache_dir() if cache is True else None if cache is False else cache
-    stack = find_blocks(model, calibration.blocks)
+    available_methods()  # every method registered, so every method's structure is found
+    methods = staged_methods()
+    layout = find_layout(model, calibration.blocks)  # the call's one discovery
     settings = (
         calibration.max_samples,
         calibration.max_batches,
         calibration.sample,
         calibration.seed,
-        stack.path,
+        layout.stack.path,
         max_blocks,
         backend,
+        tuple(m.name for m in methods),
     )
     key = combine(fingerprint(model), fingerprint_batches(data), settings)
     return _Run(
@@ -183,7 +180,8 @@ def _prepare(
         data,
         heldout,
         goal,
-        stack,
+        layout,
+        methods,
         calibration,
         SearchCache(folder),
         key,
@@ -209,7 +207,7 @@ def _heldout(data: Iterable, heldout: Any, text: dict[str, Any]) -> Any:
 
 
 def _max_blocks(run: _Run, max_blocks: int | None) -> int:
-    total = run.stack.num_blocks
+    total = run.layout.num_blocks
     chosen = max_blocks if max_blocks is not None else max(1, int(total * MAX_BLOCK_SHARE))
     return min(chosen, total - 1)
 
@@ -219,29 +217,32 @@ def _calibrated(run: _Run, backend: str, max_blocks: int | None) -> tuple[Calibr
     found = run.cache.load_calibrated(run.key)
     if found is not None:
         return found, 0
-    analysis = calibrate_analysis(run.model, run.data, run.stack, run.calibration, backend)
-    errors = predictions(analysis)
-    cuts = replaceme_cuts(errors, _max_blocks(run, max_blocks))
-    transforms, note = calibrate_replaceme(run.model, run.data, run.stack, run.calibration, cuts)
-    calibrated = Calibrated(analysis, errors, transforms, note)
+    calibrated = calibrate(
+        run.model,
+        run.data,
+        run.layout,
+        run.methods,
+        run.calibration,
+        backend,
+        _max_blocks(run, max_blocks),
+    )
     run.cache.save_calibrated(run.key, calibrated)
-    return calibrated, 1 + bool(cuts and not note)
+    return calibrated, calibrated.passes
 
 
-def _eligible(run: _Run, sizes: Sizes, candidate: Candidate) -> bool:
+def _eligible(run: _Run, sizes: Sizes, candidate: Plan) -> bool:
     """Whether ``candidate`` can meet a size target, before measuring:
     parameters directly; MACs and latency by the share of the blocks'
-    parameters removed plus, with TCS, the share of MACs it saves (checked
-    again on the measured model)."""
+    parameters removed plus the share of MACs it saves unseen by the
+    parameters (Token Channel Selection; checked again on the measured
+    model)."""
     goal = run.target
     if goal.kind == "quality":
         return True
     if goal.kind == "params":
-        return candidate.params <= (1.0 - goal.value) * sizes.params
-    share = (sizes.params - candidate.params) / sum(sizes.block_params)
-    if candidate.schedule is not None:
-        share += tcs_mac_saving(run.model, candidate) / toast_macs(run.model.config).macs
-    return share >= goal.value
+        return candidate.params_after <= (1.0 - goal.value) * sizes.params
+    share = (sizes.params - candidate.params_after) / sum(sizes.block_params)
+    return share + candidate.unseen_share >= goal.value
 
 
 def _meets(original: Measurement, m: Measurement, run: _Run, higher: bool) -> bool:
@@ -263,7 +264,7 @@ def _measure_all(
     run: _Run,
     calibrated: Calibrated,
     sizes: Sizes,
-    candidates: list[Candidate],
+    candidates: list[Plan],
     max_measured: int,
     passes: int,
 ) -> SearchResult:
@@ -282,7 +283,8 @@ def _measure_all(
     measured.sort(key=lambda m: (m.measurement.params, m.candidate.key))
     result = _result(run, measurer.original, measured, len(eligible), passes, notes)
     if result.chosen is not None:
-        result.model = build(run.model, measured[result.chosen].candidate, calibrated)
+        chosen = measured[result.chosen].candidate
+        result.model = finish(build(run.model, run.layout, chosen, calibrated), chosen, calibrated)
     if not eligible:
         result.notes.append(
             f"no candidate can meet {run.target.describe()} removing at most half the blocks: "
@@ -320,15 +322,16 @@ class _Measurer:
         self.reference = True
         return measured
 
-    def _new(self, candidate: Candidate) -> None:
+    def _new(self, candidate: Plan) -> None:
         if self.evaluator.metric == "cosine" and not self.reference:
             self.evaluator.measure(self.run.model, "original")  # the reference outputs
             self.reference = True
-        built = build(self.run.model, candidate, self.calibrated, tcs=False)
-        macs = linear_macs(built, self.example) - tcs_mac_saving(built, candidate)
-        enable_schedule(built, candidate)
+        built = build(self.run.model, self.run.layout, candidate, self.calibrated)
+        # counted before the run-time changes, which the linear layers' hooks cannot see
+        macs = linear_macs(built.model, self.example) - candidate.unseen_macs
+        model = finish(built, candidate, self.calibrated)
         m = measure(
-            built,
+            model,
             self.evaluator,
             self.example,
             candidate.label,

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .candidates import Candidate
+from toast.methods.base import Plan
 
 __all__ = ["Bisection", "Ranked", "by_family"]
 
 
-def by_family(candidates: Sequence[Candidate]) -> dict[str, list[Candidate]]:
-    """Candidates grouped by family, best predicted first (ties: the
+def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
+    """Plans grouped by family, best predicted first (ties: the
     smaller model, then the key, so the order is deterministic)."""
-    families: dict[str, list[Candidate]] = {}
-    for c in sorted(candidates, key=lambda c: (c.predicted, c.params, c.key)):
+    families: dict[str, list[Plan]] = {}
+    for c in sorted(candidates, key=lambda c: (c.predicted_error, c.params_after, c.key)):
         families.setdefault(c.family, []).append(c)
     return {f: families[f] for f in sorted(families)}
 
@@ -30,18 +30,18 @@ def by_family(candidates: Sequence[Candidate]) -> dict[str, list[Candidate]]:
 class Ranked:
     """The ``limit`` best-predicted candidates, one family at a time."""
 
-    def __init__(self, candidates: Sequence[Candidate], limit: int) -> None:
+    def __init__(self, candidates: Sequence[Plan], limit: int) -> None:
         queues = list(by_family(candidates).values())
-        self.queue: list[Candidate] = []
+        self.queue: list[Plan] = []
         while len(self.queue) < limit and any(queues):
             for q in queues:
                 if q and len(self.queue) < limit:
                     self.queue.append(q.pop(0))
 
-    def next(self) -> Candidate | None:
+    def next(self) -> Plan | None:
         return self.queue.pop(0) if self.queue else None
 
-    def tell(self, candidate: Candidate, meets: bool) -> None:
+    def tell(self, candidate: Plan, meets: bool) -> None:
         """A ranked selection does not depend on what was measured."""
 
 
@@ -51,19 +51,19 @@ class Bisection:
     larger model never measures worse); families take turns, ``limit``
     measurements in all."""
 
-    def __init__(self, candidates: Sequence[Candidate], limit: int) -> None:
-        self.levels: dict[str, list[Candidate]] = {}
+    def __init__(self, candidates: Sequence[Plan], limit: int) -> None:
+        self.levels: dict[str, list[Plan]] = {}
         for family, ranked in by_family(candidates).items():
-            best: dict[int, Candidate] = {}
+            best: dict[int, Plan] = {}
             for c in ranked:  # best predicted first: the first of each size stays
-                best.setdefault(c.params, c)
+                best.setdefault(c.params_after, c)
             self.levels[family] = [best[p] for p in sorted(best, reverse=True)]
         # levels[f][lo] is known to meet the target, levels[f][hi] to miss it
         self.bounds = {f: [-1, len(levels)] for f, levels in self.levels.items()}
         self.limit, self.turn = limit, 0
         self.pending: tuple[str, int] | None = None
 
-    def next(self) -> Candidate | None:
+    def next(self) -> Plan | None:
         open_ = [f for f, (lo, hi) in self.bounds.items() if hi - lo > 1]
         if self.limit <= 0 or not open_:
             return None
@@ -75,7 +75,7 @@ class Bisection:
         self.pending = (family, middle)
         return self.levels[family][middle]
 
-    def tell(self, candidate: Candidate, meets: bool) -> None:
+    def tell(self, candidate: Plan, meets: bool) -> None:
         assert self.pending is not None  # next() came first
         family, middle = self.pending
         self.bounds[family][0 if meets else 1] = middle

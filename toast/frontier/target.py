@@ -4,6 +4,8 @@ latency, or a quality floor.
 ``Target.parse`` reads what a user types: ``0.2`` or ``"params=20%"``
 (parameters at most 80% of the original's), ``"macs=0.25"``,
 ``"latency=30%"`` (measured forward time at most 70% of the original's),
+MACs counted as ``toast.macs(model, convention="linear")`` counts them
+(the ``nn.Linear`` layers only),
 ``"quality=10%"`` (held-out quality at most 10% worse than the original's:
 perplexity at most ×1.10, accuracy or output cosine at most 10% lower).
 """
@@ -14,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["TARGET_KINDS", "Target"]
+__all__ = ["MACS_CONVENTION", "TARGET_KINDS", "Target"]
 
 TargetKind = Literal["params", "macs", "latency", "quality"]
 TARGET_KINDS: tuple[str, ...] = ("params", "macs", "latency", "quality")
@@ -70,7 +72,13 @@ class Target:
         return f"{100 * self.value:g}% fewer {_NOUNS[self.kind]}"
 
 
-_NOUNS = {"params": "parameters", "macs": "MACs", "latency": "seconds per forward"}
+#: The MACs a target counts: :func:`toast.macs`'s convention of that name.
+MACS_CONVENTION = "linear"
+_NOUNS = {
+    "params": "parameters",
+    "macs": f"MACs (convention={MACS_CONVENTION!r}: linear layers)",
+    "latency": "seconds per forward",
+}
 
 
 def _fraction(text: str, whole: str) -> float:

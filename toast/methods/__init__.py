@@ -5,7 +5,11 @@ and :func:`compress`, which dispatches to them by name.
 - :mod:`toast.methods.replaceme`: ReplaceMe (cuts, a linear transform folded
   into the last kept block);
 - :mod:`toast.methods.toast_vit`: ToaSt (ViT head-dimension pruning, Token
-  Channel Selection).
+  Channel Selection);
+- :mod:`toast.methods.remove`: plain block removal, the baseline.
+
+Every method registers its stages (:class:`toast.methods.base.Stages`),
+which ``toast.search`` runs through the registry alone.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ __all__ = ["available_methods", "compress", "compress_checkpoint"]
 def _register_all() -> None:
     # Importing a method's orchestrator registers it; done on first use so
     # that importing a config (e.g. for the CLI's --help) needs no torch.
+    import toast.methods.remove.method
     import toast.methods.replaceme.method
     import toast.methods.toast.compress
     import toast.methods.toast_vit.compress  # noqa: F401

@@ -11,6 +11,13 @@ its spans are chosen and before it changes the model, so that the caller
 can measure plain removal of those very blocks on the intact model
 (:mod:`toast.methods.runner`). Methods register themselves
 when their package is imported; :mod:`toast.methods` imports them all.
+
+Each method also has :class:`Stages`, the parts of the method that
+``toast.search`` runs separately: what it needs captured, its calibration,
+the :class:`Plan` s it proposes (each with its exact size and predicted
+error) and how a plan is applied. One shared pass (:func:`capture_shared`)
+serves every method that needs the moments of the block states; the model's
+structure is found once per call (:func:`find_layout`) and passed down.
 """
 
 from __future__ import annotations
@@ -21,6 +28,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toast.hf.calibration import CALIBRATION_OPTIONS, Calibration
+from toast.methods.stages import (
+    BaseStages,
+    Layout,
+    Needs,
+    Plan,
+    Shared,
+    Sizes,
+    Stages,
+    Stats,
+    best_windows,
+    capture_shared,
+    span_error,
+    span_family_plans,
+    span_plans,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -33,7 +55,29 @@ if TYPE_CHECKING:
 #: before the model changes.
 BeforeSurgery = Callable[["Sequence[Span]", "BlockStack"], None]
 
-__all__ = ["Method", "Report", "get_method", "make_config", "method_names", "register"]
+__all__ = [
+    "BaseStages",
+    "Layout",
+    "Method",
+    "Needs",
+    "Plan",
+    "Report",
+    "Shared",
+    "Sizes",
+    "Stages",
+    "Stats",
+    "best_windows",
+    "capture_shared",
+    "find_layout",
+    "get_method",
+    "make_config",
+    "method_names",
+    "register",
+    "span_error",
+    "span_family_plans",
+    "span_plans",
+    "staged_methods",
+]
 
 
 class Report:
@@ -90,7 +134,8 @@ class Method:
 
     ``config`` is its config dataclass; ``run(model, data, config,
     before_surgery)`` does the work; ``needs_data`` says whether ``data``
-    may be None.
+    may be None; ``stages`` its :class:`Stages` (what ``toast.search``
+    runs; None: the search leaves it out).
     """
 
     name: str
@@ -98,6 +143,7 @@ class Method:
     run: Callable[[nn.Module, Iterable | None, Any, BeforeSurgery | None], tuple[nn.Module, Report]]
     needs_data: bool = True
     summary: str = ""
+    stages: Stages | None = None
 
 
 _REGISTRY: dict[str, Method] = {}
@@ -144,3 +190,24 @@ def make_config(method: Method, params: Mapping[str, Any]) -> Any:
     if "calibration" in names:
         own["calibration"] = Calibration.from_options(own.get("calibration"), **calibration_options)
     return method.config(**own)
+
+
+def staged_methods() -> list[Method]:
+    """The registered methods that have :class:`Stages`, by name."""
+    return [_REGISTRY[name] for name in method_names() if _REGISTRY[name].stages is not None]
+
+
+def find_layout(model: nn.Module, blocks: str | None = None) -> Layout:
+    """The model's :class:`Layout`: its block stack (``blocks`` names the
+    list when discovery cannot find it alone) and the structure each staged
+    method finds with it; the one discovery of a public call."""
+    from toast.hf.blocks import find_blocks
+
+    stack = find_blocks(model, blocks)
+    parts = {}
+    for method in staged_methods():
+        assert method.stages is not None  # staged_methods keeps only these
+        found = method.stages.structure(model, stack)
+        if found is not None:
+            parts[method.name] = found
+    return Layout(stack, parts)

@@ -42,6 +42,7 @@ from toast.methods.replaceme.estimate import (
 from toast.methods.replaceme.fold import apply_cuts, check_cuts
 from toast.methods.replaceme.heldout import HeldOutCheck, Holdout
 from toast.methods.replaceme.report import ReplaceMeReport
+from toast.methods.replaceme.stages import STAGES
 from toast.methods.runner import run_method, split_text_options
 from toast.spans import Span
 
@@ -172,5 +173,6 @@ METHOD = register(
         config=ReplaceMeConfig,
         run=_replaceme,
         summary="remove blocks, fold a least-squares or cosine transform into the last kept one",
+        stages=STAGES,
     )
 )

@@ -19,6 +19,7 @@ from toast.methods.toast.config import ToastConfig
 from toast.methods.toast.fitting import Fitter, records_massive_rows
 from toast.methods.toast.heldout import check_translators
 from toast.methods.toast.report import CompressionReport
+from toast.methods.toast.stages import STAGES
 from toast.spans import Span, validate_spans
 
 __all__ = ["METHOD", "choose_spans", "compress_toast"]
@@ -172,5 +173,6 @@ METHOD = register(
         config=ToastConfig,
         run=_run,
         summary="replace redundant spans of blocks by closed-form or trained translators",
+        stages=STAGES,
     )
 )

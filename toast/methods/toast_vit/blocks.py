@@ -20,7 +20,7 @@ from torch import nn
 from toast._validation import check
 from toast.hf.blocks import MODEL
 
-__all__ = ["Attention", "VitBlock", "VitModel", "vit_blocks"]
+__all__ = ["SUPPORTED", "Attention", "VitBlock", "VitModel", "vit_blocks"]
 
 
 class Attention(Protocol):
@@ -38,6 +38,8 @@ class Attention(Protocol):
 
 
 _SUPPORTED = ("vit", "deit", "dinov2", "dinov2_with_registers", "vit_mae", "swin")
+#: The ``config.model_type`` s ToaSt supports.
+SUPPORTED = _SUPPORTED
 _STAGE = re.compile(r"(?:^|\.)layers\.(\d+)\.blocks\.\d+$")
 
 

@@ -22,6 +22,7 @@ from toast.methods.toast_vit.schedules import (
     skip_blocks,
 )
 from toast.methods.toast_vit.scwp import PruneReport, prune_heads
+from toast.methods.toast_vit.stages import STAGES
 from toast.methods.toast_vit.tcs import TcsHandle, enable_tcs
 
 __all__ = ["METHOD", "ToastVitReport", "compress_vit"]
@@ -172,5 +173,6 @@ METHOD = register(
         run=compress_vit,
         needs_data=False,
         summary="ViT head-dimension pruning by geometric median and Token Channel Selection",
+        stages=STAGES,
     )
 )

@@ -1,0 +1,141 @@
+"""The stage API every method implements: each method's plans, applied,
+give exactly the size they state; needs combine; plans name themselves
+stably."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+import toast
+from toast.methods import available_methods
+from toast.methods.base import (
+    Needs,
+    Plan,
+    Sizes,
+    capture_shared,
+    find_layout,
+    get_method,
+    staged_methods,
+)
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.hf
+
+
+def _llama():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=97,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _vit():
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+    )
+    return transformers.ViTModel(config, add_pooling_layer=False).eval()
+
+
+def _tokens(count=4):
+    g = torch.Generator().manual_seed(1)
+    ids = [torch.randint(3, 97, (4, 16), generator=g) for _ in range(count)]
+    return [{"input_ids": i, "attention_mask": torch.ones_like(i)} for i in ids]
+
+
+def _images(count=4):
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(8, 3, 16, 16, generator=g) for _ in range(count)]
+
+
+def _every_plan(model, data, max_blocks=2):
+    """Each staged method's calibration and its plans, extended plans included."""
+    available_methods()
+    methods = staged_methods()
+    layout = find_layout(model)
+    calibration = toast.Calibration(progress=False)
+    shared = capture_shared(model, data, layout, calibration, "auto")
+    stats = {
+        m.name: m.stages.calibrate(model, data, layout, shared, calibration, max_blocks)
+        for m in methods
+    }
+    blocks = tuple(toast.count_params(b) for b in layout.stack.blocks)
+    sizes = Sizes(toast.count_params(model), blocks)
+    plans = [p for m in methods for p in m.stages.propose(stats[m.name], sizes, max_blocks, True)]
+    plans += [
+        e for m in methods for p in plans if p.extendable
+        for e in m.stages.extend(p, stats[m.name], sizes)
+    ]  # fmt: skip
+    return layout, stats, plans
+
+
+def _applied(model, layout, plan, stats):
+    built, copied = copy.deepcopy((model, layout))
+    for name in plan.methods:
+        get_method(name).stages.apply(built, plan, stats[name], copied)
+    for name in plan.methods:
+        get_method(name).stages.finish(built, plan, stats[name], copied)
+    return built
+
+
+@pytest.mark.parametrize(("make", "data"), [(_llama, _tokens), (_vit, _images)])
+def test_every_plan_applied_has_exactly_its_stated_parameters(make, data):
+    model = make()
+    batches = data()
+    layout, stats, plans = _every_plan(model, batches)
+    families = {p.family for p in plans}
+    expected = {"plain", "toast", "replaceme"}
+    if make is _vit:
+        expected |= {"toast-vit", "plain+toast-vit", "toast+toast-vit"}
+    assert families == expected
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for plan in plans:
+        built = _applied(model, layout, plan, stats)
+        assert toast.count_params(built) == plan.params_after, plan.label
+        with torch.no_grad():
+            out = built(**batches[0]) if isinstance(batches[0], dict) else built(batches[0])
+        assert torch.isfinite(out[0]).all(), plan.label
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # copies only
+
+
+def test_plans_of_a_size_remove_that_many_blocks_and_predict_finitely():
+    _, _, plans = _every_plan(_llama(), _tokens(), max_blocks=3)
+    for plan in plans:
+        assert 1 <= plan.blocks_removed <= 3
+        assert plan.predicted_error == plan.predicted_error  # not NaN
+        assert all(a >= 1 for a, _ in plan.spans)  # the papers keep block 0
+
+
+def test_needs_combine_as_a_union():
+    assert (Needs() | Needs()) == Needs()
+    assert (Needs() | Needs(moments=True)) == Needs(moments=True)
+
+
+def test_a_plan_names_itself_stably():
+    plan = Plan(("remove", "toast-vit"), "plain+toast-vit", ((1, 3),), "identity", 0.5, 10, 0.2)
+    assert plan.key == "plain+toast-vit|identity|1-3|0.5|"
+    assert plan.label == "plain+toast-vit: remove blocks[1:3], heads ρ=0.5"
+    assert plan.blocks_removed == 2
+    assert plan.to_dict()["methods"] == ["remove", "toast-vit"]
+
+
+def test_sizes_after_spans_count_the_modules_put_in():
+    sizes = Sizes(100, (10, 20, 30, 40))
+    assert sizes.after_spans([(1, 3)]) == 50
+    assert sizes.after_spans([(1, 2), (3, 4)], added_per_span=5) == 100 - 60 + 10

@@ -1,0 +1,44 @@
+"""The options of ``toast.compress(..., method="remove")``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from toast._validation import Interval, Options, Predicate, validate
+from toast.hf.calibration import BACKENDS, Calibration
+
+__all__ = ["RemoveConfig"]
+
+
+@dataclass(frozen=True)
+class RemoveConfig:
+    """Which blocks plain removal deletes: ``num_blocks`` chosen by the
+    identity-span error (``‖Y − X‖ / ‖Y‖`` between a span's first and last
+    state, from one pass over the calibration data; block 0 is kept, as
+    the papers keep it), or explicit ``spans`` (no data needed).
+    ``backend`` is the pass's (see :func:`toast.capture_moments`),
+    ``calibration`` bounds it."""
+
+    num_blocks: int | None = None
+    spans: Sequence[tuple[int, int]] | None = None
+    backend: str = "auto"
+    calibration: Calibration = field(default_factory=Calibration)
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "num_blocks": [Interval(int, 1, None), None],
+        "spans": [Predicate(lambda v: isinstance(v, Sequence), "a list of (start, stop)"), None],
+        "backend": [Options(BACKENDS)],
+        "calibration": [Calibration],
+    }
+
+    def __post_init__(self) -> None:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in validate(self._parameter_constraints, fields).items():
+            object.__setattr__(self, name, value)
+        if (self.num_blocks is None) == (self.spans is None):
+            raise ValueError(
+                "give num_blocks=<blocks to remove> or spans=[(start, stop), ...] (one of them)"
+            )

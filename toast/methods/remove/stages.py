@@ -1,0 +1,73 @@
+"""Plain removal's stages: the identity-span error of every span from the
+shared pass, the exact plan and the best single spans of every size, and
+the blocks deleted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from torch import nn
+
+from toast.hf.calibration import Calibration
+from toast.hf.surgery import remove_blocks
+from toast.methods.stages import (
+    BaseStages,
+    Layout,
+    Needs,
+    Plan,
+    Shared,
+    Sizes,
+    Stats,
+    span_family_plans,
+)
+
+__all__ = ["STAGES", "RemoveStages", "RemoveStats", "identity_errors"]
+
+
+@dataclass
+class RemoveStats(Stats):
+    """``errors[i, j]``: ``‖Y − X‖_F / ‖Y‖_F`` from state ``i`` to state ``j``."""
+
+    errors: np.ndarray = field(default_factory=lambda: np.empty((0, 0)), repr=False)
+
+
+def identity_errors(shared: Shared) -> np.ndarray:
+    """``‖Y − X‖_F / ‖Y‖_F`` for every pair of states, from the core's
+    ``mse`` (the mean of ``‖y − x‖²`` over rows; NaN where it is)."""
+    moments = shared.moments
+    norms = np.array([np.trace(moments.cross(j, j)) for j in range(moments.num_states)])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.sqrt(shared.errors("mse") * moments.rows / norms[None, :])
+
+
+class RemoveStages(BaseStages):
+    """Plain removal as stages (family ``"plain"``)."""
+
+    def needs(self, layout: Layout) -> Needs:
+        return Needs(moments=True)
+
+    def calibrate(
+        self,
+        model: nn.Module,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> RemoveStats:
+        assert shared is not None  # needs() asked for it
+        return RemoveStats(errors=identity_errors(shared))
+
+    def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
+        assert isinstance(stats, RemoveStats)
+        return span_family_plans(
+            "remove", "plain", stats.errors, "identity", sizes, max_blocks, extendable=True
+        )
+
+    def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
+        remove_blocks(model, list(plan.spans), blocks=layout.stack)
+
+
+STAGES = RemoveStages()

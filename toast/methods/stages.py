@@ -1,0 +1,359 @@
+"""The stage API every method implements, so that ``toast.search`` can run
+a method in parts: what it needs captured, its calibration, the plans it
+proposes and how a plan is applied.
+
+Data flows one way. :func:`toast.methods.base.find_layout` finds the
+model's structure once (:class:`Layout`); the union of the methods'
+:class:`Needs` decides whether the one shared pass runs
+(:func:`capture_shared`: moments of every pair of block states, and the
+rows with massive activations); each method's ``calibrate`` turns that
+(plus, where it must, a pass of its own) into its :class:`Stats`;
+``propose`` gives :class:`Plan` s with exact sizes and predicted errors;
+``apply`` patches a model in place (the caller copies it first).
+
+This module imports no torch at import time (configs and the CLI's help
+read the registry without it).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from toast.core import Moments, error_matrix
+from toast.hf.calibration import Calibration
+from toast.spans import plan_spans
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from toast.hf.blocks import BlockStack
+    from toast.hf.massive import MassiveRows
+
+__all__ = [
+    "ALTERNATIVES",
+    "BaseStages",
+    "Layout",
+    "Needs",
+    "Plan",
+    "Shared",
+    "Sizes",
+    "Stages",
+    "Stats",
+    "best_windows",
+    "capture_shared",
+    "span_error",
+    "span_family_plans",
+    "span_plans",
+]
+
+#: Alternatives per family and size beside the exact plan: single spans,
+#: best predicted first.
+ALTERNATIVES = 2
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The model's structure, found once per public call and passed down:
+    the block stack, and each method's own structure found with it
+    (``parts[name]``, e.g. ToaSt's ViT blocks; absent when the method has
+    none or does not apply). A deep copy taken together with the model
+    (``copy.deepcopy((model, layout))``) describes the copy."""
+
+    stack: BlockStack
+    parts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.stack.num_blocks
+
+    def part(self, name: str) -> Any:
+        """The structure method ``name`` found (None if none)."""
+        return self.parts.get(name)
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a method needs captured before it can propose: ``moments``,
+    the moments of every pair of block states (the shared pass). A
+    method's own extra pass, if any, is its ``calibrate``'s business."""
+
+    moments: bool = False
+
+    def __or__(self, other: Needs) -> Needs:
+        return Needs(moments=self.moments or other.moments)
+
+
+@dataclass
+class Shared:
+    """The shared pass: moments of every pair of block states (no folds:
+    the generalised cross-validation estimator needs none) and the rows
+    massive in some state, for the blocks at ``block_path``."""
+
+    moments: Moments
+    massive: MassiveRows | None
+    block_path: str
+
+    def errors(self, metric: str) -> np.ndarray:
+        """Every span's error in ``metric`` (GCV estimator, no ridge), NaN
+        for spans beyond the pairs the moments reach."""
+        with warnings.catch_warnings():
+            # a search compares measured plans; ill-conditioned spans just rank badly
+            warnings.simplefilter("ignore")
+            table = error_matrix(self.moments, metric=metric, estimator="gcv", ridge=0.0)
+        far = np.triu(np.ones(table.shape, dtype=bool), self.moments.layout()["span"] + 1)
+        table[far] = np.nan
+        return table
+
+
+def capture_shared(
+    model: nn.Module, data: Iterable, layout: Layout, calibration: Calibration, backend: str
+) -> Shared:
+    """The one pass over ``data`` that every method needing moments shares."""
+    from toast.hf.capture import capture_moments
+    from toast.hf.massive import MassiveRows
+
+    recorder = MassiveRows()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        moments, stack = capture_moments(
+            model,
+            data,
+            tokens="all",
+            folds=0,
+            pairs="all",
+            precision="float64",
+            backend=backend,  # type: ignore[arg-type]
+            calibration=calibration,
+            stack=layout.stack,
+            observe=recorder,
+        )
+    return Shared(moments, recorder, stack.path)
+
+
+@dataclass
+class Stats:
+    """What a method's calibration left (methods subclass it with their
+    own fields): ``passes`` over the data it made beyond the shared one,
+    ``note`` why it proposes nothing ("" when it does)."""
+
+    passes: int = 0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What every plan's size is made of, read once from the model:
+    parameters of the whole model and of each block."""
+
+    params: int
+    block_params: tuple[int, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_params)
+
+    def after_spans(self, spans: Sequence[tuple[int, int]], added_per_span: int = 0) -> int:
+        """Parameters once ``spans`` are removed, each replaced by a module
+        of ``added_per_span`` parameters."""
+        removed = sum(sum(self.block_params[a:b]) for a, b in spans)
+        return self.params - removed + len(spans) * added_per_span
+
+
+_VERB = {"identity": "remove", "linear": "linear", "affine": "affine", "ls": "LS fold"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One compression recipe, ready to apply.
+
+    ``methods``: the registered methods that apply it, in order (a plan
+    one method extends, such as block removal with ToaSt's head pruning,
+    names both); ``family``: the label plans compare within (predicted
+    errors of different families do not compare); ``spans``: the
+    ``(start, stop)`` block spans removed (original indices);
+    ``translator``: what replaces each span (``"identity"``, ``"linear"``,
+    ``"affine"``, ``"ls"`` for ReplaceMe's folded transform);
+    ``head_sparsity`` and ``schedule``: ToaSt's ρ and Token Channel
+    Selection schedule (None: none); ``params_after``: the exact
+    parameter count after; ``predicted_error``: the method's prediction;
+    ``unseen_macs``: MACs per sample the plan saves that linear-layer
+    counts cannot see (Token Channel Selection's gathered products), and
+    ``unseen_share`` that saving as a share of the original's MACs;
+    ``extendable``: whether another method may extend it.
+    """
+
+    methods: tuple[str, ...]
+    family: str
+    spans: tuple[tuple[int, int], ...]
+    translator: str | None
+    head_sparsity: float | None
+    params_after: int
+    predicted_error: float
+    schedule: str | None = None
+    unseen_macs: int = 0
+    unseen_share: float = 0.0
+    extendable: bool = False
+
+    @property
+    def key(self) -> str:
+        """A stable identifier (a search cache's key for its measurement)."""
+        spans = ",".join(f"{a}-{b}" for a, b in self.spans)
+        rho = "" if self.head_sparsity is None else f"{self.head_sparsity:g}"
+        return f"{self.family}|{self.translator or ''}|{spans}|{rho}|{self.schedule or ''}"
+
+    @property
+    def blocks_removed(self) -> int:
+        return sum(b - a for a, b in self.spans)
+
+    @property
+    def label(self) -> str:
+        """A short name: the family and what it does."""
+        parts = []
+        if self.spans:
+            spans = " ".join(f"[{a}:{b}]" for a, b in self.spans)
+            parts.append(f"{_VERB.get(self.translator or '', self.translator)} blocks{spans}")
+        if self.head_sparsity is not None:
+            parts.append(f"heads ρ={self.head_sparsity:g}")
+        if self.schedule is not None:
+            parts.append(f"TCS {self.schedule}")
+        return f"{self.family}: " + ", ".join(parts)
+
+    def to_dict(self) -> dict:
+        return {
+            "key": self.key,
+            "methods": list(self.methods),
+            "family": self.family,
+            "label": self.label,
+            "spans": [list(s) for s in self.spans],
+            "translator": self.translator,
+            "head_sparsity": self.head_sparsity,
+            "schedule": self.schedule,
+            "params": self.params_after,
+            "predicted": self.predicted_error,
+        }
+
+
+@runtime_checkable
+class Stages(Protocol):
+    """The parts of a method ``toast.search`` runs (see the module docstring).
+
+    ``structure(model, stack)``: the method's own view of the model, found
+    once with the block stack (None: none, or the method does not apply);
+    ``needs(layout)``: what it must have captured; ``calibrate(model, data,
+    layout, shared, calibration, max_blocks)``: its :class:`Stats` from
+    the shared pass (None when no method needed it) and any pass of its
+    own; ``propose(stats, sizes, max_blocks, macs_matter)``: its plans
+    removing at most ``max_blocks`` blocks (``macs_matter``: the target
+    counts MACs, so plans that save only MACs are worth proposing);
+    ``extend(plan, stats, sizes)``: another method's extendable plan
+    combined with this method (none: ``[]``); ``apply(model, plan,
+    stats, layout)``: the plan's weight changes, in place; ``finish(model,
+    plan, stats, layout)``: what it changes at run time only (after any
+    count of the weights' MACs).
+    """
+
+    def structure(self, model: nn.Module, stack: BlockStack) -> Any: ...
+
+    def needs(self, layout: Layout) -> Needs: ...
+
+    def calibrate(
+        self,
+        model: nn.Module,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> Stats: ...
+
+    def propose(
+        self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool
+    ) -> list[Plan]: ...
+
+    def extend(self, plan: Plan, stats: Stats, sizes: Sizes) -> list[Plan]: ...
+
+    def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None: ...
+
+    def finish(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None: ...
+
+
+class BaseStages:
+    """Defaults for :class:`Stages`: no structure of its own, nothing
+    captured, no extension, nothing at run time."""
+
+    def structure(self, model: nn.Module, stack: BlockStack) -> Any:
+        return None
+
+    def needs(self, layout: Layout) -> Needs:
+        return Needs()
+
+    def extend(self, plan: Plan, stats: Stats, sizes: Sizes) -> list[Plan]:
+        return []
+
+    def finish(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
+        return None
+
+
+def best_windows(table: np.ndarray, n: int) -> list[tuple[int, int]]:
+    """The :data:`ALTERNATIVES` single spans of ``n`` blocks with the lowest
+    error in ``table``, none starting at block 0 (the papers keep it, and a
+    ReplaceMe cut folds into the block before it)."""
+    windows = [(a, a + n) for a in range(1, table.shape[0] - n) if np.isfinite(table[a, a + n])]
+    windows.sort(key=lambda s: table[s])
+    return windows[:ALTERNATIVES]
+
+
+def span_plans(table: np.ndarray, n: int) -> Iterator[tuple[tuple[int, int], ...]]:
+    """The exact plan removing ``n`` blocks under ``table``'s errors, then
+    the best single spans of ``n`` blocks (the first is the one a method
+    offers for extension)."""
+    plan = plan_spans(table, max_blocks=n)
+    if sum(s.num_blocks for s in plan) == n:
+        yield tuple((s.start, s.stop) for s in plan)
+    for span in best_windows(table, n):
+        yield (span,)
+
+
+def span_error(table: np.ndarray, spans: Sequence[tuple[int, int]]) -> float:
+    """The summed error of ``spans`` under ``table``."""
+    return float(sum(table[a, b] for a, b in spans))
+
+
+def span_family_plans(
+    method: str,
+    family: str,
+    table: np.ndarray,
+    translator: str,
+    sizes: Sizes,
+    max_blocks: int,
+    added_per_span: int = 0,
+    extendable: bool = False,
+) -> list[Plan]:
+    """A span method's plans: for every size up to ``max_blocks``, the
+    exact plan and the best single spans under ``table`` (the first of
+    each size ``extendable`` when asked), finite predictions only."""
+    plans: list[Plan] = []
+    for n in range(1, max_blocks + 1):
+        for k, spans in enumerate(dict.fromkeys(span_plans(table, n))):
+            predicted = span_error(table, spans)
+            if not math.isfinite(predicted):
+                continue
+            plans.append(
+                Plan(
+                    (method,),
+                    family,
+                    spans,
+                    translator,
+                    None,
+                    sizes.after_spans(spans, added_per_span),
+                    predicted,
+                    extendable=extendable and k == 0,
+                )
+            )
+    return plans
