@@ -90,7 +90,10 @@ class Method:
 
     ``config`` is its config dataclass; ``run(model, data, config,
     before_surgery)`` does the work; ``needs_data`` says whether ``data``
-    may be None.
+    may be None; ``run_from_disk(disk, batches, output, config, heldout=...)``,
+    when the method has one, does it block by block on a checkpoint that
+    stays on disk and writes the result to ``output``
+    (:mod:`toast.methods.pipeline`).
     """
 
     name: str
@@ -98,6 +101,7 @@ class Method:
     run: Callable[[nn.Module, Iterable | None, Any, BeforeSurgery | None], tuple[nn.Module, Report]]
     needs_data: bool = True
     summary: str = ""
+    run_from_disk: Callable[..., Report] | None = None
 
 
 _REGISTRY: dict[str, Method] = {}

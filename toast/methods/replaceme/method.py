@@ -33,6 +33,7 @@ from toast.hf.heldout import unchecked_because
 from toast.hf.params import count_params
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.methods.replaceme.disk import replaceme_from_disk
 from toast.methods.replaceme.cuts import candidate_cuts, choose_cuts
 from toast.methods.replaceme.estimate import Estimation, Fitted
 from toast.methods.replaceme.fold import apply_cuts, check_cuts
@@ -241,5 +242,6 @@ METHOD = register(
         config=ReplaceMeConfig,
         run=_replaceme,
         summary="remove blocks, fold a least-squares or cosine transform into the last kept one",
+        run_from_disk=replaceme_from_disk,
     )
 )

@@ -14,6 +14,7 @@ from toast.hf.heldout import HeldOutCheck, Holdout, unchecked_because
 from toast.hf.params import count_params
 from toast.hf.surgery import replace_spans
 from toast.methods.base import BeforeSurgery, Method, register
+from toast.methods.pipeline import deferred
 from toast.methods.toast.analysis import Analysis, analyze
 from toast.methods.toast.config import ToastConfig
 from toast.methods.toast.fitting import Fitter
@@ -175,5 +176,7 @@ METHOD = register(
         config=ToastConfig,
         run=_run,
         summary="replace redundant spans of blocks by closed-form or trained translators",
+        # from_disk builds on this module: imported when a folder goes block by block
+        run_from_disk=deferred("toast.methods.toast.from_disk", "compress_from_disk"),
     )
 )
