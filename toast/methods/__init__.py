@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 if TYPE_CHECKING:  # torch stays unimported until a method runs
     from torch import nn
 
-    from toast.methods.base import Report
+    from toast.methods.base import Method, Report
 
-__all__ = ["available_methods", "compress", "method_config"]
+__all__ = ["available_methods", "compress", "get_method", "method_config"]
 
 #: Every method: its name → (the module whose import registers it, its
 #: config dataclass as ``"module:Class"``). Adding a method adds its line
@@ -50,6 +50,14 @@ def available_methods() -> list[str]:
     return sorted(_METHODS)
 
 
+def get_method(name: str) -> Method:
+    """The registered method ``name`` (every method's module imported first)."""
+    from toast.methods import base
+
+    _register_all()
+    return base.get_method(name)
+
+
 def method_config(name: str) -> type:
     """The config dataclass of the method ``name``, imported alone (the
     method's orchestrator, and with it torch, stays unimported)."""
@@ -57,6 +65,40 @@ def method_config(name: str) -> type:
         raise ValueError(f"method must be one of {available_methods()}; got {name!r}")
     module, cls = _METHODS[name][1].split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+@overload
+def compress(
+    model: nn.Module,
+    data: Any = None,
+    *,
+    method: str = ...,
+    output: None = None,
+    max_memory: None = None,
+    sequential: None = None,
+    heldout: Any = None,
+    config: Any = None,
+    device: None = None,
+    dtype: None = None,
+    **params: Any,
+) -> tuple[nn.Module, Report]: ...
+
+
+@overload
+def compress(
+    model: str | os.PathLike,
+    data: Any = None,
+    *,
+    method: str = ...,
+    output: str | os.PathLike | None = None,
+    max_memory: int | str | None = None,
+    sequential: bool | None = None,
+    heldout: Any = None,
+    config: Any = None,
+    device: Any = None,
+    dtype: Any = None,
+    **params: Any,
+) -> Report: ...
 
 
 def compress(
@@ -124,10 +166,8 @@ def compress(
     complete toast save where plain ``transformers`` could not rebuild it
     (:mod:`toast.io.guard`).
     """
-    from toast.methods.base import get_method
     from toast.methods.runner import split_text_options
 
-    _register_all()
     chosen = get_method(method)
     text, params = split_text_options(params)
     config = _config(chosen, config, params)

@@ -25,8 +25,8 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import shutil
 import secrets
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path

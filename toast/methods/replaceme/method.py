@@ -33,8 +33,8 @@ from toast.hf.heldout import unchecked_because
 from toast.hf.params import count_params
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.replaceme.config import ReplaceMeConfig
-from toast.methods.replaceme.disk import replaceme_from_disk
 from toast.methods.replaceme.cuts import candidate_cuts, choose_cuts
+from toast.methods.replaceme.disk import replaceme_from_disk
 from toast.methods.replaceme.estimate import Estimation, Fitted
 from toast.methods.replaceme.fold import apply_cuts, check_cuts
 from toast.methods.replaceme.heldout import HeldOutCheck, Holdout, best_candidate, check_fits
