@@ -165,7 +165,11 @@ def _save(model: nn.Module, source: Path, target: Path, report: Report) -> None:
     if needs_toast_layout(model):
         folder = None if source.is_file() else source
         markdown = report.to_markdown()
-        save_pretrained(model, target, source=folder, tokenizer=tokenizer, report=markdown)
+        # the block list the method found, looked up by its path rather than searched again
+        blocks = getattr(getattr(report, "analysis", None), "block_path", None)
+        save_pretrained(
+            model, target, blocks=blocks, source=folder, tokenizer=tokenizer, report=markdown
+        )
         return
     from toast.io.pruned import copy_side_files
 

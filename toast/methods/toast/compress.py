@@ -156,7 +156,7 @@ def _fit_sequentially(
         where = (span.start - removed, span.stop - removed)
         module = fitter.fit_one_on(model, data, where, stack)
         replace_spans(model, [where], [module], blocks=stack)
-        stack = find_blocks(model, stack.path)
+        stack = find_blocks(model, stack)  # looked up by its path, not searched for
         removed += span.num_blocks - 1
 
 

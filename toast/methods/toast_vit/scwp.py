@@ -344,6 +344,7 @@ def prune_heads(
     mask_bias: bool = False,
     tol: float = GM_TOL,
     max_iter: int = GM_MAX_ITER,
+    stack: VitModel | None = None,
 ) -> PruneReport:
     """Prunes the per-head dimensions of every block's attention, in place
     (see the module docstring).
@@ -354,10 +355,11 @@ def prune_heads(
     intact (default block 0; ``"stage_first"``: the first block of every
     Swin stage). Blocks whose ρ keeps every dimension are not touched, so
     ``sparsity=0`` is an exact no-op. ``tol``/``max_iter`` are Weiszfeld's.
+    ``stack``: the model's blocks found before (:func:`vit_blocks`).
     Returns a :class:`PruneReport`.
     """
     _check_options(center, index_sets, coupling, form)
-    vm = vit_blocks(model)
+    vm = stack if stack is not None else vit_blocks(model)  # found once by the caller
     rho = per_block_sparsity(sparsity, vm.num_blocks, skip_blocks(skip, vm.stage_firsts))
     params_before = count_params(model)
     done: list[BlockPruning] = []

@@ -569,6 +569,7 @@ def enable_tcs(
     fc2_sample: str = "same",
     hidden: str = "kept",
     backend: str = "auto",
+    stack: VitModel | None = None,
 ) -> TcsHandle:
     """Installs Token Channel Selection in ``model``'s MLPs, in place.
 
@@ -581,9 +582,10 @@ def enable_tcs(
     ``fc2_sample``, ``hidden``, ``backend``) are described in the module
     docstring. Blocks whose two ratios are 0 are left untouched, so an
     all-zero schedule is an exact no-op. Returns a :class:`TcsHandle`
-    (``handle.disable()`` or :func:`disable_tcs` undoes it).
+    (``handle.disable()`` or :func:`disable_tcs` undoes it). ``stack``: the
+    model's blocks found before (:func:`vit_blocks`).
     """
-    vm = vit_blocks(model)
+    vm = stack if stack is not None else vit_blocks(model)  # found once by the caller
     if getattr(model, _HANDLE, None) is not None:
         raise ValueError(
             "TCS is already enabled on this model; call toast.disable_tcs(model) first"
