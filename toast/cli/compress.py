@@ -158,7 +158,7 @@ def add_parser(sub: Any, method: str = DEFAULT_METHOD) -> None:
 def config_from_args(args: argparse.Namespace) -> Any:
     """The method's config from the command line (on the paper's preset with
     ``--paper``: the options left at their defaults take its values)."""
-    config = method_config(args.method)
+    config: Any = method_config(args.method)
     values = config_values(args, config_fields(config))
     calibration = calibration_from_args(args)
     if getattr(args, "paper", False):

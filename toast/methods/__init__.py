@@ -134,11 +134,10 @@ def compress(
       with the folder's tokenizer files. Both paths give the same tensors.
 
     ``data`` is the calibration data: an iterable of batches (tensors, dicts
-    of model inputs such as a tokenizer's output, or ``(inputs, labels)``
-    pairs), or raw text with ``tokenizer=``: a ``.txt``/``.jsonl``/``.json``
-    file, a list of strings, a ``datasets``-style dataset, chat
-    ``"messages"`` rows (rendered by the tokenizer's chat template), read
-    with ``max_length``, ``batch_size``, ``num_samples``, ``pack``, ``field``
+    of model inputs, or ``(inputs, labels)`` pairs), or raw text with
+    ``tokenizer=``: a ``.txt``/``.jsonl``/``.json`` file, a list of strings,
+    a ``datasets``-style dataset, chat ``"messages"`` rows, read with
+    ``max_length``, ``batch_size``, ``num_samples``, ``pack``, ``field``
     (see :class:`toast.hf.text.TextData`).
 
     ``heldout`` (batches, or raw text read the same way, or a fraction of
@@ -154,17 +153,12 @@ def compress(
     (``max_samples``, ``max_batches``, ``sample``, ``seed``, ``blocks``,
     ``progress``, ``distributed``, ``group``; see :class:`toast.Calibration`).
 
-    - ``method="toast"`` (:class:`toast.ToastConfig`): ``budget=2`` blocks
-      to remove (or ``max_error``, or ``spans``), ``translator="affine"``...
-    - ``method="replaceme"`` (:class:`toast.ReplaceMeConfig`): ``num_blocks``,
-      ``objective="ls" | "cosine" | "identity"``...
-    - ``method="toast-vit"`` (:class:`toast.ToastVitConfig`):
-      ``head_sparsity``, ``schedule``...; ``data`` only for its optional
-      fine-tune.
-
-    The compressed model's own ``model.save_pretrained(path)`` writes a
-    complete toast save where plain ``transformers`` could not rebuild it
-    (:mod:`toast.io.guard`).
+    ``method="toast"`` (:class:`toast.ToastConfig`): ``budget=2`` blocks to
+    remove...; ``"replaceme"`` (:class:`toast.ReplaceMeConfig`):
+    ``num_blocks``...; ``"toast-vit"`` (:class:`toast.ToastVitConfig`):
+    ``head_sparsity``, ``schedule``... (``data`` only for its fine-tune).
+    A compressed model's own ``save_pretrained`` writes a toast save where
+    plain ``transformers`` could not rebuild it (:mod:`toast.io.guard`).
     """
     from toast.methods.runner import split_text_options
 
@@ -175,10 +169,7 @@ def compress(
         from toast.methods.pipeline import compress_folder
 
         if output is None:
-            raise TypeError(
-                f"toast.compress({str(model)!r}, ...) compresses a checkpoint folder: pass "
-                "output=<new folder> for the result (or load the model and pass it)"
-            )
+            raise TypeError(f"toast.compress({str(model)!r}, ...): pass output=<new folder>")
         return compress_folder(
             chosen, model, data, output, config, max_memory=max_memory, sequential=sequential,
             heldout=heldout, text=text, device=device, dtype=dtype,

@@ -177,7 +177,8 @@ def _save(model: nn.Module, source: Path, target: Path, report: Report) -> None:
     tmp = target.parent / f".{target.name}.tmp-{secrets.token_hex(4)}"
     os.mkdir(tmp)  # not mkdtemp: the folder gets the usual permissions
     try:
-        type(model).save_pretrained(model, tmp)  # a transformers class: its own save is right
+        cls: Any = type(model)  # a transformers class: its own save is right
+        cls.save_pretrained(model, tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         else:
