@@ -132,7 +132,8 @@ def test_the_cli_goes_from_a_gguf_file_and_a_text_file_to_a_checkpoint_and_measu
     out = tmp_path / "pruned"
     argv = [
         "compress", "--method", "replaceme", str(smollm2_gguf()), "--data", str(data),
-        "--heldout", "0.25", "--num-blocks", "2", "--max-length", "64", "--pack", "--out", str(out), "--no-progress",
+        "--heldout", "0.25", "--num-blocks", "2", "--max-length", "64", "--pack",
+        "--out", str(out), "--no-progress",
     ]  # fmt: skip
     assert main(argv) == 0
     config = json.loads((out / "config.json").read_text())
