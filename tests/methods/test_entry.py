@@ -8,6 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+import toast  # noqa: E402
 from toast.methods import available_methods, get_method, method_config  # noqa: E402
 from toast.methods.base import method_names  # noqa: E402
 
@@ -37,3 +38,29 @@ def test_the_method_list_and_a_torch_free_config_need_no_torch():
 def test_an_unknown_method_names_the_known_ones():
     with pytest.raises(ValueError, match="method must be one of"):
         method_config("prune-everything")
+
+
+def test_a_toast_save_goes_in_memory_and_the_disk_path_names_why(tmp_path, capsys):
+    from tests._helpers import replaceme_models as R
+    from toast.hf.budget import plan_checkpoint
+
+    model, _ = toast.compress(R.decoder("llama"), R.text_loader(), budget=1, progress=False)
+    toast.save_pretrained(model, tmp_path / "saved")
+    plan, disk = plan_checkpoint(tmp_path / "saved", "1KiB", progress=False)
+    assert not plan.sequential and disk is None
+    assert "toast save" in plan.reason
+    with pytest.raises(ValueError, match="is a toast save"):
+        plan_checkpoint(tmp_path / "saved", sequential=True, progress=False)
+    assert capsys.readouterr().err == ""  # the in-memory path is said with progress only
+
+
+def test_a_folder_over_the_budget_gets_its_blocks_and_says_why(tmp_path, capsys):
+    from tests._helpers import replaceme_models as R
+    from toast.hf.budget import plan_checkpoint
+
+    model = R.decoder("llama")
+    model.save_pretrained(tmp_path)
+    plan, disk = plan_checkpoint(tmp_path, "1KiB", progress=False)
+    assert plan.sequential and disk is not None
+    assert disk.num_blocks == model.config.num_hidden_layers
+    assert "sequential path" in capsys.readouterr().err  # said even without progress

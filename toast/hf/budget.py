@@ -6,7 +6,10 @@ memory budget (default: the memory the machine has available now) and
 gives the bound the sequential path keeps to instead: the larger of one
 block and the embedding, twice (the tensors read and the copy the
 forward works on), plus a fixed allowance for the interpreter's working
-memory. ``benchmarks/bench_sequential.py`` measures both paths.
+memory. :func:`plan_checkpoint` makes that choice for a model folder once
+(for :func:`toast.compress` on a folder) and finds the checkpoint's blocks
+only when the model goes block by block. ``benchmarks/bench_sequential.py``
+measures both paths.
 """
 
 from __future__ import annotations
