@@ -227,7 +227,12 @@ def run(args: argparse.Namespace) -> int:
     from toast.methods import compress
 
     data, text = _read(args, args.data)
-    heldout, _ = _read(args, args.heldout)  # a text file is read with --data's options
+    heldout, held_text = _read(args, args.heldout)  # a text file is read with --data's options
+    if held_text and not text:  # held-out text beside images: read on its own
+        from toast.io.local import load_batches
+
+        read = {"batch_size": args.batch_size, "max_length": args.max_length}
+        heldout = load_batches(args.model, args.heldout, **read)
     with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
         warnings.simplefilter("always")
         stage.rmdir()  # toast.compress makes the folder itself, whole or not at all
