@@ -6,6 +6,10 @@ and :func:`compress`, which dispatches to them by name.
   into the last kept block);
 - :mod:`toast.methods.toast_vit`: ToaSt (ViT head-dimension pruning, Token
   Channel Selection).
+
+:func:`compress` takes a model in memory (:mod:`toast.methods.runner`) or a
+checkpoint folder (:mod:`toast.methods.pipeline`: in memory or block by
+block from disk, chosen once).
 """
 
 from __future__ import annotations
