@@ -247,10 +247,14 @@ def test_blocks_names_the_block_list(tiny, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", ["analyze", "compress", "replaceme", "demo"])
+@pytest.mark.parametrize(
+    "command",
+    [["analyze"], ["compress"], ["compress", "--method", "replaceme"], ["demo"]],
+    ids=" ".join,
+)
 def test_help_is_plain_text(command, capsys):
     with pytest.raises(SystemExit):
-        main([command, "--help"])
+        main([*command, "--help"])
     text = capsys.readouterr().out
     assert "``" not in text and ":func:" not in text and "imports nothing" not in text
     assert "Exit status: 0 done" in text

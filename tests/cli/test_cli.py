@@ -9,6 +9,7 @@ pytest.importorskip("sklearn")
 Image = pytest.importorskip("PIL.Image")
 
 import toast  # noqa: E402
+import toast.io.save  # noqa: E402
 from toast.cli import main  # noqa: E402
 from toast.data import digits, stdlib_sentences  # noqa: E402
 from toast.zoo import accuracy  # noqa: E402
@@ -148,7 +149,7 @@ def minilm_cli(tmp_path_factory):
     sentences = stdlib_sentences(limit=232)
     (root / "data.txt").write_text("\n".join(sentences[:200]))
     caught = {}
-    real = toast.save_pretrained
+    real = toast.io.save.save_pretrained
 
     def spy(model, path, **kwargs):
         caught["model"] = model
@@ -156,7 +157,7 @@ def minilm_cli(tmp_path_factory):
 
     args = ["compress", str(minilm_path()), "--data", str(root / "data.txt"), "--budget", "1"]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(toast, "save_pretrained", spy)
+        mp.setattr(toast.io.save, "save_pretrained", spy)
         assert main([*args, "--out", str(root / "out"), "--no-progress"]) == 0
     pipeline = st.SentenceTransformer(str(minilm_path()))
     pipeline[0].model = caught["model"]  # the compressed model, in the original pipeline

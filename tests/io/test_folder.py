@@ -52,7 +52,7 @@ def test_every_file_of_a_save_follows_the_umask(compressed, tmp_path, umask_027)
 
 
 def test_replaceme_cli_files_follow_the_umask(tmp_path, umask_027):
-    from toast.cli.replaceme import write_model_card
+    from toast.cli.compress import write_model_card
 
     model, report = toast.compress(
         R.decoder("llama"), R.text_loader(), method="replaceme", num_blocks=2, progress=False

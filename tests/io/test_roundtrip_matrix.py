@@ -24,6 +24,7 @@ transformers = pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
 import toast  # noqa: E402
+import toast.io.save  # noqa: E402
 from tests._helpers import hf_models as H  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
 from toast.cli import main  # noqa: E402
@@ -140,13 +141,13 @@ def _cli_save(name: str, out, tmp_path, monkeypatch) -> torch.nn.Module:
     _vision(name).save_pretrained(source)
     _write_images(images)
     caught = {}
-    real = toast.save_pretrained
+    real = toast.io.save.save_pretrained
 
     def spy(model, path, **kwargs):
         caught["model"] = model
         return real(model, path, **kwargs)
 
-    monkeypatch.setattr(toast, "save_pretrained", spy)
+    monkeypatch.setattr(toast.io.save, "save_pretrained", spy)
     argv = ["compress", str(source), "--data", str(images), "--budget", "1", "--out", str(out)]
     assert main([*argv, "--no-progress"]) == 0
     return caught["model"]

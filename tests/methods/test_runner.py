@@ -79,3 +79,74 @@ def test_without_held_out_data_the_report_measures_nothing():
 def test_a_held_out_fraction_needs_raw_text():
     with pytest.raises(ValueError, match="fraction of raw text"):
         toast.replaceme(decoder("llama"), text_loader(n=16), num_blocks=1, heldout=0.25)
+
+
+# Block discovery: one search for the model's structure per toast.compress
+# call, passed down from there; later lookups go by the stack found or its path.
+
+
+@pytest.fixture
+def discoveries(monkeypatch):
+    """Counts the searches for a model's blocks: ``find_blocks`` given
+    neither a stack found before nor its path, and ``vit_blocks``, wherever a
+    module imported them."""
+    import importlib
+    import sys
+
+    from toast.hf import blocks as hf_blocks
+    from toast.methods.toast_vit import blocks as vit
+
+    for name in toast.methods.available_methods():  # every module a run may import
+        toast.methods.get_method(name)
+    for module in ("toast.methods.toast.from_disk", "toast.hf.sequential", "toast.io.save"):
+        importlib.import_module(module)
+    counts = {"find_blocks": 0, "vit_blocks": 0}
+
+    def counting(name, original):
+        def wrapper(model, *args, **kwargs):
+            found = (args[0] if args else kwargs.get("blocks")) if name == "find_blocks" else None
+            if found is None:
+                counts[name] += 1
+            return original(model, *args, **kwargs)
+
+        return wrapper
+
+    for name, original in (("find_blocks", hf_blocks.find_blocks), ("vit_blocks", vit.vit_blocks)):
+        wrapper = counting(name, original)
+        for module in list(sys.modules.values()):
+            if getattr(module, "__name__", "").startswith(("toast", "tests")):
+                if getattr(module, name, None) is original:
+                    monkeypatch.setattr(module, name, wrapper)
+    return counts
+
+
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [("toast", {"budget": 2}), ("replaceme", {"num_blocks": 2})],
+)
+def test_compress_finds_the_blocks_once_with_heldout_quality(method, options, discoveries):
+    model = decoder("llama")
+    calibration, heldout = text_loader(n=16, seed=0), text_loader(n=8, seed=1)
+    toast.compress(model, calibration, method=method, heldout=heldout, progress=False, **options)
+    assert discoveries == {"find_blocks": 1, "vit_blocks": 0}
+
+
+def test_toast_vit_finds_the_blocks_once(discoveries):
+    toast.compress(encoder("vit"), method="toast-vit", head_sparsity=0.5, progress=False)
+    assert discoveries == {"find_blocks": 0, "vit_blocks": 1}
+
+
+@pytest.mark.parametrize("max_memory", ["1KiB", "64GiB"], ids=["from disk", "in memory"])
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [("toast", {"budget": 2, "estimator": "gcv"}), ("replaceme", {"num_blocks": 2})],
+)
+def test_compress_on_a_folder_finds_the_blocks_once_on_either_path(
+    method, options, max_memory, discoveries, tmp_path
+):
+    decoder("llama").save_pretrained(tmp_path / "source")
+    toast.compress(
+        tmp_path / "source", text_loader(n=16), method=method, output=tmp_path / "out",
+        max_memory=max_memory, progress=False, **options,
+    )  # fmt: skip
+    assert discoveries == {"find_blocks": 1, "vit_blocks": 0}

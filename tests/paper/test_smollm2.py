@@ -131,15 +131,16 @@ def test_the_cli_goes_from_a_gguf_file_and_a_text_file_to_a_checkpoint_and_measu
     data.write_text("\n".join(stdlib_sentences(limit=400)[:96]) + "\n", encoding="utf-8")
     out = tmp_path / "pruned"
     argv = [
-        "replaceme", str(smollm2_gguf()), "--data", str(data), "--heldout", "0.25",
-        "--blocks", "2", "--max-length", "64", "--pack", "--out", str(out), "--no-progress",
+        "compress", "--method", "replaceme", str(smollm2_gguf()), "--data", str(data),
+        "--heldout", "0.25", "--num-blocks", "2", "--max-length", "64", "--pack",
+        "--out", str(out), "--no-progress",
     ]  # fmt: skip
     assert main(argv) == 0
     config = json.loads((out / "config.json").read_text())
     assert config["num_hidden_layers"] == 28
     assert "quantization_config" not in config  # the dequantized weights are plain float32
     assert (out / "model.safetensors").is_file() and any(out.glob("tokenizer*"))
-    report = (out / "replaceme_report.md").read_text()
+    report = (out / "report.md").read_text()
     rows = {
         line.split("|")[1].strip(): float(line.split("|")[2])
         for line in report.splitlines()

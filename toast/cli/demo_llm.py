@@ -59,9 +59,9 @@ def run_llm_demo(
 ) -> LlmDemoResult:
     """Runs the LLM demo; writes the checkpoint, ``distances.png`` and
     ``report.md`` into ``out``."""
-    from toast.cli.replaceme import write_model_card
+    from toast.cli.compress import write_model_card
     from toast.io.local import load_model, load_tokenizer
-    from toast.methods.replaceme.method import replaceme
+    from toast.methods import compress
     from toast.zoo import smollm2_gguf
 
     check("blocks", blocks, Interval(int, 1, 29))
@@ -77,7 +77,8 @@ def run_llm_demo(
 
     _say(f"2/3 ReplaceMe: {blocks} of 30 blocks, measured on held-out text", quiet)
     start = time.perf_counter()
-    _, report = replaceme(model, calibration, num_blocks=blocks, heldout=heldout, progress=progress)
+    options = {"num_blocks": blocks, "heldout": heldout, "progress": progress}
+    _, report = compress(model, calibration, method="replaceme", **options)
     result.report = report
     result.seconds["replaceme"] = time.perf_counter() - start
 

@@ -4,16 +4,13 @@
   --llm``: SmolLM2-135M-Instruct depth-pruned by ReplaceMe, with measured
   perplexity (:mod:`toast.cli.demo_llm`).
 - ``toast analyze MODEL_DIR --data DATA --out DIR``: heatmap and span table.
-- ``toast compress MODEL_DIR --data DATA --budget N --out DIR [--heldout H]``:
-  a compressed model saved with :func:`toast.save_pretrained`, with its
-  report (and measured held-out quality); a checkpoint that does not fit
-  ``--max-memory`` is calibrated block by block from disk and written
-  without loading it.
+- ``toast compress MODEL --method NAME --data DATA --out DIR [options]``:
+  any registered method, its options from its config, through
+  :func:`toast.compress` (:mod:`toast.cli.compress`); a checkpoint that does
+  not fit ``--max-memory`` is compressed block by block from disk.
 - ``toast search MODEL --data DATA --heldout H --target 20% --out DIR``: the
   best compression for a target across every method, measured
   (:mod:`toast.cli.search`).
-- ``toast replaceme MODEL_PATH --data FILE --blocks N --out DIR``: ReplaceMe on
-  a local causal LM; a standard checkpoint out (:mod:`toast.cli.replaceme`).
 
 Every command checks its arguments, paths and output folder before loading
 anything (:mod:`toast.cli.checks`) and writes its output folder whole or not
@@ -35,30 +32,27 @@ from toast.cli.checks import (
     check_tokenizer_files,
     staged_output,
 )
+from toast.cli.compress import DEFAULT_METHOD
+from toast.cli.compress import add_parser as _add_compress
 from toast.cli.options import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_STATUSES,
     EXIT_USAGE,
-    HELDOUT_HELP,
     add_calibration_arguments,
     add_config_arguments,
-    add_memory_arguments,
     add_output_arguments,
     calibration_from_args,
     config_values,
-    forced_path,
-    heldout_value,
     quiet_libraries,
     report_warnings,
-    say_path,
 )
-from toast.cli.replaceme import add_parser as _add_replaceme
 from toast.cli.search import add_parser as _add_search
-from toast.methods.toast.config import ToastConfig
+from toast.methods import method_config
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser(method: str = DEFAULT_METHOD) -> argparse.ArgumentParser:
+    """The ``toast`` parser; ``compress`` takes the options of ``method``."""
     parser = argparse.ArgumentParser(
         prog="toast",
         description="Make pretrained transformers smaller and faster, with no training.",
@@ -91,59 +85,32 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--no-progress", action="store_true", help="hide progress (the result is still printed)"
     )
-    _add_local_commands(sub)
-    _add_replaceme(sub)
+    _add_analyze(sub)
+    _add_compress(sub, method)
     _add_search(sub)
     return parser
 
 
-# ToastConfig fields each local subcommand exposes as --options.
+# ToastConfig fields ``toast analyze`` exposes as --options.
 _ANALYZE_FIELDS = ["tokens", "estimator", "metric", "ridge", "include_first_block"]
-_COMPRESS_FIELDS = [
-    "budget",
-    "max_error",
-    "max_span",
-    "translator",
-    "fit",
-    "holdout",
-    "fallback",
-    "massive_rows",
-    *_ANALYZE_FIELDS,
-]
 _HELP = {
-    "budget": "blocks to remove",
-    "max_error": "largest predicted error per span",
-    "max_span": "most blocks one span may replace (bounds the states kept from disk)",
-    "translator": "translator kind",
-    "fit": "fit every span on the original model, or each on the partly compressed one",
     "tokens": "rows of each sample that enter the statistics",
     "estimator": "how the error of a span is estimated",
     "metric": "selection metric",
-    "ridge": "ridge (L2) of the error estimates and the translators' least squares, e.g. 1e-3 "
-    "(none: the minimum-norm solution)",
-    "include_first_block": "block 0 may be removed too (the papers always keep it)",
-    "holdout": "fraction of calibration batches held out to check each translator",
-    "massive_rows": "rows a span would have to make massive (attention sinks): fitted as "
-    "plain removal leaves them, or like every row (the papers)",
-    "fallback": "keep a translator even where plain removal measures better on held-out batches",
+    "ridge": "ridge (L2) of the error estimates, e.g. 1e-3 (none: the minimum-norm solution)",
+    "include_first_block": "block 0 may be listed too (the papers always keep it)",
 }
 
 
-def _add_local_commands(sub: Any) -> None:
-    for name, fields, help_text in (
-        ("analyze", _ANALYZE_FIELDS, "block error matrix of a local model on local data"),
-        ("compress", _COMPRESS_FIELDS, "replace redundant spans of a local model; save it"),
-    ):
-        p = sub.add_parser(name, help=help_text, description=help_text, epilog=EXIT_STATUSES)
-        p.add_argument("model", help="local model directory (save_pretrained or a toast save)")
-        p.add_argument("--data", required=True, help="folder of images, or a .txt/.jsonl file")
-        add_output_arguments(p)
-        p.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
-        if name == "compress":
-            p.add_argument("--heldout", type=heldout_value, default=None, help=HELDOUT_HELP)
-            add_memory_arguments(p, "the compressed model written")
-        add_config_arguments(p, ToastConfig, fields, _HELP)
-        add_calibration_arguments(p, max_samples=512, blocks_flag=True)
+def _add_analyze(sub: Any) -> None:
+    help_text = "block error matrix of a local model on local data"
+    p = sub.add_parser("analyze", help=help_text, description=help_text, epilog=EXIT_STATUSES)
+    p.add_argument("model", help="local model directory (save_pretrained or a toast save)")
+    p.add_argument("--data", required=True, help="folder of images, or a .txt/.jsonl file")
+    add_output_arguments(p)
+    p.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
+    add_config_arguments(p, method_config("toast"), _ANALYZE_FIELDS, _HELP)
+    add_calibration_arguments(p, max_samples=512, blocks_flag=True)
 
 
 def _analyze(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> str:
@@ -164,83 +131,6 @@ def _analyze(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> s
     return "\n".join(lines)
 
 
-def _compress(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> str:
-    import toast
-    from toast.io.local import load_batches
-
-    heldout = args.heldout  # None, or a fraction of the calibration texts
-    if isinstance(heldout, str):
-        heldout = load_batches(args.model, heldout, batch_size=args.batch_size)
-    model, report = toast.compress(model, batches, config=args.config, heldout=heldout)
-    summary = report.to_markdown()
-    # The tokenizer / image processor / sentence-transformers files of the
-    # input folder travel with the model, so the output loads on its own.
-    # out is the fresh staging folder that replaces --out whole once everything is written
-    toast.save_pretrained(model, out, overwrite=True, source=args.model, report=summary)
-    _write_report(report, summary, out)
-    return summary
-
-
-def _write_report(report: Any, summary: str, out: Path) -> None:
-    """``report.md`` and the heatmap with the chosen spans, beside the model."""
-    (out / "report.md").write_text(summary + "\n", encoding="utf-8")
-    report.analysis.heatmap(spans=report.spans).savefig(
-        out / "heatmap.png", dpi=120, bbox_inches="tight"
-    )
-
-
-def _disk_model(args: argparse.Namespace) -> Any:
-    """The checkpoint's structure when ``toast compress`` takes the path
-    block by block from disk (printed with why); None for the in-memory path.
-    Only a Hugging Face checkpoint folder with safetensors weights has that
-    path; ``--path disk`` on anything else names the problem."""
-    folder = Path(args.model)
-    plain = (folder / "config.json").is_file() and not (folder / "toast_plan.json").exists()
-    if not (plain and any(folder.glob("*.safetensors"))):
-        if args.memory_path == "disk":
-            raise ValueError(
-                f"--path disk needs a Hugging Face checkpoint folder with safetensors weights; "
-                f"{folder} is not one (a toast save, pickled weights or no config.json): "
-                "use --path memory"
-            )
-        return None
-    from toast.hf.budget import choose_path, open_checkpoint
-
-    forced = forced_path(args)
-    disk = open_checkpoint(folder, args.config.calibration.blocks, forced, "toast compress")
-    if disk is None:
-        return None
-    plan = choose_path(disk, args.max_memory, forced, False, "toast compress")
-    say_path(plan, args, "toast compress")
-    return disk if plan.sequential else None
-
-
-def _compress_from_disk(disk: Any, args: argparse.Namespace, out: Path) -> int:
-    """``toast compress`` block by block from the folder: the compressed
-    model is written without loading it (closed-form translators)."""
-    import warnings
-
-    from toast.io.local import load_batches
-    from toast.methods.toast.from_disk import compress_from_disk
-
-    if args.heldout is not None:
-        print(
-            "toast compress: --heldout needs the model in memory; not measured on the "
-            "sequential path",
-            file=sys.stderr,
-        )
-    batches = load_batches(args.model, args.data, batch_size=args.batch_size)
-    with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
-        warnings.simplefilter("always")
-        stage.rmdir()  # the writer makes the folder itself, whole or not at all
-        report = compress_from_disk(disk, batches, stage, args.config)
-        summary = report.to_markdown()
-        _write_report(report, summary, stage)
-    report_warnings(caught, quiet=args.quiet)
-    print(summary)
-    return 0
-
-
 def _check_local(args: argparse.Namespace) -> Path:
     """Every argument, path and the output folder, before anything loads."""
     model = check_model_path(args.model)
@@ -251,28 +141,22 @@ def _check_local(args: argparse.Namespace) -> Path:
         check_tokenizer_files(model)
     check("--batch-size", args.batch_size, Interval(int, 1, None))
     check("--ridge", args.ridge, Interval(float, 0, None), None)
-    calibration = calibration_from_args(args)  # checks --max-samples, --max-batches
-    if args.command == "compress":
-        args.config = ToastConfig(calibration=calibration, **config_values(args, _COMPRESS_FIELDS))
+    calibration_from_args(args)  # checks --max-samples, --max-batches
     return check_out(args.out, args.overwrite)
 
 
-def _run_local(args: argparse.Namespace) -> int:
+def _run_analyze(args: argparse.Namespace) -> int:
     import warnings
 
     out = _check_local(args)
     quiet_libraries(progress=not args.no_progress, quiet=args.quiet)
-    disk = _disk_model(args) if args.command == "compress" else None
-    if disk is not None:
-        return _compress_from_disk(disk, args, out)
     from toast.io.local import load_batches, load_model
 
     model = load_model(args.model)
     batches = load_batches(args.model, args.data, batch_size=args.batch_size)
-    run = _analyze if args.command == "analyze" else _compress
     with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
         warnings.simplefilter("always")
-        summary = run(model, batches, args, stage)
+        summary = _analyze(model, batches, args, stage)
     report_warnings(caught, quiet=args.quiet)
     print(summary)
     return 0
@@ -280,7 +164,7 @@ def _run_local(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one ``toast`` command; returns its exit status (see ``toast --help``)."""
-    args = _build_parser().parse_args(argv)
+    args = _build_parser(_method_asked(argv)).parse_args(argv)
     if getattr(args, "quiet", False):
         args.no_progress = True
     try:
@@ -296,13 +180,29 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def _method_asked(argv: list[str] | None) -> str:
+    """The ``--method`` of a ``compress`` command line, read before parsing
+    it: the method decides which options the parser has. A name that is not
+    a method is left to the parser to refuse (with the list of methods)."""
+    from toast.methods import available_methods
+
+    argv = sys.argv[1:] if argv is None else argv
+    for k, arg in enumerate(argv):
+        name = arg.split("=", 1)[1] if arg.startswith("--method=") else None
+        if arg == "--method" and k + 1 < len(argv):
+            name = argv[k + 1]
+        if name in available_methods():
+            return name
+    return DEFAULT_METHOD
+
+
 def _dispatch(args: argparse.Namespace) -> int:
-    if args.command == "replaceme":
-        from toast.cli.replaceme import run
+    if args.command == "compress":
+        from toast.cli.compress import run
 
         return run(args)
-    if args.command in ("analyze", "compress"):
-        return _run_local(args)
+    if args.command == "analyze":
+        return _run_analyze(args)
     if args.command == "search":
         from toast.cli.search import run as run_search
 

@@ -33,8 +33,11 @@ __all__ = [
     "heldout_value",
     "add_calibration_arguments",
     "add_config_arguments",
+    "add_memory_arguments",
     "calibration_from_args",
+    "config_fields",
     "config_values",
+    "forced_path",
 ]
 
 
@@ -69,26 +72,50 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _value_type(field: dataclasses.Field, default: Any) -> Any:
-    if isinstance(default, bool):
+_SCALARS = {"int": int, "float": float, "str": str}
+
+
+def _value_type(field: dataclasses.Field) -> Any:
+    """The type a command line gives ``field``: ``bool`` for a flag, ``int``,
+    ``float`` or ``str`` from its default or (for a None default) the first
+    member of its annotation; None for a field no command line can give (a
+    list, a mapping, a callable, a nested config)."""
+    default = field.default
+    if default is dataclasses.MISSING:  # a default factory: a nested config, a list
         return None
-    if isinstance(default, (int, float, str)):
+    if isinstance(default, (bool, int, float, str)):
         return type(default)
-    annotation = str(field.type)
-    if "float" in annotation:
-        return float
-    if "int" in annotation:
-        return int
-    return str
+    if default is not None:
+        return None
+    first = str(field.type).split("|")[0].strip()
+    if first.startswith("Literal["):
+        return str
+    return _SCALARS.get(first)
+
+
+def config_fields(config: type) -> list[str]:
+    """The fields of ``config`` a command line can give (see :func:`_value_type`)."""
+    return [f.name for f in dataclasses.fields(config) if _value_type(f) is not None]
+
+
+def _size(text: str) -> int:
+    """A byte count from ``"8GiB"``, ``"512M"`` or ``"1000000"``."""
+    from toast.hf.budget import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_config_arguments(
-    parser: argparse.ArgumentParser,
+    parser: argparse._ActionsContainer,
     config: type,
     names: list[str],
     helps: dict[str, str] | None = None,
 ) -> None:
-    """Adds ``--name`` options for the named fields of ``config``."""
+    """Adds ``--name`` options for the named fields of ``config`` (a field
+    named ``*_bytes`` takes a size such as ``8GiB``)."""
     fields = {f.name: f for f in dataclasses.fields(config)}
     constraints = getattr(config, "_parameter_constraints", {})
     for name in names:
@@ -109,7 +136,7 @@ def add_config_arguments(
         parser.add_argument(
             _flag(name),
             dest=name,
-            type=_value_type(field, default),
+            type=_size if name.endswith("_bytes") else _value_type(field),
             default=default,
             choices=choices,
             help=help_text + shown,
@@ -138,7 +165,7 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_memory_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     """``--max-memory`` and ``--path``: whether a model folder is loaded or
-    calibrated block by block from disk (:func:`toast.hf.budget.choose_path`)."""
+    calibrated block by block from disk (:func:`toast.compress` on a folder)."""
     parser.add_argument(
         "--max-memory",
         default=None,
@@ -155,15 +182,8 @@ def add_memory_arguments(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def say_path(plan: Any, args: argparse.Namespace, command: str) -> None:
-    """Prints the path a model folder takes and why: always for the
-    block-by-block path (slower, fewer options), with progress for the other."""
-    if plan.sequential or not args.no_progress:
-        print(f"{command}: {plan.reason}", file=sys.stderr)
-
-
 def forced_path(args: argparse.Namespace) -> bool | None:
-    """``--path`` as ``choose_path``'s ``sequential``: None lets the budget decide."""
+    """``--path`` as :func:`toast.compress`'s ``sequential``: None lets the budget decide."""
     return {"auto": None, "memory": False, "disk": True}[args.memory_path]
 
 
@@ -219,7 +239,6 @@ def quiet_libraries(progress: bool, quiet: bool = False) -> None:
 
 def report_warnings(caught: list, quiet: bool) -> None:
     """Each distinct warning of a run once on stderr (none when ``quiet``)."""
-    import sys
 
     if quiet:
         return

@@ -6,7 +6,10 @@ memory budget (default: the memory the machine has available now) and
 gives the bound the sequential path keeps to instead: the larger of one
 block and the embedding, twice (the tensors read and the copy the
 forward works on), plus a fixed allowance for the interpreter's working
-memory. ``benchmarks/bench_sequential.py`` measures both paths.
+memory. :func:`plan_checkpoint` makes that choice for a model folder once
+(for :func:`toast.compress` on a folder) and finds the checkpoint's blocks
+only when the model goes block by block. ``benchmarks/bench_sequential.py``
+measures both paths.
 """
 
 from __future__ import annotations
@@ -17,21 +20,20 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from toast.hf.checkpoint import Checkpoint
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch stays unimported: the CLI parses sizes before loading anything
+    from toast.hf.checkpoint import Checkpoint
     from toast.hf.sequential import DiskModel
 
 __all__ = [
     "MemoryPlan",
     "available_memory",
-    "choose_path",
     "memory_plan",
-    "open_checkpoint",
     "parse_size",
+    "plan_checkpoint",
 ]
 
 _log = logging.getLogger(__name__)
@@ -83,10 +85,14 @@ class MemoryPlan:
     in_memory: int
     bound: int
     asked: bool = False
+    #: a reason that no budget gave (the path forced, or the only one there is)
+    reason_given: str = field(default="", compare=False)
 
     @property
     def reason(self) -> str:
         """One line for the log: the path, why, and its peak-memory bound."""
+        if self.reason_given:
+            return self.reason_given
         if self.asked:
             what = "sequential" if self.sequential else "in-memory"
             fits = dataclasses.replace(self, sequential=self.in_memory > self.budget, asked=False)
@@ -125,41 +131,55 @@ def memory_plan(
     return MemoryPlan(in_memory > budget, budget, in_memory, bound)
 
 
-def choose_path(
-    disk: DiskModel,
-    max_memory: int | str | None,
-    sequential: bool | None,
-    progress: bool,
-    command: str = "toast",
-) -> MemoryPlan:
-    """The memory plan of ``disk`` and the path taken (``sequential`` forces
-    one); the choice and its reason are logged (and printed with ``progress``,
-    after ``command``)."""
-    plan = memory_plan(disk.checkpoint, max_memory, block_bytes=disk.largest_block_bytes)
-    if sequential is not None:
-        plan = dataclasses.replace(plan, sequential=sequential, asked=True)
-    _log.info("%s: %s", command, plan.reason)
-    if progress:
-        print(f"{command}: {plan.reason}", file=sys.stderr)
-    return plan
+def plan_checkpoint(
+    folder: str | os.PathLike,
+    max_memory: int | str | None = None,
+    sequential: bool | None = None,
+    *,
+    blocks: str | None = None,
+    progress: bool = True,
+    command: str = "toast compress",
+) -> tuple[MemoryPlan, DiskModel | None]:
+    """The path for the checkpoint in ``folder`` under ``max_memory`` and,
+    for the block-by-block path, the checkpoint's structure (its blocks
+    found once, on the skeleton). ``sequential=True``/``False`` forces a
+    path. The choice and its reason are logged, and printed after
+    ``command`` for the block-by-block path (slower, fewer options) or with
+    ``progress``.
 
-
-def open_checkpoint(
-    folder: str | os.PathLike, blocks: str | None, sequential: bool | None, command: str = "toast"
-) -> DiskModel | None:
-    """The structure of the checkpoint in ``folder`` for :func:`choose_path`,
-    or None when the block-by-block path does not support it (a family whose
-    loading merges or splits tensors, say) and was not asked for: such a
-    model goes in memory, as before the path existed (the reason is logged).
-    ``sequential=False`` needs no structure: None."""
+    Only the headers decide whether the model fits, so the in-memory path
+    never builds the skeleton. A folder the block-by-block path cannot read
+    (no safetensors weights, a family whose loading merges or splits
+    tensors) goes in memory unless that path was asked for: then the
+    ``ValueError`` names the problem.
+    """
+    from toast.hf.checkpoint import Checkpoint
     from toast.hf.sequential import DiskModel
 
     if sequential is False:
-        return None
+        plan = MemoryPlan(False, 0, 0, 0, asked=True, reason_given="in-memory path, as asked")
+        return _said(plan, progress, command), None
     try:
-        return DiskModel.open(folder, blocks)
+        if (Path(folder) / "toast_plan.json").exists():
+            raise ValueError(f"{folder} is a toast save, which only loads whole")
+        checkpoint = Checkpoint(folder)
+        plan = memory_plan(checkpoint, max_memory)
+        disk = DiskModel.open(checkpoint, blocks) if plan.sequential or sequential else None
     except ValueError as exc:
         if sequential:
             raise
-        _log.info("%s: in-memory path (no block-by-block path here: %s)", command, exc)
-        return None
+        why = f"in-memory path (no block-by-block path here: {exc})"
+        plan = MemoryPlan(False, 0, 0, 0, reason_given=why)
+        return _said(plan, progress, command), None
+    if disk is not None:  # the bound from the largest block, now that the blocks are known
+        plan = memory_plan(checkpoint, max_memory, block_bytes=disk.largest_block_bytes)
+    if sequential is not None:
+        plan = dataclasses.replace(plan, sequential=sequential, asked=True)
+    return _said(plan, progress, command), disk if plan.sequential else None
+
+
+def _said(plan: MemoryPlan, progress: bool, command: str) -> MemoryPlan:
+    _log.info("%s: %s", command, plan.reason)
+    if plan.sequential or progress:
+        print(f"{command}: {plan.reason}", file=sys.stderr)
+    return plan

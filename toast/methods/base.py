@@ -135,7 +135,11 @@ class Method:
     ``config`` is its config dataclass; ``run(model, data, config,
     before_surgery)`` does the work; ``needs_data`` says whether ``data``
     may be None; ``stages`` its :class:`Stages` (what ``toast.search``
-    runs; None: the search leaves it out).
+    runs; None: the search leaves it out);
+    ``run_from_disk(disk, batches, output, config, heldout=...)``,
+    when the method has one, does it block by block on a checkpoint that
+    stays on disk and writes the result to ``output``
+    (:mod:`toast.methods.pipeline`).
     """
 
     name: str
@@ -144,6 +148,7 @@ class Method:
     needs_data: bool = True
     summary: str = ""
     stages: Stages | None = None
+    run_from_disk: Callable[..., Report] | None = None
 
 
 _REGISTRY: dict[str, Method] = {}

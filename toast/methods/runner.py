@@ -1,7 +1,8 @@
 """Running a registered method: raw data in, measured quality out.
 
-Every entry point (``toast.compress``, ``toast.replaceme``) goes through
-:func:`run_method`, which
+Every in-memory run (``toast.compress`` on a model, or on a checkpoint
+folder that fits memory; ``toast.replaceme``) goes through :func:`run_method`,
+which
 
 1. turns raw text (a file, a list of strings, a ``datasets``-style dataset,
    chat ``"messages"``) into batches with the user's tokenizer
@@ -27,7 +28,13 @@ if TYPE_CHECKING:
     from toast.methods.base import Method, Report
     from toast.spans import Span
 
-__all__ = ["TEXT_OPTIONS", "run_method", "split_heldout", "split_text_options"]
+__all__ = [
+    "TEXT_OPTIONS",
+    "prepare_data",
+    "run_method",
+    "split_heldout",
+    "split_text_options",
+]
 
 
 def split_text_options(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -51,18 +58,29 @@ def run_method(
     ``tokenizer``, ``max_length``, ``batch_size``, ``num_samples``, ``pack``,
     ``field``). A float ``heldout`` holds out that fraction of raw ``data``'s
     samples (the last ones) and calibrates on the rest."""
+    data, heldout = prepare_data(method, data, heldout, text)
+    if heldout is None:
+        return method.run(model, data, config, None)
+    return _run_measured(method, model, data, config, heldout)
+
+
+def prepare_data(
+    method: Method,
+    data: Any,
+    heldout: Any = None,
+    text: Mapping[str, Any] | None = None,
+) -> tuple[Iterable | None, Iterable | None]:
+    """``data`` and ``heldout`` as batches (raw text read with ``text``; a
+    float ``heldout`` holds out that fraction of raw ``data``'s samples, the
+    last ones); ``ValueError`` when ``method`` needs data and has none."""
     text = dict(text or {})
     if data is not None:
         data = as_batches(data, **text)
     if method.needs_data and data is None:
         raise ValueError(f"method={method.name!r} needs calibration data (a loader of batches)")
-    if heldout is None:
-        return method.run(model, data, config, None)
     if isinstance(heldout, float):
-        data, heldout = split_heldout(data, heldout)
-    else:
-        heldout = as_batches(heldout, **text)
-    return _run_measured(method, model, data, config, heldout)
+        return split_heldout(data, heldout)
+    return data, None if heldout is None else as_batches(heldout, **text)
 
 
 def split_heldout(data: Iterable | None, fraction: float) -> tuple[TextData, TextData]:

@@ -10,10 +10,10 @@ pytest.importorskip("transformers")
 
 from safetensors.torch import load_file  # noqa: E402
 
+import toast  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
 from toast.hf.budget import memory_plan, parse_size  # noqa: E402
 from toast.hf.checkpoint import Checkpoint  # noqa: E402
-from toast.methods.replaceme.checkpoint import replaceme_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -22,12 +22,13 @@ def test_both_paths_write_the_same_checkpoint_and_say_which_they_took(tmp_path, 
     model = R.decoder("llama")
     model.save_pretrained(tmp_path / "source")
     data = R.text_loader()
-    small = replaceme_checkpoint(
-        tmp_path / "source", data, tmp_path / "disk", num_blocks=2, max_memory="1KiB"
+    options = {"method": "replaceme", "num_blocks": 2}
+    small = toast.compress(
+        tmp_path / "source", data, output=tmp_path / "disk", max_memory="1KiB", **options
     )
     said_small = capsys.readouterr().err
-    large = replaceme_checkpoint(
-        tmp_path / "source", data, tmp_path / "memory", num_blocks=2, max_memory="64GiB"
+    large = toast.compress(
+        tmp_path / "source", data, output=tmp_path / "memory", max_memory="64GiB", **options
     )
     said_large = capsys.readouterr().err
     assert "sequential path" in said_small and "more than the budget" in said_small

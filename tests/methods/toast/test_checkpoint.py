@@ -14,7 +14,6 @@ from safetensors.torch import load_file  # noqa: E402
 
 import toast  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
-from toast.methods.toast.checkpoint import compress_checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -31,12 +30,12 @@ def test_both_paths_write_the_same_save_and_say_which_they_took(extra, tmp_path,
     data = R.text_loader()
     options = {**OPTIONS, **extra}
     max_span = extra.get("max_span")
-    small = compress_checkpoint(
-        tmp_path / "source", data, tmp_path / "disk", max_memory="1KiB", **options
+    small = toast.compress(
+        tmp_path / "source", data, output=tmp_path / "disk", max_memory="1KiB", **options
     )
     said_small = capsys.readouterr().err
-    large = compress_checkpoint(
-        tmp_path / "source", data, tmp_path / "memory", max_memory="64GiB", **options
+    large = toast.compress(
+        tmp_path / "source", data, output=tmp_path / "memory", max_memory="64GiB", **options
     )
     said_large = capsys.readouterr().err
     assert "toast compress: sequential path" in said_small and "peak memory bound" in said_small
@@ -55,7 +54,7 @@ def test_an_existing_output_is_refused_before_anything_runs(tmp_path):
     R.decoder("llama").save_pretrained(tmp_path / "source")
     (tmp_path / "out").mkdir()
     with pytest.raises(FileExistsError, match="goes to a new folder"):
-        compress_checkpoint(tmp_path / "source", R.text_loader(), tmp_path / "out", budget=2)
+        toast.compress(tmp_path / "source", R.text_loader(), output=tmp_path / "out", budget=2)
 
 
 def test_explicit_spans_longer_than_max_span_name_the_fix():
@@ -63,6 +62,16 @@ def test_explicit_spans_longer_than_max_span_name_the_fix():
         toast.ToastConfig(spans=[(1, 4)], max_span=2)
 
 
-def test_a_method_without_a_checkpoint_path_is_refused_naming_the_others(tmp_path):
-    with pytest.raises(ValueError, match="use method='toast' or 'replaceme'"):
-        toast.compress_checkpoint(tmp_path, [], tmp_path / "out", method="toast-vit")
+def test_a_method_without_a_disk_path_asked_to_go_from_disk_names_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="has no block-by-block path.*sequential=None or False"):
+        toast.compress(tmp_path, [], output=tmp_path / "out", method="toast-vit", sequential=True)
+
+
+def test_a_folder_without_output_names_the_fix(tmp_path):
+    with pytest.raises(TypeError, match="pass output="):
+        toast.compress(tmp_path, [], budget=2)
+
+
+def test_folder_options_on_a_model_in_memory_are_refused():
+    with pytest.raises(TypeError, match="max_memory, output apply to a checkpoint folder"):
+        toast.compress(R.decoder("llama"), [], budget=2, output="x", max_memory="1GiB")

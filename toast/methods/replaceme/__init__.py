@@ -16,9 +16,9 @@ it through the method registry.
 - :mod:`~toast.methods.replaceme.method`: the orchestrator, registered as ``"replaceme"``;
 - :mod:`~toast.methods.replaceme.disk`: the same from a checkpoint on disk,
   block by block, and the pruned checkpoint written without the model;
-- :mod:`~toast.methods.replaceme.checkpoint`: a model folder, in memory or
-  from disk by the memory budget;
-- the command line ``toast replaceme ...`` is :mod:`toast.cli.replaceme`.
+- a model folder, in memory or from disk by the memory budget:
+  ``toast.compress(folder, data, method="replaceme", output=...)``;
+- the command line is ``toast compress MODEL --method replaceme ...``.
 """
 
 from toast._lazy import lazy_getattr
@@ -34,7 +34,6 @@ _NAMES = {
     "NotFoldableError": "toast.methods.replaceme.fold",
     "METHOD": "toast.methods.replaceme.method",
     "replaceme": "toast.methods.replaceme.method",
-    "replaceme_checkpoint": "toast.methods.replaceme.checkpoint",
     "replaceme_from_disk": "toast.methods.replaceme.disk",
     "write_replaceme": "toast.methods.replaceme.disk",
     "compression_ratio": "toast.methods.replaceme.params",

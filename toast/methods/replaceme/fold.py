@@ -232,7 +232,7 @@ def fold_transform(projection: Projection, transform: np.ndarray | torch.Tensor)
             raise ValueError(
                 f"the weight of {projection.path} is on the meta device (offloaded by "
                 "device_map with disk or CPU offload), so T cannot be folded into it in "
-                "place; use toast.replaceme_checkpoint(folder, ...) (or "
+                "place; use toast.compress(folder, ..., method='replaceme', output=...) (or "
                 "toast.methods.replaceme.disk.write_replaceme with this report's spans and "
                 "transforms) to write the pruned checkpoint from the files on disk"
             )

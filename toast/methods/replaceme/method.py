@@ -32,6 +32,7 @@ from toast.hf.params import count_params
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import candidate_cuts, choose_cuts
+from toast.methods.replaceme.disk import replaceme_from_disk
 from toast.methods.replaceme.estimate import (
     Estimation,
     Fitted,
@@ -174,5 +175,6 @@ METHOD = register(
         run=_replaceme,
         summary="remove blocks, fold a least-squares or cosine transform into the last kept one",
         stages=STAGES,
+        run_from_disk=replaceme_from_disk,
     )
 )

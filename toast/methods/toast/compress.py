@@ -14,6 +14,7 @@ from toast.hf.heldout import HeldOutCheck, Holdout, unchecked_because
 from toast.hf.params import count_params
 from toast.hf.surgery import replace_spans
 from toast.methods.base import BeforeSurgery, Method, register
+from toast.methods.pipeline import deferred
 from toast.methods.toast.analysis import Analysis, analyze
 from toast.methods.toast.config import ToastConfig
 from toast.methods.toast.fitting import Fitter, records_massive_rows
@@ -153,7 +154,7 @@ def _fit_sequentially(
         where = (span.start - removed, span.stop - removed)
         module = fitter.fit_one_on(model, data, where, stack)
         replace_spans(model, [where], [module], blocks=stack)
-        stack = find_blocks(model, stack.path)
+        stack = find_blocks(model, stack)  # looked up by its path, not searched for
         removed += span.num_blocks - 1
 
 
@@ -174,5 +175,7 @@ METHOD = register(
         run=_run,
         summary="replace redundant spans of blocks by closed-form or trained translators",
         stages=STAGES,
+        # from_disk builds on this module: imported when a folder goes block by block
+        run_from_disk=deferred("toast.methods.toast.from_disk", "compress_from_disk"),
     )
 )

@@ -11,7 +11,7 @@ from torch import nn
 
 from toast.hf.params import count_params
 from toast.methods.base import BeforeSurgery, Method, Report, register
-from toast.methods.toast_vit.blocks import vit_blocks
+from toast.methods.toast_vit.blocks import VitModel, vit_blocks
 from toast.methods.toast_vit.config import ToastVitConfig
 from toast.methods.toast_vit.finetune import finetune
 from toast.methods.toast_vit.macs import toast_macs
@@ -118,9 +118,9 @@ def compress_vit(
     rho = dict(enumerate(_head_sparsity(config, sched, skip_blocks(config.skip, vm.stage_firsts))))
     gmacs_before = toast_macs(model.config, head_sparsity=0.0, image_size=config.image_size).gmacs
     params_before = count_params(model)
-    pruning = prune_heads(model, rho, skip=(), **_arguments(config, _SCWP))
+    pruning = prune_heads(model, rho, skip=(), blocks=vm, **_arguments(config, _SCWP))
     losses = _finetune(model, data, config)
-    handle = _enable_tcs(model, sched, config)
+    handle = _enable_tcs(model, sched, config, vm)
     gmacs_after = toast_macs(
         model.config, head_sparsity=rho, schedule=sched, skip=(), image_size=config.image_size
     ).gmacs
@@ -160,10 +160,13 @@ def _finetune(model: nn.Module, data: Iterable[Any] | None, config: ToastVitConf
     return finetune(model, data, seed=config.calibration.seed, **options)
 
 
-def _enable_tcs(model: nn.Module, sched: Schedule, config: ToastVitConfig) -> TcsHandle | None:
+def _enable_tcs(
+    model: nn.Module, sched: Schedule, config: ToastVitConfig, vm: VitModel
+) -> TcsHandle | None:
     if not sched.active_blocks:
         return None
-    return enable_tcs(model, sched, seed=config.calibration.seed, **_arguments(config, _TCS))
+    seed = config.calibration.seed
+    return enable_tcs(model, sched, seed=seed, blocks=vm, **_arguments(config, _TCS))
 
 
 METHOD = register(

@@ -1,0 +1,73 @@
+"""``toast compress --method NAME``: every registered method is on the
+command line with its config's options, and a run from the command line
+gives the model :func:`toast.compress` gives."""
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+hf_models = pytest.importorskip("tests._helpers.hf_models")
+
+import toast  # noqa: E402
+from toast.cli import main  # noqa: E402
+from toast.cli.compress import config_from_args  # noqa: E402
+from toast.cli.main import _build_parser  # noqa: E402
+from toast.cli.options import config_fields  # noqa: E402
+from toast.methods import available_methods, method_config  # noqa: E402
+from toast.methods.base import make_config  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+SIZES = {"toast": {"budget": 1}, "replaceme": {"num_blocks": 1}}
+
+
+@pytest.mark.parametrize("method", available_methods())
+def test_every_method_is_reachable_and_its_defaults_are_its_configs(method):
+    argv = ["compress", "m", "--method", method, "--out", "o", "--no-progress"]
+    options = SIZES.get(method, {})  # the methods that remove blocks need a number of them
+    argv += [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+    parsed = config_from_args(_build_parser(method).parse_args(argv))
+    assert isinstance(parsed, method_config(method))
+    expected = make_config(
+        toast.methods.get_method(method), {"progress": False, **options}
+    )
+    assert parsed == expected
+
+
+@pytest.mark.parametrize("method", available_methods())
+def test_every_option_a_command_line_can_give_is_a_flag(method, capsys):
+    with pytest.raises(SystemExit):
+        main(["compress", "--method", method, "--help"])
+    shown = capsys.readouterr().out
+    config = method_config(method)
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+    for name in config_fields(config):
+        flag = name.replace("_", "-")
+        negated = defaults[name] is True
+        assert f"--{'no-' if negated else ''}{flag}" in shown, name
+
+
+def test_toast_vit_from_the_command_line_gives_the_library_model(tmp_path):
+    model = hf_models.build(hf_models.FAMILIES[0])  # a tiny ViT
+    model.save_pretrained(tmp_path / "vit")
+    model = toast.load_pretrained(tmp_path / "vit")  # as the command loads it
+    out = tmp_path / "out"
+    argv = ["compress", str(tmp_path / "vit"), "--method", "toast-vit", "--head-sparsity", "0.5"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    expected, _ = toast.compress(model, method="toast-vit", head_sparsity=0.5, progress=False)
+    loaded = toast.load_pretrained(out)
+    x = torch.randn(2, 3, hf_models.IMAGE, hf_models.IMAGE)
+    with torch.no_grad():
+        got, want = loaded(pixel_values=x), expected(pixel_values=x)
+    assert torch.equal(got.last_hidden_state, want.last_hidden_state)
+    assert "SCWP" in (out / "report.md").read_text()
+
+
+def test_a_method_that_needs_data_without_data_is_refused_before_loading(tmp_path, capsys):
+    hf_models.build(hf_models.FAMILIES[0]).save_pretrained(tmp_path / "vit")
+    argv = ["compress", str(tmp_path / "vit"), "--budget", "1", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    assert "--method toast needs calibration data: pass --data" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,202 @@
+"""A Hugging Face checkpoint folder through any method: the path chosen once.
+
+:func:`compress_folder` reads the checkpoint's headers, compares what loading
+the model needs with ``max_memory`` (:func:`toast.hf.budget.plan_checkpoint`),
+says which path it takes and why, and writes the result to a new folder
+either way:
+
+- **in memory**: the model is loaded (:func:`toast.io.local.load_model`),
+  compressed by :func:`toast.methods.runner.run_method` (held-out quality
+  included) and saved: a toast save where plain ``transformers`` could not
+  rebuild it (:func:`toast.io.save.save_pretrained`), else a standard
+  checkpoint with the folder's tokenizer and generation files;
+- **block by block from disk**, for a method that registered a
+  ``run_from_disk`` (:class:`toast.methods.base.Method`): it gets the
+  checkpoint's structure, found once, and the batches, and writes
+  ``output`` without ever loading the model.
+
+Methods never choose the path and never open the folder themselves; both
+paths give the same result (the tests compare them tensor for tensor). A
+method without ``run_from_disk`` always runs in memory.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import secrets
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from toast.hf.budget import plan_checkpoint
+from toast.methods.runner import prepare_data, run_method
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import torch
+    from torch import nn
+
+    from toast.methods.base import Method, Report
+
+__all__ = ["compress_folder", "deferred"]
+
+_log = logging.getLogger(__name__)
+_COMMAND = "toast compress"
+
+
+def compress_folder(
+    method: Method,
+    folder: str | os.PathLike,
+    data: Any,
+    output: str | os.PathLike,
+    config: Any,
+    *,
+    max_memory: int | str | None = None,
+    sequential: bool | None = None,
+    heldout: Any = None,
+    text: Mapping[str, Any] | None = None,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> Report:
+    """``method`` with ``config`` on the checkpoint in ``folder`` (or a
+    ``.gguf`` file), written to the new folder ``output``; returns the
+    report. ``max_memory`` and ``sequential`` choose the path (see the
+    module docstring); ``data``, ``heldout`` and ``text`` are as for
+    :func:`toast.methods.runner.run_method`; ``device`` and ``dtype`` are
+    where and in what the in-memory path runs the model (the block-by-block
+    path computes on the CPU in the checkpoint's dtype)."""
+    source, target = Path(folder), Path(output)
+    if target.exists():
+        raise FileExistsError(f"{target} exists; the compressed model goes to a new folder")
+    progress = getattr(getattr(config, "calibration", None), "progress", True)
+    disk = _disk_path(method, source, config, max_memory, sequential, progress)
+    if disk is not None:
+        if dtype is not None or device is not None:
+            _say("the block-by-block path computes on the CPU in the checkpoint's dtype", True)
+        batches, held = prepare_data(method, data, heldout, text)
+        # heldout only when given: a method's disk run may not measure it
+        keywords = {} if held is None else {"heldout": held}
+        assert method.run_from_disk is not None  # _disk_path checked it
+        return method.run_from_disk(disk, batches, target, config, **keywords)
+    from toast.io.local import load_model
+
+    model = load_model(source)
+    if device is not None or dtype is not None:
+        model.to(device=device, dtype=_dtype(dtype))
+    model, report = run_method(method, model, data, config, heldout=heldout, text=text)
+    _save(model, source, target, report)
+    return report
+
+
+def deferred(module: str, name: str) -> Callable[..., Any]:
+    """The function ``module.name``, imported when first called: for a
+    method whose disk run builds on the module that registers it (an import
+    at registration would be a cycle)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"{module}.{name}, imported when first called."
+    return call
+
+
+def _disk_path(
+    method: Method,
+    source: Path,
+    config: Any,
+    max_memory: int | str | None,
+    sequential: bool | None,
+    progress: bool,
+) -> Any:
+    """The checkpoint's structure when ``method`` runs block by block from
+    disk; None for the in-memory path (the choice said either way)."""
+    if method.run_from_disk is None:
+        if sequential:
+            raise ValueError(
+                f"method={method.name!r} has no block-by-block path (it needs the model in "
+                "memory): pass sequential=None or False"
+            )
+        _say(f"in-memory path (method={method.name!r} runs in memory only)", progress)
+        return None
+    if source.is_file():  # a GGUF file is dequantized as it loads: no tensors to stream
+        if sequential:
+            raise ValueError(f"sequential=True needs a checkpoint folder; {source} is a file")
+        _say(f"in-memory path ({source.name} is a file, not a checkpoint folder)", progress)
+        return None
+    blocks = getattr(getattr(config, "calibration", None), "blocks", None)
+    _, disk = plan_checkpoint(
+        source, max_memory, sequential, blocks=blocks, progress=progress, command=_COMMAND
+    )
+    return disk
+
+
+def _say(reason: str, progress: bool) -> None:
+    _log.info("%s: %s", _COMMAND, reason)
+    if progress:
+        print(f"{_COMMAND}: {reason}", file=sys.stderr)
+
+
+def _dtype(dtype: str | torch.dtype | None) -> Any:
+    if not isinstance(dtype, str):
+        return dtype
+    import torch
+
+    resolved = getattr(torch, dtype.removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"dtype {dtype!r} is not a torch dtype (e.g. 'bfloat16', 'float32')")
+    return resolved
+
+
+def _save(model: nn.Module, source: Path, target: Path, report: Report) -> None:
+    """A toast save where plain ``transformers`` could not rebuild ``model``,
+    else a standard checkpoint, with ``source``'s tokenizer and side files
+    either way; written whole into ``target`` or not at all."""
+    from toast.io.local import load_tokenizer
+    from toast.io.save import needs_toast_layout, save_pretrained
+
+    # a GGUF file carries its tokenizer inside; a folder's files are copied
+    tokenizer = load_tokenizer(source) if source.is_file() else None
+    if needs_toast_layout(model):
+        folder = None if source.is_file() else source
+        markdown = report.to_markdown()
+        # the block list the method found, looked up by its path rather than searched again
+        blocks = getattr(getattr(report, "analysis", None), "block_path", None)
+        save_pretrained(
+            model, target, blocks=blocks, source=folder, tokenizer=tokenizer, report=markdown
+        )
+        return
+    from toast.io.pruned import copy_side_files
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{secrets.token_hex(4)}"
+    os.mkdir(tmp)  # not mkdtemp: the folder gets the usual permissions
+    try:
+        cls: Any = type(model)  # a transformers class: its own save is right
+        cls.save_pretrained(model, tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        else:
+            for path in source.iterdir():  # what save_pretrained did not write
+                if not (tmp / path.name).exists():
+                    copy_side_files(source, tmp, only=path.name)
+        _fsync_tree(tmp)
+        os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Every file of ``folder``, and the folder, on disk before it is renamed."""
+    for path in [*folder.rglob("*"), folder]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
