@@ -66,18 +66,18 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
 @contextlib.contextmanager
 def recorded_grams(into: list):
     """Records each cut's (MᵀM, Mᵀ(L − Y)) as ReplaceMe solves it."""
-    solve = estimate._solve
+    solve = estimate.solve_cut
 
     def spy(cut, *args, **kwargs):
         m = cut.moments.to_moments() if hasattr(cut.moments, "to_moments") else cut.moments
         into.append((m.cross(0, 0), m.cross(0, 1)))
         return solve(cut, *args, **kwargs)
 
-    estimate._solve = spy
+    estimate.solve_cut = spy
     try:
         yield
     finally:
-        estimate._solve = solve
+        estimate.solve_cut = solve
 
 
 def smollm2(args) -> dict:

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from toast.hf.capture import _forward_inputs
+from toast.hf.capture import forward_inputs
 from toast.hf.params import count_params
-from toast.hf.quality import Evaluator, _batch_rows
+from toast.hf.quality import Evaluator, batch_rows
 
 from .latency import measure_throughput
 
@@ -70,8 +70,8 @@ def linear_macs(model: nn.Module, example: Any) -> int:
     was_training = model.training
     model.eval()
     try:
-        args, kwargs = _forward_inputs(model, example)
-        rows = _batch_rows(args, kwargs)
+        args, kwargs = forward_inputs(model, example)
+        rows = batch_rows(args, kwargs)
         with torch.inference_mode():
             model(*_first(args, rows), **_first(kwargs, rows))
     finally:

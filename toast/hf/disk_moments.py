@@ -39,7 +39,7 @@ from toast.core import Moments, NonFiniteError, Pairs
 from toast.core.moments import pair_span
 from toast.hf.blocks import BlockStack
 from toast.hf.calibration import Calibration
-from toast.hf.capture import MomentsSink, Tokens, _check_states, naming_state, select_tokens
+from toast.hf.capture import MomentsSink, Tokens, check_states, naming_state, select_tokens
 from toast.hf.sequential import DiskModel, DiskStates, stream_blocks
 from toast.hf.torch_moments import WindowedMoments
 
@@ -64,7 +64,7 @@ def capture_moments_from_disk(
     ``pairs`` span only that many states wait on disk). Blocks after the
     last chosen state do not run."""
     cal = Calibration.from_options(calibration)
-    chosen = _check_states(states, disk.num_blocks + 1)
+    chosen = check_states(states, disk.num_blocks + 1)
     sink = MomentsSink(states, folds, pairs, precision, backend)
     span = pair_span(pairs, len(chosen))
     windowed = span < len(chosen) - 1 and chosen == sorted(chosen)

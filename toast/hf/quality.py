@@ -35,7 +35,7 @@ from torch import nn
 
 from toast._validation import Options, check
 from toast.hf.blocks import BlockStack
-from toast.hf.capture import _forward_inputs
+from toast.hf.capture import forward_inputs
 from toast.hf.progress import progress_bar
 
 __all__ = ["QUALITY_METRICS", "Evaluator", "Quality", "quality_metric", "skipped_blocks"]
@@ -168,9 +168,9 @@ class Evaluator:
         for batch in self._iterate(label):
             if self.metric is None:
                 self.metric = quality_metric(model, batch)
-            args, kwargs = _forward_inputs(model, batch)
+            args, kwargs = forward_inputs(model, batch)
             output = model(*args, **_no_cache(model, kwargs))
-            samples += _batch_rows(args, kwargs)
+            samples += batch_rows(args, kwargs)
             if self.metric == "perplexity":
                 _add(totals, *_token_nll(output, kwargs, _labels(batch)))
             elif self.metric == "accuracy":
@@ -214,7 +214,9 @@ def _no_cache(model: nn.Module, kwargs: dict) -> dict:
     return {**kwargs, "use_cache": False} if "use_cache" in accepted else kwargs
 
 
-def _batch_rows(args: tuple, kwargs: dict) -> int:
+def batch_rows(args: tuple, kwargs: dict) -> int:
+    """The batch size of one batch's forward inputs: the leading dimension of
+    its first tensor (0 when it has none)."""
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor) and value.dim() > 0:
             return int(value.shape[0])

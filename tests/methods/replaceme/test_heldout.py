@@ -51,13 +51,13 @@ def test_the_hooks_that_measure_a_fit_compute_what_the_surgery_computes(placemen
 
 
 def test_a_fit_that_loses_on_held_out_batches_is_replaced_by_plain_removal(monkeypatch):
-    solve = estimate._solve
+    solve = estimate.solve_cut
 
     def ruined(*args, **kwargs):  # a transform far worse than the identity
         fitted = solve(*args, **kwargs)
         return type(fitted)(5.0 * np.eye(R.HIDDEN), fitted.condition)
 
-    monkeypatch.setattr(estimate, "_solve", ruined)
+    monkeypatch.setattr(estimate, "solve_cut", ruined)
     model, data = R.decoder("llama"), R.text_loader()
     plain = copy.deepcopy(model)
     pruned, report = replaceme(model, data, spans=[SPAN], holdout=0.25)

@@ -62,14 +62,14 @@ def test_the_analysis_sees_only_the_batches_that_are_not_held_out():
 
 
 def test_a_translator_that_loses_on_held_out_batches_becomes_plain_removal(monkeypatch):
-    closed_form = fitting.Fitter._closed_form
+    closed_form = fitting.Fitter.closed_form
 
     def ruined(self, moments, i, j, *rest):  # a translator far worse than the identity
         t = closed_form(self, moments, i, j, *rest)
         d = t.weight.shape[0]
         return type(t)("affine", 5.0 * np.eye(d), np.zeros(d), 1.0, d, t.method)
 
-    monkeypatch.setattr(fitting.Fitter, "_closed_form", ruined)
+    monkeypatch.setattr(fitting.Fitter, "closed_form", ruined)
     model, data = R.decoder("llama"), R.text_loader()
     plain = copy.deepcopy(model)
     pruned, report = _compress(model, data, holdout=0.25)
@@ -95,14 +95,14 @@ def test_sequential_fits_are_not_checked_and_hold_nothing_out():
 
 
 def test_a_span_that_fell_back_saves_and_reloads_as_plain_removal(monkeypatch, tmp_path):
-    closed_form = fitting.Fitter._closed_form
+    closed_form = fitting.Fitter.closed_form
 
     def ruined(self, moments, i, j, *rest):
         t = closed_form(self, moments, i, j, *rest)
         d = t.weight.shape[0]
         return type(t)("affine", 5.0 * np.eye(d), np.zeros(d), 1.0, d, t.method)
 
-    monkeypatch.setattr(fitting.Fitter, "_closed_form", ruined)
+    monkeypatch.setattr(fitting.Fitter, "closed_form", ruined)
     data = R.text_loader()
     pruned, report = _compress(R.decoder("llama"), data, holdout=0.25)
     assert report.checks[0].used == "plain removal"

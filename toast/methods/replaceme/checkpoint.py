@@ -20,7 +20,7 @@ from typing import Any
 
 from toast.hf.budget import choose_path, open_checkpoint
 from toast.io.pruned import copy_side_files
-from toast.io.save import _fsync_path, _hidden_sibling
+from toast.io.save import fsync_path, hidden_sibling
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.disk import replaceme_from_disk
 from toast.methods.replaceme.method import replaceme
@@ -74,13 +74,13 @@ def _in_memory(
     model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype="auto").eval()
     _, report = replaceme(model, data, config, **text)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _hidden_sibling(target, "tmp")
+    tmp = hidden_sibling(target, "tmp")
     try:
         model.save_pretrained(tmp)
         for path in source.iterdir():  # what save_pretrained did not write
             if not (tmp / path.name).exists():
                 copy_side_files(source, tmp, only=path.name)
-        _fsync_path(tmp)
+        fsync_path(tmp)
         os.rename(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

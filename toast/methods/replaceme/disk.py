@@ -40,7 +40,7 @@ from toast.hf.text import as_batches
 from toast.io.pruned import write_pruned_checkpoint
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import explicit_cuts, select_cuts
-from toast.methods.replaceme.estimate import Fitted, _Cut, _Estimator, _flat, _solve
+from toast.methods.replaceme.estimate import Cut, Estimator, Fitted, flat_rows, solve_cut
 from toast.methods.replaceme.fold import (
     check_cuts,
     folded,
@@ -51,7 +51,7 @@ from toast.methods.replaceme.fold import (
     residual_writer,
 )
 from toast.methods.replaceme.hooks import MlpOutputs
-from toast.methods.replaceme.profile import DistanceProfile, _ProfileRows, check_selection
+from toast.methods.replaceme.profile import DistanceProfile, ProfileRows, check_selection
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.methods.runner import split_text_options
 from toast.spans import Span
@@ -62,7 +62,7 @@ __all__ = ["estimate_from_disk", "profile_from_disk", "replaceme_from_disk", "wr
 def profile_from_disk(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) -> DistanceProfile:
     """The distance profile of :func:`toast.methods.replaceme.profile_distances`,
     one block at a time."""
-    rows = _ProfileRows(config.distance_tokens, config.include_padding)
+    rows = ProfileRows(config.distance_tokens, config.include_padding)
     kept: dict[int, list[torch.Tensor]] = {}  # per batch, each state's profile rows
     keeps: list[torch.Tensor | None] = []
 
@@ -90,7 +90,7 @@ class _Pending:
     """The states of the cuts' starts (``L_start``, and ``M`` when folding),
     waiting on disk for the block that ends each cut."""
 
-    def __init__(self, folder: str, cuts: list[_Cut], folding: bool) -> None:
+    def __init__(self, folder: str, cuts: list[Cut], folding: bool) -> None:
         self.starts: dict[int, DiskStates] = {}
         self.mlps: dict[int, DiskStates] = {}
         for n in range(len(cuts)):
@@ -112,9 +112,9 @@ def estimate_from_disk(
 ) -> tuple[list[Fitted], int]:
     """The transforms of ``spans`` (one pass, as :meth:`Estimation.fit` on the
     original model), with blocks run up to the last cut's end."""
-    cuts = [_Cut(s) for s in spans]
+    cuts = [Cut(s) for s in spans]
     folding = config.placement != "block"
-    estimator = _Estimator(cuts, config, {}, None, expected_rows)
+    estimator = Estimator(cuts, config, {}, None, expected_rows)
     folder = tempfile.mkdtemp(prefix="toast-replaceme-", dir=config.buffer_dir)
     pending = _Pending(folder, cuts, folding)
     if config.calibration.progress:
@@ -138,7 +138,7 @@ def estimate_from_disk(
         )
         if cuts[0].rows == 0:
             raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
-        return [_solve(cut, config, torch.device("cpu")) for cut in cuts], cuts[0].rows
+        return [solve_cut(cut, config, torch.device("cpu")) for cut in cuts], cuts[0].rows
     finally:
         for cut in cuts:
             cut.close()
@@ -147,7 +147,7 @@ def estimate_from_disk(
 
 
 def _block_hooks(
-    disk: DiskModel, cuts: list[_Cut], recorders: dict[int, MlpOutputs], config: ReplaceMeConfig
+    disk: DiskModel, cuts: list[Cut], recorders: dict[int, MlpOutputs], config: ReplaceMeConfig
 ) -> Callable[[int, nn.Module], Callable[[], None] | None]:
     targets = {cut.kept for cut in cuts}
 
@@ -166,8 +166,8 @@ def _block_hooks(
 
 
 def _state_consumer(
-    cuts: list[_Cut],
-    estimator: _Estimator,
+    cuts: list[Cut],
+    estimator: Estimator,
     pending: _Pending,
     recorders: dict[int, MlpOutputs],
     config: ReplaceMeConfig,
@@ -184,10 +184,10 @@ def _state_consumer(
                     pending.mlps[n].append(recorders[cut.kept].take(cut.kept))
             if state == cut.span.stop:
                 if cut.moments is None and cut.sample is None:
-                    estimator._open(cut, d, hidden.device)
-                lk = _flat(pending.starts[n].read(batch), d, keep)
-                m = _flat(pending.mlps[n].read(batch), d, keep) if n in pending.mlps else None
-                estimator._add(cut, lk, _flat(hidden, d, keep), m)
+                    estimator.open_cut(cut, d, hidden.device)
+                lk = flat_rows(pending.starts[n].read(batch), d, keep)
+                m = flat_rows(pending.mlps[n].read(batch), d, keep) if n in pending.mlps else None
+                estimator.add_rows(cut, lk, flat_rows(hidden, d, keep), m)
 
     return on_state
 

@@ -53,7 +53,7 @@ _STRUCTURE_KIND = {"full": "linear", "diagonal": "diagonal", "orthogonal": "orth
 
 
 @dataclass
-class _Cut:
+class Cut:
     """One span being estimated, with its accumulators."""
 
     span: Span
@@ -84,19 +84,20 @@ class Fitted:
     rows_kept: int = 0
 
 
-def _flat(x: torch.Tensor, d: int, keep: torch.Tensor | None) -> torch.Tensor:
+def flat_rows(x: torch.Tensor, d: int, keep: torch.Tensor | None) -> torch.Tensor:
+    """``x`` as rows of width ``d``, only the ``keep`` ones when given."""
     x = x.reshape(-1, d)
     return x if keep is None else x[keep]
 
 
-class _Estimator:
+class Estimator:
     """The consumer of the estimation pass: opens each cut's accumulators
     on the first batch (when the width and device are known) and adds
     every batch's rows to them."""
 
     def __init__(
         self,
-        cuts: list[_Cut],
+        cuts: list[Cut],
         config: ReplaceMeConfig,
         positions: dict[int, int],
         recorder: MlpOutputs | None,
@@ -106,7 +107,8 @@ class _Estimator:
         self.recorder, self.expected_rows = recorder, expected_rows
         self.samples, self.dim = 0, 0  # for the calibration-size check
 
-    def _open(self, cut: _Cut, d: int, device: torch.device) -> None:
+    def open_cut(self, cut: Cut, d: int, device: torch.device) -> None:
+        """Creates ``cut``'s accumulators for rows of width ``d`` on ``device``."""
         config = self.config
         if config.needs_moments:
             # LS reads MᵀM, Mᵀ(L − Y) and the sums: nothing of the target alone
@@ -148,14 +150,18 @@ class _Estimator:
         mlp = {} if recorder is None else {k: recorder.take(k) for k in {c.kept for c in self.cuts}}
         for cut in self.cuts:
             if cut.moments is None and cut.sample is None:
-                self._open(cut, d, rows[0].device)
-            lk = _flat(rows[self.positions[cut.span.start]], d, keep)
-            ls = _flat(rows[self.positions[cut.span.stop]], d, keep)
-            m = None if recorder is None else _flat(mlp[cut.kept], d, keep)
-            self._add(cut, lk, ls, m)
+                self.open_cut(cut, d, rows[0].device)
+            lk = flat_rows(rows[self.positions[cut.span.start]], d, keep)
+            ls = flat_rows(rows[self.positions[cut.span.stop]], d, keep)
+            m = None if recorder is None else flat_rows(mlp[cut.kept], d, keep)
+            self.add_rows(cut, lk, ls, m)
         return self.cuts[0].rows
 
-    def _add(self, cut: _Cut, lk: torch.Tensor, ls: torch.Tensor, m: torch.Tensor | None) -> None:
+    def add_rows(
+        self, cut: Cut, lk: torch.Tensor, ls: torch.Tensor, m: torch.Tensor | None
+    ) -> None:
+        """Adds one batch's rows to ``cut``: the states before (``lk``) and after
+        (``ls``) the cut and the kept block's MLP output ``m`` (None without it)."""
         if m is not None:
             a, target = m, ls.double() - lk.double() + m.double()  # L_{k+n} − Y_k
         else:
@@ -189,8 +195,8 @@ class _Estimator:
             moments.update([a.detach().cpu(), target.detach().cpu()])
 
 
-def _solve(
-    cut: _Cut, config: ReplaceMeConfig, device: torch.device, start: np.ndarray | None = None
+def solve_cut(
+    cut: Cut, config: ReplaceMeConfig, device: torch.device, start: np.ndarray | None = None
 ) -> Fitted:
     """The transform of one estimated cut (closes its row buffer); the
     cosine objective starts from ``start`` when given (else as ``init``
@@ -257,23 +263,23 @@ class Estimation:
         begin = [None] * len(cuts) if starts is None else list(starts)
         try:
             return [
-                _solve(cut, self.config, device, start)
+                solve_cut(cut, self.config, device, start)
                 for cut, start in zip(cuts, begin, strict=True)
             ], cuts[0].rows
         finally:
             for cut in cuts:
                 cut.close()
 
-    def _estimate(self, spans: Sequence[Span]) -> list[_Cut]:
+    def _estimate(self, spans: Sequence[Span]) -> list[Cut]:
         """One pass over the data filling the accumulators of every cut."""
         config = self.config
-        cuts = [_Cut(s) for s in spans]
+        cuts = [Cut(s) for s in spans]
         wanted = sorted({k for s in spans for k in (s.start, s.stop)})
         positions = {state: i for i, state in enumerate(wanted)}
         folding = config.placement != "block"
         kept = [c.kept for c in cuts]
         recorder = MlpOutputs(self.stack, kept, config.check) if folding else None
-        consume = _Estimator(cuts, config, positions, recorder, self.expected_rows)
+        consume = Estimator(cuts, config, positions, recorder, self.expected_rows)
         try:
             with no_kv_cache(self.model):
                 stream_states(

@@ -242,7 +242,7 @@ class _PairDistances:
         return {m: np.where(upper, s / self.rows, np.nan) for m, s in self.sums.items()}
 
 
-class _ProfileRows:
+class ProfileRows:
     """The consumer of the profile pass: counts every token row (those the
     estimation pass will see) and adds the profile's tokens to the sums."""
 
@@ -316,10 +316,10 @@ def profile_distances(
     when the caller has found it already.
     """
     check("tokens", tokens, Options(TOKENS))
-    consume = _ProfileRows(tokens, include_padding)
+    consume = ProfileRows(tokens, include_padding)
     cal = Calibration.from_options(calibration, **options)
     # Capture every token so that the rows of the estimation pass (all
-    # tokens) are counted too; _ProfileRows picks the profile's tokens.
+    # tokens) are counted too; ProfileRows picks the profile's tokens.
     with no_kv_cache(model):
         stack = stream_states(
             model, loader, consume, cal, stack=stack, tokens="all", desc="replaceme: distances"

@@ -45,7 +45,7 @@ def compress_toast(
     issued = {str(w.message): w.message for w in caught}
     for message in issued.values():  # each once, as the analysis issued it
         warnings.warn(message, stacklevel=2)
-    spans = _choose_spans(analysis, config)
+    spans = choose_spans(analysis, config)
     if before_surgery is not None:
         before_surgery(spans, stack)
     blocks_before, params_before = stack.num_blocks, count_params(model)
@@ -123,7 +123,9 @@ def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: Block
     )
 
 
-def _choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
+def choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
+    """The spans ``config`` asks for: given, or planned from the analysis by
+    ``budget`` or ``max_error``."""
     budget = config.budget
     if budget is not None and not 1 <= budget < analysis.num_blocks:
         raise ValueError(

@@ -48,9 +48,12 @@ class Fitter:
         if self._ill_conditioned is not None and self._ill_conditioned not in already:
             warnings.warn(self._ill_conditioned, IllConditionedWarning, stacklevel=3)
 
-    def _closed_form(
+    def closed_form(
         self, moments: Moments, i: int, j: int, massive: MassiveRows | None = None
     ) -> Translator:
+        """The closed-form translator of ``blocks[i:j]`` from the moments, with
+        the massive-row correction when ``massive`` is given (a relative ridge
+        and a warning when there are too few rows)."""
         kind, ridge, relative = self.config.translator, self.config.ridge, False
         if ridge is None and kind in ("linear", "affine") and moments.rows <= moments.dim:
             ridge, relative = FEW_ROWS_RIDGE, True
@@ -119,7 +122,7 @@ class Fitter:
         """One translator per span, all on the original model."""
         if self.config.translator in CLOSED_FORM:
             massive = analysis.massive
-            return [self._closed_form(analysis.moments, s.start, s.stop, massive) for s in spans]
+            return [self.closed_form(analysis.moments, s.start, s.stop, massive) for s in spans]
         states = [k for s in spans for k in (s.start, s.stop)]
         with self._rows(model, data, states, stack) as rows:
             return [
@@ -142,6 +145,6 @@ class Fitter:
                 calibration=self.config.calibration,
                 stack=stack,
             )
-            return self._closed_form(moments, 0, 1)
+            return self.closed_form(moments, 0, 1)
         with self._rows(model, data, list(where), stack) as rows:
             return self._trained(rows, 0, 1, stack.blocks[where[0]])

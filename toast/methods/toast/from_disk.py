@@ -21,7 +21,7 @@ from toast.io.from_disk import save_translated_from_disk
 from toast.methods.base import make_config
 from toast.methods.runner import split_text_options
 from toast.methods.toast.analysis import Analysis, analyze_from_disk
-from toast.methods.toast.compress import METHOD, _choose_spans
+from toast.methods.toast.compress import METHOD, choose_spans
 from toast.methods.toast.config import CLOSED_FORM, ToastConfig
 from toast.methods.toast.fitting import Fitter
 from toast.methods.toast.report import CompressionReport
@@ -71,9 +71,9 @@ def compress_from_disk(
         buffer_dir=buffer_dir,
         **text,
     )
-    spans = _choose_spans(analysis, config)
+    spans = choose_spans(analysis, config)
     fitter = Fitter(config)
-    translators = [fitter._closed_form(analysis.moments, s.start, s.stop) for s in spans]
+    translators = [fitter.closed_form(analysis.moments, s.start, s.stop) for s in spans]
     report = _report(disk, config, spans, fitter, analysis, translators)
     pairs = [(s.start, s.stop) for s in spans]
     save_translated_from_disk(disk, output, pairs, translators, report.to_markdown())
