@@ -1,6 +1,6 @@
 """Moments of a checkpoint's states, calibrated block by block from disk.
 
-:func:`capture_moments_from_disk` is :func:`toast.capture_moments` for a
+:func:`capture_moments_from_disk` is :func:`toast.hf.capture_moments` for a
 model bigger than memory. The blocks run one at a time
 (:func:`toast.hf.sequential.stream_blocks`) and the chosen tokens of the
 chosen states wait on disk (one file per state in a temporary directory,
@@ -59,7 +59,7 @@ def capture_moments_from_disk(
     calibration: Calibration | None = None,
     buffer_dir: str | os.PathLike | None = None,
 ) -> tuple[Moments, BlockStack]:
-    """The moments :func:`toast.capture_moments` gives on the loaded model,
+    """The moments :func:`toast.hf.capture_moments` gives on the loaded model,
     from the checkpoint ``disk`` (see the module docstring: with a bounded
     ``pairs`` span only that many states wait on disk). Blocks after the
     last chosen state do not run."""

@@ -296,7 +296,7 @@ def _sample_vectors(output: Any, mask: torch.Tensor | None) -> torch.Tensor:
 @contextlib.contextmanager
 def skipped_blocks(stack: BlockStack, spans: Sequence[Any]) -> Iterator[None]:
     """Within the block, every block of ``spans`` (``(start, stop)`` pairs or
-    :class:`toast.Span`) hands its input on unchanged: plain removal of
+    :class:`toast.spans.Span`) hands its input on unchanged: plain removal of
     those blocks, measured on the model as it is. The blocks still run
     (their outputs are discarded); nothing is copied or changed."""
     handles = []

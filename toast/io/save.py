@@ -422,7 +422,7 @@ def save_pretrained(
     ``overwrite`` is true; then a previous save (or an empty directory) is
     replaced, and the old save stays in place until the new one is complete.
     ``blocks`` names the block list when discovery fails (as in
-    :func:`toast.find_blocks`). Returns the path.
+    :func:`toast.hf.find_blocks`). Returns the path.
     """
     target = Path(path)
     if target.exists() or target.is_symlink():

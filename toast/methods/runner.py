@@ -1,6 +1,6 @@
 """Running a registered method: raw data in, measured quality out.
 
-Every entry point (``toast.compress``, ``toast.replaceme``) goes through
+Every entry point (``toast.compress``, ``toast.methods.replaceme.replaceme``) goes through
 :func:`run_method`, which
 
 1. turns raw text (a file, a list of strings, a ``datasets``-style dataset,

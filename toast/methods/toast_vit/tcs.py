@@ -586,7 +586,8 @@ def enable_tcs(
     vm = vit_blocks(model)
     if getattr(model, HANDLE_ATTR, None) is not None:
         raise ValueError(
-            "TCS is already enabled on this model; call toast.disable_tcs(model) first"
+            "TCS is already enabled on this model; call "
+            "toast.methods.toast_vit.tcs.disable_tcs(model) first"
         )
     choices = {
         "score": score,
