@@ -14,18 +14,21 @@ and none reaches into another module's objects for one,
 Allowed: importing a private *module* (``from toast import _validation``,
 ``import toast._lazy``: the module is the unit of privacy, its file name says
 it is the package's own), ``from toast import _core`` (the C extension),
-``__future__`` and dunder names (``__version__``).
+``__future__`` and dunder names (``__version__``). Other distributions'
+private names (``transformers.utils...._active_collector``) are outside
+this rule: it keeps the package's own modules apart.
 
 The attribute rule is deliberately simple and conservative, since a static
 check cannot know an object's class: ``obj._name`` is flagged when ``obj`` is
-not ``self``/``cls`` and the module does not itself define ``_name``
-anywhere (as a function, method, class, assignment, ``obj._name = ...`` or a
-name in ``__slots__``). A module that defines
-``_name`` may use it on any object (e.g. ``other._closed_form`` in a class's
-own ``__eq__``); the methods of named tuples (``_replace``, ``_asdict``,
-``_fields``, ``_make``) are public API and never flagged. Third-party
-private attributes (``torch.nn.Module._modules``...) are flagged as well;
-there are none in the package today, keep it so.
+not ``self``/``cls``, another module of the package defines ``_name`` (as a
+function, method, class, assignment, ``obj._name = ...`` or a name in
+``__slots__``) and this module does not. A module that defines ``_name``
+may use it on any object (e.g. ``other._closed_form`` in the class's own
+``__eq__``); the methods of named tuples (``_replace``, ``_asdict``...) are
+public API. Names no Python module of the package defines are not flagged:
+third-party internals (``module._buffers``) and the private methods of the
+C extension's types (``Moments._get_data``), which a static check of the
+Python sources cannot attribute to one module.
 
 Rule 2, method boundaries (``--strict``): modules under the boundary
 packages (``toast.frontier``, ``toast.cli``) import from ``toast.methods``

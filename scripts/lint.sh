@@ -14,9 +14,9 @@ echo "==> lint-imports"
 "$TOAST_VENV/bin/lint-imports"
 echo "==> private names"
 "$TOAST_VENV/bin/python" scripts/check_imports.py toast
-echo "==> method boundaries (frontier/, cli/ use the methods' stage API only)"
-"$TOAST_VENV/bin/python" scripts/check_imports.py --strict toast
 echo "==> mypy toast"
 "$TOAST_VENV/bin/mypy" toast
 echo "==> size rules"
 "$TOAST_VENV/bin/python" scripts/check_layout.py toast
+echo "==> method boundaries (frontier/, cli/ use the methods' stage API only)"
+"$TOAST_VENV/bin/python" scripts/check_imports.py --strict toast
