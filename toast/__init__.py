@@ -10,14 +10,15 @@ matrix.
 
 ``__all__`` is the whole top level: compressing, its configs, loading and
 saving, counting, and the core's ``Moments``, ``error_matrix`` and
-``fit_translator``. Everything else lives in its package, reachable as an
-attribute without importing it first: :mod:`toast.core` (solvers, metrics,
-errors and warnings, BLAS threads), :mod:`toast.hf` (block discovery,
-capture, text data, quality), :mod:`toast.io` (saves, ``replace_spans``
-with its guarded save), :mod:`toast.methods` (one package per method:
-``toast.methods.replaceme.replaceme``, ``toast.methods.toast_vit.scwp
-.prune_heads``...), :mod:`toast.frontier` (the search's results and
-targets), :mod:`toast.translators` and :mod:`toast.accounting`. Only the
+``fit_translator``. Everything else lives in its package:
+:mod:`toast.core` (solvers, metrics, errors and warnings, BLAS threads),
+:mod:`toast.hf` (block discovery, capture, text data, quality),
+:mod:`toast.io` (saves; ``replace_spans``, whose patched model saves as a
+toast save), :mod:`toast.frontier` (the search's results and targets),
+:mod:`toast.translators`, :mod:`toast.accounting`, and :mod:`toast.methods`
+with one package per method (``from toast.methods.replaceme import
+replaceme``; ``toast.methods.toast_vit.scwp.prune_heads``). These
+seven packages are attributes of ``toast`` without importing them first. Only the
 NumPy core is imported eagerly; everything that needs torch loads on first
 use.
 """
