@@ -138,7 +138,7 @@ def analyze_calls(model: torch.nn.Module, loader: list) -> dict[str, Callable[[]
 
 def replaceme_calls(model: torch.nn.Module, loader: list) -> dict[str, Callable[[], object]]:
     """The forward and ReplaceMe's LS estimation pass of one forced cut."""
-    stack = toast.find_blocks(model)
+    stack = toast.hf.find_blocks(model)
     span = Span(12, 16, float("nan"))
 
     def estimate(**options: object) -> object:

@@ -33,11 +33,11 @@ def _accuracy_after(model, images: np.ndarray, span, test) -> float:
     batches = [torch.from_numpy(images[k : k + 128]) for k in range(0, len(images), 128)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        m, _ = toast.capture_moments(model, batches, states=list(span), folds=0, progress=False)
+        m, _ = toast.hf.capture_moments(model, batches, states=list(span), folds=0, progress=False)
         # a small relative ridge keeps the fits from a handful of rows well posed
         t = toast.fit_translator(m, 0, 1, kind="affine", ridge=1e-3, ridge_relative=True)
     patched = copy.deepcopy(model)
-    toast.replace_spans(patched, [span], [t])
+    toast.io.replace_spans(patched, [span], [t])
     return accuracy(patched, test.images, test.labels)
 
 

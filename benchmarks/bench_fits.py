@@ -1,7 +1,7 @@
 """Fits against plain removal on every 4-block window of SmolLM2-135M-Instruct.
 
 For each window ``blocks[s:s+4]`` (``s = 1 … 26``), the 8-block cut the
-paper's distance chooses, and the 4- and 8-block cuts ``toast.replaceme``
+paper's distance chooses, and the 4- and 8-block cuts ``replaceme``
 chooses by default (held-out loss among the four closest windows), the
 held-out perplexity of:
 
@@ -56,6 +56,7 @@ from toast.data import stdlib_sentences
 from toast.hf.quality import Evaluator
 from toast.hf.text import TextData
 from toast.io.local import load_model, load_tokenizer
+from toast.methods.replaceme import profile_distances, replaceme
 from toast.methods.replaceme.config import PAPER, ReplaceMeConfig
 from toast.methods.replaceme.estimate import Estimation
 from toast.methods.replaceme.heldout import Holdout, applied, check_fits
@@ -97,7 +98,7 @@ def _fits(model, calib, spans, name, options):
     spans_option = {"spans": [(s.start, s.stop) for s in spans], "progress": False}
     config = ReplaceMeConfig.from_options(None, {**spans_option, **options})
     split = Holdout(calib, config.holdout)
-    stack = toast.find_blocks(model)
+    stack = toast.hf.find_blocks(model)
     start = time.perf_counter()
     fitted, _ = Estimation(model, split.fit, config, stack).fit(spans)
     print(f"{name}: {len(spans)} fits in {time.perf_counter() - start:.0f} s", flush=True)
@@ -106,7 +107,7 @@ def _fits(model, calib, spans, name, options):
         pairs = zip(spans, transforms, strict=True)
         transforms = [_checked(model, stack, s, t, split) for s, t in pairs]
         won = [k for k, t in enumerate(transforms) if t is not None]
-        if won:  # as toast.replaceme does: the winners fitted again on every batch
+        if won:  # as replaceme does: the winners fitted again on every batch
             starts = [transforms[k] for k in won] if config.objective == "cosine" else None
             again, _ = Estimation(model, calib, config, stack).fit([spans[k] for k in won], starts)
             for k, f in zip(won, again, strict=True):
@@ -125,7 +126,7 @@ def _toast_models(model, calib, spans):
     for span in spans:
         translator = toast.fit_translator(analysis.moments, span.start, span.stop, kind="affine")
         pruned = copy.deepcopy(model)
-        toast.replace_spans(pruned, [(span.start, span.stop)], [translator])
+        toast.io.replace_spans(pruned, [(span.start, span.stop)], [translator])
         yield pruned
 
 
@@ -136,7 +137,7 @@ def _toast_default_models(model, calib, spans):
     analysis = toast.analyze(
         model, split.fit, metric="linear", estimator="gcv", precision="mixed", massive_rows=True
     )
-    stack = toast.find_blocks(model)
+    stack = toast.hf.find_blocks(model)
     for span in spans:
         fit = analysis.massive.plain_fit(analysis.moments, span.start, span.stop, True, 0.0, False)
         if fit is None:
@@ -145,9 +146,9 @@ def _toast_default_models(model, calib, spans):
         print(f"  TOAST check {span}: fitted {check.fitted:.2f}, plain {check.plain:.2f}")
         pruned = copy.deepcopy(model)
         if check.used == "fitted":
-            toast.replace_spans(pruned, [(span.start, span.stop)], [fit])
+            toast.io.replace_spans(pruned, [(span.start, span.stop)], [fit])
         else:
-            toast.replace_spans(pruned, [(span.start, span.stop)], [torch.nn.Identity()])
+            toast.io.replace_spans(pruned, [(span.start, span.stop)], [torch.nn.Identity()])
         yield pruned, check.used != "fitted"
 
 
@@ -166,7 +167,7 @@ def _measure_all(model, calib, heldout, spans, previous):
     rows, by span)."""
     evaluator = Evaluator(heldout, progress=False)
     original = evaluator.measure(model, "original")
-    stack = toast.find_blocks(model)
+    stack = toast.hf.find_blocks(model)
     rows = [previous.get((s.start, s.stop), {"span": [s.start, s.stop]}) for s in spans]
     for row, span in zip(rows, spans, strict=True):
         if "plain" not in row:
@@ -197,9 +198,9 @@ def _measure_all(model, calib, heldout, spans, previous):
 
 
 def _toast_choice(model, calib, num_blocks):
-    """The cut toast.replaceme chooses by default (held-out loss among the
+    """The cut replaceme chooses by default (held-out loss among the
     windows of smallest distance), with what it measured."""
-    _, report = toast.replaceme(copy.deepcopy(model), calib, num_blocks=num_blocks, progress=False)
+    _, report = replaceme(copy.deepcopy(model), calib, num_blocks=num_blocks, progress=False)
     (span,) = report.spans
     measured = [
         {"span": [c.span.start, c.span.stop], "fitted": c.fitted, "plain": c.plain}
@@ -293,7 +294,7 @@ def main() -> None:
         for name, c in saved.get("chosen", {}).items()
     }
     if not args.no_eight and not chosen:  # the choices are part of the saved results
-        (eight,) = toast.profile_distances(model, calib, progress=False).select(8)
+        (eight,) = profile_distances(model, calib, progress=False).select(8)
         chosen["the paper's 8-block cut"] = (eight, [])
         for n in (4, 8):
             chosen[f"toast's {n}-block cut"] = _toast_choice(model, calib, n)

@@ -50,6 +50,7 @@ from toast.methods.replaceme import estimate
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.estimate import Estimation
 from toast.methods.replaceme.heldout import applied
+from toast.methods.toast import Analysis
 from toast.spans import Span
 from toast.zoo import accuracy, digits_vit, smollm2_gguf
 
@@ -89,7 +90,7 @@ def smollm2(args) -> dict:
     calib = TextData(sentences[:half], tokenizer, num_samples=args.calibration, **options)
     heldout = TextData(sentences[half:], tokenizer, num_samples=args.heldout, **options)
     spans = [Span(a, b, float("nan")) for a, b in args.spans]
-    stack = toast.find_blocks(model)
+    stack = toast.hf.find_blocks(model)
     # one pass per group of cuts with distinct first blocks (the pass
     # records one MLP output per block before a cut)
     groups: list[list[Span]] = []
@@ -150,7 +151,7 @@ def digits_part(args) -> dict:
     model = digits_vit(progress=False)
     train, test = digits("train"), digits("test")
     loader = [torch.from_numpy(train.images[i : i + 64]) for i in range(0, len(train), 64)]
-    found: dict[str, toast.Analysis] = {}
+    found: dict[str, Analysis] = {}
     times: dict[str, list[float]] = {p: [] for p in PRECISIONS}
     for _ in range(ROUNDS):
         for p in PRECISIONS:
@@ -174,7 +175,7 @@ def digits_part(args) -> dict:
         acc = {}
         for p, m in (("float64", m64), ("mixed", mmx)):
             pruned = copy.deepcopy(model)
-            toast.replace_spans(pruned, [(i, j)], [toast.fit_translator(m, i, j, kind="affine")])
+            toast.io.replace_spans(pruned, [(i, j)], [toast.fit_translator(m, i, j, kind="affine")])
             acc[p] = accuracy(pruned, test.images, test.labels)
         accuracies.append({"span": [int(i), int(j)], **acc})
     return {

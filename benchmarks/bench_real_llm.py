@@ -46,6 +46,7 @@ from toast.data import stdlib_sentences
 from toast.hf.quality import Evaluator, skipped_blocks
 from toast.hf.text import TextData
 from toast.io.local import load_model, load_tokenizer
+from toast.methods.replaceme import profile_distances, replaceme
 from toast.zoo import smollm2_gguf
 
 ROOT = Path(__file__).resolve().parent
@@ -105,7 +106,7 @@ def _data(tokenizer, args):
 def _affine_model(model, analysis, span):
     translator = toast.fit_translator(analysis.moments, span.start, span.stop, kind="affine")
     pruned = copy.deepcopy(model)
-    toast.replace_spans(pruned, [(span.start, span.stop)], [translator])
+    toast.io.replace_spans(pruned, [(span.start, span.stop)], [translator])
     return pruned
 
 
@@ -124,13 +125,13 @@ def _row(n, span, method, ppl, seconds, peak, params):
 def _run_cut(model, calib, evaluator, analysis, profile, n, params_plain_base):
     span = profile.select(n)[0]
     rows = []
-    with skipped_blocks(toast.find_blocks(model), [span]):
+    with skipped_blocks(toast.hf.find_blocks(model), [span]):
         ppl = evaluator.measure(model, f"plain removal of {n}")
     rows.append(_row(n, span, "plain removal", ppl, 0.0, 0, params_plain_base(span)))
     for objective in ("ls", "cosine"):
         pruned = copy.deepcopy(model)
         (_, report), seconds, peak = _timed(
-            toast.replaceme, pruned, calib, spans=[(span.start, span.stop)], objective=objective
+            replaceme, pruned, calib, spans=[(span.start, span.stop)], objective=objective
         )
         ppl = evaluator.measure(pruned, f"{objective}, {n} blocks")
         rows.append(
@@ -235,13 +236,13 @@ def main() -> None:
     original = evaluator.measure(model, "original")
     print(f"original perplexity {original:.2f} ({evaluator.count:,} tokens)", flush=True)
 
-    profile, profile_s, _ = _timed(toast.profile_distances, model, calib)
+    profile, profile_s, _ = _timed(profile_distances, model, calib)
     result, seconds, peak = _timed(
         toast.analyze, model, calib, metric="linear", estimator="gcv", precision="mixed"
     )
     analysis = {"analysis": result, "seconds": seconds, "peak": peak}
     params = toast.count_params(model)
-    layer = toast.find_blocks(model).blocks[0]
+    layer = toast.hf.find_blocks(model).blocks[0]
     per_block = sum(p.numel() for p in layer.parameters())
 
     def plain_params(span):

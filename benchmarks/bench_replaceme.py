@@ -71,10 +71,13 @@ _CHILD = textwrap.dedent(
     options = {"objective": objective, "progress": False, "max_buffer_bytes": buffer,
                "epochs": 1}
     import copy
-    toast.replaceme(copy.deepcopy(model), Batches(16), num_blocks=2, **options)  # warm-up
+    warm = copy.deepcopy(model)
+    toast.compress(warm, Batches(16), method="replaceme", num_blocks=2, **options)  # warm-up
     before = rss_mib()
     start = time.perf_counter()
-    _, report = toast.replaceme(model, Batches(samples), num_blocks=2, **options)
+    _, report = toast.compress(
+        model, Batches(samples), method="replaceme", num_blocks=2, **options
+    )
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"samples": samples, "objective": objective, "rows": report.rows,

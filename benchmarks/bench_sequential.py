@@ -14,7 +14,7 @@ RSS it had then:
 - ``write``: writing the pruned checkpoint (kept blocks renumbered, T folded
   into the one down-projection) with the transform found by ``sequential``;
 - ``in-memory`` (sizes up to ``--in-memory-up-to``): ``from_pretrained`` in
-  bfloat16 and :func:`toast.replaceme` on the loaded model, for the wall time
+  bfloat16 and :func:`toast.methods.replaceme.replaceme` on the loaded model, for the wall time
   the sequential path is compared to.
 
 Calibration is kept small (``--samples`` sequences of ``--tokens`` random

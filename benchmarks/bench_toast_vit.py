@@ -15,7 +15,7 @@ Variants (each a deep copy of the same original):
   and FC2 then keeps 10-20% of them, as Algorithm 1 does (the MAC count
   2.528 G describes this execution);
 - ``ToaSt (kept hidden)`` — the same function with ``hidden="kept"`` (the
-  default of ``toast.enable_tcs``): fc1 is evaluated on the scored tokens
+  default of ``enable_tcs``): fc1 is evaluated on the scored tokens
   first and then only for the kept hidden channels, so fewer MACs run than
   the paper counts (the "executed GMACs" column);
 - ``ToaSt per-batch`` — ``hidden="kept"``, ``scope="batch"`` (the reference
@@ -59,10 +59,11 @@ from pathlib import Path
 import torch
 import transformers
 
-import toast
 from toast.methods.toast_vit.blocks import vit_blocks
 from toast.methods.toast_vit.macs import toast_macs
 from toast.methods.toast_vit.schedules import get_schedule, tcs_keep
+from toast.methods.toast_vit.scwp import prune_heads
+from toast.methods.toast_vit.tcs import enable_tcs
 
 VARIANTS = ["original", "SCWP-90", "ToaSt (paper exec.)", "ToaSt (kept hidden)", "ToaSt per-batch"]
 SCHEDULE = "table11"
@@ -98,13 +99,13 @@ def make_variant(original: torch.nn.Module, name: str):
     handle = None
     if name == "original":
         return model, None
-    toast.prune_heads(model, 0.9, form="dense")
+    prune_heads(model, 0.9, form="dense")
     if name == "ToaSt (paper exec.)":
-        handle = toast.enable_tcs(model, SCHEDULE, hidden="all")
+        handle = enable_tcs(model, SCHEDULE, hidden="all")
     elif name == "ToaSt (kept hidden)":
-        handle = toast.enable_tcs(model, SCHEDULE, hidden="kept")
+        handle = enable_tcs(model, SCHEDULE, hidden="kept")
     elif name == "ToaSt per-batch":
-        handle = toast.enable_tcs(model, SCHEDULE, hidden="kept", scope="batch")
+        handle = enable_tcs(model, SCHEDULE, hidden="kept", scope="batch")
     return model, handle
 
 

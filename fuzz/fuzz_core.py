@@ -452,7 +452,7 @@ def rows_arg(fdp, lead: tuple[int, ...], kind: str, folds: int):
 
 # ------------------------------------------------------------------ moments
 
-METRIC_NAMES = [*toast.METRICS, "bogus", "", None, 3]
+METRIC_NAMES = [*toast.core.METRICS, "bogus", "", None, 3]
 ESTIMATORS = ["cv", "gcv", "in_sample", "loo", None]
 KINDS = ["identity", "linear", "affine", "ridge", "diagonal", "orthogonal", "bogus", None]
 RIDGES = [0.0, 0.0, 1e-3, 1.0, 1e-300, 1e300, -1.0, float("nan"), float("inf"), "x", None]
@@ -629,7 +629,7 @@ def query(fdp, t: Target) -> None:
     elif op == 2:
         tr = attempt(
             "fit_residual",
-            toast.fit_residual,
+            toast.core.fit_residual,
             m,
             pick_index(fdp, S),
             pick_index(fdp, S),
@@ -829,7 +829,7 @@ def fuzz_solve_gram(fdp) -> None:
     B = gram_operand(fdp, shape_b)
     ridge = fdp.PickValueInList(RIDGES)
     if fdp.ConsumeBool():
-        r = attempt("solve_gram", toast.solve_gram, A, B, ridge)
+        r = attempt("solve_gram", toast.core.solve_gram, A, B, ridge)
         method_names = ("cholesky", "eigh")
     else:
         r = attempt("raw_solve_gram", _core.solve_gram, A, B, ridge)

@@ -136,7 +136,7 @@ def test_model_report_equals_config_report(family, head):
 def test_patched_model_with_a_linear_translator_matches_counter_and_prediction(family):
     head = "base"
     model = _build(family, head)
-    toast.replace_spans(model, [SPAN], [nn.Linear(D, D, bias=False)])
+    toast.io.replace_spans(model, [SPAN], [nn.Linear(D, D, bias=False)])
     report = accounting.macs(model, batch=2, **_size_kw(family))
     assert 2 * report.macs == _counter_flops(model, _inputs(family, 2))
     predicted = accounting.macs(
@@ -171,7 +171,7 @@ def _translator(kind):
 @pytest.mark.parametrize("kind", accounting.TRANSLATOR_KINDS)
 def test_each_translator_kind_is_predicted_from_the_config(kind):
     model = _build("deit", "none")
-    toast.replace_spans(model, [(0, 1), SPAN], [_translator(kind), _translator(kind)])
+    toast.io.replace_spans(model, [(0, 1), SPAN], [_translator(kind), _translator(kind)])
     kw = {"head": "none", "removed_spans": [(0, 1), SPAN], "translator": kind}
     assert accounting.count_params_from_config(_config("deit"), **kw) == _numel(model)
     report = accounting.macs(model, batch=2)
@@ -194,7 +194,7 @@ def test_dinov2_counts_follow_the_input_resolution_not_the_config_grid():
 def test_block_params_equal_numel_of_one_block():
     for family in FAMILIES:
         model = _build(family, "none")
-        block = toast.find_blocks(model).blocks[0]
+        block = toast.hf.find_blocks(model).blocks[0]
         assert accounting.block_params_from_config(_config(family)) == _numel(block), family
 
 
@@ -298,19 +298,21 @@ def test_per_token_heads_are_refused():
 
 def test_translator_of_an_unknown_structure_is_refused():
     model = _build("vit", "none")
-    toast.replace_spans(model, [SPAN], [nn.Conv1d(D, D, 1)])
+    toast.io.replace_spans(model, [SPAN], [nn.Conv1d(D, D, 1)])
     with pytest.raises(TypeError, match="Conv1d"):
         accounting.macs(model)
 
 
 def test_macs_returns_a_mac_report_only():
-    """One return type: ToaSt's pruned-ViT convention is toast.toast_macs."""
+    """One return type: ToaSt's pruned-ViT convention is
+    toast.methods.toast_vit.toast_macs."""
     assert isinstance(toast.macs(_config("vit")), accounting.MacReport)
     with pytest.raises(TypeError, match="head_sparsity"):
         accounting.macs(_config("vit"), head_sparsity=0.9)
+    import toast.methods.toast_vit as toast_vit
     from toast.methods.toast_vit.macs import toast_macs
 
-    assert toast.toast_macs is toast_macs
+    assert toast_vit.toast_macs is toast_macs
 
 
 @pytest.mark.parametrize(("value", "expected"), [(224, (224, 224)), ((16, 14), (16, 14))])

@@ -17,7 +17,9 @@ torch = pytest.importorskip("torch")
 hf_models = pytest.importorskip("tests._helpers.hf_models")
 
 import toast  # noqa: E402
+from toast.hf.calibration import CalibrationSizeWarning  # noqa: E402
 from toast.hf.capture import ForwardError  # noqa: E402
+from toast.methods.replaceme import profile_distances, replaceme  # noqa: E402
 from toast.methods.toast import FewRowsWarning  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
@@ -188,12 +190,12 @@ CASES = {
     ),
     "NaN weights": (
         lambda: analyze(_nan_in_block_2(), images()),
-        toast.NonFiniteError,
+        toast.core.NonFiniteError,
         r"output of block 2 \(state 3\) contains NaN or Inf",
     ),
     "float16 overflow": (
         lambda: analyze(_half_overflow(), images()),
-        toast.NonFiniteError,
+        toast.core.NonFiniteError,
         r"block 1 \(state 2\) contains NaN or Inf; in float16",
     ),
     # -- analysis and spans ---------------------------------------------------
@@ -203,22 +205,22 @@ CASES = {
         "metric must be one of",
     ),
     "overlapping spans": (
-        lambda: toast.replace_spans(vit(), [(1, 3), (2, 4)], [torch.nn.Identity()] * 2),
+        lambda: toast.io.replace_spans(vit(), [(1, 3), (2, 4)], [torch.nn.Identity()] * 2),
         ValueError,
         "overlap",
     ),
     "span beyond the depth": (
-        lambda: toast.replace_spans(vit(), [(2, 6)], [torch.nn.Identity()]),
+        lambda: toast.io.replace_spans(vit(), [(2, 6)], [torch.nn.Identity()]),
         ValueError,
         "0 <= start < stop <= 4",
     ),
     "empty span": (
-        lambda: toast.replace_spans(vit(), [(2, 2)], [torch.nn.Identity()]),
+        lambda: toast.io.replace_spans(vit(), [(2, 2)], [torch.nn.Identity()]),
         ValueError,
         "start < stop",
     ),
     "fewer translators than spans": (
-        lambda: toast.replace_spans(vit(), [(1, 2), (3, 4)], [torch.nn.Identity()]),
+        lambda: toast.io.replace_spans(vit(), [(1, 2), (3, 4)], [torch.nn.Identity()]),
         ValueError,
         "got 2 spans but 1 translators",
     ),
@@ -279,7 +281,7 @@ def test_a_failed_forward_keeps_the_original_exception():
     assert isinstance(info.value.__cause__, ValueError)
 
 
-@pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")  # the analysis itself
+@pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning")  # the analysis itself
 def test_a_translator_from_fewer_rows_than_features_warns_and_uses_ridge():
     # 8 CLS rows of width 32: plain least squares would interpolate them.
     model = vit()
@@ -289,7 +291,7 @@ def test_a_translator_from_fewer_rows_than_features_warns_and_uses_ridge():
 
 
 def test_a_non_finite_state_is_named_by_its_index_in_the_model():
-    with pytest.raises(toast.NonFiniteError) as info:
+    with pytest.raises(toast.core.NonFiniteError) as info:
         analyze(_nan_in_block_2(), images())
     assert info.value.state == 3  # the output of block 2
 
@@ -299,7 +301,7 @@ def test_a_post_ln_model_explains_its_rank_loss_once():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _, report = compress(hf_models.build(BERT), hf_models.loader(BERT, 64, 16), budget=2)
-    ill = [str(w.message) for w in caught if w.category is toast.IllConditionedWarning]
+    ill = [str(w.message) for w in caught if w.category is toast.core.IllConditionedWarning]
     assert len(ill) == 1 and "post-LN" in ill[0] and "no ridge is needed" in ill[0]
     assert "singular, rank 31 of 32" in report.to_markdown()
 
@@ -313,13 +315,13 @@ def test_an_ill_conditioned_fit_that_is_not_structural_suggests_a_ridge_value():
 
 def test_too_little_calibration_data_says_how_many_samples_would_suffice():
     # 8 images of 17 tokens: 136 rows, 27 per fold of 5, below the width 32
-    with pytest.warns(toast.CalibrationSizeWarning, match=r"About 10 samples \(165 rows"):
+    with pytest.warns(CalibrationSizeWarning, match=r"About 10 samples \(165 rows"):
         analyze(vit(), images(8))
 
 
 def test_enough_calibration_data_gives_no_size_warning():
     with warnings.catch_warnings():
-        warnings.simplefilter("error", toast.CalibrationSizeWarning)
+        warnings.simplefilter("error", CalibrationSizeWarning)
         analyze(vit(), images(16))  # 272 rows: 54 per fold
 
 
@@ -341,8 +343,8 @@ def test_an_all_padding_sample_leaves_replacemes_profile_unchanged():
     model = hf_models.build(llama)
     batch = hf_models.pad(hf_models.sentences(4))
     padded = {k: torch.cat([v, torch.zeros_like(v[:1])]) for k, v in batch.items()}
-    plain = toast.profile_distances(model, [batch], progress=False)
-    extra = toast.profile_distances(model, [padded], progress=False)
+    plain = profile_distances(model, [batch], progress=False)
+    extra = profile_distances(model, [padded], progress=False)
     assert extra.rows == plain.rows == 4
     np.testing.assert_allclose(extra.matrix(), plain.matrix(), rtol=1e-12)
 
@@ -350,13 +352,14 @@ def test_an_all_padding_sample_leaves_replacemes_profile_unchanged():
 def test_replaceme_from_fewer_rows_than_the_width_says_how_many_samples_would_suffice():
     llama = next(f for f in hf_models.FAMILIES if f.name == "llama")
     data = [hf_models.pad(hf_models.sentences(2, min_len=3, max_len=3))]  # 6 rows, width 32
-    with pytest.warns(toast.CalibrationSizeWarning, match=r"6 rows from 2 samples.*About 11"):
-        toast.replaceme(hf_models.build(llama), data, num_blocks=1, progress=False)
+    with pytest.warns(CalibrationSizeWarning, match=r"6 rows from 2 samples.*About 11"):
+        replaceme(hf_models.build(llama), data, num_blocks=1, progress=False)
 
 
 def test_an_ill_conditioned_fit_names_its_cause_and_a_ridge_value():
     moments = toast.Moments(num_states=2, dim=8)
     x = np.random.default_rng(0).standard_normal((4, 8))  # 4 rows, width 8
     moments.update([x, x])
-    with pytest.warns(toast.IllConditionedWarning, match=r"fewer rows \(4\) than the width \(8\)"):
+    fewer = r"fewer rows \(4\) than the width \(8\)"
+    with pytest.warns(toast.core.IllConditionedWarning, match=fewer):
         toast.fit_translator(moments, 0, 1, kind="linear")

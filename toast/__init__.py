@@ -3,14 +3,24 @@
 The core measures how well each span of blocks is explained by a closed-form
 map (the block error matrix) from streaming moments of captured activations,
 and fits the translators that replace redundant spans. Three methods share
-that infrastructure: TOAST (``toast.compress``), ReplaceMe
-(``toast.replaceme``) and ToaSt (``toast.prune_heads``, ``toast.enable_tcs``).
+that infrastructure, each run by ``toast.compress(model, data, method=...)``:
+TOAST (``"toast"``), ReplaceMe (``"replaceme"``) and ToaSt (``"toast-vit"``);
+``toast.search`` measures them all and ``toast.analyze`` gives TOAST's error
+matrix.
 
-The names below are the public surface. Lower-level pieces live in their
-packages: :mod:`toast.hf` (block discovery, capture, row samples, surgery),
-:mod:`toast.translators`, :mod:`toast.io`, :mod:`toast.accounting` and
-:mod:`toast.methods`. Only the NumPy core is imported eagerly; everything
-that needs torch loads on first use.
+``__all__`` is the whole top level: compressing, its configs, loading and
+saving, counting, and the core's ``Moments``, ``error_matrix`` and
+``fit_translator``. Everything else lives in its package:
+:mod:`toast.core` (solvers, metrics, errors and warnings, BLAS threads),
+:mod:`toast.hf` (block discovery, capture, text data, quality),
+:mod:`toast.io` (saves; ``replace_spans``, whose patched model saves as a
+toast save), :mod:`toast.frontier` (the search's results and targets),
+:mod:`toast.translators`, :mod:`toast.accounting`, and :mod:`toast.methods`
+with one package per method (``from toast.methods.replaceme import
+replaceme``; ``toast.methods.toast_vit.scwp.prune_heads``). These
+seven packages are attributes of ``toast`` without importing them first. Only the
+NumPy core is imported eagerly; everything that needs torch loads on first
+use.
 """
 
 import os as _os
@@ -42,68 +52,29 @@ def _load_core() -> None:
 
 _load_core()
 
-from toast._lazy import lazy_getattr  # noqa: E402
-from toast.core import (  # noqa: E402
-    METRICS,
-    IllConditionedWarning,
-    InSampleWarning,
-    Moments,
-    NonFiniteError,
-    Translator,
-    blas_threads,
-    error_matrix,
-    fit_residual,
-    fit_translator,
-    solve_gram,
-)
+from toast._lazy import lazy_getattr as _lazy_getattr  # noqa: E402
+from toast.core import Moments, error_matrix, fit_translator  # noqa: E402
 
 __version__ = "0.1.0"
 
 _NAMES = {
-    # calibration and Hugging Face glue
-    "Calibration": "toast.hf.calibration",
-    "TextData": "toast.hf.text",
-    "Quality": "toast.hf.quality",
-    "ForwardError": "toast.hf.capture",
-    "capture_moments": "toast.hf.capture",
-    "find_blocks": "toast.hf.blocks",
-    # through toast.io, so that the patched model's save_pretrained is guarded
-    "replace_spans": "toast.io.guard",
-    "count_params": "toast.hf.params",
-    "all_reduce_moments": "toast.hf.distributed",
-    # every method
+    # compressing: every method, by name or by measurement
     "compress": "toast.methods",
-    "Span": "toast.spans",
-    # TOAST
-    "Analysis": "toast.methods.toast.analysis",
-    "analyze": "toast.methods.toast.analysis",
-    "ToastConfig": "toast.methods.toast.config",
-    "CompressionReport": "toast.methods.toast.report",
-    "FewRowsWarning": "toast.methods.toast.fitting",
-    "CalibrationSizeWarning": "toast.hf.calibration",
-    # ReplaceMe
-    "replaceme": "toast.methods.replaceme.method",
-    "profile_distances": "toast.methods.replaceme.profile",
-    "ReplaceMeConfig": "toast.methods.replaceme.config",
-    "ReplaceMeReport": "toast.methods.replaceme.report",
-    # ToaSt
-    "prune_heads": "toast.methods.toast_vit.scwp",
-    "enable_tcs": "toast.methods.toast_vit.tcs",
-    "disable_tcs": "toast.methods.toast_vit.tcs",
-    "ToastVitConfig": "toast.methods.toast_vit.config",
-    "ToastVitReport": "toast.methods.toast_vit.compress",
-    "toast_macs": "toast.methods.toast_vit.macs",
-    # every method at once, by measurement
     "search": "toast.frontier",
-    "SearchResult": "toast.frontier",
-    "Target": "toast.frontier",
-    # saving and accounting
+    "analyze": "toast.methods.toast.analysis",
+    # the options of calibration and of each method
+    "Calibration": "toast.hf.calibration",
+    "ToastConfig": "toast.methods.toast.config",
+    "ReplaceMeConfig": "toast.methods.replaceme.config",
+    "ToastVitConfig": "toast.methods.toast_vit.config",
+    "RemoveConfig": "toast.methods.remove.config",
+    # loading, saving and counting
     "load_model": "toast.io.local",
     "load_tokenizer": "toast.io.local",
     "save_pretrained": "toast.io.save",
     "load_pretrained": "toast.io.load",
-    "CorruptedSaveError": "toast.io.format",
     "macs": "toast.accounting",
+    "count_params": "toast.hf.params",
     # subpackages, reachable as attributes without importing them first
     "accounting": "toast.accounting",
     "hf": "toast.hf",
@@ -113,20 +84,34 @@ _NAMES = {
     "translators": "toast.translators",
 }
 
-__getattr__ = lazy_getattr(__name__, _NAMES)
+__getattr__ = _lazy_getattr(__name__, _NAMES)
 
 __all__ = [
-    "METRICS",
-    "IllConditionedWarning",
-    "InSampleWarning",
+    "compress",
+    "search",
+    "analyze",
+    "Calibration",
+    "ToastConfig",
+    "ReplaceMeConfig",
+    "ToastVitConfig",
+    "RemoveConfig",
     "Moments",
-    "NonFiniteError",
-    "Translator",
-    "__version__",
-    "blas_threads",
     "error_matrix",
-    "fit_residual",
     "fit_translator",
-    "solve_gram",
-    *(name for name, module in _NAMES.items() if module != f"toast.{name}"),
+    "load_pretrained",
+    "save_pretrained",
+    "load_model",
+    "load_tokenizer",
+    "macs",
+    "count_params",
+    "__version__",
 ]
+
+# ``core`` is imported above; the rest load on first use.
+_SUBPACKAGES = ("core", *(name for name, module in _NAMES.items() if module == f"toast.{name}"))
+
+
+def __dir__() -> list[str]:
+    """The public names and the subpackages, loaded or not (tab completion
+    sees what ``toast.`` offers, not what happens to be imported)."""
+    return sorted({*__all__, *_SUBPACKAGES, *(n for n in globals() if n.startswith("__"))})

@@ -49,7 +49,7 @@ interpolation and other element-wise work are not counted.
 ToaSt's "GFLOPs" (head-dimension pruning and Token Channel Selection on
 ViTs) are a third convention, matmul MACs with pruned head widths and TCS
 fractions; they live with that method, in
-:func:`toast.methods.toast_vit.macs.toast_macs` (``toast.toast_macs``).
+:func:`toast.methods.toast_vit.toast_macs`.
 
 **Parameters**: :func:`count_params_from_config` is the exact count
 (``sum(p.numel())``) of the model a config builds, with ``head``:
@@ -431,7 +431,7 @@ def count_params_from_config(
     ``head`` chooses the model class (``"base"``: ``AutoModel``; ``"none"``:
     no pooler; ``"classifier"``: ``AutoModelFor…Classification``, see the
     module docstring). With ``removed_spans`` (toast spans ``(start, stop)``),
-    the count is that of the compressed model :func:`toast.replace_spans`
+    the count is that of the compressed model :func:`toast.io.replace_spans`
     builds: the blocks of every span gone and one ``translator``
     (:data:`TRANSLATOR_KINDS`) per span in their place.
     """
@@ -575,7 +575,7 @@ def macs(
 
     ``model_or_config`` is either a ``transformers`` config (nothing is
     instantiated) or an ``nn.Module`` built from one, possibly patched by
-    :func:`toast.replace_spans`: then the blocks and translators actually in
+    :func:`toast.io.replace_spans`: then the blocks and translators actually in
     its block list are counted (each translator by its ``Linear`` and
     ``LayerNorm`` layers), and its pooler, classifier or projection from the
     ``nn.Linear`` layers outside the block list.
@@ -587,12 +587,12 @@ def macs(
     (:data:`TRANSLATOR_KINDS`) predict a compressed model, and ``head``
     (default ``"base"``) chooses the model class as in
     :func:`count_params_from_config`. ``blocks`` names a model's block list
-    when :func:`toast.find_blocks` cannot find it alone.
+    when :func:`toast.hf.find_blocks` cannot find it alone.
 
     ``convention="linear"``: the ``nn.Linear`` layers only, by hooks on one
     forward of a model of any family (``example``, else an input of
     ``image_size`` or ``seq_len``), as ``toast.search``'s ``macs=`` target
-    counts (:mod:`toast.linear_macs`). ToaSt's is :func:`toast.toast_macs`.
+    counts (:mod:`toast.linear_macs`). ToaSt's is :func:`toast.methods.toast_vit.toast_macs`.
     """
     batch = check("batch", batch, Interval(int, 1, None))
     check("convention", convention, Options(MAC_CONVENTIONS))
@@ -605,7 +605,7 @@ def macs(
         if removed_spans or translator != "identity" or head is not None:
             raise ValueError(
                 "removed_spans, translator and head describe a config; a model is "
-                "counted as it is (patch it with toast.replace_spans first)"
+                "counted as it is (patch it with toast.io.replace_spans first)"
             )
         module = model_or_config
         config = getattr(module, "config", None)

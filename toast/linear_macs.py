@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from toast.hf.blocks import BlockStack
-from toast.hf.capture import _forward_inputs
+from toast.hf.capture import forward_inputs
+from toast.hf.quality import batch_rows
 
 __all__ = ["LinearCounts", "linear_counts", "linear_macs", "synthetic_example"]
 
@@ -43,14 +44,6 @@ class LinearCounts:
     @property
     def total(self) -> int:
         return sum(self.per_block) + sum(self.translators) + self.outside
-
-
-def _batch_rows(args: tuple, kwargs: dict) -> int:
-    """The batch size: the leading dimension of the first tensor input."""
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            return int(value.shape[0])
-    return 0
 
 
 def _first(values: Any, rows: int) -> Any:
@@ -107,8 +100,8 @@ def linear_counts(model: nn.Module, example: Any, stack: BlockStack | None = Non
     was_training = model.training
     model.eval()
     try:
-        args, kwargs = _forward_inputs(model, example)
-        rows = _batch_rows(args, kwargs)
+        args, kwargs = forward_inputs(model, example)
+        rows = batch_rows(args, kwargs)
         with torch.inference_mode():
             model(*_first(args, rows), **_first(kwargs, rows))
     finally:

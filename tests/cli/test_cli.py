@@ -14,7 +14,10 @@ from toast.cli import main  # noqa: E402
 from toast.data import digits, stdlib_sentences  # noqa: E402
 from toast.zoo import accuracy  # noqa: E402
 
-pytestmark = [pytest.mark.hf, pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")]
+pytestmark = [
+    pytest.mark.hf,
+    pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def test_compress_saves_a_model_that_loads_and_keeps_accuracy(local_vit, tmp_pat
     args = ["compress", str(local_vit / "model"), "--data", str(local_vit / "images")]
     assert main([*args, "--budget", "2", "--out", str(out), "--no-progress"]) == 0
     model = toast.load_pretrained(out)
-    blocks = toast.find_blocks(model).blocks
+    blocks = toast.hf.find_blocks(model).blocks
     # The plan removes 2 blocks as one span or two (which one depends on the
     # trained weights, which depend on the machine's BLAS): a translator each.
     translators = sum(isinstance(b, toast.translators.TranslatorBlock) for b in blocks)

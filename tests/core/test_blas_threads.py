@@ -1,4 +1,4 @@
-"""toast.blas_threads: OpenBLAS's thread count, set and restored."""
+"""toast.core.blas_threads: OpenBLAS's thread count, set and restored."""
 
 import numpy as np
 import pytest
@@ -11,14 +11,14 @@ pytestmark = pytest.mark.skipif(get_blas_threads() is None, reason="OpenBLAS not
 
 def test_the_count_is_set_inside_and_restored_after():
     before = get_blas_threads()
-    with toast.blas_threads(1):
+    with toast.core.blas_threads(1):
         assert get_blas_threads() == 1
     assert get_blas_threads() == before
 
 
 def test_the_count_is_restored_after_an_exception():
     before = get_blas_threads()
-    with pytest.raises(KeyError), toast.blas_threads(1):
+    with pytest.raises(KeyError), toast.core.blas_threads(1):
         raise KeyError
     assert get_blas_threads() == before
 
@@ -26,7 +26,7 @@ def test_the_count_is_restored_after_an_exception():
 def test_moments_agree_to_rounding_whatever_the_count():
     rng = np.random.default_rng(0)
     states = [rng.standard_normal((3000, 96)) for _ in range(3)]
-    with toast.blas_threads(1):
+    with toast.core.blas_threads(1):
         one = toast.Moments(3, 96).update(states)._get_data()
     many = toast.Moments(3, 96).update(states)._get_data()
     np.testing.assert_allclose(many, one, rtol=1e-12, atol=1e-12 * np.abs(one).max())

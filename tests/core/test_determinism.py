@@ -21,7 +21,7 @@ Findings (scipy-openblas32 0.3.34, core type Haswell, 2-core AMD EPYC):
   600, 1000, 3000 do not), which is a property of the kernels, not a promise:
   an earlier reading of this module that "small chunks run on one thread and
   are bit-identical" does not hold on this machine.
-- Pinning the count in the process with ``toast.blas_threads(1)`` restores
+- Pinning the count in the process with ``toast.core.blas_threads(1)`` restores
   bit-identity with a one-thread process, whatever OPENBLAS_NUM_THREADS says.
 
 Not expected: bit-identity across machines or OpenBLAS versions, which pick
@@ -78,7 +78,7 @@ WORKER = textwrap.dedent(
     # One large update: OpenBLAS threads these GEMMs when it has threads.
     free = toast.Moments(S, D).update(states)
     result["large/free"] = free._get_data()
-    with toast.blas_threads(1):
+    with toast.core.blas_threads(1):
         pinned = toast.Moments(S, D).update(states)
         result["large/pinned"] = pinned._get_data()
         result["large/pinned_E"] = toast.error_matrix(pinned, "linear", "in_sample")

@@ -223,23 +223,23 @@ def test_in_sample_error_is_optimistic_on_noise():
     assert e_in < 1.0 < e_cv
 
 
-@pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")  # 10 rows of width 12
+@pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning")  # 10 rows of width 12
 @pytest.mark.parametrize("n", [10, 12])
 def test_in_sample_warns_when_rows_not_above_dim(n):
     X, m = states_and_moments(seed=12, S=2, n=n, d=12)
-    with pytest.warns(toast.InSampleWarning):
+    with pytest.warns(toast.core.InSampleWarning):
         toast.error_matrix(m, metric="linear", estimator="in_sample")
 
 
 def test_in_sample_does_not_warn_with_enough_rows():
     X, m = states_and_moments(seed=13, S=2, n=100, d=12)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", toast.InSampleWarning)
+        warnings.simplefilter("error", toast.core.InSampleWarning)
         toast.error_matrix(m, metric="linear", estimator="in_sample")
 
 
 def test_in_sample_warning_is_user_warning():
-    assert issubclass(toast.InSampleWarning, UserWarning)
+    assert issubclass(toast.core.InSampleWarning, UserWarning)
 
 
 @pytest.mark.parametrize("metric", ["linear", "affine"])
@@ -378,7 +378,7 @@ def test_negative_ridge_raises():
 
 
 def test_metrics_table_directions():
-    assert toast.METRICS == {
+    assert toast.core.METRICS == {
         "linear": "lower",
         "affine": "lower",
         "mse": "lower",

@@ -195,7 +195,7 @@ def test_translator_fields(kind):
     X, Y = pair_data(17)
     d = X.shape[1]
     t = fit(X, Y, kind=kind)
-    assert isinstance(t, toast.Translator)
+    assert isinstance(t, toast.core.Translator)
     assert t.kind == kind
     assert t.weight.shape == (d, d) and t.weight.dtype == np.float64
     assert t.bias.shape == (d,) and t.bias.dtype == np.float64
@@ -277,7 +277,7 @@ def three_states(seed, n=500, d=14):
 def test_fit_residual_equals_lstsq_of_difference(mi, yi, ti):
     states = three_states(22)
     m = toast.Moments(3, states[0].shape[1]).update(states)
-    t = toast.fit_residual(m, mi, yi, ti)
+    t = toast.core.fit_residual(m, mi, yi, ti)
     M, Yst, L = states[mi], states[yi], states[ti]
     assert t.kind == "residual"
     assert_rel(t.weight, lstsq(M, L - Yst), TOL)
@@ -287,7 +287,7 @@ def test_fit_residual_equals_lstsq_of_difference(mi, yi, ti):
 def test_fit_residual_centered_has_bias():
     states = three_states(23)
     m = toast.Moments(3, states[0].shape[1]).update(states)
-    t = toast.fit_residual(m, 0, 1, 2, center=True)
+    t = toast.core.fit_residual(m, 0, 1, 2, center=True)
     W, b = lstsq_affine(states[0], states[2] - states[1])
     assert_rel(t.weight, W, TOL)
     assert_rel(t.bias, b, TOL)
@@ -296,7 +296,7 @@ def test_fit_residual_centered_has_bias():
 def test_fit_residual_ridge():
     states = three_states(24)
     m = toast.Moments(3, states[0].shape[1]).update(states)
-    t = toast.fit_residual(m, 0, 1, 2, ridge=20.0)
+    t = toast.core.fit_residual(m, 0, 1, 2, ridge=20.0)
     W, _ = ridge_ref(states[0], states[2] - states[1], 20.0, center=False)
     assert_rel(t.weight, W, TOL)
 
@@ -337,7 +337,7 @@ def test_condition_is_of_centered_gram_for_affine():
     assert exact / (10 * d) <= t.condition <= exact * 10 * d
 
 
-@pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")  # the point of the test
+@pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning")  # the point of the test
 def test_ill_conditioned_fit_reports_large_condition():
     X, Y, *_ = ill_conditioned(27)  # cond(XᵀX) = 1e10
     t = fit(X, Y, kind="linear")
@@ -356,7 +356,7 @@ def test_ill_conditioned_ridge_equals_svd_closed_form():
     assert exact / (10 * d) <= t.condition <= exact * 10 * d
 
 
-@pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")  # the point of the test
+@pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning")  # the point of the test
 def test_ill_conditioned_fitted_values_equal_lstsq():
     # W itself is not well determined along the weakest singular direction
     # (its component there is u_minᵀY / s_min, which amplifies rounding in
@@ -370,7 +370,7 @@ def test_ill_conditioned_fitted_values_equal_lstsq():
     assert_rel(X @ t.weight, X @ lstsq(X, Y), TOL)
 
 
-@pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")  # the point of the test
+@pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning")  # the point of the test
 def test_fewer_rows_than_features_gives_min_norm_solution():
     rng = np.random.default_rng(30)
     n, d = 20, 32
@@ -383,7 +383,7 @@ def test_fewer_rows_than_features_gives_min_norm_solution():
     assert t.method == "eigh"
 
 
-@pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")  # the point of the test
+@pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning")  # the point of the test
 def test_affine_fewer_rows_than_features_gives_min_norm_solution():
     rng = np.random.default_rng(31)
     n, d = 20, 32
@@ -396,7 +396,7 @@ def test_affine_fewer_rows_than_features_gives_min_norm_solution():
     assert t.rank == n - 1  # centering removes one dimension
 
 
-@pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")  # the point of the test
+@pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning")  # the point of the test
 def test_duplicated_feature_gives_min_norm_solution():
     rng = np.random.default_rng(32)
     n, d = 300, 16
@@ -427,7 +427,7 @@ def spd(seed, d=20, cond=1e3):
 
 def test_solve_gram_spd_matches_scipy():
     A, B = spd(33)
-    W, condition, rank, method = toast.solve_gram(A, B)
+    W, condition, rank, method = toast.core.solve_gram(A, B)
     assert_rel(W, scipy.linalg.solve(A, B, assume_a="pos"), TOL)
     assert rank == A.shape[0]
     assert method == "cholesky"
@@ -437,7 +437,7 @@ def test_solve_gram_spd_matches_scipy():
 def test_solve_gram_condition_tracks_true_condition(target):
     A, B = spd(34, cond=target)
     d = A.shape[0]
-    _, condition, _, _ = toast.solve_gram(A, B)
+    _, condition, _, _ = toast.core.solve_gram(A, B)
     exact = np.linalg.cond(A)
     assert exact / (10 * d) <= condition <= exact * 10 * d
 
@@ -449,7 +449,7 @@ def test_solve_gram_singular_matches_pseudo_inverse():
     A = G @ G.T
     A = (A + A.T) / 2
     B = rng.standard_normal((d, 4))
-    W, condition, rank, method = toast.solve_gram(A, B)
+    W, condition, rank, method = toast.core.solve_gram(A, B)
     assert_rel(W, pinv_sym(A, 1e-10) @ B, TOL)
     assert rank == r
     assert condition == np.inf or condition >= 1e12
@@ -465,7 +465,7 @@ def test_solve_gram_ridge_adds_lambda_identity(singular):
     A = (A + A.T) / 2
     B = rng.standard_normal((d, 3))
     lam = 0.7
-    W, _, rank, _ = toast.solve_gram(A, B, ridge=lam)
+    W, _, rank, _ = toast.core.solve_gram(A, B, ridge=lam)
     assert_rel(W, scipy.linalg.solve(A + lam * np.eye(d), B, assume_a="pos"), TOL)
     assert rank == d
 
@@ -473,7 +473,7 @@ def test_solve_gram_ridge_adds_lambda_identity(singular):
 def test_solve_gram_does_not_modify_inputs():
     A, B = spd(37)
     A0, B0 = A.copy(), B.copy()
-    toast.solve_gram(A, B, ridge=0.1)
+    toast.core.solve_gram(A, B, ridge=0.1)
     assert np.array_equal(A, A0)
     assert np.array_equal(B, B0)
 
@@ -491,13 +491,13 @@ def test_solve_gram_rejects_bad_shapes(make):
     A, B = spd(38)
     A2, B2 = make(A, B)
     with pytest.raises(ValueError):
-        toast.solve_gram(A2, B2)
+        toast.core.solve_gram(A2, B2)
 
 
 def test_solve_gram_rejects_negative_ridge():
     A, B = spd(39)
     with pytest.raises(ValueError):
-        toast.solve_gram(A, B, ridge=-1.0)
+        toast.core.solve_gram(A, B, ridge=-1.0)
 
 
 # --------------------------------------------------------------------------
@@ -538,13 +538,13 @@ def test_fit_translator_rejects_bad_arguments(mkw, args, kwargs, match):
 def test_fit_residual_rejects_out_of_range_state():
     m = _moments_for_errors()
     with pytest.raises(ValueError, match=re.escape("target must be an int in [0, 3]; got 4")):
-        toast.fit_residual(m, 0, 1, 4)
+        toast.core.fit_residual(m, 0, 1, 4)
 
 
 def test_fit_residual_rejects_unstored_pair():
     m = _moments_for_errors(pairs="consecutive")
     with pytest.raises(ValueError):
-        toast.fit_residual(m, 0, 1, 3)
+        toast.core.fit_residual(m, 0, 1, 3)
 
 
 @pytest.mark.parametrize("bad", ["A", "B"])
@@ -554,4 +554,4 @@ def test_solve_gram_rejects_complex_input(bad):
     args = {"A": A, "B": B}
     args[bad] = args[bad].astype(np.complex128)
     with pytest.raises(TypeError, match=f"{bad} must be a real numeric array"):
-        toast.solve_gram(args["A"], args["B"])
+        toast.core.solve_gram(args["A"], args["B"])

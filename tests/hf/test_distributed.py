@@ -1,7 +1,7 @@
-"""toast.all_reduce_moments across processes (torch.distributed, gloo on loopback).
+"""toast.hf.all_reduce_moments across processes (torch.distributed, gloo on loopback).
 
 Two worker processes each accumulate half of a deterministic dataset, sum
-their moments with ``toast.all_reduce_moments`` and write what they then compute;
+their moments with ``toast.hf.all_reduce_moments`` and write what they then compute;
 the test compares that with a single-process run of the whole dataset.
 """
 
@@ -53,7 +53,7 @@ WORKER = textwrap.dedent(
         for a, b in ((lo, mid), (mid, hi)):
             m.update([s[a:b] for s in states], fold=np.arange(a, b) % FOLDS)
         assert m.rows == hi - lo
-        assert toast.all_reduce_moments(m) is m
+        assert toast.hf.all_reduce_moments(m) is m
         result[pairs + "/data"] = m._get_data()
         result[pairs + "/rows"] = np.array(m.rows)
         result[pairs + "/E_cv"] = toast.error_matrix(m, "linear", "cv")
@@ -67,7 +67,7 @@ WORKER = textwrap.dedent(
     bad = toast.Moments(S, D + rank, folds=FOLDS)
     bad.update([np.ones((2, D + rank))] * S)
     try:
-        toast.all_reduce_moments(bad)
+        toast.hf.all_reduce_moments(bad)
         result["mismatch"] = np.array("no error")
     except ValueError as exc:
         result["mismatch"] = np.array(str(exc))
@@ -154,7 +154,7 @@ def test_all_reduce_needs_an_initialised_group():
     if dist.is_initialized():  # pragma: no cover - not in this test suite
         pytest.skip("a process group is initialised in this process")
     with pytest.raises(RuntimeError, match="init_process_group"):
-        toast.all_reduce_moments(m)
+        toast.hf.all_reduce_moments(m)
     from toast.hf.distributed import all_reduce_moments
 
     with pytest.raises(TypeError, match="toast.Moments"):
@@ -187,10 +187,10 @@ HF_WORKER = textwrap.dedent(
     for fit in ("independent", "sequential"):
         m, _ = toast.compress(hf_models.build(hf_models.FAMILIES[0]), shard, spans=[(1, 2), (3, 4)],
                               estimator="gcv", fit=fit, progress=False)
-        result[fit] = toast.find_blocks(m).blocks[3].translator.weight.detach().numpy()
+        result[fit] = toast.hf.find_blocks(m).blocks[3].translator.weight.detach().numpy()
     m, _ = toast.compress(hf_models.build(hf_models.FAMILIES[0]), shard, spans=[(1, 3)],
                           estimator="gcv", translator="mlp", train_steps=3, progress=False)
-    result["mlp"] = toast.find_blocks(m).blocks[1].translator.net[0].weight.detach().numpy()
+    result["mlp"] = toast.hf.find_blocks(m).blocks[1].translator.net[0].weight.detach().numpy()
     # a rank whose shard is empty still joins the collective
     mine = [] if rank == 1 else shard
     result["uneven"] = toast.analyze(model, mine, estimator="gcv", progress=False).errors
@@ -225,5 +225,5 @@ def test_analyze_and_compress_agree_across_ranks_and_with_one_process(tmp_path):
         estimator="gcv",
         progress=False,
     )
-    expected = toast.find_blocks(m).blocks[3].translator.weight.detach().numpy()
+    expected = toast.hf.find_blocks(m).blocks[3].translator.weight.detach().numpy()
     assert_rel(ranks[0]["independent"], expected, 1e-5, "translator")

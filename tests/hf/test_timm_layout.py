@@ -92,7 +92,7 @@ def _images(n=64, batch=16):
 
 def test_the_sequential_of_blocks_and_the_final_norm_are_found():
     model = _model()
-    stack = toast.find_blocks(model)
+    stack = toast.hf.find_blocks(model)
     assert stack.path == "blocks" and stack.num_blocks == DEPTH
     assert stack.final_norm is model.norm
 

@@ -78,14 +78,17 @@ hf_models = pytest.importorskip("tests._helpers.hf_models")
 
 
 @pytest.mark.hf
-@pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning")  # BERT's rank-deficient states
+# BERT's rank-deficient states
+@pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning")
 @pytest.mark.parametrize("name", ["vit", "bert", "llama"])
 def test_capture_backends_agree(name):
     family = next(f for f in hf_models.FAMILIES if f.name == name)
     model = hf_models.build(family)
     batches = hf_models.loader(family, n=24, batch_size=5)
-    on_host, _ = toast.capture_moments(model, batches, folds=3, backend="c", progress=False)
-    on_device, _ = toast.capture_moments(model, batches, folds=3, backend="torch", progress=False)
+    on_host, _ = toast.hf.capture_moments(model, batches, folds=3, backend="c", progress=False)
+    on_device, _ = toast.hf.capture_moments(
+        model, batches, folds=3, backend="torch", progress=False
+    )
     assert on_device.rows == on_host.rows
     np.testing.assert_allclose(on_device._get_data(), on_host._get_data(), rtol=1e-9, atol=1e-9)
     e_host = toast.error_matrix(on_host, estimator="cv")
@@ -98,12 +101,12 @@ def test_capture_of_chosen_states_equals_the_full_capture():
     family = hf_models.FAMILIES[0]
     model = hf_models.build(family)
     batches = hf_models.loader(family, n=6, batch_size=3)
-    full, _ = toast.capture_moments(model, batches, folds=0, progress=False)
-    part, _ = toast.capture_moments(model, batches, states=[1, 3], folds=0, progress=False)
+    full, _ = toast.hf.capture_moments(model, batches, folds=0, progress=False)
+    part, _ = toast.hf.capture_moments(model, batches, states=[1, 3], folds=0, progress=False)
     assert part.num_states == 2
     np.testing.assert_array_equal(part.cross(0, 1), full.cross(1, 3))
     with pytest.raises(ValueError, match="out of range"):
-        toast.capture_moments(model, batches, states=[0, 9], progress=False)
+        toast.hf.capture_moments(model, batches, states=[0, 9], progress=False)
 
 
 def _far_row_stats(m: toast.Moments) -> np.ndarray:

@@ -21,7 +21,7 @@ from tests._helpers import hf_models as H  # noqa: E402
 pytestmark = [
     pytest.mark.hf,
     pytest.mark.usefixtures("one_torch_thread"),
-    pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning"),
+    pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning"),
 ]
 
 # Makes `import toast` fail as it does where toast is not installed.
@@ -184,6 +184,6 @@ def test_surgery_without_toast_io_refuses_transformers_save(tmp_path):
 
 def test_replace_spans_with_toast_io_saves_a_toast_save(tmp_path):
     model = H.build(next(f for f in H.FAMILIES if f.name == "bert"))
-    toast.replace_spans(model, [(1, 3)], [torch.nn.Linear(H.HIDDEN, H.HIDDEN)])
+    toast.io.replace_spans(model, [(1, 3)], [torch.nn.Linear(H.HIDDEN, H.HIDDEN)])
     model.save_pretrained(tmp_path / "out")
     assert (tmp_path / "out" / "toast_plan.json").is_file()

@@ -19,7 +19,7 @@ from toast.io import PLAN_NAME, WEIGHTS_NAME, CorruptedSaveError, load_pretraine
 pytestmark = [
     pytest.mark.hf,
     pytest.mark.usefixtures("one_torch_thread"),
-    pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning"),
+    pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning"),
 ]
 
 _BERT = next(f for f in H.FAMILIES if f.name == "bert")

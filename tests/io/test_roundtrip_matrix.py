@@ -32,7 +32,7 @@ from toast.cli import main  # noqa: E402
 pytestmark = [
     pytest.mark.hf,
     pytest.mark.usefixtures("one_torch_thread"),
-    pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning"),
+    pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning"),
 ]
 
 _FAMILIES = {f.name: f for f in H.FAMILIES}

@@ -54,7 +54,7 @@ def _patched(family, index: int = 0) -> torch.nn.Module:
     spans = [(0, 1), (1, 3)] if index % 2 == 0 else [(1, 3), (3, 4)]
     kinds = [KINDS[(2 * index) % len(KINDS)], KINDS[(2 * index + 1) % len(KINDS)]]
     modules = [_translator(kind, seed=10 * index + k) for k, kind in enumerate(kinds)]
-    toast.replace_spans(model, spans, modules)
+    toast.io.replace_spans(model, spans, modules)
     return model.eval()  # new translator modules start in training mode (dropout)
 
 
@@ -107,7 +107,7 @@ def test_reloaded_patched_model_gives_identical_outputs(tmp_path, index, family)
     loaded = load_pretrained(tmp_path / "saved")
     assert torch.equal(_forward(loaded, inputs), _forward(model, inputs))
     assert type(loaded) is type(model)
-    assert len(toast.find_blocks(loaded).blocks) == len(toast.find_blocks(model).blocks)
+    assert len(toast.hf.find_blocks(loaded).blocks) == len(toast.hf.find_blocks(model).blocks)
 
 
 def test_reload_in_a_fresh_process_gives_identical_outputs(tmp_path):
@@ -169,7 +169,7 @@ def test_tied_embeddings_are_stored_once_and_stay_tied(tmp_path, head):
             tie_word_embeddings=True,
         )
         model = transformers.LlamaForCausalLM(config)
-    toast.replace_spans(model, [(1, 3)], [_translator("linear", 0)])
+    toast.io.replace_spans(model, [(1, 3)], [_translator("linear", 0)])
     model.eval()
     ids = hf_models.pad(hf_models.sentences(3))
     save_pretrained(model, tmp_path / "lm")
@@ -489,7 +489,7 @@ def test_saving_a_model_outside_transformers_raises_type_error(tmp_path):
 
 def test_unsupported_translator_module_is_refused_before_anything_is_written(tmp_path):
     model = hf_models.build(FAMILIES[0])
-    toast.replace_spans(model, [(1, 3)], [torch.nn.Tanh()])
+    toast.io.replace_spans(model, [(1, 3)], [torch.nn.Tanh()])
     with pytest.raises(TypeError, match="cannot describe a translator of type Tanh"):
         save_pretrained(model, tmp_path / "m")
     assert list(tmp_path.iterdir()) == []

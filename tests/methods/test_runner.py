@@ -16,6 +16,7 @@ import toast  # noqa: E402
 from tests._helpers.replaceme_models import decoder, encoder, image_loader, text_loader  # noqa: E402
 from toast.hf.quality import Evaluator  # noqa: E402
 from toast.hf.surgery import replace_spans  # noqa: E402
+from toast.methods.replaceme import replaceme  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -29,7 +30,7 @@ def test_replaceme_reports_perplexity_of_original_plain_removal_and_pruned():
     model = decoder("llama")
     original = copy.deepcopy(model)
     calibration, heldout = text_loader(n=32, seed=0), text_loader(n=16, seed=1)
-    pruned, report = toast.replaceme(
+    pruned, report = replaceme(
         model, calibration, num_blocks=2, heldout=heldout, progress=False
     )
     spans = [(s.start, s.stop) for s in report.spans]
@@ -72,13 +73,13 @@ def test_a_method_that_removes_no_block_reports_no_plain_removal():
 
 
 def test_without_held_out_data_the_report_measures_nothing():
-    _, report = toast.replaceme(decoder("llama"), text_loader(n=16), num_blocks=1, progress=False)
+    _, report = replaceme(decoder("llama"), text_loader(n=16), num_blocks=1, progress=False)
     assert report.quality is None and "Measured" not in report.to_markdown()
 
 
 def test_a_held_out_fraction_needs_raw_text():
     with pytest.raises(ValueError, match="fraction of raw text"):
-        toast.replaceme(decoder("llama"), text_loader(n=16), num_blocks=1, heldout=0.25)
+        replaceme(decoder("llama"), text_loader(n=16), num_blocks=1, heldout=0.25)
 
 
 # Block discovery: one search for the model's structure per toast.compress

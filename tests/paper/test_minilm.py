@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.hf,
     pytest.mark.usefixtures("one_torch_thread"),
     # BERT's post-LN states are centred by LayerNorm: rank d - 1 by design
-    pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning"),
+    pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning"),
 ]
 
 
@@ -69,7 +69,7 @@ def _cosine_after_replacing(path, analysis, held_out, reference, span):
     t = toast.fit_translator(
         analysis.moments, *span, kind="affine", ridge=1e-6, ridge_relative=True
     )
-    toast.replace_spans(model, [span], [t])
+    toast.io.replace_spans(model, [span], [t])
     return float((_embed(model, held_out) * reference).sum(-1).mean())
 
 

@@ -41,8 +41,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import toast  # noqa: E402
-from toast.methods.replaceme import ReplaceMeConfig, replaceme  # noqa: E402
+from toast.methods.replaceme import (  # noqa: E402
+    ReplaceMeConfig,
+    profile_distances,  # noqa: E402
+    replaceme,
+)
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -133,7 +136,7 @@ def test_table2_ls_and_cosine_beat_plain_removal_at_25_percent(paper_record):
         {"input_ids": train[i : i + 32], "attention_mask": torch.ones(32, SEQ, dtype=torch.long)}
         for i in range(0, 1024, 32)
     ]
-    profile = toast.profile_distances(model, calib, progress=False)
+    profile = profile_distances(model, calib, progress=False)
     (cut,) = profile.select(2)  # 25% of 8 blocks, the same cut for every method
     methods = {
         "UIDL": {"objective": "identity"},

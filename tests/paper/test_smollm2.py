@@ -26,6 +26,7 @@ pytest.importorskip("gguf")
 import toast  # noqa: E402
 from toast.data import stdlib_sentences  # noqa: E402
 from toast.io.local import load_model, load_tokenizer  # noqa: E402
+from toast.methods.replaceme import replaceme  # noqa: E402
 from toast.zoo import smollm2_gguf  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
@@ -66,9 +67,9 @@ def smollm2():
         {"input_ids": chunk, "attention_mask": torch.ones_like(chunk)}
         for chunk in calibration.split(4)
     ]
-    ls, report = toast.replaceme(copy.deepcopy(model), batches, num_blocks=REMOVED, progress=False)
+    ls, report = replaceme(copy.deepcopy(model), batches, num_blocks=REMOVED, progress=False)
     spans = [(s.start, s.stop) for s in report.spans]
-    uidl, _ = toast.replaceme(
+    uidl, _ = replaceme(
         copy.deepcopy(model), batches, spans=spans, objective="identity", progress=False
     )
     return {"model": model, "ls": ls, "uidl": uidl, "spans": spans, "held_out": held_out}
@@ -156,7 +157,7 @@ def test_chat_rows_go_through_smollm2s_own_chat_template():
         {"role": "user", "content": "What is the capital of France?"},
         {"role": "assistant", "content": "The capital of France is Paris."},
     ]
-    (batch,) = toast.TextData([{"messages": messages}], tokenizer, max_length=512)
+    (batch,) = toast.hf.TextData([{"messages": messages}], tokenizer, max_length=512)
     rendered = tokenizer.apply_chat_template(messages, tokenize=False)
     expected = tokenizer(rendered, add_special_tokens=False).input_ids
     assert "<|im_start|>" in rendered and batch["input_ids"][0].tolist() == expected

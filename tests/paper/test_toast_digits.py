@@ -38,7 +38,7 @@ pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
     # the embedding output of 8x8 digits is rank-deficient (blank border
     # patches); spans starting there are never candidates
-    pytest.mark.filterwarnings("ignore::toast.IllConditionedWarning"),
+    pytest.mark.filterwarnings("ignore::toast.core.IllConditionedWarning"),
 ]
 
 # Spans of one to three blocks, never block 0 (the papers keep it).
@@ -52,7 +52,7 @@ def _batches(images: np.ndarray) -> list:
 
 def _replaced(model, span, translator):
     out = copy.deepcopy(model)
-    toast.replace_spans(out, [span], [translator])
+    toast.io.replace_spans(out, [span], [translator])
     return out
 
 
@@ -62,7 +62,7 @@ def study(digits_vit):
     test = digits("test")
     calib = digits("train").images[:CALIBRATION]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", toast.IllConditionedWarning)  # blank border patches
+        warnings.simplefilter("ignore", toast.core.IllConditionedWarning)  # blank border patches
         analysis = toast.analyze(digits_vit, _batches(calib), progress=False)
     base = accuracy(digits_vit, test.images, test.labels)
     acc = {kind: {} for kind in ("identity", "linear", "affine")}
@@ -115,7 +115,7 @@ def test_selection_metrics_beat_random_choice(study, paper_record):
     linear_top = None
     for metric in ("linear", "cosine", "cka", "mse", "euclidean"):
         E = study["analysis"].error_matrix(metric=metric)
-        sign = -1.0 if toast.METRICS[metric] == "higher" else 1.0
+        sign = -1.0 if toast.core.METRICS[metric] == "higher" else 1.0
         top = sorted(CANDIDATES, key=lambda s: sign * E[s])[:3]
         precision = len(set(top) & set(true_order[:3])) / 3
         mean_top = np.mean([study["acc"]["linear"][s] for s in top])
@@ -161,7 +161,7 @@ def test_accuracy_grows_with_calibration_samples(study, digits_vit, paper_record
     for n in (4, 32, 256, 1024):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            m, _ = toast.capture_moments(
+            m, _ = toast.hf.capture_moments(
                 digits_vit, _batches(train.images[:n]), states=list(span), folds=0, progress=False
             )
             t = toast.fit_translator(m, 0, 1, kind="affine", ridge=1e-3, ridge_relative=True)

@@ -94,7 +94,7 @@ def run_demo(
     with warnings.catch_warnings():
         # The embedding output of 8x8 digits is rank-deficient (blank border
         # patches); spans starting at the embeddings are never planned.
-        warnings.simplefilter("ignore", toast.IllConditionedWarning)
+        warnings.simplefilter("ignore", toast.core.IllConditionedWarning)
         analysis = toast.analyze(model, batches, metric="linear", estimator="cv", progress=progress)
     spans = analysis.plan(max_blocks=budget)
     result.seconds["analyze"] = time.perf_counter() - start
@@ -105,12 +105,12 @@ def run_demo(
     _say("3/4 replacing the planned spans (and, as the baseline, dropping them)", quiet)
     original = copy.deepcopy(model)
     dropped = copy.deepcopy(model)
-    toast.replace_spans(
+    toast.io.replace_spans(
         dropped, [(s.start, s.stop) for s in spans], [torch.nn.Identity()] * len(spans)
     )
     start = time.perf_counter()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", toast.IllConditionedWarning)
+        warnings.simplefilter("ignore", toast.core.IllConditionedWarning)
         compressed, report = toast.compress(
             model, batches, spans=[(s.start, s.stop) for s in spans], progress=progress
         )

@@ -5,10 +5,9 @@ the block error matrix and closed-form translators, over the C extension
 from toast.core.blas import blas_threads, get_blas_threads, set_blas_threads
 from toast.core.errors import IllConditionedWarning, InSampleWarning, NonFiniteError
 from toast.core.metrics import METRICS, error_matrix
+from toast.core.moments import Moments, Pairs
 from toast.core.moments import (
-    Moments,
-    Pairs,
-    _restore_moments,  # noqa: F401  (pickles of Moments name this entry point)
+    restore_moments as _restore_moments,  # noqa: F401  (pickles from before toast.core was a package name it)
 )
 from toast.core.solvers import Translator, fit_residual, fit_translator, solve_gram
 

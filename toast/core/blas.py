@@ -6,7 +6,7 @@ own threads, other jobs) want the same cores, its threads spin against them:
 updates can run many times slower than on one thread. :func:`blas_threads`
 sets the count for a block of code::
 
-    with toast.blas_threads(1):
+    with toast.core.blas_threads(1):
         analysis = toast.analyze(model, loader)
 
 Results agree to rounding whatever the count. They are bit-identical from

@@ -301,7 +301,7 @@ class Moments(_core.Moments):
 
     def __reduce__(self):
         return (
-            _restore_moments,
+            restore_moments,
             (
                 type(self),
                 self.num_states,
@@ -331,9 +331,10 @@ class Moments(_core.Moments):
         )
 
 
-def _restore_moments(
+def restore_moments(
     cls, num_states, dim, folds, pairs, precision, data, rows, row_stats=True, sources=None
 ):
+    """Rebuilds pickled :class:`Moments` (the entry point of ``__reduce__``)."""
     m = cls(
         num_states,
         dim,
@@ -345,6 +346,10 @@ def _restore_moments(
     )
     m._set_data(data, rows)
     return m
+
+
+# The name pickles written before restore_moments was public refer to.
+_restore_moments = restore_moments
 
 
 def checked_moments(moments: Any) -> Moments:

@@ -111,7 +111,7 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _forward_inputs(
+def forward_inputs(
     model: nn.Module, batch: Any, device: torch.device | None = None
 ) -> tuple[tuple, dict]:
     """Positional and keyword inputs of one batch, on the model's device
@@ -263,7 +263,8 @@ def _run_forward(model: nn.Module, args: tuple, kwargs: dict, index: int) -> Non
         ) from exc
 
 
-def _rss_mib() -> float:
+def rss_mib() -> float:
+    """The process's resident memory in MiB (NaN where /proc is missing)."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -271,7 +272,9 @@ def _rss_mib() -> float:
         return float("nan")
 
 
-def _check_states(states: Sequence[int] | None, num_states: int) -> list[int]:
+def check_states(states: Sequence[int] | None, num_states: int) -> list[int]:
+    """``states`` (None: all of them) as distinct state indices in range;
+    raises naming the bad one."""
     if states is None:
         return list(range(num_states))
     chosen = [int(k) for k in states]
@@ -316,14 +319,14 @@ def stream_states(
     check("tokens", tokens, Options(TOKENS))
     stack = stack if stack is not None else find_blocks(model, cal.blocks)
     check_materialized(model)
-    recorder = _StateRecorder(stack, _check_states(states, stack.num_blocks + 1))
+    recorder = _StateRecorder(stack, check_states(states, stack.num_blocks + 1))
     was_training = model.training
     bar = None
     try:
         bar = progress_bar(desc, None, "sample", disable=not cal.progress)
         model.eval()
         with torch.inference_mode():
-            for index, (args, kwargs) in enumerate(_batches(model, loader, cal)):
+            for index, (args, kwargs) in enumerate(calibration_inputs(model, loader, cal)):
                 _run_forward(model, args, kwargs, index)
                 rows, row_mask = select_tokens(
                     recorder.take(), kwargs.get("attention_mask"), tokens
@@ -333,7 +336,7 @@ def stream_states(
                 if index == 0:
                     bar.total = expected_samples(loader, cal.max_samples, cal.max_batches, size)
                 # the postfix first: the redraw of update() shows this batch's rows
-                bar.set_postfix(tokens=f"{total:,}", rss=f"{_rss_mib():.0f}MiB", refresh=False)
+                bar.set_postfix(tokens=f"{total:,}", rss=f"{rss_mib():.0f}MiB", refresh=False)
                 bar.update(size)
     finally:
         recorder.remove()
@@ -343,13 +346,13 @@ def stream_states(
     return stack
 
 
-def _batches(
+def calibration_inputs(
     model: nn.Module, loader: Iterable, cal: Calibration, device: torch.device | None = None
 ) -> Iterator[tuple[tuple, dict]]:
     """Each batch's forward inputs, within ``max_batches`` and ``max_samples``."""
     samples = 0
     for batch in itertools.islice(limited(loader, cal), cal.max_batches):
-        args, kwargs = _forward_inputs(model, batch, device)
+        args, kwargs = forward_inputs(model, batch, device)
         size = _batch_size(args, kwargs)
         if cal.max_samples is not None:
             remaining = cal.max_samples - samples

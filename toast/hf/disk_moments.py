@@ -1,6 +1,6 @@
 """Moments of a checkpoint's states, calibrated block by block from disk.
 
-:func:`capture_moments_from_disk` is :func:`toast.capture_moments` for a
+:func:`capture_moments_from_disk` is :func:`toast.hf.capture_moments` for a
 model bigger than memory. The blocks run one at a time
 (:func:`toast.hf.sequential.stream_blocks`) and the chosen tokens of the
 chosen states wait on disk (one file per state in a temporary directory,
@@ -39,7 +39,7 @@ from toast.core import Moments, NonFiniteError, Pairs
 from toast.core.moments import pair_span
 from toast.hf.blocks import BlockStack
 from toast.hf.calibration import Calibration
-from toast.hf.capture import MomentsSink, Tokens, _check_states, naming_state, select_tokens
+from toast.hf.capture import MomentsSink, Tokens, check_states, naming_state, select_tokens
 from toast.hf.sequential import DiskModel, DiskStates, stream_blocks
 from toast.hf.torch_moments import WindowedMoments
 
@@ -64,14 +64,14 @@ def capture_moments_from_disk(
     buffer_dir: str | os.PathLike | None = None,
     observe: Observer | None = None,
 ) -> tuple[Moments, BlockStack]:
-    """The moments :func:`toast.capture_moments` gives on the loaded model,
+    """The moments :func:`toast.hf.capture_moments` gives on the loaded model,
     from the checkpoint ``disk`` (see the module docstring: with a bounded
     ``pairs`` span only that many states wait on disk). Blocks after the
     last chosen state do not run. ``observe(rows, mask)`` sees every batch
     the moments see, every chosen state at once, as in memory (so with it
     every chosen state waits on disk, whatever ``pairs``)."""
     cal = Calibration.from_options(calibration)
-    chosen = _check_states(states, disk.num_blocks + 1)
+    chosen = check_states(states, disk.num_blocks + 1)
     sink = MomentsSink(states, folds, pairs, precision, backend)
     span = pair_span(pairs, len(chosen))
     windowed = span < len(chosen) - 1 and chosen == sorted(chosen) and observe is None

@@ -3,7 +3,7 @@
 Every quantity a :class:`~toast.Moments` keeps is a float64 sum (row counts,
 column sums, row statistics, cross blocks), so combining the moments of
 several processes is one element-wise sum: each rank accumulates its shard of
-the rows, then :func:`all_reduce_moments` (``toast.all_reduce_moments``)
+the rows, then :func:`all_reduce_moments` (``toast.hf.all_reduce_moments``)
 replaces every rank's moments by the sum over all ranks, after which every
 rank computes the same error matrices and translators.
 
@@ -15,7 +15,7 @@ rank computes the same error matrices and translators.
     m = toast.Moments(S, d, folds=5)
     for batch in my_shard_of_the_data:           # e.g. rows rank::world_size
         m.update(states_of(batch), fold=global_row_ids % 5)
-    toast.all_reduce_moments(m)                  # every rank: moments of all rows
+    toast.hf.all_reduce_moments(m)                  # every rank: moments of all rows
     E = toast.error_matrix(m, "linear", "cv")
 
 Notes:

@@ -35,7 +35,7 @@ from torch import nn
 
 from toast._validation import Options, check
 from toast.hf.blocks import BlockStack
-from toast.hf.capture import _forward_inputs
+from toast.hf.capture import forward_inputs
 from toast.hf.progress import progress_bar
 
 __all__ = [
@@ -171,7 +171,7 @@ class Evaluator:
         """Each held-out batch with its forward inputs and ``model``'s output
         (what a sequential evaluator computes block by block instead)."""
         for batch in self._iterate(label):
-            args, kwargs = _forward_inputs(model, batch)
+            args, kwargs = forward_inputs(model, batch)
             yield batch, args, kwargs, model(*args, **_no_cache(model, kwargs))
 
     def _measure(self, model: nn.Module, label: str) -> float:
@@ -183,7 +183,7 @@ class Evaluator:
             for batch, args, kwargs, output in outputs:
                 if self.metric is None:
                     self.metric = quality_metric(model, batch)
-                samples += _batch_rows(args, kwargs)
+                samples += batch_rows(args, kwargs)
                 if self.metric == "perplexity":
                     _add(totals, *_token_nll(output, kwargs, _labels(batch)))
                 elif self.metric == "accuracy":
@@ -227,7 +227,9 @@ def _no_cache(model: nn.Module, kwargs: dict) -> dict:
     return {**kwargs, "use_cache": False} if "use_cache" in accepted else kwargs
 
 
-def _batch_rows(args: tuple, kwargs: dict) -> int:
+def batch_rows(args: tuple, kwargs: dict) -> int:
+    """The batch size of one batch's forward inputs: the leading dimension of
+    its first tensor (0 when it has none)."""
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor) and value.dim() > 0:
             return int(value.shape[0])
@@ -307,7 +309,7 @@ def _sample_vectors(output: Any, mask: torch.Tensor | None) -> torch.Tensor:
 @contextlib.contextmanager
 def skipped_blocks(stack: BlockStack, spans: Sequence[Any]) -> Iterator[None]:
     """Within the block, every block of ``spans`` (``(start, stop)`` pairs or
-    :class:`toast.Span`) hands its input on unchanged: plain removal of
+    :class:`toast.spans.Span`) hands its input on unchanged: plain removal of
     those blocks, measured on the model as it is. The blocks still run
     (their outputs are discarded); nothing is copied or changed."""
     handles = []

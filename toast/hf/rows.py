@@ -179,7 +179,7 @@ def capture_rows(
 ) -> RowSample:
     """A :class:`RowSample` of the chosen states' rows over ``loader``.
 
-    Same loader, token and calibration options as :func:`toast.capture_moments`;
+    Same loader, token and calibration options as :func:`toast.hf.capture_moments`;
     padding rows are never sampled. ``capacity`` bounds the rows kept (and
     the buffer: ``capacity x len(states) x dim x 4`` bytes on disk).
     """

@@ -41,7 +41,7 @@ from torch import nn
 
 from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.calibration import Calibration
-from toast.hf.capture import _batches, _rss_mib
+from toast.hf.capture import calibration_inputs, rss_mib
 from toast.hf.checkpoint import Checkpoint
 
 __all__ = [
@@ -393,7 +393,7 @@ def _embed(
     batches: list[_Batch] = []
     try:
         with torch.inference_mode():
-            for args, kwargs in _batches(base, loader, cal, torch.device("cpu")):
+            for args, kwargs in calibration_inputs(base, loader, cal, torch.device("cpu")):
                 if takes_cache:
                     kwargs["use_cache"] = False  # no KV cache is built
                 hidden, batch = _record_inputs(disk, args, kwargs)
@@ -475,7 +475,7 @@ def _run_block(
             target.write(b, hidden)
             on_state(index + 1, b, hidden, batch.mask)
             bar.update(1)
-            bar.set_postfix(block=index, rss=f"{_rss_mib():.0f}MiB")
+            bar.set_postfix(block=index, rss=f"{rss_mib():.0f}MiB")
 
 
 def _skipped(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:

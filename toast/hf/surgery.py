@@ -1,6 +1,6 @@
 """Translators as ``nn.Module``s and replacing spans of blocks in place.
 
-A fitted :class:`toast.Translator` (float64, ``y = x W + b``) becomes a
+A fitted :class:`toast.core.Translator` (float64, ``y = x W + b``) becomes a
 module in the model's dtype and device; :func:`replace_spans` removes the
 blocks of each span from the model's block list and puts one translator
 block in their place, so parameters of removed blocks are freed and
@@ -110,7 +110,7 @@ def _install_blocks(
 
 
 def translator_like(fit: Translator | nn.Module, like: nn.Module) -> nn.Module:
-    """``fit`` as a module: a fitted :class:`toast.Translator` converted in
+    """``fit`` as a module: a fitted :class:`toast.core.Translator` converted in
     the dtype and device of ``like`` (the first block it replaces; float32
     on the CPU when that has no parameters), a module as it is."""
     if not isinstance(fit, Translator):
@@ -131,7 +131,7 @@ def replace_spans(
 ) -> nn.Module:
     """Replaces ``blocks[start:stop]`` of each span by its translator, in place.
 
-    ``translators`` are fitted :class:`toast.Translator` objects (converted
+    ``translators`` are fitted :class:`toast.core.Translator` objects (converted
     to modules in the dtype and device of the first removed block) or ready
     modules. The block list is rebuilt, ``layer_idx`` attributes are
     renumbered and ``config.num_hidden_layers`` (and ``config.layer_types``)

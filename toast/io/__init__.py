@@ -35,13 +35,13 @@ the target. A directory without a complete plan is never taken for a model.
 
 from toast.hf.surgery import set_save_guard
 from toast.io.format import FORMAT, FORMAT_VERSION, PLAN_NAME, WEIGHTS_NAME, CorruptedSaveError
-from toast.io.guard import guard_save
+from toast.io.guard import guard_save, replace_spans
 from toast.io.load import load_pretrained
 from toast.io.remote import register_auto_classes
 from toast.io.save import save_pretrained
 
 # A process that imported toast loads custom saves with plain Auto classes,
-# and a model patched by toast.replace_spans saves as a toast save.
+# and a model patched by toast.io.replace_spans saves as a toast save.
 register_auto_classes()
 set_save_guard(guard_save)
 
@@ -52,5 +52,6 @@ __all__ = [
     "WEIGHTS_NAME",
     "CorruptedSaveError",
     "load_pretrained",
+    "replace_spans",
     "save_pretrained",
 ]

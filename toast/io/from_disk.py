@@ -29,7 +29,7 @@ from toast.hf.sequential import DiskModel
 from toast.hf.surgery import replace_spans
 from toast.io.format import FORMAT, WEIGHTS_NAME
 from toast.io.pruned import write_safetensors
-from toast.io.save import _fsync_path, _hidden_sibling, _plan, finish_folder
+from toast.io.save import finish_folder, fsync_path, hidden_sibling, save_plan
 from toast.spans import validate_spans
 from toast.translators.block import translator_module
 
@@ -90,22 +90,22 @@ def save_translated_from_disk(
         for t in translators
     ]
     replace_spans(model, spans, modules, blocks=path)
-    plan, stored = _plan(model, path)
+    plan, stored = save_plan(model, path)
     positions = _positions(spans, disk.num_blocks)
     items: list[tuple[str, TensorInfo | torch.Tensor]] = [
         (name, _source(disk, name, path, positions) if tensor.is_meta else tensor)
         for name, tensor in stored.items()
     ]
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _hidden_sibling(target, "tmp")
+    tmp = hidden_sibling(target, "tmp")
     try:
         write_safetensors(items, {"format": "pt", "toast_format": FORMAT}, tmp / WEIGHTS_NAME)
         # the same folder as toast.save_pretrained: checksum, config, the
         # checkpoint's tokenizer and generation files, card, plan last
         finish_folder(model, plan, tmp, {"source": disk.checkpoint.folder, "report": report})
-        _fsync_path(tmp)
+        fsync_path(tmp)
         os.rename(tmp, target)
-        _fsync_path(target.parent)
+        fsync_path(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

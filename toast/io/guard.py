@@ -24,7 +24,7 @@ from toast.hf.surgery import replace_spans
 from toast.io.format import PLAN_NAME
 from toast.io.save import needs_toast_layout, save_pretrained
 
-# toast.replace_spans is imported from here: loading toast.io registers the
+# toast.io.replace_spans is imported from here: loading toast.io registers the
 # guard with toast.hf.surgery before the first patched model exists.
 __all__ = ["guard_save", "replace_spans"]
 

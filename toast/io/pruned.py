@@ -31,7 +31,7 @@ import torch
 
 from toast.hf.checkpoint import Checkpoint, TensorInfo
 from toast.hf.surgery import prune_config
-from toast.io.save import _fsync_path, _hidden_sibling
+from toast.io.save import fsync_path, hidden_sibling
 
 __all__ = ["Edit", "copy_side_files", "write_pruned_checkpoint", "write_safetensors"]
 
@@ -179,14 +179,14 @@ def write_pruned_checkpoint(
     if unknown:
         raise KeyError(f"edits name tensors the checkpoint lacks: {unknown[:3]}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _hidden_sibling(target, "tmp")
+    tmp = hidden_sibling(target, "tmp")
     try:
         _write_weights(source, tmp, renames, edits, progress)
         _write_config(source, kept, total, tmp)
         copy_side_files(source.folder, tmp)
-        _fsync_path(tmp)
+        fsync_path(tmp)
         os.rename(tmp, target)
-        _fsync_path(target.parent)
+        fsync_path(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -242,7 +242,9 @@ def _versions() -> dict[str, str]:
     return {"toast": __version__, "transformers": transformers.__version__}
 
 
-def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def save_plan(
+    model: nn.Module, blocks: str | None
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The plan of ``model`` (without the weights' byte count) and the tensors
     to store. Raises before anything is written when the model cannot be
     described."""
@@ -270,7 +272,8 @@ def _plan(model: nn.Module, blocks: str | None) -> tuple[dict[str, Any], dict[st
     return plan, stored
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flushes ``path`` (a file or a directory's entries) to the disk."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # pragma: no cover - directories cannot be opened on Windows
@@ -297,7 +300,7 @@ def _write_weights(tensors: dict[str, torch.Tensor], file: Path) -> None:
     from safetensors.torch import save_file
 
     save_file(tensors, str(file), metadata={"format": "pt", "toast_format": FORMAT})
-    _fsync_path(file)
+    fsync_path(file)
 
 
 def _source_folder(model: nn.Module) -> Path | None:
@@ -345,7 +348,7 @@ def finish_folder(
     apply_umask(tmp)
     for file in tmp.rglob("*"):
         if file.is_file():
-            _fsync_path(file)
+            fsync_path(file)
 
 
 def _write_plan(plan: dict[str, Any], file: Path) -> None:
@@ -357,7 +360,9 @@ def _write_plan(plan: dict[str, Any], file: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def _hidden_sibling(target: Path, tag: str) -> Path:
+def hidden_sibling(target: Path, tag: str) -> Path:
+    """A new empty hidden directory beside ``target`` to write into before
+    it is renamed into place."""
     # Created with os.mkdir so the final directory gets the usual permissions.
     while True:
         candidate = target.parent / f".{target.name}.{tag}-{secrets.token_hex(4)}"
@@ -417,7 +422,7 @@ def save_pretrained(
     ``overwrite`` is true; then a previous save (or an empty directory) is
     replaced, and the old save stays in place until the new one is complete.
     ``blocks`` names the block list when discovery fails (as in
-    :func:`toast.find_blocks`). Returns the path.
+    :func:`toast.hf.find_blocks`). Returns the path.
     """
     target = Path(path)
     if target.exists() or target.is_symlink():
@@ -431,14 +436,14 @@ def save_pretrained(
                 f"{target} exists and is not a toast save; refusing to overwrite it",
                 str(target),
             )
-    plan, tensors = _plan(model, blocks)  # raises before anything is written
+    plan, tensors = save_plan(model, blocks)  # raises before anything is written
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _hidden_sibling(target, "tmp")
+    tmp = hidden_sibling(target, "tmp")
     old: Path | None = None  # where the previous save sits while being swapped out
     try:
         companions = {"source": source, "tokenizer": tokenizer, "report": report}
         _write_folder(model, plan, tensors, tmp, companions)
-        _fsync_path(tmp)
+        fsync_path(tmp)
         if overwrite and target.exists():
             if _exchange(tmp, target):
                 old = tmp  # tmp now holds the previous save
@@ -448,7 +453,7 @@ def save_pretrained(
                 os.rename(tmp, target)
         else:
             os.rename(tmp, target)  # fails if a non-empty directory appeared meanwhile
-        _fsync_path(target.parent)
+        fsync_path(target.parent)
     except BaseException:
         if old is not None and old != tmp and not target.exists():
             os.rename(old, target)  # put the previous save back

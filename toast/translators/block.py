@@ -1,6 +1,6 @@
 """A translator as a block: the module that stands in a model's block list
 for a replaced span, and the conversion of a fitted closed-form
-:class:`toast.Translator` into a module."""
+:class:`toast.core.Translator` into a module."""
 
 from __future__ import annotations
 

@@ -36,9 +36,9 @@ _SCRIPT = """
 
     # The cut is given: one pass, the LS estimation alone.
     options = {"spans": [(2, 3)], "holdout": 0.0, "progress": False}  # every batch fits
-    toast.replaceme(copy.deepcopy(model), Batches(16), **options)  # warm-up
+    toast.compress(copy.deepcopy(model), Batches(16), method="replaceme", **options)  # warm-up
     before = rss_mib()
-    _, report = toast.replaceme(model, Batches(samples), **options)
+    _, report = toast.compress(model, Batches(samples), method="replaceme", **options)
     print(json.dumps({"rows": report.rows, "growth": peak_mib() - before}))
 """
 

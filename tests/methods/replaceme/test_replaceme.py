@@ -1,4 +1,4 @@
-"""ReplaceMe (toast.replaceme): distances, cut selection, the LS/cosine
+"""ReplaceMe (toast.methods.replaceme): distances, cut selection, the LS/cosine
 transforms, folding into the down-projection and block removal.
 
 References are independent of toast: NumPy solves on rows captured by the
@@ -23,9 +23,11 @@ from toast.hf.blocks import find_blocks  # noqa: E402
 from toast.methods.replaceme import (  # noqa: E402
     DistanceProfile,
     NotFoldableError,
+    ReplaceMeReport,
     down_projection,
     fit_cosine,
     fold_transform,
+    profile_distances,
     replaceme,
 )
 from toast.spans import Span  # noqa: E402
@@ -231,7 +233,7 @@ def test_ls_recovers_a_planted_transform_and_the_folded_model_is_exact():
     loader = R.text_loader()
     model, planted = _planted_llama()
     original = copy.deepcopy(model)
-    with pytest.warns(toast.IllConditionedWarning):  # M spans only U: a pseudo-inverse
+    with pytest.warns(toast.core.IllConditionedWarning):  # M spans only U: a pseudo-inverse
         model, report = _compress(model, loader, spans=[SPAN])
     t = report.transforms[0]
     assert_rel(t[:8, :8], planted, 1e-6, "T on U")
@@ -383,7 +385,7 @@ def _reference_distances(model, loader, tokens, last="hook"):
 def test_angular_distances_equal_numpy_on_the_chosen_tokens(tokens, left):
     model = R.decoder("llama")
     loader = R.text_loader(left=left)
-    profile = toast.profile_distances(model, loader, tokens=tokens, progress=False)
+    profile = profile_distances(model, loader, tokens=tokens, progress=False)
     expected = _reference_distances(model, loader, tokens)
     upper = np.triu(np.ones_like(expected, dtype=bool), 1)
     assert_rel(profile.matrix("angular")[upper], expected[upper], 1e-10)
@@ -395,7 +397,7 @@ def test_the_last_state_is_taken_before_the_final_norm():
     with torch.no_grad():  # a norm that changes directions, as a trained one does
         model.model.norm.weight.uniform_(0.2, 2.0)
     loader = R.text_loader()
-    profile = toast.profile_distances(model, loader, progress=False)
+    profile = profile_distances(model, loader, progress=False)
     pre_norm = _reference_distances(model, loader, "last", last="hook")
     post_norm = _reference_distances(model, loader, "last", last="hidden")
     L = R.LAYERS
@@ -406,7 +408,7 @@ def test_the_last_state_is_taken_before_the_final_norm():
 def test_cosine_and_l2_distances_follow_their_definitions():
     model = R.decoder("llama")
     loader = R.text_loader()
-    profile = toast.profile_distances(model, loader, tokens="all", progress=False)
+    profile = profile_distances(model, loader, tokens="all", progress=False)
     rows = _capture(model, loader, [0, 2], down_of=None)
     a, b = rows["L0"], rows["L2"]  # states 1 and 3
     cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
@@ -419,7 +421,7 @@ def test_cosine_and_l2_distances_follow_their_definitions():
 def test_the_chosen_cut_is_the_window_of_smallest_distance():
     loader = R.text_loader()
     model = R.decoder("llama")
-    profile = toast.profile_distances(model, loader, progress=False)
+    profile = profile_distances(model, loader, progress=False)
     w = profile.windows(2)
     best = int(np.argmin(w[1:])) + 1  # windows start at block 1 at the earliest
     _, report = _compress(model, loader, num_blocks=2)
@@ -625,7 +627,7 @@ def test_compress_dispatches_to_replaceme():
         R.decoder("llama"), loader, method="replaceme", num_blocks=2, progress=False
     )
     direct, expected = _compress(R.decoder("llama"), loader, num_blocks=2)
-    assert isinstance(report, toast.ReplaceMeReport)
+    assert isinstance(report, ReplaceMeReport)
     assert report.spans == expected.spans
     assert np.array_equal(report.transforms[0], expected.transforms[0])
     assert "| blocks[" in report.to_markdown()
@@ -688,7 +690,7 @@ def test_ls_transform_equals_the_core_residual_solver():
     rows = _capture(model, loader, [1, 3], down_of=1)
     y = rows["L1"] - rows["M"]
     moments = toast.Moments(3, 32, pairs="consecutive").update([y, rows["M"], rows["L3"]])
-    expected = toast.fit_residual(moments, m=1, y=0, target=2, ridge=0.3).weight
+    expected = toast.core.fit_residual(moments, m=1, y=0, target=2, ridge=0.3).weight
     _, report = _compress(model, loader, spans=[SPAN], ridge=0.3)
     assert_rel(report.transforms[0], expected, 1e-9)
 
@@ -724,11 +726,12 @@ def test_the_registered_method_runs_the_config_directly():
     assert report.blocks_after == R.LAYERS - 2 == find_blocks(model).num_blocks
 
 
-def test_the_package_and_the_top_level_function_resolve():
+def test_the_package_names_resolve_to_their_modules():
     import toast.methods.replaceme as package
+    from toast.methods.replaceme import method, profile
 
-    assert toast.replaceme is package.replaceme and callable(toast.replaceme)
-    assert toast.profile_distances is package.profile_distances
+    assert package.replaceme is method.replaceme and callable(package.replaceme)
+    assert package.profile_distances is profile.profile_distances
 
 
 @pytest.mark.parametrize("fit", ["independent", "sequential"])

@@ -21,19 +21,19 @@ def test_compress_removes_the_budget_and_reports_it(family):
     before = toast.count_params(model)
     with warnings.catch_warnings():
         # random BERT-style embeddings are rank-deficient (LayerNorm centring)
-        warnings.simplefilter("ignore", toast.IllConditionedWarning)
+        warnings.simplefilter("ignore", toast.core.IllConditionedWarning)
         model, report = toast.compress(model, batches, budget=2, folds=3, progress=False)
     assert report.blocks_removed == 2
     assert report.params_before == before
     assert report.params_after == toast.count_params(model)
     # exactly the removed blocks' parameters, plus an affine map (d² + d) per span
-    original = toast.find_blocks(hf_models.build(family)).blocks
+    original = toast.hf.find_blocks(hf_models.build(family)).blocks
     removed = sum(
         toast.count_params(original[k]) for s in report.spans for k in range(s.start, s.stop)
     )
     d = hf_models.HIDDEN
     assert report.params_after == before - removed + len(report.spans) * (d * d + d)
-    assert report.blocks_after == len(toast.find_blocks(model).blocks)
+    assert report.blocks_after == len(toast.hf.find_blocks(model).blocks)
     assert all(s.start >= 1 for s in report.spans)
     assert "predicted error" in report.to_markdown()
     kwargs = batches[0] if isinstance(batches[0], dict) else {"pixel_values": batches[0]}
@@ -81,7 +81,7 @@ def test_trained_translators_replace_the_span_with_their_own_parameters(kind):
     model, report = toast.compress(
         model, batches, spans=[(1, 3)], translator=kind, train_steps=5, progress=False
     )
-    translator = toast.find_blocks(model).blocks[1].translator
+    translator = toast.hf.find_blocks(model).blocks[1].translator
     expected = {
         "mlp": toast.translators.MLPTranslator,
         "resmlp": toast.translators.ResMLPTranslator,
@@ -100,7 +100,7 @@ def test_trained_translator_learns_the_span_it_replaces():
         x, y = torch.from_numpy(rows.state(0).copy()), torch.from_numpy(rows.state(1).copy())
     untrained = toast.translators.train_translator(x, y, "mlp", steps=1, lr=1e-12, progress=False)
     _, report = toast.compress(model, batches, spans=[(1, 3)], translator="mlp", progress=False)
-    trained = toast.find_blocks(model).blocks[1].translator
+    trained = toast.hf.find_blocks(model).blocks[1].translator
     with torch.inference_mode():
         before = torch.nn.functional.mse_loss(untrained(x), y)
         after = torch.nn.functional.mse_loss(trained(x), y)
@@ -112,8 +112,8 @@ def test_sequential_fit_of_one_span_equals_the_independent_fit():
     b, _ = _vit_and_batches()
     toast.compress(a, batches, spans=[(1, 3)], fit="independent", folds=3, progress=False)
     toast.compress(b, batches, spans=[(1, 3)], fit="sequential", folds=3, progress=False)
-    wa = toast.find_blocks(a).blocks[1].translator.weight
-    wb = toast.find_blocks(b).blocks[1].translator.weight
+    wa = toast.hf.find_blocks(a).blocks[1].translator.weight
+    wb = toast.hf.find_blocks(b).blocks[1].translator.weight
     assert rel_err(wb.detach().double().numpy(), wa.detach().double().numpy()) < 1e-6
 
 
@@ -124,17 +124,18 @@ def test_sequential_fit_uses_the_partially_compressed_model():
     reference, _ = _vit_and_batches()
     toast.compress(model, batches, spans=[(1, 2), (3, 4)], fit="sequential", progress=False)
 
-    m, _ = toast.capture_moments(reference, batches, states=[1, 2], folds=0, progress=False)
-    toast.replace_spans(reference, [(1, 2)], [toast.fit_translator(m, 0, 1, kind="affine")])
-    m, _ = toast.capture_moments(reference, batches, states=[3, 4], folds=0, progress=False)
+    m, _ = toast.hf.capture_moments(reference, batches, states=[1, 2], folds=0, progress=False)
+    toast.io.replace_spans(reference, [(1, 2)], [toast.fit_translator(m, 0, 1, kind="affine")])
+    m, _ = toast.hf.capture_moments(reference, batches, states=[3, 4], folds=0, progress=False)
     expected = toast.fit_translator(m, 0, 1, kind="affine")
 
-    second = toast.find_blocks(model).blocks[3].translator
+    second = toast.hf.find_blocks(model).blocks[3].translator
     got = second.weight.detach().double().numpy().T
     assert rel_err(got, expected.weight) < 1e-5
     independent, _ = _vit_and_batches()
     toast.compress(independent, batches, spans=[(1, 2), (3, 4)], progress=False)
-    other = toast.find_blocks(independent).blocks[3].translator.weight.detach().double().numpy().T
+    other_block = toast.hf.find_blocks(independent).blocks[3]
+    other = other_block.translator.weight.detach().double().numpy().T
     assert rel_err(other, expected.weight) > 1e-3  # the two protocols differ
 
 

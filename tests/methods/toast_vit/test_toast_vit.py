@@ -24,10 +24,13 @@ from scipy.optimize import minimize  # noqa: E402
 
 import toast  # noqa: E402
 from tests._helpers import hf_models as H  # noqa: E402
+from toast.methods.toast_vit import ToastVitReport  # noqa: E402
 from toast.methods.toast_vit.blocks import vit_blocks  # noqa: E402
 from toast.methods.toast_vit.finetune import finetune  # noqa: E402
 from toast.methods.toast_vit.macs import toast_macs  # noqa: E402
 from toast.methods.toast_vit.schedules import get_schedule, tcs_keep  # noqa: E402
+from toast.methods.toast_vit.scwp import prune_heads  # noqa: E402
+from toast.methods.toast_vit.tcs import disable_tcs, enable_tcs  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -88,8 +91,8 @@ def test_dense_equals_masked(name, center):
     model = build(name)
     x = images(name, 3)
     masked, dense = copy.deepcopy(model), copy.deepcopy(model)
-    rm = toast.prune_heads(masked, 0.5, center=center, form="masked")
-    rd = toast.prune_heads(dense, 0.5, center=center, form="dense")
+    rm = prune_heads(masked, 0.5, center=center, form="masked")
+    rd = prune_heads(dense, 0.5, center=center, form="dense")
     assert rm.keep_counts == rd.keep_counts and rm.keep_counts
     assert _max_diff(run(masked, x), run(dense, x)) <= 1e-5
     assert _max_diff(run(dense, x), run(model, x)) > 1e-3  # it did prune
@@ -102,8 +105,8 @@ def test_dense_equals_masked_index_sets_and_bias(index_sets, bias):
     model = build("vit")
     x = images("vit", 3)
     masked, dense = copy.deepcopy(model), copy.deepcopy(model)
-    toast.prune_heads(masked, 0.75, index_sets=index_sets, form="masked", mask_bias=bias)
-    toast.prune_heads(dense, 0.75, index_sets=index_sets, form="dense")
+    prune_heads(masked, 0.75, index_sets=index_sets, form="masked", mask_bias=bias)
+    prune_heads(dense, 0.75, index_sets=index_sets, form="dense")
     assert _max_diff(run(masked, x), run(dense, x)) <= 1e-5
 
 
@@ -114,7 +117,7 @@ def test_zero_sparsity_is_an_exact_noop(name):
     ref = run(model, x)
     modules = [m for m in model.modules()]
     for form in ("dense", "masked"):
-        report = toast.prune_heads(model, 0.0, form=form)
+        report = prune_heads(model, 0.0, form=form)
         assert report.blocks == []
         assert torch.equal(run(model, x), ref)
     assert [m for m in model.modules()] == modules
@@ -127,8 +130,8 @@ def test_realised_keep_counts(name, rho):
     masked = copy.deepcopy(model)
     vm = vit_blocks(model)
     want = {b.index: math.floor(b.head_dim * (1 - rho) + 1e-9) for b in vm.blocks[1:]}
-    toast.prune_heads(model, rho, form="dense")
-    toast.prune_heads(masked, rho, form="masked")
+    prune_heads(model, rho, form="dense")
+    prune_heads(masked, rho, form="masked")
     for blk, mblk in zip(vit_blocks(model).blocks, vit_blocks(masked).blocks, strict=True):
         h = blk.heads
         if blk.index == 0:
@@ -154,7 +157,7 @@ def test_realised_keep_counts(name, rho):
 def test_sparsity_leaving_nothing_is_refused():
     model = build("vit")  # d_k = 8: 90% would keep floor(0.8) = 0
     with pytest.raises(ValueError, match="leaves no dimension"):
-        toast.prune_heads(model, 0.9)
+        prune_heads(model, 0.9)
 
 
 def _ref_code_indices(att, heads, dk, keep):
@@ -183,7 +186,7 @@ def test_reference_code_parity():
     want = {
         b.index: _ref_code_indices(b.attention, b.heads, b.head_dim, keep) for b in vm.blocks[1:]
     }
-    report = toast.prune_heads(model, 0.5, center="coord_median", index_sets="independent")
+    report = prune_heads(model, 0.5, center="coord_median", index_sets="independent")
     for b in report.blocks:
         qk, vo = want[b.index]
         assert np.array_equal(b.indices["q"], qk) and np.array_equal(b.indices["k"], qk)
@@ -221,7 +224,7 @@ def test_geomedian_shared_indices_against_scipy():
             )
             sets.append(sorted(np.argsort(-s)[:keep].tolist()))
         want[b.index] = np.array(sets)
-    report = toast.prune_heads(model, 0.5, form="masked")
+    report = prune_heads(model, 0.5, form="masked")
     for b in report.blocks:
         assert all(np.array_equal(b.indices[n], want[b.index]) for n in "qkvo")
 
@@ -247,15 +250,15 @@ def test_single_sided_ablations(coupling):
         "average": ((norms["q"] + norms["k"]) / 2, (norms["v"] + norms["o"]) / 2),
     }[coupling]
     want = np.sort(np.argsort(-(s_qk + s_vo) / 2, axis=1, kind="stable")[:, :4], axis=1)
-    report = toast.prune_heads(model, {2: 0.5}, center="l2", coupling=coupling)
+    report = prune_heads(model, {2: 0.5}, center="l2", coupling=coupling)
     assert np.array_equal(report.blocks[0].indices["q"], want)
 
 
 def test_nonaligned_control_is_masked_only():
     model = build("vit")
     with pytest.raises(ValueError, match="no dense form"):
-        toast.prune_heads(model, 0.5, index_sets="nonaligned")
-    report = toast.prune_heads(model, 0.5, index_sets="nonaligned", form="masked")
+        prune_heads(model, 0.5, index_sets="nonaligned")
+    report = prune_heads(model, 0.5, index_sets="nonaligned", form="masked")
     idx = report.blocks[0].indices
     assert not np.array_equal(idx["q"], idx["k"])  # independent sets
     assert all(idx[n].shape == (4, 4) for n in "qkvo")
@@ -263,8 +266,8 @@ def test_nonaligned_control_is_masked_only():
 
 def test_softmax_scale_and_rescale():
     model, rescaled = build("vit"), build("vit")
-    toast.prune_heads(model, 0.5)
-    toast.prune_heads(rescaled, 0.5, rescale=True)
+    prune_heads(model, 0.5)
+    prune_heads(rescaled, 0.5, rescale=True)
     a, r = vit_blocks(model).blocks[1].attention, vit_blocks(rescaled).blocks[1].attention
     assert a.head_dim == r.head_dim == 4
     assert a.scaling == 8**-0.5 and r.scaling == 4**-0.5
@@ -272,15 +275,15 @@ def test_softmax_scale_and_rescale():
 
 def test_swin_stage_first_skip():
     model = build("swin")
-    report = toast.prune_heads(model, 0.5, skip="stage_first")
+    report = prune_heads(model, 0.5, skip="stage_first")
     assert sorted(report.keep_counts) == [1, 3]  # stages start at blocks 0 and 2
 
 
 def test_pruning_twice_is_refused():
     model = build("vit")
-    toast.prune_heads(model, 0.5)
+    prune_heads(model, 0.5)
     with pytest.raises(ValueError, match="already head-pruned"):
-        toast.prune_heads(model, 0.5)
+        prune_heads(model, 0.5)
 
 
 # ----------------------------------------------------------------------- TCS
@@ -297,10 +300,10 @@ def test_tcs_zero_ratios_are_an_exact_noop(name):
     x = images(name, 3)
     ref = run(model, x)
     n = vit_blocks(model).num_blocks
-    handle = toast.enable_tcs(model, {"fc1": [0.0] * n, "fc2": [0.0] * n})
+    handle = enable_tcs(model, {"fc1": [0.0] * n, "fc2": [0.0] * n})
     assert handle.modules == {}
     assert torch.equal(run(model, x), ref)
-    toast.disable_tcs(model)
+    disable_tcs(model)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -312,11 +315,11 @@ def test_tcs_dense_equals_masked(name, scope, backend):
     ref = run(model, x)
     outs = {}
     for form, hidden in (("masked", "all"), ("dense", "all"), ("dense", "kept")):
-        toast.enable_tcs(
+        enable_tcs(
             model, _schedule(model), scope=scope, form=form, hidden=hidden, backend=backend
         )
         outs[form, hidden] = run(model, x)
-        toast.disable_tcs(model)
+        disable_tcs(model)
     assert _max_diff(outs["dense", "all"], outs["masked", "all"]) <= 1e-5
     assert _max_diff(outs["dense", "kept"], outs["masked", "all"]) <= 1e-5
     assert _max_diff(outs["masked", "all"], ref) > 1e-3
@@ -332,7 +335,7 @@ def test_per_image_selection_is_batch_invariant(name, backend):
     x = images(name, 5)
     per = {}
     for scope in ("image", "batch"):
-        handle = toast.enable_tcs(model, _schedule(model), scope=scope, backend=backend)
+        handle = enable_tcs(model, _schedule(model), scope=scope, backend=backend)
         handle.record = True
         full = run(model, x)
         sel_full = {b: s for b, s in handle.selections.items()}
@@ -345,7 +348,7 @@ def test_per_image_selection_is_batch_invariant(name, backend):
                 same_sel &= torch.equal(i1, f1[i : i + 1] if scope == "image" else f1)
                 same_sel &= torch.equal(i2, f2[i : i + 1] if scope == "image" else f2)
         per[scope] = (full, torch.cat(alone), swapped, same_sel)
-        toast.disable_tcs(model)
+        disable_tcs(model)
     full, alone, swapped, same = per["image"]
     assert same
     assert _max_diff(full, alone) <= 1e-5 and _max_diff(full, swapped) <= 1e-5
@@ -357,7 +360,7 @@ def test_per_image_selection_is_batch_invariant(name, backend):
 def test_tcs_keep_counts_and_seeds():
     model = build("vit")
     x = images("vit", 3)
-    handle = toast.enable_tcs(model, _schedule(model, 0.3, 0.9), seed=1)
+    handle = enable_tcs(model, _schedule(model, 0.3, 0.9), seed=1)
     handle.record = True
     rng = torch.get_rng_state()
     out1 = run(model, x)
@@ -366,14 +369,14 @@ def test_tcs_keep_counts_and_seeds():
         assert i1.shape == (3, tcs_keep(H.HIDDEN, 0.3)) == (3, 22)
         assert i2.shape == (3, tcs_keep(64, 0.9)) == (3, 6)
     assert torch.equal(run(model, x), out1)  # fixed samples: reproducible
-    toast.disable_tcs(model)
-    toast.enable_tcs(model, _schedule(model, 0.3, 0.9), seed=1)
+    disable_tcs(model)
+    enable_tcs(model, _schedule(model, 0.3, 0.9), seed=1)
     assert torch.equal(run(model, x), out1)
-    toast.disable_tcs(model)
-    toast.enable_tcs(model, _schedule(model, 0.3, 0.9, ratio=0.2), seed=2)
+    disable_tcs(model)
+    enable_tcs(model, _schedule(model, 0.3, 0.9, ratio=0.2), seed=2)
     assert not torch.equal(run(model, x), out1)
-    toast.disable_tcs(model)
-    handle = toast.enable_tcs(model, _schedule(model, 0.3, 0.9, ratio=0.2), resample="call")
+    disable_tcs(model)
+    handle = enable_tcs(model, _schedule(model, 0.3, 0.9, ratio=0.2), resample="call")
     first, second = run(model, x), run(model, x)
     assert not torch.equal(first, second)
     handle.reseed()
@@ -399,7 +402,7 @@ def _expected_selection(name, r1, r2, ratio, score, weights, scope, backend):
     z = seen["z"]
     n = vit_blocks(model).num_blocks
     sched = {"fc1": [0.0] * (n - 1) + [r1], "fc2": [0.0] * (n - 1) + [r2], "sample_ratio": ratio}
-    handle = toast.enable_tcs(
+    handle = enable_tcs(
         model, sched, score=score, weights=weights, scope=scope, backend=backend
     )
     handle.record = True
@@ -454,16 +457,16 @@ def test_tcs_selection_against_reference(name, score, weights, scope, backend):
 def test_tcs_refusals():
     swin = build("swin")
     with pytest.raises(ValueError, match="CLS"):
-        toast.enable_tcs(swin, _schedule(swin), score="eq6")
+        enable_tcs(swin, _schedule(swin), score="eq6")
     model = build("vit")
-    toast.enable_tcs(model, _schedule(model))
+    enable_tcs(model, _schedule(model))
     with pytest.raises(ValueError, match="already enabled"):
-        toast.enable_tcs(model, _schedule(model))
-    toast.disable_tcs(model)
+        enable_tcs(model, _schedule(model))
+    disable_tcs(model)
     with pytest.raises(ValueError, match="12 blocks"):
-        toast.enable_tcs(model, "table11")
+        enable_tcs(model, "table11")
     with pytest.raises(ValueError, match="scope"):
-        toast.enable_tcs(model, _schedule(model), scope="dataset")
+        enable_tcs(model, _schedule(model), scope="dataset")
     swiglu = transformers.Dinov2Model(
         transformers.Dinov2Config(
             hidden_size=32,
@@ -475,15 +478,15 @@ def test_tcs_refusals():
         )  # fmt: skip
     )
     with pytest.raises(ValueError, match="SwiGLU"):
-        toast.enable_tcs(swiglu, {"fc1": [0, 0.5], "fc2": [0, 0.5]})
+        enable_tcs(swiglu, {"fc1": [0, 0.5], "fc2": [0, 0.5]})
 
 
 def test_tcs_keeps_state_dict_keys():
     model = build("vit")
     keys = list(model.state_dict())
-    toast.enable_tcs(model, _schedule(model))
+    enable_tcs(model, _schedule(model))
     assert list(model.state_dict()) == keys
-    toast.disable_tcs(model)
+    disable_tcs(model)
 
 
 # ----------------------------------------------------------------- accounting
@@ -494,8 +497,8 @@ def test_macs_match_realised_shapes():
     model = build("vit")
     cfg = model.config
     sched = get_schedule(_schedule(model, 0.25, 0.5), 4)
-    toast.prune_heads(model, 0.5)
-    toast.enable_tcs(model, sched)
+    prune_heads(model, 0.5)
+    enable_tcs(model, sched)
     n = (H.IMAGE // 4) ** 2 + 1
     total = 0.0
     for blk in vit_blocks(model).blocks:
@@ -523,7 +526,7 @@ def _classifier():
 
 def test_finetune_keeps_masks():
     model = _classifier()
-    toast.prune_heads(model, 0.5, form="masked")
+    prune_heads(model, 0.5, form="masked")
     x = images("vit", 8)
     y = torch.arange(8) % 5
     before = vit_blocks(model).blocks[1].attention.q_proj.weight.detach().clone()
@@ -544,7 +547,7 @@ def test_compress_toast_vit():
     model, report = toast.compress(
         model, [(x, y)], method="toast-vit", head_sparsity=0.5, schedule=sched, finetune_steps=2
     )
-    assert isinstance(report, toast.ToastVitReport) and report.method == "toast-vit"
+    assert isinstance(report, ToastVitReport) and report.method == "toast-vit"
     assert report.pruning.keep_counts == {1: 4, 2: 4}
     assert report.gmacs_after < report.gmacs_before and 0 < report.mac_reduction < 1
     assert report.params_after < report.params_before and len(report.finetune_losses) == 2
@@ -559,7 +562,7 @@ def test_compress_toast_vit():
 def test_finetune_through_tcs(hidden, form):
     """Gradients flow through the gathered (dense) or masked TCS matmuls."""
     model = _classifier()
-    toast.enable_tcs(model, {"fc1": [0, 0.5, 0.5], "fc2": [0, 0.5, 0.75]}, hidden=hidden, form=form)
+    enable_tcs(model, {"fc1": [0, 0.5, 0.5], "fc2": [0, 0.5, 0.75]}, hidden=hidden, form=form)
     fc1 = vit_blocks(model).blocks[2].block.mlp.fc1
     before = fc1.weight.detach().clone()
     losses = finetune(model, [(images("vit", 4), torch.arange(4) % 5)], steps=2)

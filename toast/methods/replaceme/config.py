@@ -1,4 +1,4 @@
-"""The options of :func:`toast.replaceme` and ``toast.compress(...,
+"""The options of :func:`toast.methods.replaceme.replaceme` and ``toast.compress(...,
 method="replaceme")``: one frozen, validated dataclass.
 
 The method is Shopkhoev et al., "ReplaceMe" (arXiv 2505.02819): windows

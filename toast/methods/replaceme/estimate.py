@@ -250,7 +250,7 @@ def solve_cut(
 
 @dataclass(frozen=True)
 class Estimation:
-    """What the estimation passes of one :func:`toast.replaceme` call share:
+    """What the estimation passes of one :func:`toast.methods.replaceme.replaceme` call share:
     the model and its block stack (found once), the calibration data, the
     options, and the token rows a profile pass counted (they cap the cosine
     buffer when all rows fit)."""

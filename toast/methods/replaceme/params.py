@@ -34,7 +34,7 @@ def params_from_config(config: Any, remove: int = 0) -> int:
     The model is built with ``AutoModelForCausalLM`` (``AutoModel`` for
     configs without a causal-LM head) and the blocks are removed with the
     same :func:`toast.hf.surgery.remove_blocks` that
-    :func:`toast.replaceme` uses (the last ones; blocks are identical, so
+    :func:`toast.methods.replaceme.replaceme` uses (the last ones; blocks are identical, so
     which ones does not matter).
     """
     import transformers

@@ -309,7 +309,7 @@ def profile_distances(
     ``tokens="last"`` (default) uses the last non-pad token of each sequence
     (the ReplaceMe reference code); ``"all"`` every non-pad token
     (``include_padding`` counts pad tokens too); ``"cls"`` and ``"mean"`` as
-    in :func:`toast.capture_moments`. Every distance of :data:`DISTANCES` is
+    in :func:`toast.hf.capture_moments`. Every distance of :data:`DISTANCES` is
     accumulated in float64; the mean is over rows (sequences for
     ``"last"``). ``calibration`` (or its fields as keywords: ``max_samples``,
     ``progress``...) bounds the pass; ``stack`` is the model's block stack

@@ -1,4 +1,4 @@
-"""What :func:`toast.replaceme` did: the cuts in both index notations, the
+"""What :func:`toast.methods.replaceme.replaceme` did: the cuts in both index notations, the
 transforms, and the compression by parameters (the ReplaceMe paper's
 Eq. 10) and by blocks.
 
@@ -40,7 +40,7 @@ def _number(value: float, spec: str) -> str:
 
 @dataclass
 class ReplaceMeReport(Report):
-    """What :func:`toast.replaceme` did.
+    """What :func:`toast.methods.replaceme.replaceme` did.
 
     ``spans`` are the cuts (``Span.error`` holds the selection distance, NaN
     when the spans were given); ``transforms`` the fitted T (float64, the

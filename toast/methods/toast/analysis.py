@@ -218,10 +218,10 @@ def analyze(
     :meth:`Analysis.error_matrix` without another pass. With ``estimator="cv"``
     the moments keep ``folds`` fold sets (memory grows accordingly: see
     ``toast.Moments.estimate_nbytes``); ``estimator="gcv"`` needs none.
-    ``backend`` is that of :func:`toast.capture_moments` (the sums form on
+    ``backend`` is that of :func:`toast.hf.capture_moments` (the sums form on
     the model's device with torch, or on the host in the C core). Under
     ``torch.distributed`` each rank passes its shard of the data and gets the
-    same analysis (see :func:`toast.capture_moments`). ``calibration`` (or its
+    same analysis (see :func:`toast.hf.capture_moments`). ``calibration`` (or its
     fields as keywords: ``max_samples=...``, ``progress=False``...) bounds the
     pass, see :class:`toast.Calibration`. ``loader`` may be raw text with
     ``tokenizer=`` (and ``max_length``, ``batch_size``, ``num_samples``,

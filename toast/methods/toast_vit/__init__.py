@@ -9,7 +9,7 @@ are torch-free):
 - :mod:`~toast.methods.toast_vit.schedules` — per-block FC1/FC2 ratios and
   head sparsity, the paper's named schedules;
 - :mod:`~toast.methods.toast_vit.macs` — :func:`toast_macs`, MACs in ToaSt's
-  convention from a config alone (``toast.toast_macs``);
+  convention from a config alone (``toast.methods.toast_vit.toast_macs``);
 - :mod:`~toast.methods.toast_vit.budget` — :func:`fc2_heavy`, the
   fc2-heavy schedule search against a MAC budget;
 - :mod:`~toast.methods.toast_vit.median` — Python wrappers of the C centers

@@ -20,7 +20,7 @@ from torch import nn
 from toast._validation import check
 from toast.hf.blocks import MODEL
 
-__all__ = ["SUPPORTED", "Attention", "VitBlock", "VitModel", "vit_blocks"]
+__all__ = ["Attention", "VitBlock", "VitModel", "vit_blocks"]
 
 
 class Attention(Protocol):
@@ -37,9 +37,7 @@ class Attention(Protocol):
     scaling: float
 
 
-_SUPPORTED = ("vit", "deit", "dinov2", "dinov2_with_registers", "vit_mae", "swin")
-#: The ``config.model_type`` s ToaSt supports.
-SUPPORTED = _SUPPORTED
+SUPPORTED_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "vit_mae", "swin")
 _STAGE = re.compile(r"(?:^|\.)layers\.(\d+)\.blocks\.\d+$")
 
 
@@ -109,9 +107,9 @@ def vit_blocks(model: nn.Module) -> VitModel:
     check("model", model, MODEL)
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
-    if model_type not in _SUPPORTED:
+    if model_type not in SUPPORTED_TYPES:
         raise ValueError(
-            f"ToaSt for ViTs supports Hugging Face {list(_SUPPORTED)} models, got "
+            f"ToaSt for ViTs supports Hugging Face {list(SUPPORTED_TYPES)} models, got "
             f"{type(model).__name__} (model_type {model_type!r})"
         )
     found: list[tuple[str, nn.Module, Attention, nn.Module, int]] = []

@@ -30,10 +30,10 @@ class ToastVitConfig:
     SCWP (ToaSt §3.1, Eq. 3): ``head_sparsity`` ρ (one number, one per
     block, or ``{block: ρ}``; None: the named schedule's ρ, else 0.9),
     ``center``, ``index_sets``, ``coupling``, ``form``, ``skip``,
-    ``rescale``, ``mask_bias`` (:func:`toast.prune_heads`). TCS (§3.2,
+    ``rescale``, ``mask_bias`` (:func:`toast.methods.toast_vit.scwp.prune_heads`). TCS (§3.2,
     Eqs. 6-7): ``schedule`` (a name, a ``Schedule``, a mapping, or None for
     no TCS), ``tcs_scope``, ``tcs_form``, ``score``, ``weights``,
-    ``sample_ratio``, ``hidden`` (:func:`toast.enable_tcs`). Recovery
+    ``sample_ratio``, ``hidden`` (:func:`toast.methods.toast_vit.tcs.enable_tcs`). Recovery
     fine-tune (Table 10; needs data): ``finetune_steps`` AdamW steps with a
     cosine schedule from ``lr`` to ``min_lr``, ``weight_decay``,
     ``loss_fn(model, batch)``. ``image_size`` is the resolution the MACs

@@ -21,10 +21,10 @@ from typing import Any
 from torch import nn
 
 from toast.io.registry import ModelPatch, register_model_patch
-from toast.methods.toast_vit.blocks import _SUPPORTED, vit_blocks
+from toast.methods.toast_vit.blocks import SUPPORTED_TYPES, vit_blocks
 from toast.methods.toast_vit.schedules import Schedule
-from toast.methods.toast_vit.scwp import _ORIGINAL_HEAD_DIM
-from toast.methods.toast_vit.tcs import _HANDLE, TcsHandle, TcsOptions, enable_tcs
+from toast.methods.toast_vit.scwp import ORIGINAL_HEAD_DIM
+from toast.methods.toast_vit.tcs import HANDLE_ATTR, TcsHandle, TcsOptions, enable_tcs
 
 __all__ = ["PATCH"]
 
@@ -44,14 +44,14 @@ def _pruned(model: nn.Module) -> dict[str, tuple[Any, int]]:
     """``{attention path: (attention, original head_dim)}`` of densely pruned blocks."""
     found = {}
     for blk in vit_blocks(model).blocks:
-        original = getattr(blk.attention, _ORIGINAL_HEAD_DIM, None)
+        original = getattr(blk.attention, ORIGINAL_HEAD_DIM, None)
         if isinstance(original, int):
             found[f"{blk.path}.attention"] = (blk.attention, original)
     return found
 
 
 def _tcs_state(model: nn.Module) -> dict[str, Any] | None:
-    handle = getattr(model, _HANDLE, None)
+    handle = getattr(model, HANDLE_ATTR, None)
     if not isinstance(handle, TcsHandle):
         return None
     s = handle.schedule
@@ -65,7 +65,7 @@ def _tcs_state(model: nn.Module) -> dict[str, Any] | None:
 
 
 def _describe(model: nn.Module) -> dict[str, Any] | None:
-    if getattr(getattr(model, "config", None), "model_type", None) not in _SUPPORTED:
+    if getattr(getattr(model, "config", None), "model_type", None) not in SUPPORTED_TYPES:
         return None
     pruned, tcs = _pruned(model), _tcs_state(model)
     if not pruned and tcs is None:
@@ -120,7 +120,7 @@ def _finish(model: nn.Module, state: Any) -> None:
     """Marks the pruned attentions (so they are not pruned twice) and
     enables TCS with the saved schedule, options and seed."""
     for path, width in state["original_head_dim"].items():
-        setattr(model.get_submodule(path), _ORIGINAL_HEAD_DIM, int(width))
+        setattr(model.get_submodule(path), ORIGINAL_HEAD_DIM, int(width))
     tcs = state.get("tcs")
     if tcs is None:
         return

@@ -75,7 +75,7 @@ FORMS = ("dense", "masked")
 # the module through copy.deepcopy): the masks of the masked form, the
 # original head width of the dense form.
 _MASKS = "_toast_scwp_masks"
-_ORIGINAL_HEAD_DIM = "_toast_scwp_original_head_dim"
+ORIGINAL_HEAD_DIM = "_toast_scwp_original_head_dim"
 
 # Which halves score each pair in the single-sided ablations.
 _SIDES = {
@@ -297,7 +297,7 @@ def _densify_block(blk: VitBlock, idx: dict[str, np.ndarray], keep: int, rescale
     a.k_proj = _sliced_linear(a.k_proj, qk_rows, None)
     a.v_proj = _sliced_linear(a.v_proj, vo_rows, None)
     a.o_proj = _sliced_linear(a.o_proj, None, vo_rows)
-    setattr(a, _ORIGINAL_HEAD_DIM, dk)
+    setattr(a, ORIGINAL_HEAD_DIM, dk)
     a.head_dim = keep
     if rescale:
         a.scaling = keep**-0.5
@@ -323,7 +323,7 @@ def _plan(vm: VitModel, rho: Sequence[float]) -> list[tuple[VitBlock, float, int
     for blk, r in zip(vm.blocks, rho, strict=True):
         if r <= 0:
             continue
-        if hasattr(blk.attention, _MASKS) or hasattr(blk.attention, _ORIGINAL_HEAD_DIM):
+        if hasattr(blk.attention, _MASKS) or hasattr(blk.attention, ORIGINAL_HEAD_DIM):
             raise ValueError(f"block {blk.index} is already head-pruned")
         keep = head_keep(blk.head_dim, r)
         if keep < blk.head_dim:

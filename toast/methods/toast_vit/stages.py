@@ -17,7 +17,7 @@ from torch import nn
 from toast.hf.blocks import BlockStack, find_blocks
 from toast.hf.calibration import Calibration
 from toast.methods.stages import BaseStages, Layout, Plan, Shared, Sizes, Stats
-from toast.methods.toast_vit.blocks import SUPPORTED, Attention, VitModel, vit_blocks
+from toast.methods.toast_vit.blocks import SUPPORTED_TYPES, Attention, VitModel, vit_blocks
 from toast.methods.toast_vit.macs import toast_macs, vit_arch
 from toast.methods.toast_vit.schedules import head_keep
 from toast.methods.toast_vit.scwp import prune_heads
@@ -130,7 +130,7 @@ class ToastVitStages(BaseStages):
     extendable plans as ``"<family>+toast-vit"``)."""
 
     def structure(self, model: nn.Module, stack: BlockStack) -> VitModel | None:
-        if getattr(getattr(model, "config", None), "model_type", None) not in SUPPORTED:
+        if getattr(getattr(model, "config", None), "model_type", None) not in SUPPORTED_TYPES:
             return None
         try:
             vm = vit_blocks(model)

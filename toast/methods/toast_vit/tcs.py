@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 # The model attribute that holds the installed handle (one TCS per model).
-_HANDLE = "_toast_tcs"
+HANDLE_ATTR = "_toast_tcs"
 
 #: A clock for profiling, or None when not profiling.
 Clock = Callable[[], float] | None
@@ -181,8 +181,8 @@ class TcsHandle:
             block.mlp = mlp
         self.originals.clear()
         self.modules.clear()
-        if getattr(self.model, _HANDLE, None) is self:
-            delattr(self.model, _HANDLE)
+        if getattr(self.model, HANDLE_ATTR, None) is self:
+            delattr(self.model, HANDLE_ATTR)
 
 
 @dataclass(frozen=True)
@@ -586,9 +586,10 @@ def enable_tcs(
     ``model``'s blocks when found already (:func:`vit_blocks`).
     """
     vm = vit_blocks(model) if blocks is None else blocks
-    if getattr(model, _HANDLE, None) is not None:
+    if getattr(model, HANDLE_ATTR, None) is not None:
         raise ValueError(
-            "TCS is already enabled on this model; call toast.disable_tcs(model) first"
+            "TCS is already enabled on this model; call "
+            "toast.methods.toast_vit.tcs.disable_tcs(model) first"
         )
     choices = {
         "score": score,
@@ -623,7 +624,7 @@ def enable_tcs(
     handle.reset_timings()
     for blk in _tcs_blocks(vm, sched):
         _install(handle, blk)
-    setattr(model, _HANDLE, handle)
+    setattr(model, HANDLE_ATTR, handle)
     guard_save(model)  # model.save_pretrained now records the TCS state
     return handle
 
@@ -677,7 +678,7 @@ def _install(handle: TcsHandle, blk: VitBlock) -> None:
 def disable_tcs(model: nn.Module) -> bool:
     """Removes TCS from ``model`` (the original MLPs come back); returns
     whether it was enabled."""
-    handle = getattr(model, _HANDLE, None)
+    handle = getattr(model, HANDLE_ATTR, None)
     if not isinstance(handle, TcsHandle):
         return False
     handle.disable()
@@ -686,7 +687,7 @@ def disable_tcs(model: nn.Module) -> bool:
 
 def tcs_ratios(model: nn.Module) -> Mapping[int, tuple[float, float]]:
     """The ``(fc1, fc2)`` ratios of the TCS blocks of ``model`` ({} without TCS)."""
-    handle = getattr(model, _HANDLE, None)
+    handle = getattr(model, HANDLE_ATTR, None)
     if not isinstance(handle, TcsHandle):
         return {}
     return {b: (m.r1, m.r2) for b, m in handle.modules.items()}
