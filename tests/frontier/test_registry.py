@@ -68,3 +68,17 @@ def test_a_registered_method_joins_the_search(monkeypatch, tmp_path):
     assert stages.calls[:2] == ["calibrate", "propose"]
     assert stages.calls.count("apply") == len(ours)
     assert result.calibration_passes == 2  # the shared pass, and ReplaceMe's own
+
+
+def test_a_fresh_process_sees_every_staged_method_without_importing_one():
+    # toast.search as a process's first call must see every method: the
+    # registry loads them itself rather than relying on an earlier import
+    import subprocess
+    import sys
+
+    code = (
+        "from toast.methods.base import staged_methods; "
+        "print(','.join(m.name for m in staged_methods()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().split(",") == sorted(toast.methods.available_methods())

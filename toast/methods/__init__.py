@@ -28,50 +28,28 @@ if TYPE_CHECKING:  # torch stays unimported until a method runs
 
 __all__ = ["available_methods", "compress", "get_method", "method_config"]
 
-#: Every method: its name → (the module whose import registers it, its
-#: config dataclass as ``"module:Class"``). Adding a method adds its line
-#: here. The registering modules import torch; most configs do not, so the
-#: CLI builds a method's options and ``--help`` from the config alone.
-_METHODS = {
-    "remove": ("toast.methods.remove.method", "toast.methods.remove.config:RemoveConfig"),
-    "replaceme": (
-        "toast.methods.replaceme.method",
-        "toast.methods.replaceme.config:ReplaceMeConfig",
-    ),
-    "toast": ("toast.methods.toast.compress", "toast.methods.toast.config:ToastConfig"),
-    "toast-vit": (
-        "toast.methods.toast_vit.compress",
-        "toast.methods.toast_vit.config:ToastVitConfig",
-    ),
-}
-
-
-def _register_all() -> None:
-    # Importing a method's orchestrator registers it; done on first use so
-    # that importing a config (e.g. for the CLI's --help) needs no torch.
-    for module, _ in _METHODS.values():
-        importlib.import_module(module)
-
-
 def available_methods() -> list[str]:
     """Names ``compress(method=...)`` accepts (imports no method)."""
-    return sorted(_METHODS)
+    from toast.methods.base import METHODS
+
+    return sorted(METHODS)
 
 
 def get_method(name: str) -> Method:
     """The registered method ``name`` (every method's module imported first)."""
     from toast.methods import base
 
-    _register_all()
     return base.get_method(name)
 
 
 def method_config(name: str) -> type:
     """The config dataclass of the method ``name``, imported alone (the
     method's orchestrator, and with it torch, stays unimported)."""
-    if name not in _METHODS:
+    from toast.methods.base import METHODS
+
+    if name not in METHODS:
         raise ValueError(f"method must be one of {available_methods()}; got {name!r}")
-    module, cls = _METHODS[name][1].split(":")
+    module, cls = METHODS[name][1].split(":")
     return getattr(importlib.import_module(module), cls)
 
 

@@ -23,6 +23,7 @@ structure is found once per call (:func:`find_layout`) and passed down.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -153,6 +154,32 @@ class Method:
 
 _REGISTRY: dict[str, Method] = {}
 
+#: Every method: its name → (the module whose import registers it, its
+#: config dataclass as ``"module:Class"``). Adding a method adds its line
+#: here. The registering modules import torch; most configs do not, so the
+#: CLI builds a method's options and ``--help`` from the config alone.
+METHODS = {
+    "remove": ("toast.methods.remove.method", "toast.methods.remove.config:RemoveConfig"),
+    "replaceme": (
+        "toast.methods.replaceme.method",
+        "toast.methods.replaceme.config:ReplaceMeConfig",
+    ),
+    "toast": ("toast.methods.toast.compress", "toast.methods.toast.config:ToastConfig"),
+    "toast-vit": (
+        "toast.methods.toast_vit.compress",
+        "toast.methods.toast_vit.config:ToastVitConfig",
+    ),
+}
+
+
+def register_all() -> None:
+    """Imports every method of :data:`METHODS`, which registers it. Every
+    lookup of the registry does this first, so that no caller depends on
+    which method happened to be imported before; done on first use, so
+    that importing a config (e.g. for the CLI's ``--help``) needs no torch."""
+    for module, _ in METHODS.values():
+        importlib.import_module(module)
+
 
 def register(method: Method) -> Method:
     """Adds ``method`` to the registry (a second method of the same name is
@@ -165,11 +192,13 @@ def register(method: Method) -> Method:
 
 def method_names() -> list[str]:
     """Names of the registered methods."""
+    register_all()
     return sorted(_REGISTRY)
 
 
 def get_method(name: str) -> Method:
     """The method registered as ``name``."""
+    register_all()
     if name not in _REGISTRY:
         raise ValueError(f"method must be one of {method_names()}; got {name!r}")
     return _REGISTRY[name]
