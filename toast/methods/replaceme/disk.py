@@ -335,15 +335,7 @@ def write_replaceme(
     """Writes the pruned checkpoint: blocks of ``spans`` left out, the rest
     renumbered, each T folded into the down-projection before its cut."""
     total = disk.num_blocks
-    removed = {b for s in spans for b in range(s.start, s.stop)}
-    kept = [b for b in range(total) if b not in removed]
-    renames: dict[str, str | None] = {}
-    for b in range(total):
-        keys = disk.block_keys(b)
-        new = kept.index(b) if b in kept else None
-        new_keys = disk.block_keys(new) if new is not None else {}
-        for name, key in keys.items():
-            renames[key] = new_keys[name] if new is not None else None
+    renames, kept = disk.renumbered(b for s in spans for b in range(s.start, s.stop))
     edits = {}
     for span, t in zip(spans, transforms, strict=True):
         if t is not None:
