@@ -30,7 +30,7 @@ from toast.hf.calibration import BACKENDS, Calibration
 from toast.hf.progress import progress_bar
 from toast.hf.sequential import DiskModel
 from toast.hf.text import as_batches
-from toast.methods import available_methods
+from toast.methods import available_methods, get_method
 from toast.methods.base import Layout, Method, Plan, Sizes, find_layout, staged_methods
 from toast.methods.runner import split_heldout, split_text_options
 
@@ -205,7 +205,7 @@ def _prepare(
     )
     key = combine(opened.fingerprint, fingerprint_batches(data), settings)
     notes = []
-    if opened.disk is not None and latency:
+    if opened.disk is not None:
         latency = False
         notes.append(
             "latency not measured: the block-by-block path never loads the model "
@@ -252,7 +252,8 @@ def _open(
     """The model, or a checkpoint folder on the path ``plan_checkpoint``
     chooses (said once); a target the disk path cannot measure is refused
     before any pass."""
-    available_methods()  # every method registered, so every method's structure is found
+    for name in available_methods():
+        get_method(name)  # registers it, so every method's structure is found
     methods = staged_methods()
     if isinstance(model, nn.Module):
         if sequential:

@@ -215,13 +215,16 @@ def _state_consumer(
     def on_state(state: int, batch: int, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
         d = int(hidden.shape[-1])
         keep = None if (mask is None or config.include_padding) else mask.reshape(-1)
+        taken: dict[int, torch.Tensor] = {}  # cuts starting together share the block's M
         for n, cut in enumerate(cuts):
             if state == cut.span.start:
                 # kept in their own dtype (the first append sets it), as the
                 # in-memory pass sees them
                 pending.starts[n].append(hidden)
                 if n in pending.mlps:
-                    pending.mlps[n].append(recorders[cut.kept].take(cut.kept))
+                    if cut.kept not in taken:
+                        taken[cut.kept] = recorders[cut.kept].take(cut.kept)
+                    pending.mlps[n].append(taken[cut.kept])
             if state == cut.span.stop:
                 if cut.moments is None and cut.sample is None:
                     estimator.open_cut(cut, d, hidden.device)
