@@ -184,3 +184,38 @@ def test_the_disk_cache_is_keyed_on_the_checkpoints_files(checkpoint, tmp_path):
     assert all(m.cached for m in again.measured)
     assert [m.measurement for m in again.measured] == [m.measurement for m in first.measured]
     assert not math.isnan(again.original.quality)
+
+
+def test_each_familys_plan_saved_from_disk_gives_the_built_models_logits(checkpoint, tmp_path):
+    """The disk writer of every family (plain removal, TOAST, ReplaceMe)
+    against the plan built in memory, for the best plan of each family."""
+    from toast.frontier.build import build, finish
+    from toast.frontier.calibrate import calibrate, calibrate_from_disk, model_sizes
+    from toast.frontier.candidates import enumerate_candidates
+    from toast.hf.calibration import Calibration
+    from toast.methods import available_methods, get_method
+    from toast.methods.base import Layout, find_layout, staged_methods
+
+    data, _ = _data()
+    for name in available_methods():
+        get_method(name)
+    methods = [m for m in staged_methods() if m.name in ("remove", "toast", "replaceme")]
+    cal = Calibration(progress=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    layout = find_layout(model)
+    in_memory = calibrate(model, data, layout, methods, cal, "auto", 2)
+    disk = DiskModel.open(checkpoint)
+    from_disk = calibrate_from_disk(disk, data, Layout(disk.stack), methods, cal, "auto", 2)
+    plans = enumerate_candidates(methods, in_memory, model_sizes(model, layout), 2)
+    ids = token_batches(1, HELDOUT_LENGTH, 3)[0]["input_ids"]
+    for family in ("plain", "toast", "replaceme"):
+        plan = min((p for p in plans if p.family == family), key=lambda p: p.predicted_error)
+        built = finish(build(model, layout, plan, in_memory), plan, in_memory)
+        stages = get_method(plan.methods[0]).stages
+        saved = stages.save_from_disk(
+            disk, plan, from_disk.stats[plan.methods[0]], tmp_path / family
+        )
+        with torch.inference_mode():
+            expected = built(input_ids=ids).logits
+            got = toast.load_pretrained(saved)(input_ids=ids).logits
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=family)
