@@ -130,25 +130,19 @@ def search(
     :func:`toast.compress`; a float ``heldout`` holds out that share of raw
     text. The model is left unchanged.
 
-    ``model`` may be a checkpoint folder: it is loaded when it fits
-    ``max_memory`` (a size such as ``"16GiB"``; default the memory
-    available), else searched block by block from disk without ever being
-    loaded (``sequential=True``/``False`` forces the path; the choice is
-    said once, as for :func:`toast.compress`). On that path the candidates
-    are made as the blocks load and measured block by block; methods that
-    need the model in memory (ToaSt) are left out, throughput is not
-    measured (a ``latency=`` or ``macs=`` target is refused: give
-    ``max_memory`` enough to load the model), and
-    :meth:`SearchResult.save` writes the chosen model from the checkpoint.
+    A checkpoint folder is loaded when it fits ``max_memory`` (``"16GiB"``;
+    default the memory available), else searched block by block from disk,
+    never loaded (``sequential`` forces a path; the choice is said once, as
+    for :func:`toast.compress`): methods that need the model in memory
+    (ToaSt) are left out, nothing is timed (``latency=`` and ``macs=``
+    targets are refused) and :meth:`SearchResult.save` writes the chosen
+    model from the checkpoint.
     """
     check("max_measured", max_measured, Interval(int, 1, None))
     check("backend", backend, Options(BACKENDS))
-    check("sequential", sequential, bool, None)
-    options["backend"] = backend
-    where = (max_memory, sequential)
-    run = _prepare(
-        model, data, heldout, target, max_blocks, max_minutes, latency, cache, where, options
-    )
+    # where the model lives travels with the options, as the backend does
+    options.update(backend=backend, max_memory=max_memory, sequential=sequential)
+    run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
     calibrated, passes = _calibrated(run, backend, max_blocks)
     sizes = model_sizes(run.model, run.layout)
     candidates = enumerate_candidates(
@@ -174,7 +168,6 @@ def _prepare(
     max_minutes: float | None,
     latency: bool,
     cache: bool | str | os.PathLike,
-    where: tuple[int | str | None, bool | None],
     options: dict[str, Any],
 ) -> _Run:
     goal = Target.parse(target)
@@ -183,11 +176,13 @@ def _prepare(
     check("latency", latency, bool)
     check("cache", cache, bool, Predicate(_is_path, "a folder"))
     backend = options.pop("backend")
+    max_memory, sequential = options.pop("max_memory"), options.pop("sequential")
+    check("sequential", sequential, bool, None)
     text, rest = split_text_options(options)
     calibration = Calibration.from_options(rest.pop("calibration", None), **rest)
     if data is None:
         raise ValueError("search needs calibration data (a loader of batches, or raw text)")
-    opened = _open(model, goal, *where, calibration)
+    opened = _open(model, goal, max_memory, sequential, calibration)
     data = as_batches(data, **text)
     heldout = _heldout(data, heldout, text)
     if isinstance(heldout, tuple):
