@@ -74,6 +74,12 @@ def test_disk_search_notes_that_latency_is_off(both):
     assert any("latency not measured" in note for note in disk.notes)
 
 
+def test_disk_search_notes_the_methods_it_leaves_out(both):
+    _, disk, _ = both
+    left_out = [note for note in disk.notes if "left out on the block-by-block path" in note]
+    assert len(left_out) == 1 and "toast-vit" in left_out[0]
+
+
 def test_saved_disk_model_gives_the_in_memory_saved_models_logits(both):
     _, _, out = both
     ids = token_batches(1, HELDOUT_LENGTH, 3)[0]["input_ids"]
