@@ -44,3 +44,34 @@ def test_search_refuses_bad_arguments_before_loading(local_llama, tmp_path, caps
     assert main(argv) == EXIT_USAGE
     assert said in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_search_of_a_folder_over_max_memory_runs_from_disk_and_saves_the_memory_choice(
+    local_llama, tmp_path, capsys
+):
+    argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--heldout", "0.25", "--target", "params=20%", "--max-measured", "3"]
+    argv += ["--no-latency", "--no-progress", "--no-cache"]
+    assert main([*argv, "--path", "memory", "--out", str(tmp_path / "memory")]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--max-memory", "1KB", "--out", str(tmp_path / "disk")]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "path" in line]
+    assert len(said) == 1 and said[0].startswith("toast search: sequential path")
+    on_disk = json.loads((tmp_path / "disk" / "search.json").read_text())
+    in_memory = json.loads((tmp_path / "memory" / "search.json").read_text())
+    assert on_disk["measured"][on_disk["chosen"]]["key"] == (
+        in_memory["measured"][in_memory["chosen"]]["key"]
+    )
+    ids = torch.tensor([[5, 9, 13, 17, 21, 25]])
+    with torch.inference_mode():
+        expected = toast.load_pretrained(tmp_path / "memory" / "model")(input_ids=ids).logits
+        got = toast.load_pretrained(tmp_path / "disk" / "model")(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_search_refuses_a_bad_max_memory_before_loading(local_llama, tmp_path, capsys):
+    argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--heldout", "0.25", "--out", str(tmp_path / "out"), "--max-memory", "lots"]
+    assert main(argv) == EXIT_USAGE
+    assert "not a size" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -39,7 +39,8 @@ def discoveries(monkeypatch):
 
     import toast.methods
 
-    toast.methods.available_methods()  # every module that could discover is loaded
+    for name in toast.methods.available_methods():
+        toast.methods.get_method(name)  # every module that could discover is loaded
     replacements = {id(find_blocks): counted_find, id(vit_blocks): counted_vit}
     for module in list(sys.modules.values()):
         if not getattr(module, "__name__", "").startswith("toast"):
@@ -72,4 +73,19 @@ def test_search_finds_a_vits_blocks_once(discoveries, tmp_path):
 
 def test_analyze_finds_the_blocks_once(discoveries):
     toast.analyze(tiny_llama(), token_batches(2, CALIBRATION_LENGTH, 1), progress=False)
+    assert discoveries == {"find_blocks": 1, "vit_blocks": 0}
+
+
+def test_search_of_a_checkpoint_from_disk_finds_the_blocks_once(discoveries, tmp_path):
+    tiny_llama().save_pretrained(tmp_path / "model", max_shard_size="20KB")
+    data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
+    toast.search(
+        tmp_path / "model",
+        data,
+        heldout,
+        cache=tmp_path / "cache",
+        latency=False,
+        progress=False,
+        sequential=True,
+    )
     assert discoveries == {"find_blocks": 1, "vit_blocks": 0}

@@ -1,6 +1,8 @@
 """``toast search MODEL --data DATA --heldout HELDOUT --target 20% --out DIR``:
 :func:`toast.search` on a local model, the chosen model and the report
-(table, plot, JSON) written to ``--out``."""
+(table, plot, JSON) written to ``--out``. A model folder that does not fit
+``--max-memory`` is searched block by block from disk, never loaded (the
+choice said once, as ``toast compress`` says it)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,10 @@ from toast.cli.options import (
     EXIT_STATUSES,
     HELDOUT_HELP,
     add_calibration_arguments,
+    add_memory_arguments,
     add_output_arguments,
     calibration_from_args,
+    forced_path,
     heldout_value,
     quiet_libraries,
     report_warnings,
@@ -51,6 +55,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-cache", action="store_true", help="keep nothing between calls")
     p.add_argument("--batch-size", type=int, default=8, help="samples per batch (8)")
     p.add_argument("--max-length", type=int, default=256, help="tokens per text sample (256)")
+    add_memory_arguments(p, "the chosen model written")
     add_output_arguments(p)
     add_calibration_arguments(p, max_samples=256, blocks_flag=True)
 
@@ -58,6 +63,7 @@ def add_parser(sub: Any) -> None:
 def _check(args: argparse.Namespace) -> Path:
     """Every argument and path before anything loads."""
     from toast.frontier.target import Target
+    from toast.hf.budget import parse_size
 
     model = check_model_path(args.model)
     data = check_data_path("--data", args.data)
@@ -71,6 +77,8 @@ def _check(args: argparse.Namespace) -> Path:
     check("--max-blocks", args.max_blocks, Interval(int, 1, None), None)
     check("--max-minutes", args.max_minutes, Interval(float, 0, None, closed="neither"), None)
     calibration_from_args(args)  # checks --max-samples, --max-batches
+    if args.max_memory is not None:
+        parse_size(args.max_memory)  # a bad size fails before anything loads
     return check_out(args.out, args.overwrite)
 
 
@@ -79,9 +87,8 @@ def run(args: argparse.Namespace) -> int:
     out = _check(args)
     quiet_libraries(progress=not args.no_progress, quiet=args.quiet)
     import toast
-    from toast.io.local import load_batches, load_model
+    from toast.io.local import load_batches
 
-    model = load_model(args.model)
     read = {"batch_size": args.batch_size, "max_length": args.max_length}
     data = load_batches(args.model, args.data, **read)
     heldout = args.heldout
@@ -92,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
         warnings.simplefilter("always")
         result = toast.search(
-            model,
+            Path(args.model),  # loaded, or searched from disk, as --max-memory allows
             data,
             heldout,
             target=args.target,
@@ -102,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
             latency=not args.no_latency,
             cache=cache,
             calibration=calibration,
+            max_memory=args.max_memory,
+            sequential=forced_path(args),
         )
         result.save(stage)
     report_warnings(caught, quiet=args.quiet)

@@ -27,10 +27,19 @@ from torch import nn
 
 from .calibrate import Calibrated
 
-__all__ = ["SearchCache", "default_cache_dir", "fingerprint", "fingerprint_batches"]
+__all__ = [
+    "SearchCache",
+    "default_cache_dir",
+    "fingerprint",
+    "fingerprint_batches",
+    "fingerprint_files",
+]
 
 #: Bumped when what a key stands for changes (old entries are then ignored).
-VERSION = 3
+VERSION = 4
+#: Files of a checkpoint folder up to this size are digested whole (config,
+#: index, tokenizer); larger ones (the weights) by name, size and mtime.
+SMALL_FILE = 1 << 20
 
 
 def default_cache_dir() -> Path:
@@ -71,6 +80,22 @@ def fingerprint(model: nn.Module) -> str:
     for name, tensor in model.state_dict().items():
         h.update(name.encode())
         _update(h, tensor)
+    return h.hexdigest()
+
+
+def fingerprint_files(folder: str | os.PathLike) -> str:
+    """A digest of a checkpoint folder's files, for a model that is never
+    loaded: the small files' contents, and each weight file's name, size
+    and modification time (a rewritten shard changes its key without the
+    gigabytes being read)."""
+    h = hashlib.blake2b(digest_size=16)
+    for path in sorted(p for p in Path(folder).iterdir() if p.is_file()):
+        stat = path.stat()
+        h.update(f"F{path.name}|{stat.st_size}".encode())
+        if stat.st_size <= SMALL_FILE:
+            h.update(path.read_bytes())
+        else:
+            h.update(f"|{stat.st_mtime_ns}".encode())
     return h.hexdigest()
 
 

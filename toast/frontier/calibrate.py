@@ -4,7 +4,9 @@ decides whether the one shared pass runs (moments of every pair of block
 states, and the massive rows); each method then calibrates from it, with a
 pass of its own where it needs one (ReplaceMe's transforms for the cuts
 it will propose). The result is what the cache keeps, so a new target
-needs no pass again.
+needs no pass again. On a checkpoint on disk the same passes run block by
+block (:func:`calibrate_from_disk`); a method that needs the model in
+memory is left out there, with a note.
 """
 
 from __future__ import annotations
@@ -16,9 +18,18 @@ from torch import nn
 
 from toast.hf.calibration import Calibration
 from toast.hf.params import count_params
-from toast.methods.base import Layout, Method, Needs, Sizes, Stats, capture_shared
+from toast.hf.sequential import DiskModel
+from toast.methods.base import (
+    Layout,
+    Method,
+    Needs,
+    Sizes,
+    Stats,
+    capture_shared,
+    capture_shared_from_disk,
+)
 
-__all__ = ["Calibrated", "calibrate", "model_sizes"]
+__all__ = ["Calibrated", "calibrate", "calibrate_from_disk", "model_sizes"]
 
 
 @dataclass
@@ -28,11 +39,17 @@ class Calibrated:
 
     stats: dict[str, Stats] = field(default_factory=dict)
     passes: int = 0
+    left_out: list[str] = field(default_factory=list)
 
     @property
     def notes(self) -> list[str]:
-        """Why a method proposes nothing, where it said."""
-        return [s.note for s in self.stats.values() if s.note]
+        """Why a method proposes nothing, where it said, and which methods
+        the disk path left out."""
+        notes = [s.note for s in self.stats.values() if s.note]
+        if self.left_out:
+            names = ", ".join(self.left_out)
+            notes.append(f"left out on the block-by-block path (in memory only): {names}")
+        return notes
 
 
 def calibrate(
@@ -45,10 +62,7 @@ def calibrate(
     max_blocks: int,
 ) -> Calibrated:
     """The shared pass if any method needs it, then each method's calibration."""
-    needs = Needs()
-    for method in methods:
-        assert method.stages is not None  # the search takes staged methods only
-        needs = needs | method.stages.needs(layout)
+    needs = _needs(methods, layout)
     shared = capture_shared(model, data, layout, calibration, backend) if needs.moments else None
     stats = {}
     for method in methods:
@@ -60,7 +74,44 @@ def calibrate(
     return Calibrated(stats, passes)
 
 
+def _needs(methods: list[Method], layout: Layout) -> Needs:
+    needs = Needs()
+    for method in methods:
+        assert method.stages is not None  # the search takes staged methods only
+        needs = needs | method.stages.needs(layout)
+    return needs
+
+
+def calibrate_from_disk(
+    disk: DiskModel,
+    data: Iterable,
+    layout: Layout,
+    methods: list[Method],
+    calibration: Calibration,
+    backend: str,
+    max_blocks: int,
+) -> Calibrated:
+    """:func:`calibrate` on the checkpoint ``disk``, block by block: the
+    same shared pass and each method's ``calibrate_from_disk`` (a method
+    without one is left out)."""
+    needs = _needs(methods, layout)
+    shared = capture_shared_from_disk(disk, data, calibration, backend) if needs.moments else None
+    stats, left_out = {}, []
+    for method in methods:
+        assert method.stages is not None
+        found = method.stages.calibrate_from_disk(
+            disk, data, layout, shared, calibration, max_blocks
+        )
+        if found is None:
+            left_out.append(method.name)
+        else:
+            stats[method.name] = found
+    passes = int(needs.moments) + sum(s.passes for s in stats.values())
+    return Calibrated(stats, passes, left_out)
+
+
 def model_sizes(model: nn.Module, layout: Layout) -> Sizes:
-    """The model's :class:`Sizes`, read from its modules once."""
+    """The model's :class:`Sizes`, read from its modules once (a skeleton
+    on the meta device counts the same)."""
     block_params = tuple(sum(p.numel() for p in b.parameters()) for b in layout.stack.blocks)
     return Sizes(count_params(model), block_params)

@@ -32,6 +32,8 @@ def enumerate_candidates(
     ``macs_matter``), deduplicated, finite predictions only, in no
     particular order."""
     found: dict[str, Plan] = {}
+    # a method the disk path left out has no stats
+    methods = [m for m in methods if m.name in calibrated.stats]
     for method in methods:
         assert method.stages is not None  # the search takes staged methods only
         stats = calibrated.stats[method.name]

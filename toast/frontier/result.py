@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,9 @@ class SearchResult:
     ``measured``: every measured candidate; ``front``: indices into it of
     the Pareto front (size on ``size_axis`` against quality); ``chosen``:
     the index of the chosen candidate (None when none meets the target);
-    ``model``: the chosen model (None likewise); ``original``: the
+    ``model``: the chosen model (None likewise, and on the block-by-block
+    path, which never loads it: ``writer(folder)`` then writes it from the
+    checkpoint); ``original``: the
     unmodified model measured; ``enumerated``: how many candidates applied;
     ``notes``: what the search left out and why; ``timings``: seconds per
     phase; ``calibration_passes``: passes over the calibration data this
@@ -60,6 +63,7 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     model: nn.Module | None = field(default=None, repr=False)
+    writer: Callable[[str | os.PathLike], Path] | None = field(default=None, repr=False)
 
     @property
     def metric(self) -> str:
@@ -276,7 +280,8 @@ class SearchResult:
 
     def save(self, folder: str | os.PathLike) -> Path:
         """Writes ``folder/model`` (the chosen model, reloadable with
-        :func:`toast.load_pretrained`), ``report.md``, ``front.png``,
+        :func:`toast.load_pretrained`; from a checkpoint searched block by
+        block, written from it without loading it), ``report.md``, ``front.png``,
         ``front.svg`` and ``search.json``; returns the folder."""
         import matplotlib.pyplot as plt
 
@@ -286,6 +291,8 @@ class SearchResult:
         out.mkdir(parents=True, exist_ok=True)
         if self.model is not None:
             save_pretrained(self.model, out / "model")
+        elif self.writer is not None:
+            self.writer(out / "model")
         (out / "report.md").write_text(self.to_markdown() + "\n")
         (out / "front.svg").write_text(self.svg())
         (out / "search.json").write_text(json.dumps(_finite(self.to_dict()), indent=1))

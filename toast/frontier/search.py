@@ -7,6 +7,11 @@ its exact size and predicted error; the best-predicted candidates of each
 family are built from those calibrated pieces (no further calibration)
 and measured on held-out data; the measured candidates give the Pareto
 front and the chosen model.
+
+A checkpoint folder goes the way ``toast.compress`` takes it
+(:func:`toast.hf.budget.plan_checkpoint`, said once): loaded when it fits
+``max_memory``, else searched block by block from disk (the same stages,
+:class:`~toast.frontier.bench.DiskBench`), never loaded.
 """
 
 from __future__ import annotations
@@ -14,25 +19,33 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
 from toast._validation import Interval, Options, Predicate, check
+from toast.hf.budget import plan_checkpoint
 from toast.hf.calibration import BACKENDS, Calibration
 from toast.hf.progress import progress_bar
-from toast.hf.quality import Evaluator
+from toast.hf.sequential import DiskModel
 from toast.hf.text import as_batches
-from toast.methods import available_methods
+from toast.methods import available_methods, get_method
 from toast.methods.base import Layout, Method, Plan, Sizes, find_layout, staged_methods
 from toast.methods.runner import split_heldout, split_text_options
 
-from .build import build, finish
-from .cache import SearchCache, combine, default_cache_dir, fingerprint, fingerprint_batches
-from .calibrate import Calibrated, calibrate, model_sizes
+from .bench import Bench, DiskBench, MemoryBench
+from .cache import (
+    SearchCache,
+    combine,
+    default_cache_dir,
+    fingerprint,
+    fingerprint_batches,
+    fingerprint_files,
+)
+from .calibrate import Calibrated, calibrate, calibrate_from_disk, model_sizes
 from .candidates import enumerate_candidates
-from .measure import Measurement, linear_macs, measure
+from .measure import Measurement
 from .pareto import pareto_front
 from .result import HIGHER as _HIGHER
 from .result import Measured, SearchResult
@@ -61,10 +74,12 @@ class _Run:
     latency: bool
     started: float
     max_seconds: float | None
+    disk: DiskModel | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 def search(
-    model: nn.Module,
+    model: nn.Module | str | os.PathLike,
     data: Any,
     heldout: Any = None,
     *,
@@ -76,6 +91,8 @@ def search(
     cache: bool | str | os.PathLike = True,
     output: str | os.PathLike | None = None,
     backend: str = "auto",
+    max_memory: int | str | None = None,
+    sequential: bool | None = None,
     **options: Any,
 ) -> SearchResult:
     """Finds the best compression of ``model`` for ``target``, measured.
@@ -112,10 +129,19 @@ def search(
     (``max_samples``, ``progress``...) bound the pass, as for
     :func:`toast.compress`; a float ``heldout`` holds out that share of raw
     text. The model is left unchanged.
+
+    A checkpoint folder is loaded when it fits ``max_memory`` (``"16GiB"``;
+    default the memory available), else searched block by block from disk,
+    never loaded (``sequential`` forces a path; the choice is said once, as
+    for :func:`toast.compress`): methods that need the model in memory
+    (ToaSt) are left out, nothing is timed (``latency=`` and ``macs=``
+    targets are refused) and :meth:`SearchResult.save` writes the chosen
+    model from the checkpoint.
     """
     check("max_measured", max_measured, Interval(int, 1, None))
     check("backend", backend, Options(BACKENDS))
-    options["backend"] = backend
+    # where the model lives travels with the options, as the backend does
+    options.update(backend=backend, max_memory=max_memory, sequential=sequential)
     run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
     calibrated, passes = _calibrated(run, backend, max_blocks)
     sizes = model_sizes(run.model, run.layout)
@@ -127,14 +153,14 @@ def search(
         macs_matter=run.target.kind in ("macs", "latency"),
     )
     result = _measure_all(run, calibrated, sizes, candidates, max_measured, passes)
-    result.notes.extend(calibrated.notes)
+    result.notes.extend(calibrated.notes + run.notes)
     if output is not None:
         result.save(output)
     return result
 
 
 def _prepare(
-    model: nn.Module,
+    model: nn.Module | str | os.PathLike,
     data: Any,
     heldout: Any,
     target: Any,
@@ -144,51 +170,115 @@ def _prepare(
     cache: bool | str | os.PathLike,
     options: dict[str, Any],
 ) -> _Run:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     goal = Target.parse(target)
     check("max_blocks", max_blocks, Interval(int, 1, None), None)
     check("max_minutes", max_minutes, Interval(float, 0, None, closed="neither"), None)
     check("latency", latency, bool)
     check("cache", cache, bool, Predicate(_is_path, "a folder"))
     backend = options.pop("backend")
+    max_memory, sequential = options.pop("max_memory"), options.pop("sequential")
+    check("sequential", sequential, bool, None)
     text, rest = split_text_options(options)
     calibration = Calibration.from_options(rest.pop("calibration", None), **rest)
     if data is None:
         raise ValueError("search needs calibration data (a loader of batches, or raw text)")
+    opened = _open(model, goal, max_memory, sequential, calibration)
     data = as_batches(data, **text)
     heldout = _heldout(data, heldout, text)
     if isinstance(heldout, tuple):
         data, heldout = heldout
     folder = default_cache_dir() if cache is True else None if cache is False else cache
-    available_methods()  # every method registered, so every method's structure is found
-    methods = staged_methods()
-    layout = find_layout(model, calibration.blocks)  # the call's one discovery
     settings = (
         calibration.max_samples,
         calibration.max_batches,
         calibration.sample,
         calibration.seed,
-        layout.stack.path,
+        opened.layout.stack.path,
         max_blocks,
         backend,
-        tuple(m.name for m in methods),
+        tuple(m.name for m in opened.methods),
     )
-    key = combine(fingerprint(model), fingerprint_batches(data), settings)
+    key = combine(opened.fingerprint, fingerprint_batches(data), settings)
+    notes = []
+    if opened.disk is not None:
+        latency = False
+        notes.append(
+            "latency not measured: the block-by-block path never loads the model "
+            "(give max_memory enough to load it to time candidates)"
+        )
     return _Run(
-        model,
+        opened.model,
         data,
         heldout,
         goal,
-        layout,
-        methods,
+        opened.layout,
+        opened.methods,
         calibration,
         SearchCache(folder),
         key,
         latency,
         time.perf_counter(),
         None if max_minutes is None else 60.0 * max_minutes,
+        opened.disk,
+        notes,
     )
+
+
+@dataclass
+class _Opened:
+    """The model searched: loaded (``disk`` None) or its checkpoint's
+    skeleton (``disk``), its layout found once, the methods that run on it
+    and the cache's key for it."""
+
+    model: nn.Module
+    disk: DiskModel | None
+    layout: Layout
+    methods: list[Method]
+    fingerprint: str
+
+
+def _open(
+    model: nn.Module | str | os.PathLike,
+    goal: Target,
+    max_memory: int | str | None,
+    sequential: bool | None,
+    calibration: Calibration,
+) -> _Opened:
+    """The model, or a checkpoint folder on the path ``plan_checkpoint``
+    chooses (said once); a target the disk path cannot measure is refused
+    before any pass."""
+    for name in available_methods():
+        get_method(name)  # registers it, so every method's structure is found
+    methods = staged_methods()
+    if isinstance(model, nn.Module):
+        if sequential:
+            raise ValueError("sequential=True needs a checkpoint folder, not a loaded model")
+        layout = find_layout(model, calibration.blocks)  # the call's one discovery
+        return _Opened(model, None, layout, methods, fingerprint(model))
+    if not _is_path(model):
+        raise TypeError(
+            f"model must be a torch.nn.Module or a checkpoint folder; got {type(model).__name__}"
+        )
+    _, disk = plan_checkpoint(
+        model,
+        max_memory,
+        sequential,
+        blocks=calibration.blocks,
+        progress=calibration.progress,
+        command="toast search",
+    )
+    if disk is None:
+        from toast.io.local import load_model
+
+        return _open(load_model(model), goal, None, None, calibration)
+    if goal.kind in ("latency", "macs"):
+        raise ValueError(
+            f"a {goal.kind}= target needs the model loaded (the block-by-block path never "
+            "loads it, so it cannot time or count it): give max_memory enough to load the "
+            "model, or ask for params= or quality="
+        )
+    # the blocks were found with the skeleton; methods in memory only are left out later
+    return _Opened(disk.model, disk, Layout(disk.stack), methods, fingerprint_files(model))
 
 
 def _is_path(value: Any) -> bool:
@@ -217,15 +307,15 @@ def _calibrated(run: _Run, backend: str, max_blocks: int | None) -> tuple[Calibr
     found = run.cache.load_calibrated(run.key)
     if found is not None:
         return found, 0
-    calibrated = calibrate(
-        run.model,
-        run.data,
-        run.layout,
-        run.methods,
-        run.calibration,
-        backend,
-        _max_blocks(run, max_blocks),
-    )
+    limit = _max_blocks(run, max_blocks)
+    if run.disk is not None:
+        calibrated = calibrate_from_disk(
+            run.disk, run.data, run.layout, run.methods, run.calibration, backend, limit
+        )
+    else:
+        calibrated = calibrate(
+            run.model, run.data, run.layout, run.methods, run.calibration, backend, limit
+        )
     run.cache.save_calibrated(run.key, calibrated)
     return calibrated, calibrated.passes
 
@@ -272,7 +362,7 @@ def _measure_all(
     the chosen model."""
     eligible = [c for c in candidates if _eligible(run, sizes, c)]
     selector = (Bisection if run.target.kind == "quality" else Ranked)(eligible, max_measured)
-    measurer = _Measurer(run, calibrated)
+    measurer = _Measurer(run, calibrated, sizes)
     notes = measurer.measure(selector, max_measured)
     keys = set(measurer.store)
     measured = [
@@ -284,7 +374,7 @@ def _measure_all(
     result = _result(run, measurer.original, measured, len(eligible), passes, notes)
     if result.chosen is not None:
         chosen = measured[result.chosen].candidate
-        result.model = finish(build(run.model, run.layout, chosen, calibrated), chosen, calibrated)
+        result.model, result.writer = measurer.bench.chosen(chosen)
     if not eligible:
         result.notes.append(
             f"no candidate can meet {run.target.describe()} removing at most half the blocks: "
@@ -298,47 +388,32 @@ class _Measurer:
     in the cache as it comes (an interrupted search keeps what it
     measured). ``before``: the keys the cache held at the start."""
 
-    def __init__(self, run: _Run, calibrated: Calibrated) -> None:
-        self.run, self.calibrated = run, calibrated
+    def __init__(self, run: _Run, calibrated: Calibrated, sizes: Sizes) -> None:
+        self.run = run
         self.key = combine(run.key, fingerprint_batches(run.heldout), run.latency)
         self.store = run.cache.load_measurements(self.key)
         self.before = set(self.store)
-        self.example = next(iter(run.heldout))
         found = self.store.get("original")
-        self.evaluator = Evaluator(
-            run.heldout, None if found is None else found["metric"], progress=False
-        )
-        self.reference = False  # whether a cosine evaluator holds the original's outputs
+        metric = None if found is None else found["metric"]
+        self.bench: Bench
+        if run.disk is not None:
+            self.bench = DiskBench(run.disk, sizes, calibrated, run.heldout, metric)
+        else:
+            self.bench = MemoryBench(
+                run.model, run.layout, calibrated, run.heldout, metric, run.latency
+            )
         self.original = self._original(found)
 
     def _original(self, found: dict[str, Any] | None) -> Measurement:
         if found is not None:
             return Measurement.from_dict(found)
-        measured = measure(
-            self.run.model, self.evaluator, self.example, "original", self.run.latency
-        )
+        measured = self.bench.original()
         self.store["original"] = measured.to_dict()
         self.run.cache.save_measurements(self.key, self.store)
-        self.reference = True
         return measured
 
     def _new(self, candidate: Plan) -> None:
-        if self.evaluator.metric == "cosine" and not self.reference:
-            self.evaluator.measure(self.run.model, "original")  # the reference outputs
-            self.reference = True
-        built = build(self.run.model, self.run.layout, candidate, self.calibrated)
-        # counted before the run-time changes, which the linear layers' hooks cannot see
-        macs = linear_macs(built.model, self.example) - candidate.unseen_macs
-        model = finish(built, candidate, self.calibrated)
-        m = measure(
-            model,
-            self.evaluator,
-            self.example,
-            candidate.label,
-            self.run.latency,
-            reference=self.run.model,
-            macs=macs,
-        )
+        m = self.bench.candidate(candidate)
         self.store[candidate.key] = m.to_dict()
         self.run.cache.save_measurements(self.key, self.store)
 

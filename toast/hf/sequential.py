@@ -211,6 +211,20 @@ class DiskModel:
         prefix = f"{self.stack.path}.{index}."
         return {name: self._key(prefix + name) for name in block.state_dict()}
 
+    def renumbered(self, removed: Iterable[int]) -> tuple[dict[str, str | None], list[int]]:
+        """With the blocks ``removed`` left out: every block's checkpoint key
+        mapped to its key under the block's new index (None: left out), and
+        the kept blocks' original indices (what a pruned checkpoint's
+        writer takes)."""
+        gone = set(removed)
+        kept = [b for b in range(self.num_blocks) if b not in gone]
+        renames: dict[str, str | None] = {}
+        for b in range(self.num_blocks):
+            new = self.block_keys(kept.index(b)) if b in kept else {}
+            for name, key in self.block_keys(b).items():
+                renames[key] = new[name] if new else None
+        return renames, kept
+
     def largest_block_bytes(self) -> int:
         """Bytes of the largest block's tensors in the checkpoint."""
         tensors = self.checkpoint.tensors

@@ -18,6 +18,7 @@ directory next to the target, renamed once complete: an interrupted write
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import os
@@ -124,7 +125,7 @@ def _write_shard(
 
 
 def _write_config(checkpoint: Checkpoint, kept: Sequence[int], total: int, folder: Path) -> None:
-    config = checkpoint.config
+    config = copy.deepcopy(checkpoint.config)  # the checkpoint's own stays as it is on disk
     text = getattr(config, "text_config", None)
     target = (
         text if text is not None and getattr(text, "num_hidden_layers", None) == total else config

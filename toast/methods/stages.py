@@ -11,6 +11,14 @@ rows with massive activations); each method's ``calibrate`` turns that
 ``propose`` gives :class:`Plan` s with exact sizes and predicted errors;
 ``apply`` patches a model in place (the caller copies it first).
 
+On a checkpoint too big to load (:class:`toast.hf.sequential.DiskModel`)
+the same stages run block by block: :func:`capture_shared_from_disk`
+gives the same shared pass, ``calibrate_from_disk`` the same Stats (None:
+the method needs the model in memory), ``edits`` a plan as changes of the
+blocks while they load (measured by
+:class:`toast.hf.disk_quality.SequentialEvaluator`) and
+``save_from_disk`` writes the planned model without loading it.
+
 This module imports no torch at import time (configs and the CLI's help
 read the registry without it).
 """
@@ -30,10 +38,14 @@ from toast.hf.calibration import Calibration
 from toast.spans import plan_spans
 
 if TYPE_CHECKING:
+    import os
+    from pathlib import Path
+
     from torch import nn
 
     from toast.hf.blocks import BlockStack
     from toast.hf.massive import MassiveRows
+    from toast.hf.sequential import BlockEdits, DiskModel
 
 __all__ = [
     "ALTERNATIVES",
@@ -47,6 +59,7 @@ __all__ = [
     "Stats",
     "best_windows",
     "capture_shared",
+    "capture_shared_from_disk",
     "span_error",
     "span_family_plans",
     "span_plans",
@@ -131,6 +144,32 @@ def capture_shared(
             backend=backend,  # type: ignore[arg-type]
             calibration=calibration,
             stack=layout.stack,
+            observe=recorder,
+        )
+    return Shared(moments, recorder, stack.path)
+
+
+def capture_shared_from_disk(
+    disk: DiskModel, data: Iterable, calibration: Calibration, backend: str
+) -> Shared:
+    """:func:`capture_shared` for a checkpoint on disk, block by block: the
+    same moments and massive rows (the accumulator and its order are the
+    in-memory pass's)."""
+    from toast.hf.disk_moments import capture_moments_from_disk
+    from toast.hf.massive import MassiveRows
+
+    recorder = MassiveRows()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        moments, stack = capture_moments_from_disk(
+            disk,
+            data,
+            tokens="all",
+            folds=0,
+            pairs="all",
+            precision="float64",
+            backend=backend,  # type: ignore[arg-type]
+            calibration=calibration,
             observe=recorder,
         )
     return Shared(moments, recorder, stack.path)
@@ -256,6 +295,15 @@ class Stages(Protocol):
     stats, layout)``: the plan's weight changes, in place; ``finish(model,
     plan, stats, layout)``: what it changes at run time only (after any
     count of the weights' MACs).
+
+    On a checkpoint on disk (``disk``, never loaded whole):
+    ``calibrate_from_disk(disk, data, layout, shared, calibration,
+    max_blocks)``: the Stats ``calibrate`` gives on the loaded model, or
+    None when the method needs the model in memory (it is then left out);
+    ``edits(disk, plan, stats)``: the plan as changes of the blocks while
+    they load; ``save_from_disk(disk, plan, stats, output)``: the planned
+    model written to the new folder ``output``, reloadable as the
+    in-memory model's save is.
     """
 
     def structure(self, model: nn.Module, stack: BlockStack) -> Any: ...
@@ -282,10 +330,27 @@ class Stages(Protocol):
 
     def finish(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None: ...
 
+    def calibrate_from_disk(
+        self,
+        disk: DiskModel,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> Stats | None: ...
+
+    def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits: ...
+
+    def save_from_disk(
+        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+    ) -> Path: ...
+
 
 class BaseStages:
     """Defaults for :class:`Stages`: no structure of its own, nothing
-    captured, no extension, nothing at run time."""
+    captured, no extension, nothing at run time, and no disk path (the
+    method runs in memory only)."""
 
     def structure(self, model: nn.Module, stack: BlockStack) -> Any:
         return None
@@ -298,6 +363,25 @@ class BaseStages:
 
     def finish(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
         return None
+
+    def calibrate_from_disk(
+        self,
+        disk: DiskModel,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> Stats | None:
+        return None
+
+    def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits:
+        raise NotImplementedError(f"{type(self).__name__} has no disk path")
+
+    def save_from_disk(
+        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+    ) -> Path:
+        raise NotImplementedError(f"{type(self).__name__} has no disk path")
 
 
 def best_windows(table: np.ndarray, n: int) -> list[tuple[int, int]]:

@@ -1,17 +1,23 @@
 """Plain removal's stages: the identity-span error of every span from the
 shared pass, the exact plan and the best single spans of every size, and
-the blocks deleted."""
+the blocks deleted (on disk: skipped as the blocks load, and left out of
+the written checkpoint)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from torch import nn
 
 from toast.hf.calibration import Calibration
+from toast.hf.disk_quality import removal
+from toast.hf.sequential import BlockEdits, DiskModel
 from toast.hf.surgery import remove_blocks
+from toast.io.pruned import write_pruned_checkpoint
 from toast.methods.stages import (
     BaseStages,
     Layout,
@@ -68,6 +74,30 @@ class RemoveStages(BaseStages):
 
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
         remove_blocks(model, list(plan.spans), blocks=layout.stack)
+
+    def calibrate_from_disk(
+        self,
+        disk: DiskModel,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> RemoveStats:
+        # the shared pass is all it needs, and it came from disk already
+        return self.calibrate(disk.model, data, layout, shared, calibration, max_blocks)
+
+    def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits:
+        return removal(plan.spans)
+
+    def save_from_disk(
+        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+    ) -> Path:
+        """A standard checkpoint without the plan's blocks (the rest renumbered)."""
+        renames, kept = disk.renumbered(b for a, z in plan.spans for b in range(a, z))
+        return write_pruned_checkpoint(
+            disk.checkpoint, output, renames, kept=kept, total=disk.num_blocks, progress=False
+        )
 
 
 STAGES = RemoveStages()

@@ -215,13 +215,16 @@ def _state_consumer(
     def on_state(state: int, batch: int, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
         d = int(hidden.shape[-1])
         keep = None if (mask is None or config.include_padding) else mask.reshape(-1)
+        taken: dict[int, torch.Tensor] = {}  # cuts starting together share the block's M
         for n, cut in enumerate(cuts):
             if state == cut.span.start:
                 # kept in their own dtype (the first append sets it), as the
                 # in-memory pass sees them
                 pending.starts[n].append(hidden)
                 if n in pending.mlps:
-                    pending.mlps[n].append(recorders[cut.kept].take(cut.kept))
+                    if cut.kept not in taken:
+                        taken[cut.kept] = recorders[cut.kept].take(cut.kept)
+                    pending.mlps[n].append(taken[cut.kept])
             if state == cut.span.stop:
                 if cut.moments is None and cut.sample is None:
                     estimator.open_cut(cut, d, hidden.device)
@@ -335,15 +338,7 @@ def write_replaceme(
     """Writes the pruned checkpoint: blocks of ``spans`` left out, the rest
     renumbered, each T folded into the down-projection before its cut."""
     total = disk.num_blocks
-    removed = {b for s in spans for b in range(s.start, s.stop)}
-    kept = [b for b in range(total) if b not in removed]
-    renames: dict[str, str | None] = {}
-    for b in range(total):
-        keys = disk.block_keys(b)
-        new = kept.index(b) if b in kept else None
-        new_keys = disk.block_keys(new) if new is not None else {}
-        for name, key in keys.items():
-            renames[key] = new_keys[name] if new is not None else None
+    renames, kept = disk.renumbered(b for s in spans for b in range(s.start, s.stop))
     edits = {}
     for span, t in zip(spans, transforms, strict=True):
         if t is not None:

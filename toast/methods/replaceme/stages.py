@@ -1,21 +1,29 @@
 """ReplaceMe's stages: the cuts chosen by the shared pass's linear span
 error (the best windows of every size), one pass of its own estimating
 each cut's least-squares transform, and the transform folded into the
-block before the cut when a plan is applied."""
+block before the cut when a plan is applied. On disk the same pass runs
+block by block (:class:`toast.methods.replaceme.disk.DiskEstimation`), a
+plan is measured with its cuts made as the blocks load, and written as a
+pruned checkpoint without loading the model."""
 
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from torch import nn
 
+from toast.hf.blocks import BlockStack
 from toast.hf.calibration import Calibration
+from toast.hf.sequential import BlockEdits, DiskModel
 from toast.methods.replaceme.config import ReplaceMeConfig
-from toast.methods.replaceme.estimate import Estimation
+from toast.methods.replaceme.disk import DiskEstimation, cut_edits, write_replaceme
+from toast.methods.replaceme.estimate import Estimation, Fits
 from toast.methods.replaceme.fold import NotFoldableError, apply_cuts, check_cuts
 from toast.methods.stages import (
     BaseStages,
@@ -46,26 +54,33 @@ def _cuts(errors: np.ndarray, max_blocks: int) -> list[tuple[int, int]]:
     return [cut for n in range(1, max_blocks + 1) for cut in best_windows(errors, n)]
 
 
+def _config(cuts: list[tuple[int, int]], calibration: Calibration | None = None) -> ReplaceMeConfig:
+    """ReplaceMe's defaults for ``cuts`` (massive rows fitted as plain
+    removal leaves them; no held-out gate: the search measures every plan)."""
+    if calibration is None:
+        return ReplaceMeConfig(spans=cuts, holdout=0.0)
+    return ReplaceMeConfig(spans=cuts, holdout=0.0, calibration=calibration)
+
+
 def _estimate(
-    model: nn.Module,
-    data: Iterable,
-    layout: Layout,
-    calibration: Calibration,
-    cuts: list[tuple[int, int]],
+    estimation: Fits, stack: BlockStack, config: ReplaceMeConfig, cuts: list[tuple[int, int]]
 ) -> tuple[dict[tuple[int, int], np.ndarray | None], str]:
-    """ReplaceMe's LS transform of every cut in one pass (its defaults:
-    massive rows fitted as plain removal leaves them); ``({}, why)`` when
-    the model's blocks cannot take a folded transform."""
-    config = ReplaceMeConfig(spans=cuts, holdout=0.0, calibration=calibration)
+    """The LS transform of every cut in one pass of ``estimation`` (in
+    memory or from disk); ``({}, why)`` when the model's blocks cannot take
+    a folded transform."""
     spans = [Span(a, b, math.nan) for a, b in cuts]
     try:
-        check_cuts(layout.stack, spans, config.structure, config.placement, config.objective)
+        check_cuts(stack, spans, config.structure, config.placement, config.objective)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fitted, _ = Estimation(model, data, config, layout.stack).fit(spans)
+            fitted, _ = estimation.fit(spans)
     except (NotFoldableError, ValueError) as exc:
         return {}, f"ReplaceMe left out: {exc}"
     return {cut: f.transform for cut, f in zip(cuts, fitted, strict=True)}, ""
+
+
+def _stats(errors: np.ndarray, transforms: dict, note: str) -> ReplaceMeStats:
+    return ReplaceMeStats(passes=0 if note else 1, note=note, errors=errors, transforms=transforms)
 
 
 class ReplaceMeStages(BaseStages):
@@ -88,10 +103,28 @@ class ReplaceMeStages(BaseStages):
         cuts = _cuts(errors, max_blocks)
         if not cuts:
             return ReplaceMeStats(errors=errors)
-        transforms, note = _estimate(model, data, layout, calibration, cuts)
-        return ReplaceMeStats(
-            passes=0 if note else 1, note=note, errors=errors, transforms=transforms
-        )
+        config = _config(cuts, calibration)
+        estimation = Estimation(model, data, config, layout.stack)
+        return _stats(errors, *_estimate(estimation, layout.stack, config, cuts))
+
+    def calibrate_from_disk(
+        self,
+        disk: DiskModel,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> ReplaceMeStats:
+        """:meth:`calibrate` with the estimation pass run block by block."""
+        assert shared is not None  # needs() asked for it
+        errors = shared.errors("linear")
+        cuts = _cuts(errors, max_blocks)
+        if not cuts:
+            return ReplaceMeStats(errors=errors)
+        config = _config(cuts, calibration)
+        estimation = DiskEstimation(disk, data, config)
+        return _stats(errors, *_estimate(estimation, disk.stack, config, cuts))
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         assert isinstance(stats, ReplaceMeStats)
@@ -110,13 +143,30 @@ class ReplaceMeStages(BaseStages):
         return plans
 
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
-        assert isinstance(stats, ReplaceMeStats)
-        missing = [s for s in plan.spans if s not in stats.transforms]
-        if missing:
-            raise KeyError(f"no ReplaceMe transform was estimated for cut(s) {missing}")
-        transforms = [stats.transforms[s] for s in plan.spans]
-        spans = [Span(a, b, math.nan) for a, b in plan.spans]
+        spans, transforms = _cuts_of(plan, stats)
         apply_cuts(model, layout.stack, spans, transforms, "fold", "full")
+
+    def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits:
+        spans, transforms = _cuts_of(plan, stats)
+        return cut_edits(spans, transforms, _config(list(plan.spans)), disk.dtype)
+
+    def save_from_disk(
+        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+    ) -> Path:
+        """A standard checkpoint without the cut blocks, each transform
+        folded into the block before its cut."""
+        spans, transforms = _cuts_of(plan, stats)
+        return write_replaceme(disk, output, spans, transforms, progress=False)
+
+
+def _cuts_of(plan: Plan, stats: Stats) -> tuple[list[Span], list[np.ndarray | None]]:
+    """The plan's cuts and the transform estimated for each."""
+    assert isinstance(stats, ReplaceMeStats)
+    missing = [s for s in plan.spans if s not in stats.transforms]
+    if missing:
+        raise KeyError(f"no ReplaceMe transform was estimated for cut(s) {missing}")
+    spans = [Span(a, b, math.nan) for a, b in plan.spans]
+    return spans, [stats.transforms[s] for s in plan.spans]
 
 
 STAGES = ReplaceMeStages()

@@ -1,20 +1,28 @@
 """TOAST's stages: its analysis built from the shared pass (no pass of its
 own), linear and affine translator plans over planned spans, and the
-closed-form translators fitted from the moments when a plan is applied."""
+closed-form translators fitted from the moments when a plan is applied
+(on disk: standing in for their spans as the blocks load, and written
+in toast's format without loading the model)."""
 
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from torch import nn
 
 from toast.accounting import translator_params
+from toast.core import Translator
 from toast.hf.calibration import Calibration
+from toast.hf.disk_quality import replaced
+from toast.hf.sequential import BlockEdits, DiskModel
 from toast.hf.surgery import replace_spans
+from toast.io.from_disk import save_translated_from_disk
 from toast.methods.stages import (
     BaseStages,
     Layout,
@@ -29,6 +37,7 @@ from toast.methods.toast.analysis import Analysis
 from toast.methods.toast.config import ToastConfig
 from toast.methods.toast.fitting import Fitter
 from toast.spans import Span
+from toast.translators.block import translator_module
 
 __all__ = ["STAGES", "ToastStages", "ToastStats"]
 
@@ -93,15 +102,44 @@ class ToastStages(BaseStages):
         ]
 
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
-        assert isinstance(stats, ToastStats) and stats.analysis is not None
-        translator = plan.translator or "affine"
-        config = ToastConfig(spans=list(plan.spans), translator=translator)
-        spans = [Span(a, b, math.nan) for a, b in plan.spans]
-        with warnings.catch_warnings():
-            # a search measures every plan; a poorly conditioned fit just measures badly
-            warnings.simplefilter("ignore")
-            modules = Fitter(config).fit_all(model, [], spans, stats.analysis, layout.stack)
+        modules = _translators(plan, stats)
         replace_spans(model, list(plan.spans), modules, blocks=layout.stack)
+
+    def calibrate_from_disk(
+        self,
+        disk: DiskModel,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> ToastStats:
+        # the shared pass is all it needs, and it came from disk already
+        return self.calibrate(disk.model, data, layout, shared, calibration, max_blocks)
+
+    def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits:
+        # in the weights' dtype, as the patched model has them
+        modules = [translator_module(t, dtype=disk.dtype) for t in _translators(plan, stats)]
+        return replaced(plan.spans, modules)
+
+    def save_from_disk(
+        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+    ) -> Path:
+        """What :func:`toast.save_pretrained` writes for the applied plan."""
+        translators = _translators(plan, stats)
+        return save_translated_from_disk(disk, output, list(plan.spans), translators)
+
+
+def _translators(plan: Plan, stats: Stats) -> list[Translator]:
+    """The plan's closed-form translators, fitted from the analysis's moments."""
+    assert isinstance(stats, ToastStats) and stats.analysis is not None
+    translator = plan.translator or "affine"
+    config = ToastConfig(spans=list(plan.spans), translator=translator)
+    spans = [Span(a, b, math.nan) for a, b in plan.spans]
+    with warnings.catch_warnings():
+        # a search measures every plan; a poorly conditioned fit just measures badly
+        warnings.simplefilter("ignore")
+        return Fitter(config).closed_forms(spans, stats.analysis)
 
 
 STAGES = ToastStages()

@@ -1,0 +1,132 @@
+"""Where a search measures its candidates: a model in memory
+(:class:`MemoryBench`: each plan built on a copy, held-out quality,
+parameters, linear-layer MACs and throughput) or a checkpoint on disk
+(:class:`DiskBench`: each plan made as the blocks load, held-out quality
+measured block by block, the exact parameter count of the plan; no MACs
+or throughput, which need the model loaded). Both give
+:class:`~toast.frontier.measure.Measurement` s, so the search above them
+is one."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from toast.hf.disk_quality import SequentialEvaluator
+from toast.hf.quality import Evaluator
+from toast.hf.sequential import BlockEdits, DiskModel
+from toast.methods.base import Layout, Plan, Sizes, get_method
+
+from .build import build, finish
+from .calibrate import Calibrated
+from .measure import Measurement, linear_macs, measure
+
+__all__ = ["Bench", "DiskBench", "MemoryBench"]
+
+#: Writes the chosen model to a new folder without loading the checkpoint.
+Writer = Callable[[str | os.PathLike], Path]
+
+
+class MemoryBench:
+    """Candidates built on copies of ``model`` and measured whole."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layout: Layout,
+        calibrated: Calibrated,
+        heldout: Iterable,
+        metric: str | None,
+        latency: bool,
+    ) -> None:
+        self.model, self.layout, self.calibrated = model, layout, calibrated
+        self.latency = latency
+        self.example = next(iter(heldout))
+        self.evaluator = Evaluator(heldout, metric, progress=False)  # type: ignore[arg-type]
+        self.reference = False  # whether a cosine evaluator holds the original's outputs
+
+    def original(self) -> Measurement:
+        self.reference = True
+        return measure(self.model, self.evaluator, self.example, "original", self.latency)
+
+    def candidate(self, plan: Plan) -> Measurement:
+        if self.evaluator.metric == "cosine" and not self.reference:
+            self.evaluator.measure(self.model, "original")  # the reference outputs
+            self.reference = True
+        built = build(self.model, self.layout, plan, self.calibrated)
+        # counted before the run-time changes, which the linear layers' hooks cannot see
+        macs = linear_macs(built.model, self.example) - plan.unseen_macs
+        model = finish(built, plan, self.calibrated)
+        return measure(
+            model,
+            self.evaluator,
+            self.example,
+            plan.label,
+            self.latency,
+            reference=self.model,
+            macs=macs,
+        )
+
+    def chosen(self, plan: Plan) -> tuple[nn.Module | None, Writer | None]:
+        """The chosen model, built."""
+        built = build(self.model, self.layout, plan, self.calibrated)
+        return finish(built, plan, self.calibrated), None
+
+
+class DiskBench:
+    """Candidates made as the checkpoint's blocks load (each method's
+    ``edits``), measured block by block; sizes are the plans' exact counts
+    from the skeleton (:class:`Sizes`)."""
+
+    def __init__(
+        self,
+        disk: DiskModel,
+        sizes: Sizes,
+        calibrated: Calibrated,
+        heldout: Iterable,
+        metric: str | None,
+    ) -> None:
+        self.disk, self.sizes, self.calibrated = disk, sizes, calibrated
+        self.evaluator = SequentialEvaluator(disk, heldout, metric, progress=False)  # type: ignore[arg-type]
+        self.reference = False
+
+    def _measured(self, edits: BlockEdits, label: str, params: int) -> Measurement:
+        start = time.perf_counter()
+        quality = self.evaluator.measure_edited(edits, label)
+        assert self.evaluator.metric is not None  # set by the measurement
+        # MACs are not counted on the disk path (a macs= target is refused there)
+        seconds = time.perf_counter() - start
+        return Measurement(float(quality), self.evaluator.metric, params, 0, None, seconds)
+
+    def original(self) -> Measurement:
+        self.reference = True
+        return self._measured(BlockEdits(), "original", self.sizes.params)
+
+    def _stages(self, plan: Plan) -> Any:
+        if len(plan.methods) != 1:
+            raise ValueError(f"{plan.label} combines methods, which the disk path does not")
+        stages = get_method(plan.methods[0]).stages
+        assert stages is not None  # plans come from staged methods
+        return stages
+
+    def candidate(self, plan: Plan) -> Measurement:
+        if self.evaluator.metric == "cosine" and not self.reference:
+            self.evaluator.measure_edited(BlockEdits(), "original")  # the reference outputs
+            self.reference = True
+        stats = self.calibrated.stats[plan.methods[0]]
+        edits = self._stages(plan).edits(self.disk, plan, stats)
+        return self._measured(edits, plan.label, plan.params_after)
+
+    def chosen(self, plan: Plan) -> tuple[nn.Module | None, Writer | None]:
+        """No model (it is never loaded): the writer of its checkpoint."""
+        stats = self.calibrated.stats[plan.methods[0]]
+        return None, functools.partial(self._stages(plan).save_from_disk, self.disk, plan, stats)
+
+
+Bench = MemoryBench | DiskBench
