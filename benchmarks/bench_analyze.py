@@ -98,7 +98,7 @@ def digits_model() -> tuple[torch.nn.Module, list]:
 
 
 def smollm2(calibration: int) -> tuple[torch.nn.Module, list]:
-    from toast.hf.text import TextData
+    from toast.hf.data.text import TextData
     from toast.io.local import load_model, load_tokenizer
     from toast.zoo import smollm2_gguf
 

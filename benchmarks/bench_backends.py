@@ -1,5 +1,5 @@
 """Where ``backend="auto"`` should form the sums on the CPU: the C core
-against :class:`toast.hf.torch_moments.TorchMoments`, update alone.
+against :class:`toast.hf.capture.torch_moments.TorchMoments`, update alone.
 
 Each shape gets four batches of 16 × 128 float32 rows per state with a
 padding mask keeping ~80% of them (as a capture pass feeds them), float64
@@ -22,7 +22,7 @@ import torch
 from _machine import describe, machine
 
 import toast
-from toast.hf.torch_moments import TorchMoments
+from toast.hf.capture.torch_moments import TorchMoments
 
 ROOT = Path(__file__).resolve().parent
 SHAPES = [(13, 64), (13, 128), (7, 256), (7, 384), (13, 768), (2, 576)]

@@ -109,7 +109,7 @@ import numpy as np
 import torch
 
 import toast
-from toast.hf.torch_moments import TorchMoments
+from toast.hf.capture.torch_moments import TorchMoments
 
 try:  # optional: progress bars
     from tqdm import tqdm as _tqdm

@@ -26,7 +26,7 @@ held-out perplexity of:
 Every fit of one kind comes from one calibration pass for all windows (the
 estimation accumulates each window's statistics side by side); the fits
 are evaluated by hooks that compute what the surgery computes
-(:func:`toast.methods.replaceme.heldout.applied`), TOAST's translators on a
+(:func:`toast.methods.replaceme.check.applied`), TOAST's translators on a
 patched copy. Calibration and held-out text are disjoint stdlib docstring
 sentences, packed into sequences of ``--length`` tokens.
 
@@ -53,14 +53,14 @@ import torch
 
 import toast
 from toast.data import stdlib_sentences
-from toast.hf.quality import Evaluator
-from toast.hf.text import TextData
+from toast.hf.data.text import TextData
+from toast.hf.evaluate.quality import Evaluator
 from toast.io.local import load_model, load_tokenizer
 from toast.methods.replaceme import profile_distances, replaceme
+from toast.methods.replaceme.check import CheckSplit, applied, check_fits
 from toast.methods.replaceme.config import PAPER, ReplaceMeConfig
 from toast.methods.replaceme.estimate import Estimation
-from toast.methods.replaceme.heldout import Holdout, applied, check_fits
-from toast.methods.toast.heldout import check_translators
+from toast.methods.translate.check import check_translators
 from toast.spans import Span
 from toast.zoo import smollm2_gguf
 
@@ -77,7 +77,7 @@ METHODS = [
 #: The fits estimated in one pass each: name -> ReplaceMeConfig options.
 FITS = {
     "paper LS": {**PAPER, "objective": "ls"},
-    "default": {},  # LS, massive_rows="plain", holdout=0.1 with fallback
+    "default": {},  # LS, massive_rows="plain", check_fraction=0.1 with fallback
     "cosine (paper)": {**PAPER, "objective": "cosine"},  # Adam from I, approximate loss
     "cosine (default)": {"objective": "cosine"},  # exact loss, L-BFGS from the default LS
 }
@@ -97,13 +97,13 @@ def _fits(model, calib, spans, name, options):
     the calibration batches for the held-out-checked default)."""
     spans_option = {"spans": [(s.start, s.stop) for s in spans], "progress": False}
     config = ReplaceMeConfig.from_options(None, {**spans_option, **options})
-    split = Holdout(calib, config.holdout)
+    split = CheckSplit(calib, config.check_fraction)
     stack = toast.hf.find_blocks(model)
     start = time.perf_counter()
     fitted, _ = Estimation(model, split.fit, config, stack).fit(spans)
     print(f"{name}: {len(spans)} fits in {time.perf_counter() - start:.0f} s", flush=True)
     transforms = [f.transform for f in fitted]
-    if config.holdout and config.fallback:
+    if config.check_fraction and config.fallback:
         pairs = zip(spans, transforms, strict=True)
         transforms = [_checked(model, stack, s, t, split) for s, t in pairs]
         won = [k for k, t in enumerate(transforms) if t is not None]
@@ -133,7 +133,7 @@ def _toast_models(model, calib, spans):
 def _toast_default_models(model, calib, spans):
     """TOAST's default pipeline for each forced span (what toast.compress(...,
     spans=[span]) does, from one analysis for all the spans)."""
-    split = Holdout(calib, 0.1)
+    split = CheckSplit(calib, 0.1)
     analysis = toast.analyze(
         model, split.fit, metric="linear", estimator="gcv", precision="mixed", massive_rows=True
     )

@@ -43,14 +43,14 @@ from _machine import describe, machine
 
 import toast
 from toast.data import digits, stdlib_sentences
-from toast.hf.quality import Evaluator
-from toast.hf.text import TextData
+from toast.hf.data.text import TextData
+from toast.hf.evaluate.quality import Evaluator
 from toast.io.local import load_model, load_tokenizer
 from toast.methods.replaceme import estimate
+from toast.methods.replaceme.check import applied
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.estimate import Estimation
-from toast.methods.replaceme.heldout import applied
-from toast.methods.toast import Analysis
+from toast.methods.translate import Analysis
 from toast.spans import Span
 from toast.zoo import accuracy, digits_vit, smollm2_gguf
 

@@ -43,8 +43,8 @@ import torch
 
 import toast
 from toast.data import stdlib_sentences
-from toast.hf.quality import Evaluator, skipped_blocks
-from toast.hf.text import TextData
+from toast.hf.data.text import TextData
+from toast.hf.evaluate.quality import Evaluator, skipped_blocks
 from toast.io.local import load_model, load_tokenizer
 from toast.methods.replaceme import profile_distances, replaceme
 from toast.zoo import smollm2_gguf

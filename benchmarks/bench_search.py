@@ -38,7 +38,7 @@ import _machine  # noqa: E402
 
 import toast  # noqa: E402
 import toast.zoo  # noqa: E402
-from toast.hf.quality import Evaluator  # noqa: E402
+from toast.hf.evaluate.quality import Evaluator  # noqa: E402
 
 TARGET = 0.2
 
@@ -108,7 +108,7 @@ def _compare(name: str, model, calib, selection, test, hand: dict[str, _Hand]) -
 
 def smollm2() -> dict:
     from toast.data import stdlib_sentences
-    from toast.hf.text import TextData
+    from toast.hf.data.text import TextData
 
     gguf = toast.zoo.smollm2_gguf()
     model = toast.load_model(gguf).eval()

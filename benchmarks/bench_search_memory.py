@@ -30,7 +30,7 @@ def _gib() -> float:
 
 def main() -> None:
     from toast.data import stdlib_sentences
-    from toast.hf.text import TextData
+    from toast.hf.data.text import TextData
 
     load = os.getloadavg()
     gguf = toast.zoo.smollm2_gguf()

@@ -163,7 +163,7 @@ def child(args: argparse.Namespace) -> None:
     import torch
     import transformers
 
-    from toast.hf.sequential import DiskModel
+    from toast.hf.capture.sequential import DiskModel
     from toast.methods.replaceme import replaceme
     from toast.methods.replaceme.disk import replaceme_from_disk, write_replaceme
     from toast.spans import Span

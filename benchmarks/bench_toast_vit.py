@@ -59,11 +59,11 @@ from pathlib import Path
 import torch
 import transformers
 
-from toast.methods.toast_vit.blocks import vit_blocks
-from toast.methods.toast_vit.macs import toast_macs
-from toast.methods.toast_vit.schedules import get_schedule, tcs_keep
-from toast.methods.toast_vit.scwp import prune_heads
-from toast.methods.toast_vit.tcs import enable_tcs
+from toast.methods.heads.blocks import vit_blocks
+from toast.methods.heads.macs import toast_macs
+from toast.methods.heads.schedules import get_schedule, tcs_keep
+from toast.methods.heads.scwp import prune_heads
+from toast.methods.heads.tcs import enable_tcs
 
 VARIANTS = ["original", "SCWP-90", "ToaSt (paper exec.)", "ToaSt (kept hidden)", "ToaSt per-batch"]
 SCHEDULE = "table11"

@@ -20,7 +20,7 @@ Each input drives one short scenario:
 * a second thread calling count, pickling, merging or updating the moments
   while error_matrix holds them and polls for signals under the GIL;
 * the centers of ToaSt's head pruning (geometric_median, coordinate_median,
-  dim_scores; raw and through toast.methods.toast_vit.median) and its token channel
+  dim_scores; raw and through toast.methods.heads.median) and its token channel
   selection (tcs_select, tcs_cls_attention) on random, huge, non-finite and
   badly shaped input, checking finite results, shapes and index ranges.
 
@@ -69,7 +69,7 @@ with atheris.instrument_imports(include=["toast"]):
     from toast import _core
     from toast.core import IllConditionedWarning, InSampleWarning
     from toast.core.metrics import _ESTIMATOR_CODES, _METRIC_CODES
-    from toast.methods.toast_vit import median as toast_median
+    from toast.methods.heads import median as toast_median
 
 EXPECTED = (TypeError, ValueError, OverflowError, MemoryError)
 # The private binding (toast._core) also passes on what a DLPack producer raises

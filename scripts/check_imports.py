@@ -3,7 +3,7 @@
 Rule 1, private names (always): no module under the root imports a name
 starting with one underscore from another module,
 
-    from toast.hf.capture import _forward_inputs      # flagged
+    from toast.hf.capture.states import _forward_inputs      # flagged
     from .save import _fsync_path                     # flagged (relative)
     def f(): from toast.io.save import _plan          # flagged (inside a function)
 
@@ -81,7 +81,7 @@ def is_private(name: str) -> bool:
 
 
 def module_name(path: Path, root: Path) -> str:
-    """``root/hf/capture.py`` → ``toast.hf.capture`` (the root is the package)."""
+    """``root/hf/capture/states.py`` → ``toast.hf.capture.states`` (the root is the package)."""
     parts = [root.name, *path.relative_to(root).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()

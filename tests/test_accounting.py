@@ -305,12 +305,12 @@ def test_translator_of_an_unknown_structure_is_refused():
 
 def test_macs_returns_a_mac_report_only():
     """One return type: ToaSt's pruned-ViT convention is
-    toast.methods.toast_vit.toast_macs."""
+    toast.methods.heads.toast_macs."""
     assert isinstance(toast.macs(_config("vit")), accounting.MacReport)
     with pytest.raises(TypeError, match="head_sparsity"):
         accounting.macs(_config("vit"), head_sparsity=0.9)
-    import toast.methods.toast_vit as toast_vit
-    from toast.methods.toast_vit.macs import toast_macs
+    import toast.methods.heads as toast_vit
+    from toast.methods.heads.macs import toast_macs
 
     assert toast_vit.toast_macs is toast_macs
 

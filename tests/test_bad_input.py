@@ -17,10 +17,10 @@ torch = pytest.importorskip("torch")
 hf_models = pytest.importorskip("tests._helpers.hf_models")
 
 import toast  # noqa: E402
-from toast.hf.calibration import CalibrationSizeWarning  # noqa: E402
-from toast.hf.capture import ForwardError  # noqa: E402
+from toast.hf.capture.states import ForwardError  # noqa: E402
+from toast.hf.data.calibration import CalibrationSizeWarning  # noqa: E402
 from toast.methods.replaceme import profile_distances, replaceme  # noqa: E402
-from toast.methods.toast import FewRowsWarning  # noqa: E402
+from toast.methods.translate import FewRowsWarning  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -51,9 +51,11 @@ def flagged(root: Path) -> list[tuple[str, int, str]]:
 
 
 def test_clean_tree_passes(tmp_path):
-    root = plant(tmp_path, {
-        **DEFINES,
-        "hf/user.py": """
+    root = plant(
+        tmp_path,
+        {
+            **DEFINES,
+            "hf/user.py": """
             from __future__ import annotations
             from toast import _core, _lazy
             import toast._lazy
@@ -66,8 +68,9 @@ def test_clean_tree_passes(tmp_path):
                 module._buffers.clear()  # a third-party private: not this rule's
                 return fitter.fit()
         """,
-        "_lazy.py": "",
-    })
+            "_lazy.py": "",
+        },
+    )
     assert flagged(root) == []
     assert check_imports.main(["check_imports.py", str(root)]) == 0
 
@@ -89,43 +92,52 @@ def test_relative_private_import_is_flagged(tmp_path):
 
 
 def test_private_import_inside_a_function_is_flagged(tmp_path):
-    root = plant(tmp_path, {
-        **DEFINES,
-        "hf/user.py": """
+    root = plant(
+        tmp_path,
+        {
+            **DEFINES,
+            "hf/user.py": """
             def write(path):
                 from toast.io.save import _fsync_path
 
                 _fsync_path(path)
         """,
-    })
+        },
+    )
     assert [(p, line) for p, line, _ in flagged(root)] == [("hf/user.py", 3)]
 
 
 def test_private_attribute_of_another_modules_class_is_flagged(tmp_path):
-    root = plant(tmp_path, {
-        **DEFINES,
-        "methods/from_disk.py": """
+    root = plant(
+        tmp_path,
+        {
+            **DEFINES,
+            "methods/from_disk.py": """
             from toast.io.save import Fitter
 
             def fit(fitter: Fitter):
                 return fitter._closed_form()
         """,
-    })
+        },
+    )
     [(path, line, message)] = flagged(root)
     assert (path, line) == ("methods/from_disk.py", 5)
     assert "fitter._closed_form" in message and "toast.io.save" in message
 
 
 def test_private_attribute_the_module_defines_is_allowed(tmp_path):
-    root = plant(tmp_path, {
-        **DEFINES,
-        "methods/own.py": """
+    root = plant(
+        tmp_path,
+        {
+            **DEFINES,
+            "methods/own.py": """
             class Other:
                 def _closed_form(self): ...
                 def __eq__(self, other):
                     return other._closed_form() == self._closed_form()
         """,
-    })
+        },
+    )
     assert flagged(root) == []
 
 
@@ -136,43 +148,49 @@ def test_the_package_has_no_private_imports():
 
 BOUNDARY = {
     "methods/base.py": "class Method: ...\n",
-    "methods/toast/config.py": "class ToastConfig: ...\n",
+    "methods/translate/config.py": "class ToastConfig: ...\n",
 }
 
 
 @pytest.mark.parametrize("package", ["frontier", "cli"])
 def test_boundary_flags_a_methods_inner_module(tmp_path, package):
-    root = plant(tmp_path, {
-        **BOUNDARY,
-        f"{package}/build.py": """
+    root = plant(
+        tmp_path,
+        {
+            **BOUNDARY,
+            f"{package}/build.py": """
             from toast.methods import compress
             from toast.methods.base import Method
 
             def configure():
-                from toast.methods.toast.config import ToastConfig
-                import toast.methods.toast.config
+                from toast.methods.translate.config import ToastConfig
+                import toast.methods.translate.config
                 from toast.methods import toast
         """,
-    })
+        },
+    )
     found = check_imports.boundary_violations(root)
     assert sorted((v.line, v.message.split(":")[0]) for v in found) == [
-        (6, "imports toast.methods.toast.config"),
-        (7, "imports toast.methods.toast.config"),
-        (8, "imports toast.methods.toast"),
+        (6, "imports toast.methods.translate.config"),
+        (7, "imports toast.methods.translate.config"),
+        (8, "imports toast.methods.translate"),
     ]
     assert check_imports.main(["check_imports.py", "--strict", str(root)]) == 1
 
 
 def test_boundary_passes_the_stage_api_and_other_packages(tmp_path):
-    root = plant(tmp_path, {
-        **BOUNDARY,
-        "frontier/build.py": """
+    root = plant(
+        tmp_path,
+        {
+            **BOUNDARY,
+            "frontier/build.py": """
             import toast.methods
             from toast.methods import compress
             from toast.methods.base import Method
         """,
-        # the rule binds frontier/ and cli/ only
-        "hf/user.py": "from toast.methods.toast.config import ToastConfig\n",
-    })
+            # the rule binds frontier/ and cli/ only
+            "hf/user.py": "from toast.methods.translate.config import ToastConfig\n",
+        },
+    )
     assert check_imports.boundary_violations(root) == []
     assert check_imports.main(["check_imports.py", "--strict", str(root)]) == 0

@@ -17,7 +17,7 @@ saving, counting, and the core's ``Moments``, ``error_matrix`` and
 toast save), :mod:`toast.frontier` (the search's results and targets),
 :mod:`toast.translators`, :mod:`toast.accounting`, and :mod:`toast.methods`
 with one package per method (``from toast.methods.replaceme import
-replaceme``; ``toast.methods.toast_vit.scwp.prune_heads``). These
+replaceme``; ``toast.methods.heads.scwp.prune_heads``). These
 seven packages are attributes of ``toast`` without importing them first. Only the
 NumPy core is imported eagerly; everything that needs torch loads on first
 use.
@@ -61,12 +61,12 @@ _NAMES = {
     # compressing: every method, by name or by measurement
     "compress": "toast.methods",
     "search": "toast.frontier",
-    "analyze": "toast.methods.toast.analysis",
+    "analyze": "toast.methods.translate.analysis",
     # the options of calibration and of each method
-    "Calibration": "toast.hf.calibration",
-    "ToastConfig": "toast.methods.toast.config",
+    "Calibration": "toast.hf.data.calibration",
+    "ToastConfig": "toast.methods.translate.config",
     "ReplaceMeConfig": "toast.methods.replaceme.config",
-    "ToastVitConfig": "toast.methods.toast_vit.config",
+    "ToastVitConfig": "toast.methods.heads.config",
     "RemoveConfig": "toast.methods.remove.config",
     # loading, saving and counting
     "load_model": "toast.io.local",
@@ -74,7 +74,7 @@ _NAMES = {
     "save_pretrained": "toast.io.save",
     "load_pretrained": "toast.io.load",
     "macs": "toast.accounting",
-    "count_params": "toast.hf.params",
+    "count_params": "toast.hf.model.params",
     # subpackages, reachable as attributes without importing them first
     "accounting": "toast.accounting",
     "hf": "toast.hf",

@@ -49,7 +49,7 @@ interpolation and other element-wise work are not counted.
 ToaSt's "GFLOPs" (head-dimension pruning and Token Channel Selection on
 ViTs) are a third convention, matmul MACs with pruned head widths and TCS
 fractions; they live with that method, in
-:func:`toast.methods.toast_vit.toast_macs`.
+:func:`toast.methods.heads.toast_macs`.
 
 **Parameters**: :func:`count_params_from_config` is the exact count
 (``sum(p.numel())``) of the model a config builds, with ``head``:
@@ -592,7 +592,7 @@ def macs(
     ``convention="linear"``: the ``nn.Linear`` layers only, by hooks on one
     forward of a model of any family (``example``, else an input of
     ``image_size`` or ``seq_len``), as ``toast.search``'s ``macs=`` target
-    counts (:mod:`toast.linear_macs`). ToaSt's is :func:`toast.methods.toast_vit.toast_macs`.
+    counts (:mod:`toast.linear_macs`). ToaSt's is :func:`toast.methods.heads.toast_macs`.
     """
     batch = check("batch", batch, Interval(int, 1, None))
     check("convention", convention, Options(MAC_CONVENTIONS))
@@ -651,7 +651,7 @@ def _count_module(module: nn.Module, a: _Arch, n: int, blocks: str | None) -> _P
     """Blocks, translators and head of a (possibly patched) model."""
     from torch import nn
 
-    from toast.hf.blocks import find_blocks
+    from toast.hf.model.blocks import find_blocks
     from toast.translators import TranslatorBlock
 
     name = type(module).__name__
@@ -686,7 +686,7 @@ def _linear_report(
     module: Any, image_size: Any, seq_len: int | None, batch: int, blocks: str | None, example: Any
 ) -> MacReport:
     """The ``"linear"`` convention: every ``nn.Linear`` counted by hooks."""
-    from toast.hf.blocks import find_blocks
+    from toast.hf.model.blocks import find_blocks
     from toast.linear_macs import linear_counts, synthetic_example
 
     if not hasattr(module, "named_modules"):

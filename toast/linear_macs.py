@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from toast.hf.blocks import BlockStack
-from toast.hf.capture import forward_inputs
-from toast.hf.quality import batch_rows
+from toast.hf.capture.states import forward_inputs
+from toast.hf.evaluate.quality import batch_rows
+from toast.hf.model.blocks import BlockStack
 
 __all__ = ["LinearCounts", "linear_counts", "linear_macs", "synthetic_example"]
 

@@ -182,7 +182,7 @@ def with_sink(scale: float = 100.0) -> nn.Module:
         hidden[:, 0] += sink  # the first token of every sequence
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
-    from toast.hf.blocks import find_blocks
+    from toast.hf.model.blocks import find_blocks
 
     find_blocks(model).blocks[2].register_forward_hook(add_sink)
     return model

@@ -225,7 +225,7 @@ def test_no_progress_silences_transformers_loading_bar(tiny, tmp_path):
 
 
 def test_ridge_and_include_first_block_reach_the_plan(tiny, tmp_path, monkeypatch):
-    from toast.methods.toast.analysis import Analysis
+    from toast.methods.translate.analysis import Analysis
 
     seen = {}
     plan = Analysis.plan

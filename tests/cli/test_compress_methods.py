@@ -30,9 +30,7 @@ def test_every_method_is_reachable_and_its_defaults_are_its_configs(method):
     argv += [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
     parsed = config_from_args(_build_parser(method).parse_args(argv))
     assert isinstance(parsed, method_config(method))
-    expected = make_config(
-        toast.methods.get_method(method), {"progress": False, **options}
-    )
+    expected = make_config(toast.methods.get_method(method), {"progress": False, **options})
     assert parsed == expected
 
 

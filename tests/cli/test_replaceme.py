@@ -113,10 +113,10 @@ def test_replaceme_cli_paper_flag_is_the_papers_preset_under_the_options_given()
 
     config = _parsed_config("--paper", "--objective", "cosine", "--epochs", "3")
     preset = ReplaceMeConfig.paper(num_blocks=2, objective="cosine", epochs=3)
-    assert (config.solver, config.init, config.holdout, config.candidates) == (
+    assert (config.solver, config.init, config.check_fraction, config.candidates) == (
         preset.solver,
         preset.init,
-        preset.holdout,
+        preset.check_fraction,
         preset.candidates,
     )
     assert (config.massive_rows, config.loss, config.epochs) == ("fit", "approximate", 3)

@@ -59,8 +59,9 @@ def test_search_of_a_folder_over_max_memory_runs_from_disk_and_saves_the_memory_
     assert len(said) == 1 and said[0].startswith("toast search: sequential path")
     on_disk = json.loads((tmp_path / "disk" / "search.json").read_text())
     in_memory = json.loads((tmp_path / "memory" / "search.json").read_text())
-    assert on_disk["measured"][on_disk["chosen"]]["key"] == (
-        in_memory["measured"][in_memory["chosen"]]["key"]
+    assert (
+        on_disk["measured"][on_disk["chosen"]]["key"]
+        == (in_memory["measured"][in_memory["chosen"]]["key"])
     )
     ids = torch.tensor([[5, 9, 13, 17, 21, 25]])
     with torch.inference_mode():

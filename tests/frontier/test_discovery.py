@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import toast
-from toast.hf import blocks as hf_blocks
-from toast.methods.toast_vit import blocks as vit_module
+from toast.hf.model import blocks as hf_blocks
+from toast.methods.heads import blocks as vit_module
 
 from .conftest import CALIBRATION_LENGTH, image_batches, tiny_llama, tiny_vit, token_batches
 

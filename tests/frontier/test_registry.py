@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 import toast
-from toast.hf.surgery import remove_blocks
+from toast.hf.model.surgery import remove_blocks
 from toast.methods import available_methods, base
 from toast.methods.base import BaseStages, Method, Needs, Plan, Stats
 

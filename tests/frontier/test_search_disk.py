@@ -10,7 +10,7 @@ import math
 import pytest
 
 import toast
-from toast.hf.sequential import DiskModel
+from toast.hf.capture.sequential import DiskModel
 
 from .conftest import CALIBRATION_LENGTH, HELDOUT_LENGTH, tiny_llama, token_batches
 
@@ -198,7 +198,7 @@ def test_each_familys_plan_saved_from_disk_gives_the_built_models_logits(checkpo
     from toast.frontier.build import build, finish
     from toast.frontier.calibrate import calibrate, calibrate_from_disk, model_sizes
     from toast.frontier.candidates import enumerate_candidates
-    from toast.hf.calibration import Calibration
+    from toast.hf.data.calibration import Calibration
     from toast.methods import available_methods, get_method
     from toast.methods.base import Layout, find_layout, staged_methods
 

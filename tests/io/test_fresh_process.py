@@ -106,7 +106,7 @@ def _deit_small(image_size: int = 64) -> torch.nn.Module:
 _LOAD_TCS = """
 import json, sys, torch
 import toast
-from toast.methods.toast_vit.tcs import tcs_ratios
+from toast.methods.heads.tcs import tcs_ratios
 folder = sys.argv[1]
 saved = torch.load(folder + "/../expected.pt")
 model = toast.load_pretrained(folder)
@@ -131,7 +131,7 @@ def deit_tcs_save(tmp_path_factory):
         out = model(pixel_values=x).last_hidden_state
     toast.save_pretrained(model, root / "saved")
     torch.save({"x": x, "out": out}, root / "expected.pt")
-    ratios = {str(b): list(r) for b, r in toast.methods.toast_vit.tcs.tcs_ratios(model).items()}
+    ratios = {str(b): list(r) for b, r in toast.methods.heads.tcs.tcs_ratios(model).items()}
     return root, ratios
 
 
@@ -162,7 +162,7 @@ def test_tcs_save_without_toast_is_refused_naming_toast(deit_tcs_save):
 _REPLACE_ONLY = """
 import json, sys, torch
 import transformers
-from toast.hf.surgery import replace_spans  # shared infrastructure alone
+from toast.hf.model.surgery import replace_spans  # shared infrastructure alone
 config = transformers.BertConfig(hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                                  intermediate_size=64, vocab_size=97)
 model = transformers.BertModel(config, add_pooling_layer=False)

@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 hf_models = pytest.importorskip("tests._helpers.hf_models")
 
-from toast.hf.blocks import find_blocks  # noqa: E402
-from toast.hf.surgery import _install_blocks  # noqa: E402
+from toast.hf.model.blocks import find_blocks  # noqa: E402
+from toast.hf.model.surgery import _install_blocks  # noqa: E402
 from toast.io import (  # noqa: E402
     PLAN_NAME,
     CorruptedSaveError,
@@ -117,7 +117,7 @@ def test_a_second_model_patch_of_one_type_is_refused():
 _DISCOVER = """
 import json, sys
 from toast.io import registry
-before = "toast.methods.toast_vit.persist" in sys.modules
+before = "toast.methods.heads.persist" in sys.modules
 found = registry.patch_named("toast-vit")
 print(json.dumps({"before": before, "found": found is not None and found.type == "toast-vit"}))
 """

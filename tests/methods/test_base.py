@@ -5,10 +5,10 @@ import dataclasses
 import pytest
 
 import toast
-from toast.hf.calibration import Calibration
+from toast.hf.data.calibration import Calibration
 from toast.methods import available_methods
 from toast.methods.base import Method, Report, get_method, make_config, register
-from toast.methods.toast.config import ToastConfig
+from toast.methods.translate.config import ToastConfig
 
 
 def test_the_four_methods_are_registered():

@@ -42,7 +42,7 @@ def test_an_unknown_method_names_the_known_ones():
 
 def test_a_toast_save_goes_in_memory_and_the_disk_path_names_why(tmp_path, capsys):
     from tests._helpers import replaceme_models as R
-    from toast.hf.budget import plan_checkpoint
+    from toast.hf.capture.budget import plan_checkpoint
 
     model, _ = toast.compress(R.decoder("llama"), R.text_loader(), budget=1, progress=False)
     toast.save_pretrained(model, tmp_path / "saved")
@@ -56,7 +56,7 @@ def test_a_toast_save_goes_in_memory_and_the_disk_path_names_why(tmp_path, capsy
 
 def test_a_folder_over_the_budget_gets_its_blocks_and_says_why(tmp_path, capsys):
     from tests._helpers import replaceme_models as R
-    from toast.hf.budget import plan_checkpoint
+    from toast.hf.capture.budget import plan_checkpoint
 
     model = R.decoder("llama")
     model.save_pretrained(tmp_path)

@@ -14,8 +14,8 @@ pytest.importorskip("transformers")
 
 import toast  # noqa: E402
 from tests._helpers.replaceme_models import decoder, encoder, image_loader, text_loader  # noqa: E402
-from toast.hf.quality import Evaluator  # noqa: E402
-from toast.hf.surgery import replace_spans  # noqa: E402
+from toast.hf.evaluate.quality import Evaluator  # noqa: E402
+from toast.hf.model.surgery import replace_spans  # noqa: E402
 from toast.methods.replaceme import replaceme  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
@@ -30,9 +30,7 @@ def test_replaceme_reports_perplexity_of_original_plain_removal_and_pruned():
     model = decoder("llama")
     original = copy.deepcopy(model)
     calibration, heldout = text_loader(n=32, seed=0), text_loader(n=16, seed=1)
-    pruned, report = replaceme(
-        model, calibration, num_blocks=2, heldout=heldout, progress=False
-    )
+    pruned, report = replaceme(model, calibration, num_blocks=2, heldout=heldout, progress=False)
     spans = [(s.start, s.stop) for s in report.spans]
     dropped = copy.deepcopy(original)
     replace_spans(dropped, spans, [torch.nn.Identity()] * len(spans))
@@ -94,12 +92,16 @@ def discoveries(monkeypatch):
     import importlib
     import sys
 
-    from toast.hf import blocks as hf_blocks
-    from toast.methods.toast_vit import blocks as vit
+    from toast.hf.model import blocks as hf_blocks
+    from toast.methods.heads import blocks as vit
 
     for name in toast.methods.available_methods():  # every module a run may import
         toast.methods.get_method(name)
-    for module in ("toast.methods.toast.from_disk", "toast.hf.sequential", "toast.io.save"):
+    for module in (
+        "toast.methods.translate.from_disk",
+        "toast.hf.capture.sequential",
+        "toast.io.save",
+    ):
         importlib.import_module(module)
     counts = {"find_blocks": 0, "vit_blocks": 0}
 

@@ -5,7 +5,7 @@ and Swin-B Table 13 (8.8), every other named schedule against an
 independent recomputation of its MACs from the paper's per-block formulas,
 and Table 6's operation shares for DeiT-S.
 
-ToaSt's "GFLOPs" are GMACs (``toast.methods.toast_vit.macs``): MHSA
+ToaSt's "GFLOPs" are GMACs (``toast.methods.heads.macs``): MHSA
 ``κ(4ND² + 2N²D)``, FFN ``4ND²[(1−r1)+(1−r2)]``, patch embedding, classifier
 (1000 classes), Swin windowed attention and patch merging. The configs are
 the standard ones of the checkpoints the paper evaluates (timm DeiT = a
@@ -17,9 +17,9 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from toast.methods.toast_vit.budget import fc2_heavy  # noqa: E402
-from toast.methods.toast_vit.macs import toast_macs  # noqa: E402
-from toast.methods.toast_vit.schedules import get_schedule  # noqa: E402
+from toast.methods.heads.budget import fc2_heavy  # noqa: E402
+from toast.methods.heads.macs import toast_macs  # noqa: E402
+from toast.methods.heads.schedules import get_schedule  # noqa: E402
 
 TOL = 0.01  # GMACs, the issue's tolerance
 
@@ -125,7 +125,7 @@ def _model_of(name: str) -> str:
 
 @pytest.mark.parametrize("model", sorted(BASELINES))
 def test_baselines(model, paper_record):
-    """Tables 1/14 baselines, through ``toast.methods.toast_vit.toast_macs``."""
+    """Tables 1/14 baselines, through ``toast.methods.heads.toast_macs``."""
     got = toast_macs(CONFIGS[model](), head_sparsity=0.0).gmacs
     paper_record("ToaSt Tab. 1/14", f"{model} GMACs", BASELINES[model], round(got, 3))
     assert abs(got - BASELINES[model]) <= TOL, (model, got)

@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from toast.hf.rows import RowSample  # noqa: E402
+from toast.hf.capture.rows import RowSample  # noqa: E402
 from toast.translators import (  # noqa: E402
     MLPTranslator,
     ResMLPTranslator,

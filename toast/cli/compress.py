@@ -69,7 +69,9 @@ _HELP = {
     "ridge": "ridge (L2) of the least squares (TOAST: also of the error estimates; none: the "
     "minimum-norm solution)",
     "include_first_block": "block 0 may be removed too (the papers always keep it)",
-    "holdout": "fraction of calibration batches held out to check each fit against plain removal",
+    "check_fraction": (
+        "fraction of calibration batches held out to check each fit against plain removal"
+    ),
     "fallback": "keep a fit even where plain removal measures better on held-out batches",
     "massive_rows": "rows whose massive activation (attention sinks) the removed blocks would "
     "have to create: fitted as plain removal leaves them, or like every row (the papers)",

@@ -44,7 +44,7 @@ def _say(message: str, quiet: bool) -> None:
 
 def _text(tokenizer: Any) -> tuple[Any, Any]:
     from toast.data import stdlib_sentences
-    from toast.hf.text import TextData
+    from toast.hf.data.text import TextData
 
     sentences = stdlib_sentences(limit=None)
     cut = len(sentences) // 2  # calibration from the first half, held-out from the second

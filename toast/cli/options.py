@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toast._validation import Options
-from toast.hf.calibration import Calibration
+from toast.hf.data.calibration import Calibration
 
 __all__ = [
     "EXIT_FAILED",
@@ -100,7 +100,7 @@ def config_fields(config: type) -> list[str]:
 
 def _size(text: str) -> int:
     """A byte count from ``"8GiB"``, ``"512M"`` or ``"1000000"``."""
-    from toast.hf.budget import parse_size
+    from toast.hf.capture.budget import parse_size
 
     try:
         return parse_size(text)

@@ -63,7 +63,7 @@ def add_parser(sub: Any) -> None:
 def _check(args: argparse.Namespace) -> Path:
     """Every argument and path before anything loads."""
     from toast.frontier.target import Target
-    from toast.hf.budget import parse_size
+    from toast.hf.capture.budget import parse_size
 
     model = check_model_path(args.model)
     data = check_data_path("--data", args.data)

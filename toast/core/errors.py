@@ -2,7 +2,7 @@
 
 :class:`NonFiniteError` is defined by the C binding (:mod:`toast._core`) so
 that the update that finds NaN or Inf raises it with the failing state's
-index; the torch backend (:mod:`toast.hf.torch_moments`) raises the same
+index; the torch backend (:mod:`toast.hf.capture.torch_moments`) raises the same
 type through :func:`non_finite_error`.
 """
 

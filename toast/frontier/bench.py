@@ -18,9 +18,9 @@ from typing import Any
 
 from torch import nn
 
-from toast.hf.disk_quality import SequentialEvaluator
-from toast.hf.quality import Evaluator
-from toast.hf.sequential import BlockEdits, DiskModel
+from toast.hf.capture.sequential import BlockEdits, DiskModel
+from toast.hf.evaluate.from_disk import SequentialEvaluator
+from toast.hf.evaluate.quality import Evaluator
 from toast.methods.base import Layout, Plan, Sizes, get_method
 
 from .build import build, finish

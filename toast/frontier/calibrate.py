@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from toast.hf.calibration import Calibration
-from toast.hf.params import count_params
-from toast.hf.sequential import DiskModel
+from toast.hf.capture.sequential import DiskModel
+from toast.hf.data.calibration import Calibration
+from toast.hf.model.params import count_params
 from toast.methods.base import (
     Layout,
     Method,

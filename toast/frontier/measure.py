@@ -11,8 +11,8 @@ from typing import Any
 
 from torch import nn
 
-from toast.hf.params import count_params
-from toast.hf.quality import Evaluator
+from toast.hf.evaluate.quality import Evaluator
+from toast.hf.model.params import count_params
 from toast.linear_macs import linear_macs
 
 from .latency import measure_throughput

@@ -9,7 +9,7 @@ and measured on held-out data; the measured candidates give the Pareto
 front and the chosen model.
 
 A checkpoint folder goes the way ``toast.compress`` takes it
-(:func:`toast.hf.budget.plan_checkpoint`, said once): loaded when it fits
+(:func:`toast.hf.capture.budget.plan_checkpoint`, said once): loaded when it fits
 ``max_memory``, else searched block by block from disk (the same stages,
 :class:`~toast.frontier.bench.DiskBench`), never loaded.
 """
@@ -25,11 +25,11 @@ from typing import Any
 from torch import nn
 
 from toast._validation import Interval, Options, Predicate, check
-from toast.hf.budget import plan_checkpoint
-from toast.hf.calibration import BACKENDS, Calibration
-from toast.hf.progress import progress_bar
-from toast.hf.sequential import DiskModel
-from toast.hf.text import as_batches
+from toast.hf.capture.budget import plan_checkpoint
+from toast.hf.capture.sequential import DiskModel
+from toast.hf.data.calibration import BACKENDS, Calibration
+from toast.hf.data.progress import progress_bar
+from toast.hf.data.text import as_batches
 from toast.methods import available_methods, get_method
 from toast.methods.base import Layout, Method, Plan, Sizes, find_layout, staged_methods
 from toast.methods.runner import split_heldout, split_text_options

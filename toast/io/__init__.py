@@ -33,7 +33,7 @@ the target (files fsynced, the plan written last), which is then renamed to
 the target. A directory without a complete plan is never taken for a model.
 """
 
-from toast.hf.surgery import set_save_guard
+from toast.hf.model.surgery import set_save_guard
 from toast.io.format import FORMAT, FORMAT_VERSION, PLAN_NAME, WEIGHTS_NAME, CorruptedSaveError
 from toast.io.guard import guard_save, replace_spans
 from toast.io.load import load_pretrained

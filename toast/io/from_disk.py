@@ -2,7 +2,7 @@
 a checkpoint on disk, never loading the model.
 
 :func:`save_translated_from_disk` patches the checkpoint's model built on
-the meta device (no memory: :meth:`toast.hf.checkpoint.Checkpoint.skeleton`)
+the meta device (no memory: :meth:`toast.hf.model.checkpoint.Checkpoint.skeleton`)
 with the translator blocks, describes it with the same plan
 :func:`toast.io.save_pretrained` writes, and writes ``model.safetensors``
 tensor by tensor: the translators' tensors from memory, every other tensor
@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from toast.core import Translator
-from toast.hf.checkpoint import TensorInfo
-from toast.hf.sequential import DiskModel
-from toast.hf.surgery import replace_spans
+from toast.hf.capture.sequential import DiskModel
+from toast.hf.model.checkpoint import TensorInfo
+from toast.hf.model.surgery import replace_spans
 from toast.io.format import FORMAT, WEIGHTS_NAME
 from toast.io.pruned import write_safetensors
 from toast.io.save import finish_folder, fsync_path, hidden_sibling, save_plan

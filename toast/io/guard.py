@@ -20,12 +20,12 @@ from typing import Any
 
 from torch import nn
 
-from toast.hf.surgery import replace_spans
+from toast.hf.model.surgery import replace_spans
 from toast.io.format import PLAN_NAME
 from toast.io.save import needs_toast_layout, save_pretrained
 
 # toast.io.replace_spans is imported from here: loading toast.io registers the
-# guard with toast.hf.surgery before the first patched model exists.
+# guard with toast.hf.model.surgery before the first patched model exists.
 __all__ = ["guard_save", "replace_spans"]
 
 # transformers' keywords a toast save honours (the rest would be ignored silently).

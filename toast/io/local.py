@@ -19,7 +19,7 @@ import torch
 
 from toast._validation import Interval, check
 from toast.data import image_folder
-from toast.hf.text import TextData
+from toast.hf.data.text import TextData
 
 __all__ = ["TOKENIZER_FILES", "load_batches", "load_model", "load_tokenizer"]
 
@@ -177,7 +177,7 @@ def load_batches(
     """Batches of ``data`` for the model in ``model_dir`` (a folder, or a
     ``.gguf`` file for text), read lazily, one batch at a time, on every
     pass: image tensors for a folder of images, tokenizer outputs for a
-    ``.txt``/``.jsonl`` file (a :class:`toast.hf.text.TextData`: texts, or
+    ``.txt``/``.jsonl`` file (a :class:`toast.hf.data.text.TextData`: texts, or
     ``"messages"`` chats rendered by the tokenizer's chat template)."""
     check("batch_size", batch_size, Interval(int, 1, None))
     root, source = Path(model_dir), Path(data)

@@ -5,7 +5,7 @@ shard by shard and tensor by tensor: tensors of removed blocks are left
 out, kept blocks' tensors are renamed to their new block index, a few
 tensors are rewritten (ReplaceMe's transform folded into a
 down-projection), the config follows the kept blocks
-(:func:`toast.hf.surgery.prune_config`) and every other file of the folder
+(:func:`toast.hf.model.surgery.prune_config`) and every other file of the folder
 (tokenizer, generation config, chat template) is copied. Unchanged tensors
 are copied byte for byte in bounded chunks, so memory stays at the largest
 rewritten tensor whatever the model's size. The result is a standard
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from toast.hf.checkpoint import Checkpoint, TensorInfo
-from toast.hf.surgery import prune_config
+from toast.hf.model.checkpoint import Checkpoint, TensorInfo
+from toast.hf.model.surgery import prune_config
 from toast.io.save import fsync_path, hidden_sibling
 
 __all__ = ["Edit", "copy_side_files", "write_pruned_checkpoint", "write_safetensors"]

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from toast.hf.blocks import BlockStack, find_blocks
-from toast.hf.params import count_params
+from toast.hf.model.blocks import BlockStack, find_blocks
+from toast.hf.model.params import count_params
 from toast.io.folder import apply_umask, copy_companions, write_card
 from toast.io.format import FORMAT, FORMAT_VERSION, MODULE_RE, NAME_RE, PLAN_NAME, WEIGHTS_NAME
 from toast.io.registry import model_patches, serializer_for

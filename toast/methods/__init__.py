@@ -1,10 +1,10 @@
 """The compression methods, one package each over the shared infrastructure,
 and :func:`compress`, which dispatches to them by name.
 
-- :mod:`toast.methods.toast`: TOAST / TBA / RBA (error matrix, plan, translators);
+- :mod:`toast.methods.translate`: TOAST / TBA / RBA (error matrix, plan, translators);
 - :mod:`toast.methods.replaceme`: ReplaceMe (cuts, a linear transform folded
   into the last kept block);
-- :mod:`toast.methods.toast_vit`: ToaSt (ViT head-dimension pruning, Token
+- :mod:`toast.methods.heads`: ToaSt (ViT head-dimension pruning, Token
   Channel Selection);
 - :mod:`toast.methods.remove`: plain block removal, the baseline.
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # torch stays unimported until a method runs
     from toast.methods.base import Method, Report
 
 __all__ = ["available_methods", "compress", "get_method", "method_config"]
+
 
 def available_methods() -> list[str]:
     """Names ``compress(method=...)`` accepts (imports no method)."""
@@ -124,14 +125,14 @@ def compress(
     ``tokenizer=``: a ``.txt``/``.jsonl``/``.json`` file, a list of strings,
     a ``datasets``-style dataset, chat ``"messages"`` rows, read with
     ``max_length``, ``batch_size``, ``num_samples``, ``pack``, ``field``
-    (see :class:`toast.hf.text.TextData`).
+    (see :class:`toast.hf.data.text.TextData`).
 
     ``heldout`` (batches, or raw text read the same way, or a fraction of
     raw ``data`` held out) makes the report state measured quality for the
     original model, plain removal of the same blocks and the compressed
     model: perplexity for causal LMs, accuracy when the batches carry
     labels, else the mean cosine of outputs to the original's
-    (:mod:`toast.hf.quality`; ``report.quality``).
+    (:mod:`toast.hf.evaluate.quality`; ``report.quality``).
 
     The method's options come either as ``config`` (its config
     dataclass, e.g. :class:`toast.ToastConfig`) or as keywords, from which

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from toast.hf.calibration import CALIBRATION_OPTIONS, Calibration
+from toast.hf.data.calibration import CALIBRATION_OPTIONS, Calibration
 from toast.methods.stages import (
     BaseStages,
     Layout,
@@ -49,8 +49,8 @@ from toast.methods.stages import (
 if TYPE_CHECKING:
     from torch import nn
 
-    from toast.hf.blocks import BlockStack
-    from toast.hf.quality import Quality
+    from toast.hf.evaluate.quality import Quality
+    from toast.hf.model.blocks import BlockStack
     from toast.spans import Span
 
 #: Called by a method with its chosen spans and the model's block stack,
@@ -89,7 +89,7 @@ class Report:
     Subclasses are dataclasses with at least ``method``, ``blocks_before``,
     ``blocks_after``, ``params_before`` and ``params_after``, and write
     :meth:`to_markdown`, ending it with :meth:`quality_markdown`.
-    ``quality`` is the measured held-out quality (:class:`toast.hf.quality.Quality`)
+    ``quality`` is the measured held-out quality (:class:`toast.hf.evaluate.quality.Quality`)
     when the method ran with held-out data, else None.
     """
 
@@ -166,10 +166,10 @@ METHODS = {
         "toast.methods.replaceme.method",
         "toast.methods.replaceme.config:ReplaceMeConfig",
     ),
-    "toast": ("toast.methods.toast.compress", "toast.methods.toast.config:ToastConfig"),
+    "toast": ("toast.methods.translate.compress", "toast.methods.translate.config:ToastConfig"),
     "toast-vit": (
-        "toast.methods.toast_vit.compress",
-        "toast.methods.toast_vit.config:ToastVitConfig",
+        "toast.methods.heads.compress",
+        "toast.methods.heads.config:ToastVitConfig",
     ),
 }
 
@@ -237,7 +237,7 @@ def find_layout(model: nn.Module, blocks: str | None = None) -> Layout:
     """The model's :class:`Layout`: its block stack (``blocks`` names the
     list when discovery cannot find it alone) and the structure each staged
     method finds with it; the one discovery of a public call."""
-    from toast.hf.blocks import find_blocks
+    from toast.hf.model.blocks import find_blocks
 
     stack = find_blocks(model, blocks)
     parts = {}

@@ -1,7 +1,7 @@
 """A Hugging Face checkpoint folder through any method: the path chosen once.
 
 :func:`compress_folder` reads the checkpoint's headers, compares what loading
-the model needs with ``max_memory`` (:func:`toast.hf.budget.plan_checkpoint`),
+the model needs with ``max_memory`` (:func:`toast.hf.capture.budget.plan_checkpoint`),
 says which path it takes and why, and writes the result to a new folder
 either way:
 
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from toast.hf.budget import plan_checkpoint
+from toast.hf.capture.budget import plan_checkpoint
 from toast.methods.runner import prepare_data, run_method
 
 if TYPE_CHECKING:

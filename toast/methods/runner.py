@@ -6,10 +6,10 @@ which
 
 1. turns raw text (a file, a list of strings, a ``datasets``-style dataset,
    chat ``"messages"``) into batches with the user's tokenizer
-   (:mod:`toast.hf.text`); loaders pass through unchanged;
+   (:mod:`toast.hf.data.text`); loaders pass through unchanged;
 2. with ``heldout`` data, measures the original model first, then plain
    removal of the blocks the method chose (on the intact model, just before
-   the method changes it: :func:`toast.hf.quality.skipped_blocks`), then the
+   the method changes it: :func:`toast.hf.evaluate.quality.skipped_blocks`), then the
    compressed model, and puts the three figures in the report
    (``report.quality``, shown by ``report.to_markdown()``).
 """
@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from toast.hf.text import TEXT_OPTIONS, TextData, as_batches
+from toast.hf.data.text import TEXT_OPTIONS, TextData, as_batches
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from toast.hf.blocks import BlockStack
+    from toast.hf.model.blocks import BlockStack
     from toast.methods.base import Method, Report
     from toast.spans import Span
 
@@ -97,7 +97,7 @@ def split_heldout(data: Iterable | None, fraction: float) -> tuple[TextData, Tex
 def _run_measured(
     method: Method, model: nn.Module, data: Iterable | None, config: Any, heldout: Iterable
 ) -> tuple[nn.Module, Report]:
-    from toast.hf.quality import Evaluator, Quality, skipped_blocks
+    from toast.hf.evaluate.quality import Evaluator, Quality, skipped_blocks
 
     calibration = getattr(config, "calibration", None)
     evaluator = Evaluator(heldout, progress=getattr(calibration, "progress", True))

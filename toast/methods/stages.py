@@ -11,12 +11,12 @@ rows with massive activations); each method's ``calibrate`` turns that
 ``propose`` gives :class:`Plan` s with exact sizes and predicted errors;
 ``apply`` patches a model in place (the caller copies it first).
 
-On a checkpoint too big to load (:class:`toast.hf.sequential.DiskModel`)
+On a checkpoint too big to load (:class:`toast.hf.capture.sequential.DiskModel`)
 the same stages run block by block: :func:`capture_shared_from_disk`
 gives the same shared pass, ``calibrate_from_disk`` the same Stats (None:
 the method needs the model in memory), ``edits`` a plan as changes of the
 blocks while they load (measured by
-:class:`toast.hf.disk_quality.SequentialEvaluator`) and
+:class:`toast.hf.evaluate.from_disk.SequentialEvaluator`) and
 ``save_from_disk`` writes the planned model without loading it.
 
 This module imports no torch at import time (configs and the CLI's help
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from toast.core import Moments, error_matrix
-from toast.hf.calibration import Calibration
+from toast.hf.data.calibration import Calibration
 from toast.spans import plan_spans
 
 if TYPE_CHECKING:
@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 
     from torch import nn
 
-    from toast.hf.blocks import BlockStack
-    from toast.hf.massive import MassiveRows
-    from toast.hf.sequential import BlockEdits, DiskModel
+    from toast.hf.capture.massive import MassiveRows
+    from toast.hf.capture.sequential import BlockEdits, DiskModel
+    from toast.hf.model.blocks import BlockStack
 
 __all__ = [
     "ALTERNATIVES",
@@ -128,8 +128,8 @@ def capture_shared(
     model: nn.Module, data: Iterable, layout: Layout, calibration: Calibration, backend: str
 ) -> Shared:
     """The one pass over ``data`` that every method needing moments shares."""
-    from toast.hf.capture import capture_moments
-    from toast.hf.massive import MassiveRows
+    from toast.hf.capture.massive import MassiveRows
+    from toast.hf.capture.states import capture_moments
 
     recorder = MassiveRows()
     with warnings.catch_warnings():
@@ -155,8 +155,8 @@ def capture_shared_from_disk(
     """:func:`capture_shared` for a checkpoint on disk, block by block: the
     same moments and massive rows (the accumulator and its order are the
     in-memory pass's)."""
-    from toast.hf.disk_moments import capture_moments_from_disk
-    from toast.hf.massive import MassiveRows
+    from toast.hf.capture.disk_moments import capture_moments_from_disk
+    from toast.hf.capture.massive import MassiveRows
 
     recorder = MassiveRows()
     with warnings.catch_warnings():

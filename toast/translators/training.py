@@ -31,7 +31,7 @@ def train_translator(
     ``module(x) ≈ y`` (mean squared error), as in TOAST's ablation.
 
     ``x`` and ``y`` are ``(rows, dim)`` arrays or tensors (a
-    :class:`toast.hf.rows.RowSample` state view works: rows are read batch by
+    :class:`toast.hf.capture.rows.RowSample` state view works: rows are read batch by
     batch). Adam with learning rate ``lr`` takes ``steps`` steps, each on
     ``batch_size`` rows drawn without replacement from a generator seeded
     by ``seed`` (the full set when it is no larger: TOAST's full-batch

@@ -12,10 +12,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tests._helpers import replaceme_models as R  # noqa: E402
-from toast.hf.blocks import find_blocks  # noqa: E402
-from toast.hf.quality import Evaluator, skipped_blocks  # noqa: E402
+from toast.hf.evaluate.quality import Evaluator, skipped_blocks  # noqa: E402
+from toast.hf.model.blocks import find_blocks  # noqa: E402
 from toast.methods.replaceme import profile_distances, replaceme  # noqa: E402
-from toast.methods.replaceme.heldout import Holdout  # noqa: E402
+from toast.methods.replaceme.check import CheckSplit  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -27,7 +27,7 @@ def _run(model, calib, **options):
 def test_the_candidates_are_the_windows_of_smallest_distance():
     model, calib = R.decoder("llama"), R.text_loader(96)
     _, report = _run(model, calib, candidates=3)
-    profile = profile_distances(model, Holdout(calib, 0.1).fit, progress=False)
+    profile = profile_distances(model, CheckSplit(calib, 0.1).fit, progress=False)
     ranked = profile.ranked(2, 3)
     assert [(c.span.start, c.span.stop) for c in report.candidates] == [
         (s.start, s.stop) for s in ranked
@@ -45,7 +45,7 @@ def test_the_cut_is_the_candidate_that_measured_best():
 def test_a_candidates_plain_removal_is_measured_as_an_independent_evaluator_measures_it():
     model, calib = R.with_sink(), R.text_loader(96)
     _, report = _run(model, calib, candidates=4)
-    evaluator = Evaluator(Holdout(calib, 0.1).check, progress=False)
+    evaluator = Evaluator(CheckSplit(calib, 0.1).check, progress=False)
     stack = find_blocks(model)
     for c in report.candidates:
         with skipped_blocks(stack, [c.span]):
@@ -65,14 +65,14 @@ def test_each_candidate_measures_what_a_run_with_that_cut_alone_measures():
 def test_one_candidate_lets_the_distance_choose():
     model, calib = R.with_sink(), R.text_loader(96)
     _, report = _run(model, calib, candidates=1)
-    profile = profile_distances(model, Holdout(calib, 0.1).fit, progress=False)
+    profile = profile_distances(model, CheckSplit(calib, 0.1).fit, progress=False)
     (distance_choice,) = profile.select(2)
     assert report.spans[0] == distance_choice
     assert report.candidates == []
 
 
 def test_no_candidates_are_measured_without_held_out_batches():
-    _, report = _run(R.decoder("llama"), R.text_loader(96), candidates=4, holdout=0.0)
+    _, report = _run(R.decoder("llama"), R.text_loader(96), candidates=4, check_fraction=0.0)
     assert report.candidates == []
     assert len(report.spans) == 1
 

@@ -12,8 +12,8 @@ from safetensors.torch import load_file  # noqa: E402
 
 import toast  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
-from toast.hf.budget import memory_plan, parse_size  # noqa: E402
-from toast.hf.checkpoint import Checkpoint  # noqa: E402
+from toast.hf.capture.budget import memory_plan, parse_size  # noqa: E402
+from toast.hf.model.checkpoint import Checkpoint  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -65,7 +65,7 @@ def test_heldout_check_from_disk_keeps_what_the_in_memory_check_keeps(fallback, 
         R.text_loader(),  # 6 batches: the 4th is held out
         tmp_path,
         spans=[(2, 4)],
-        holdout=0.25,
+        check_fraction=0.25,
         fallback=fallback,
     )
     (a,), (b,) = on_disk.checks, in_memory.checks

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tests._helpers import replaceme_models as R  # noqa: E402
-from toast.hf.blocks import find_blocks  # noqa: E402
-from toast.hf.quality import skipped_blocks  # noqa: E402
+from toast.hf.evaluate.quality import skipped_blocks  # noqa: E402
+from toast.hf.model.blocks import find_blocks  # noqa: E402
 from toast.methods.replaceme import replaceme  # noqa: E402
 from toast.spans import Span  # noqa: E402
 
@@ -32,7 +32,7 @@ def test_paper_least_squares_loses_to_plain_removal_and_the_default_fit_does_not
     with skipped_blocks(find_blocks(plain), [Span(*SPAN, 0.0)]):
         plain_distance = R.logit_distance(plain, original, heldout)
     paper, _ = replaceme(
-        copy.deepcopy(original), calib, spans=[SPAN], massive_rows="fit", holdout=0.0
+        copy.deepcopy(original), calib, spans=[SPAN], massive_rows="fit", check_fraction=0.0
     )
     default, report = replaceme(copy.deepcopy(original), calib, spans=[SPAN])
     assert R.logit_distance(paper, original, heldout) > 1.5 * plain_distance

@@ -35,7 +35,7 @@ _SCRIPT = """
                 yield {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
     # The cut is given: one pass, the LS estimation alone.
-    options = {"spans": [(2, 3)], "holdout": 0.0, "progress": False}  # every batch fits
+    options = {"spans": [(2, 3)], "check_fraction": 0.0, "progress": False}  # every batch fits
     toast.compress(copy.deepcopy(model), Batches(16), method="replaceme", **options)  # warm-up
     before = rss_mib()
     _, report = toast.compress(model, Batches(samples), method="replaceme", **options)

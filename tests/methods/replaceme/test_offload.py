@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from tests._helpers import replaceme_models as R  # noqa: E402
-from toast.hf.blocks import find_blocks  # noqa: E402
+from toast.hf.model.blocks import find_blocks  # noqa: E402
 from toast.methods.replaceme import profile_distances, replaceme  # noqa: E402
 from toast.methods.replaceme.config import ReplaceMeConfig  # noqa: E402
 from toast.methods.replaceme.estimate import Estimation  # noqa: E402

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 import toast  # noqa: E402
 from tests._helpers import assert_rel, rel_err  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
-from toast.hf.blocks import find_blocks  # noqa: E402
+from toast.hf.model.blocks import find_blocks  # noqa: E402
 from toast.methods.replaceme import (  # noqa: E402
     DistanceProfile,
     NotFoldableError,
@@ -76,7 +76,7 @@ def test_a_bias_of_the_down_projection_is_transformed_too():
     for module, layout in ((lin, "linear"), (conv, "conv1d")):
         with torch.no_grad():
             expected = module(x).numpy() @ t
-            fold_transform(toast.hf.blocks.Projection("p", module, layout), t)
+            fold_transform(toast.hf.model.blocks.Projection("p", module, layout), t)
             assert_rel(module(x).numpy(), expected, 1e-12, layout)
 
 
@@ -245,8 +245,8 @@ def test_ls_recovers_a_planted_transform_and_the_folded_model_is_exact():
 def test_cosine_started_from_ls_does_not_get_worse_on_its_own_objective(solver, loss):
     loader = R.text_loader(96)
     kw = {"spans": [SPAN], "objective": "cosine", "init": "ls", "solver": solver, "loss": loss}
-    # holdout=0: one fit from LS (a checked fit's refit goes on from its transform)
-    _, report = _compress(R.decoder("llama"), loader, lbfgs_steps=30, holdout=0.0, **kw)
+    # check_fraction=0: one fit from LS (a checked fit's refit goes on from its transform)
+    _, report = _compress(R.decoder("llama"), loader, lbfgs_steps=30, check_fraction=0.0, **kw)
     before, after = report.objectives[0]
     assert after < before, (before, after)
 
@@ -281,7 +281,7 @@ def test_the_paper_preset_is_the_papers_protocol():
         1024,
         10,
     )
-    assert (config.init, config.massive_rows, config.holdout, config.candidates) == (
+    assert (config.init, config.massive_rows, config.check_fraction, config.candidates) == (
         "identity",
         "fit",
         0.0,
@@ -739,13 +739,13 @@ def test_one_call_searches_for_the_blocks_once(monkeypatch, fit):
     model = R.decoder("llama")
     modules = len(list(model.named_modules()))
     calls = []
-    original = toast.hf.blocks._is_block_list
+    original = toast.hf.model.blocks._is_block_list
 
     def counting(module):
         calls.append(module)
         return original(module)
 
-    monkeypatch.setattr(toast.hf.blocks, "_is_block_list", counting)
+    monkeypatch.setattr(toast.hf.model.blocks, "_is_block_list", counting)
     _compress(model, R.text_loader(), num_blocks=2, num_cuts=2, adjacent="forbid", fit=fit)
     assert len(calls) == modules  # one search over the model, then lookups by path
 

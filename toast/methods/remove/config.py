@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from toast._validation import Interval, Options, Predicate, validate
-from toast.hf.calibration import BACKENDS, Calibration
+from toast.hf.data.calibration import BACKENDS, Calibration
 
 __all__ = ["RemoveConfig"]
 

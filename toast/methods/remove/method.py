@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from toast.hf.blocks import find_blocks
-from toast.hf.params import count_params
+from toast.hf.model.blocks import find_blocks
+from toast.hf.model.params import count_params
 from toast.methods.base import (
     BeforeSurgery,
     Layout,

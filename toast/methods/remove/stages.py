@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from toast.hf.calibration import Calibration
-from toast.hf.disk_quality import removal
-from toast.hf.sequential import BlockEdits, DiskModel
-from toast.hf.surgery import remove_blocks
+from toast.hf.capture.sequential import BlockEdits, DiskModel
+from toast.hf.data.calibration import Calibration
+from toast.hf.evaluate.from_disk import removal
+from toast.hf.model.surgery import remove_blocks
 from toast.io.pruned import write_pruned_checkpoint
 from toast.methods.stages import (
     BaseStages,

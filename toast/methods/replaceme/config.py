@@ -29,7 +29,7 @@ import numpy as np
 
 from toast._validation import Interval, Options, Predicate, check, validate
 from toast.core.moments import PRECISIONS
-from toast.hf.calibration import BACKENDS, TOKENS, Calibration, Tokens
+from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens
 
 __all__ = [
     "ADJACENT",
@@ -57,7 +57,7 @@ INITS = ("identity", "ls")
 PAPER: dict[str, Any] = {
     "massive_rows": "fit",
     "candidates": 1,
-    "holdout": 0.0,
+    "check_fraction": 0.0,
     "solver": "adam",
     "lr": 1e-4,
     "rows_per_step": 1024,
@@ -67,7 +67,8 @@ PAPER: dict[str, Any] = {
 }
 #: What the least-squares fit does with the rows whose massive activation the
 #: cut would have to create: rows whose target ``L_e − Y`` is more than
-#: :data:`toast.hf.massive.MASSIVE_RATIO` (20) times the batch's median target norm while their
+#: :data:`toast.hf.capture.massive.MASSIVE_RATIO` (20) times the batch's
+#: median target norm while their
 #: input M is not massive (an attention sink made inside the cut; a few
 #: rows whose squared error outweighs all others ~10⁴-fold). ``"fit"``: like
 #: every row (the paper); ``"exclude"``: left out; ``"plain"``: fitted to
@@ -146,14 +147,14 @@ class ReplaceMeConfig:
     ``candidates=1`` lets the distance alone choose (the paper).
 
     **Held-out check**: one calibration batch in every ``round(1 /
-    holdout)`` (the last of each group; none with ``holdout=0`` or fewer
+    check_fraction)`` (the last of each group; none with ``check_fraction=0`` or fewer
     batches) is kept out of the cut choice and the fit; each fitted cut is
     then measured there against plain removal of the same blocks
     (perplexity, or output cosine), the report says which measured better,
     and with ``fallback`` a cut whose fit lost is removed plainly
-    (:mod:`toast.methods.replaceme.heldout`; in-memory, independent fits);
+    (:mod:`toast.methods.replaceme.check`; in-memory, independent fits);
     a cut whose fit won is fitted again on every batch (one more pass).
-    ``holdout=0`` is the paper's protocol: every batch fits.
+    ``check_fraction=0`` is the paper's protocol: every batch fits.
     """
 
     num_blocks: int | None = None
@@ -179,7 +180,7 @@ class ReplaceMeConfig:
     init: Literal["identity", "ls"] = "ls"
     placement: Literal["fold", "mlp", "block"] = "fold"
     fit: Literal["independent", "sequential"] = "independent"
-    holdout: float = 0.1
+    check_fraction: float = 0.1
     fallback: bool = True
     candidates: int = 4
     include_padding: bool = False
@@ -215,7 +216,7 @@ class ReplaceMeConfig:
         "init": [Options(INITS)],
         "placement": [Options(PLACEMENTS)],
         "fit": [Options(FITS)],
-        "holdout": [Interval(float, 0, 0.5, closed="both")],
+        "check_fraction": [Interval(float, 0, 0.5, closed="both")],
         "fallback": [bool],
         "candidates": [Interval(int, 1, None)],
         "include_padding": [bool],

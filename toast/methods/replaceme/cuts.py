@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from torch import nn
 
-from toast.hf.blocks import BlockStack
+from toast.hf.model.blocks import BlockStack
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.profile import DistanceProfile, check_selection, profile_distances
 from toast.spans import Span, validate_spans

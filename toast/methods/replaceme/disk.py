@@ -2,7 +2,7 @@
 checkpoint written without loading the model (for models bigger than memory).
 
 The same statistics as the in-memory path, fed from
-:func:`toast.hf.sequential.stream_blocks` instead of whole-model forwards:
+:func:`toast.hf.capture.sequential.stream_blocks` instead of whole-model forwards:
 
 - the distance profile keeps each state's profile rows (the last token of
   each sequence by default: ``samples × dim`` per state) and adds them to
@@ -15,11 +15,11 @@ The same statistics as the in-memory path, fed from
 - the held-out check against plain removal and the choice among candidate
   cuts are :func:`toast.methods.replaceme.estimate.fit_checked`, the
   in-memory code, with :class:`DiskEstimation` fitting by the pass above
-  and measuring by :class:`toast.hf.disk_quality.SequentialEvaluator`: each
+  and measuring by :class:`toast.hf.evaluate.from_disk.SequentialEvaluator`: each
   candidate is applied as the blocks load (:func:`cut_edits`: its blocks
   skipped, T folded into the block before it), one sweep per measurement;
 - ``heldout=`` quality is measured the same way
-  (:func:`toast.hf.disk_quality.measure_from_disk`);
+  (:func:`toast.hf.evaluate.from_disk.measure_from_disk`);
 - the pruned checkpoint is written by :func:`toast.io.pruned.write_pruned_checkpoint`
   with each T folded into its down-projection by the in-memory arithmetic
   (:func:`toast.methods.replaceme.fold.folded`).
@@ -47,10 +47,10 @@ import torch
 from torch import nn
 
 from toast.core import Translator
-from toast.hf.disk_quality import SequentialEvaluator, measure_from_disk, removal, replaced
-from toast.hf.heldout import HeldOutCheck, Holdout, check_against_plain
-from toast.hf.sequential import BlockEdits, DiskModel, DiskStates, stream_blocks
-from toast.hf.text import as_batches
+from toast.hf.capture.sequential import BlockEdits, DiskModel, DiskStates, stream_blocks
+from toast.hf.data.text import as_batches
+from toast.hf.evaluate.check import CheckSplit, RemovalCheck, check_against_plain
+from toast.hf.evaluate.from_disk import SequentialEvaluator, measure_from_disk, removal, replaced
 from toast.io.pruned import write_pruned_checkpoint
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import candidate_cuts, explicit_cuts, select_cuts
@@ -264,9 +264,9 @@ class DiskEstimation:
         transforms: Sequence[np.ndarray | None],
         heldout: Iterable,
         alone: bool,
-    ) -> list[HeldOutCheck | None]:
+    ) -> list[RemovalCheck | None]:
         """Each cut's T against plain removal on ``heldout``
-        (:func:`toast.hf.heldout.check_against_plain`), measured block by
+        (:func:`toast.hf.evaluate.check.check_against_plain`), measured block by
         block with the cuts made as the blocks load."""
         config = self.config
         evaluator = SequentialEvaluator(
@@ -389,11 +389,11 @@ def replaceme_from_disk(
 ) -> ReplaceMeReport:
     """ReplaceMe on the checkpoint in ``folder`` without loading the model.
 
-    ``folder`` may also be a :class:`~toast.hf.sequential.DiskModel` opened
+    ``folder`` may also be a :class:`~toast.hf.capture.sequential.DiskModel` opened
     before. ``data`` is a loader of tokenized batches, or raw text with
     ``tokenizer=`` (and ``max_length``, ``batch_size``...: see
     :func:`toast.compress`); ``config`` and/or its fields as keywords choose
-    the cut and the transform, as in memory: with ``holdout`` the
+    the cut and the transform, as in memory: with ``check_fraction`` the
     ``candidates`` windows of smallest distance are fitted and measured on
     held-out calibration batches against plain removal, block by block.
     ``heldout`` data (or a fraction of raw text ``data``) adds the measured
@@ -445,15 +445,15 @@ class _Chosen:
     fitted: list[Fitted]
     rows: int
     profile: DistanceProfile | None
-    checks: list[HeldOutCheck | None]
-    candidates: list[HeldOutCheck]
+    checks: list[RemovalCheck | None]
+    candidates: list[RemovalCheck]
     note: str
 
 
 def _fit(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) -> _Chosen:
     """The cuts and their transforms, chosen and checked on held-out
     calibration batches as :func:`toast.replaceme` does."""
-    split = Holdout(data, 0.0 if fits_sequentially(config) else config.holdout)
+    split = CheckSplit(data, 0.0 if fits_sequentially(config) else config.check_fraction)
     spans, profile = _choose(disk, split.fit, config)
     note = check_note(config, split, len(spans))
     pool = [] if note else candidate_cuts(profile, config)

@@ -25,17 +25,17 @@ import torch
 from torch import nn
 
 from toast.core import Moments, fit_translator
-from toast.hf.blocks import BlockStack, find_blocks
-from toast.hf.calibration import warn_if_small
-from toast.hf.capture import ForwardError, stream_states, uses_torch
-from toast.hf.heldout import HeldOutCheck, Holdout, best_candidate, unchecked_because
-from toast.hf.massive import massive
-from toast.hf.rows import RowSample
-from toast.hf.torch_moments import TorchMoments
+from toast.hf.capture.massive import massive
+from toast.hf.capture.rows import RowSample
+from toast.hf.capture.states import ForwardError, stream_states, uses_torch
+from toast.hf.capture.torch_moments import TorchMoments
+from toast.hf.data.calibration import warn_if_small
+from toast.hf.evaluate.check import CheckSplit, RemovalCheck, best_candidate, unchecked_because
+from toast.hf.model.blocks import BlockStack, find_blocks
+from toast.methods.replaceme.check import check_fits
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cosine import fit_cosine
 from toast.methods.replaceme.fold import NotFoldableError
-from toast.methods.replaceme.heldout import check_fits
 from toast.methods.replaceme.hooks import MlpOutputs, no_kv_cache
 from toast.spans import Span
 
@@ -275,9 +275,9 @@ class Estimation:
         transforms: Sequence[np.ndarray | None],
         heldout: Iterable,
         alone: bool,
-    ) -> list[HeldOutCheck | None]:
+    ) -> list[RemovalCheck | None]:
         """Each cut's T against plain removal on ``heldout``, applied by hooks
-        (:func:`toast.methods.replaceme.heldout.check_fits`)."""
+        (:func:`toast.methods.replaceme.check.check_fits`)."""
         config = self.config
         return check_fits(
             self.model,
@@ -366,7 +366,7 @@ class Fits(Protocol):
         transforms: Sequence[np.ndarray | None],
         heldout: Iterable,
         alone: bool,
-    ) -> list[HeldOutCheck | None]: ...
+    ) -> list[RemovalCheck | None]: ...
 
     def fit(
         self, spans: Sequence[Span], starts: Sequence[np.ndarray | None] | None = None
@@ -380,7 +380,7 @@ def fits_sequentially(config: ReplaceMeConfig) -> bool:
     return config.fit == "sequential" and cuts > 1
 
 
-def check_note(config: ReplaceMeConfig, split: Holdout, cuts: int) -> str:
+def check_note(config: ReplaceMeConfig, split: CheckSplit, cuts: int) -> str:
     """Why the fits are not checked on held-out batches ("" when they are)."""
     if config.objective == "identity":
         return ""
@@ -388,8 +388,8 @@ def check_note(config: ReplaceMeConfig, split: Holdout, cuts: int) -> str:
 
 
 def fit_checked(
-    estimation: Fits, spans: list[Span], pool: list[Span], split: Holdout, note: str
-) -> tuple[list[Span], list[Fitted], int, list[HeldOutCheck | None], list[HeldOutCheck]]:
+    estimation: Fits, spans: list[Span], pool: list[Span], split: CheckSplit, note: str
+) -> tuple[list[Span], list[Fitted], int, list[RemovalCheck | None], list[RemovalCheck]]:
     """The cuts fitted in one pass and, unless ``note`` says why not,
     measured against plain removal on the held-out batches (a fit that
     lost is dropped with ``fallback``) and the winners fitted again on
@@ -424,7 +424,7 @@ def _refit(
     if not won:
         return fitted, rows
     # the cosine buffer was sized for the fit part; the held-out part is at
-    # most as large (holdout <= 0.5)
+    # most as large (check_fraction <= 0.5)
     expected = None if estimation.expected_rows is None else 2 * estimation.expected_rows
     # the cosine objective goes on from where the checked fit stopped
     cosine = estimation.config.objective == "cosine"

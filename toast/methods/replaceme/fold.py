@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from toast.core import Translator
-from toast.hf.blocks import BlockStack, Projection, block_parts, find_blocks, find_projections
-from toast.hf.surgery import remove_blocks, replace_spans
+from toast.hf.model.blocks import BlockStack, Projection, block_parts, find_blocks, find_projections
+from toast.hf.model.surgery import remove_blocks, replace_spans
 from toast.spans import Span
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from toast.hf.blocks import BlockStack
+from toast.hf.model.blocks import BlockStack
 from toast.methods.replaceme.fold import NotFoldableError, Writer, residual_writer
 
 __all__ = ["MlpOutputs", "NotFoldableError", "no_kv_cache"]

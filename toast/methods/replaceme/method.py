@@ -15,7 +15,7 @@ Steps, each its own module: the distance profile and the cut
 (:mod:`~toast.methods.replaceme.estimate`, least squares Eq. 6, or the
 cosine objective of :mod:`~toast.methods.replaceme.cosine`, Eqs. 7-8),
 then folding and removal (:mod:`~toast.methods.replaceme.fold`). Held-out
-calibration batches (:mod:`~toast.methods.replaceme.heldout`) choose the
+calibration batches (:mod:`~toast.methods.replaceme.check`) choose the
 cut among the closest windows and check every fit against plain removal.
 :func:`replaceme` runs them all, finding the model's blocks once.
 """
@@ -27,9 +27,10 @@ from typing import Any
 
 from torch import nn
 
-from toast.hf.blocks import find_blocks
-from toast.hf.params import count_params
+from toast.hf.model.blocks import find_blocks
+from toast.hf.model.params import count_params
 from toast.methods.base import BeforeSurgery, Method, register
+from toast.methods.replaceme.check import CheckSplit, RemovalCheck
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import candidate_cuts, choose_cuts
 from toast.methods.replaceme.disk import replaceme_from_disk
@@ -41,7 +42,6 @@ from toast.methods.replaceme.estimate import (
     fits_sequentially,
 )
 from toast.methods.replaceme.fold import apply_cuts, check_cuts
-from toast.methods.replaceme.heldout import HeldOutCheck, Holdout
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.methods.replaceme.stages import STAGES
 from toast.methods.runner import run_method, split_text_options
@@ -95,15 +95,15 @@ def _replaceme(
     assert data is not None  # the runner refuses None for a method that needs data
     stack = find_blocks(model, config.calibration.blocks)
     blocks_before, params_before = stack.num_blocks, count_params(model)
-    split = Holdout(data, 0.0 if fits_sequentially(config) else config.holdout)
+    split = CheckSplit(data, 0.0 if fits_sequentially(config) else config.check_fraction)
     spans, profile = choose_cuts(model, split.fit, config, stack)
     note = check_note(config, split, len(spans))
     pool = [] if note else candidate_cuts(profile, config)
     check_cuts(stack, pool or spans, config.structure, config.placement, config.objective)
     expected_rows = profile.token_rows if profile is not None else None
     estimation = Estimation(model, split.fit, config, stack, expected_rows)
-    checks: list[HeldOutCheck | None] = []
-    measured: list[HeldOutCheck] = []
+    checks: list[RemovalCheck | None] = []
+    measured: list[RemovalCheck] = []
     fitting = config.objective != "identity"
     sequential = fitting and config.fit == "sequential" and len(spans) > 1
     if not fitting:

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from toast._validation import Interval, check
-from toast.hf.blocks import find_blocks
-from toast.hf.params import count_params
-from toast.hf.surgery import remove_blocks
+from toast.hf.model.blocks import find_blocks
+from toast.hf.model.params import count_params
+from toast.hf.model.surgery import remove_blocks
 
 __all__ = ["compression_ratio", "params_from_config"]
 
@@ -33,7 +33,7 @@ def params_from_config(config: Any, remove: int = 0) -> int:
 
     The model is built with ``AutoModelForCausalLM`` (``AutoModel`` for
     configs without a causal-LM head) and the blocks are removed with the
-    same :func:`toast.hf.surgery.remove_blocks` that
+    same :func:`toast.hf.model.surgery.remove_blocks` that
     :func:`toast.methods.replaceme.replaceme` uses (the last ones; blocks are identical, so
     which ones does not matter).
     """

@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from toast._validation import Interval, Options, check
-from toast.hf.blocks import BlockStack
-from toast.hf.calibration import Calibration
-from toast.hf.capture import TOKENS, Tokens, select_tokens, stream_states
+from toast.hf.capture.states import TOKENS, Tokens, select_tokens, stream_states
+from toast.hf.data.calibration import Calibration
+from toast.hf.model.blocks import BlockStack
 from toast.methods.replaceme.config import ADJACENT, DISTANCES
 from toast.methods.replaceme.hooks import no_kv_cache
 from toast.spans import Span

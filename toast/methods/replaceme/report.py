@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from toast.hf.heldout import check_lines
+from toast.hf.evaluate.check import check_lines
 from toast.methods.base import Report
-from toast.methods.replaceme.heldout import HeldOutCheck
+from toast.methods.replaceme.check import RemovalCheck
 from toast.methods.replaceme.params import compression_ratio
 from toast.methods.replaceme.profile import DistanceProfile
 from toast.spans import Span
@@ -72,9 +72,9 @@ class ReplaceMeReport(Report):
     rows_kept: int = 0
     method: str = "replaceme"
     fit: str = "independent"
-    checks: list[HeldOutCheck | None] = field(default_factory=list)
+    checks: list[RemovalCheck | None] = field(default_factory=list)
     check_note: str = ""
-    candidates: list[HeldOutCheck] = field(default_factory=list)
+    candidates: list[RemovalCheck] = field(default_factory=list)
 
     @property
     def eq10_ratio(self) -> float:
@@ -119,7 +119,7 @@ class ReplaceMeReport(Report):
         lines += self._check_lines()
         return "\n".join(lines) + self.quality_markdown()
 
-    def _candidate_line(self, check: HeldOutCheck) -> str:
+    def _candidate_line(self, check: RemovalCheck) -> str:
         if check.span != self.spans[0]:
             return check.measured()
         has = "the fit" if check.used == "fitted" else "plain removal"

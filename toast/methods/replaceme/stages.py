@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from toast.hf.blocks import BlockStack
-from toast.hf.calibration import Calibration
-from toast.hf.sequential import BlockEdits, DiskModel
+from toast.hf.capture.sequential import BlockEdits, DiskModel
+from toast.hf.data.calibration import Calibration
+from toast.hf.model.blocks import BlockStack
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.disk import DiskEstimation, cut_edits, write_replaceme
 from toast.methods.replaceme.estimate import Estimation, Fits
@@ -58,8 +58,8 @@ def _config(cuts: list[tuple[int, int]], calibration: Calibration | None = None)
     """ReplaceMe's defaults for ``cuts`` (massive rows fitted as plain
     removal leaves them; no held-out gate: the search measures every plan)."""
     if calibration is None:
-        return ReplaceMeConfig(spans=cuts, holdout=0.0)
-    return ReplaceMeConfig(spans=cuts, holdout=0.0, calibration=calibration)
+        return ReplaceMeConfig(spans=cuts, check_fraction=0.0)
+    return ReplaceMeConfig(spans=cuts, check_fraction=0.0, calibration=calibration)
 
 
 def _estimate(

@@ -1,0 +1,106 @@
+"""Held-out quality measured block by block from a checkpoint on disk equals
+the in-memory :class:`toast.hf.evaluate.quality.Evaluator`'s: for the original
+model, for plain removal of blocks, and for blocks changed as they load,
+with the checkpoint's blocks never all in memory."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from tests._helpers import replaceme_models as R  # noqa: E402
+from toast.hf.capture.sequential import BlockEdits, DiskModel  # noqa: E402
+from toast.hf.evaluate.from_disk import SequentialEvaluator  # noqa: E402
+from toast.hf.evaluate.quality import Evaluator, skipped_blocks  # noqa: E402
+from toast.hf.model.blocks import find_blocks  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+CASES = {
+    "llama": lambda: (R.decoder("llama"), R.text_loader(16)),
+    "gpt2": lambda: (R.decoder("gpt2"), R.text_loader(16)),
+    "vit": lambda: (R.encoder("vit"), R.image_loader(16)),
+}
+
+
+def _both(name, tmp_path):
+    model, data = CASES[name]()
+    model.save_pretrained(tmp_path)
+    return model, data, DiskModel.open(tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_original_and_plain_removal_measured_from_disk_equal_in_memory(name, tmp_path):
+    model, data, disk = _both(name, tmp_path)
+    memory = Evaluator(data, progress=False)
+    on_disk = SequentialEvaluator(disk, data, progress=False)
+    assert on_disk.measure(disk.model) == pytest.approx(memory.measure(model), rel=1e-5)
+    with skipped_blocks(find_blocks(model), [(1, 3)]):
+        expected = memory.measure(model)
+    got = on_disk.measure_edited(BlockEdits(skip=frozenset({1, 2})))
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert (on_disk.metric, on_disk.count, on_disk.samples) == (
+        memory.metric,
+        memory.count,
+        memory.samples,
+    )
+
+
+def test_blocks_changed_as_they_load_measure_as_the_changed_model_in_memory(tmp_path):
+    model, data, disk = _both("llama", tmp_path)
+    stack = find_blocks(model)
+    scale = torch.full((R.HIDDEN,), 0.5)
+
+    def halve(module, args, output):
+        return output * scale
+
+    handle = stack.blocks[3].register_forward_hook(halve)
+    try:
+        expected = Evaluator(data, progress=False).measure(model)
+    finally:
+        handle.remove()
+    edits = BlockEdits(after={3: lambda hidden: hidden * scale})
+    got = SequentialEvaluator(disk, data, progress=False).measure_edited(edits)
+    assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_at_most_one_block_holds_weights_while_the_heldout_data_is_measured(tmp_path):
+    _, data, disk = _both("llama", tmp_path)
+    loaded: list[int] = []
+
+    def holding() -> int:
+        return sum(any(not p.is_meta for p in b.parameters()) for b in disk.stack.blocks)
+
+    load = disk.load_block
+
+    def counting_load(index):
+        block = load(index)
+        loaded.append(holding())
+        return block
+
+    def head_forward(module, args):
+        loaded.append(holding())
+
+    disk.load_block = counting_load
+    disk.model.register_forward_pre_hook(head_forward)
+    SequentialEvaluator(disk, data, progress=False).measure(disk.model)
+    assert max(loaded) == 1 and loaded[-1] == 0  # the head runs with no block loaded
+
+
+# block calls: while embedding, while the blocks run, while the head runs
+@pytest.mark.parametrize("calls", [3, 16, 30])
+def test_an_interrupted_measurement_leaves_no_buffer_and_no_loaded_weights(calls, tmp_path):
+    _, data, disk = _both("llama", tmp_path / "model")
+    buffers = tmp_path / "buffers"
+    buffers.mkdir()
+    evaluator = SequentialEvaluator(disk, data, progress=False, buffer_dir=buffers)
+    handle = R.interrupt_after(calls)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            evaluator.measure(disk.model)
+    finally:
+        handle.remove()
+    assert list(buffers.iterdir()) == []
+    assert all(p.is_meta for p in disk.model.parameters())

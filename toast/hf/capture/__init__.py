@@ -1,0 +1,1 @@
+"""toast.hf.capture.states."""

@@ -1,0 +1,175 @@
+"""Measured quality of a checkpoint on disk, block by block: the numbers of
+:class:`toast.hf.evaluate.quality.Evaluator` for a model bigger than memory.
+
+The held-out batches go through the checkpoint as calibration does
+(:func:`toast.hf.capture.sequential.sweep`): the embedding on every batch, then
+block 0 on all of them, block 1, ...; the hidden states wait on disk
+between blocks. The blocks may be changed as they load
+(:class:`toast.hf.capture.sequential.BlockEdits`: skipped, a transform folded
+into their weights, a translator after them), which measures plain
+removal and a compressed model without writing either. Then the model's
+own forward, with the embeddings and the head loaded and every block
+replaced by one handing on the final states of that batch, gives the
+outputs the in-memory model would, and the same scores are computed
+from them. Peak memory: one block, the embeddings and the head.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from toast.hf.capture.sequential import BlockEdits, DiskModel, Swept, sweep
+from toast.hf.data.calibration import Calibration
+from toast.hf.evaluate.quality import Evaluator, Quality, QualityMetric
+
+__all__ = ["SequentialEvaluator", "measure_from_disk", "removal", "replaced"]
+
+
+class SequentialEvaluator(Evaluator):
+    """An :class:`~toast.hf.evaluate.quality.Evaluator` of the checkpoint ``disk``
+    with the blocks changed as :attr:`edits` says (none: the original).
+    ``measure(disk.model, label)`` runs one sweep over the blocks;
+    :meth:`editing` sets the edits within a ``with`` block (so the
+    in-memory held-out checks, which apply each candidate by a context,
+    run unchanged on disk)."""
+
+    def __init__(
+        self,
+        disk: DiskModel,
+        heldout: Iterable,
+        metric: QualityMetric | None = None,
+        progress: bool = True,
+        buffer_dir: str | os.PathLike | None = None,
+    ) -> None:
+        super().__init__(heldout, metric, progress)
+        self.disk, self.buffer_dir = disk, buffer_dir
+        self.edits = BlockEdits()
+
+    @contextlib.contextmanager
+    def editing(self, edits: BlockEdits) -> Iterator[None]:
+        """Within the block, the measured model is the checkpoint with ``edits``."""
+        previous, self.edits = self.edits, edits
+        try:
+            yield
+        finally:
+            self.edits = previous
+
+    def measure_edited(self, edits: BlockEdits, label: str = "model") -> float:
+        """The quality of the checkpoint with ``edits``."""
+        with self.editing(edits):
+            return self.measure(self.disk.model, label)
+
+    def outputs(self, model: nn.Module, label: str) -> Generator[tuple[Any, tuple, dict, Any]]:
+        disk = self.disk
+        if model is not disk.model:
+            raise ValueError("a SequentialEvaluator measures its own checkpoint: pass disk.model")
+        # every held-out batch, whatever a calibration would bound
+        cal = Calibration(progress=self.progress)
+        with sweep(
+            disk,
+            self.heldout,
+            _ignore,
+            cal,
+            edits=self.edits,
+            buffer_dir=self.buffer_dir,
+            desc=f"held-out: {label} (sequential)",
+        ) as swept:
+            disk.prepare(full=True)
+            try:
+                with _replayed(disk, swept):
+                    yield from super().outputs(model, label)
+            finally:
+                disk.release()
+
+
+def _ignore(state: int, batch: int, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
+    """The sweep's states are read once it ends, not as they pass."""
+
+
+@contextlib.contextmanager
+def _replayed(disk: DiskModel, swept: Swept) -> Iterator[None]:
+    """Within the block every block of ``disk`` returns the final states the
+    sweep left for the batch the model is called on (the model's forward
+    hands the last block's to the final norm and head); the batches come
+    in the sweep's order, one model call each."""
+    batch = iter(range(len(swept.batches)))
+    final: list[Any] = []
+
+    def next_batch(module: nn.Module, args: tuple) -> None:
+        index = next(batch, None)
+        if index is None:
+            raise ValueError("the held-out data gave more batches on its second pass")
+        final[:] = [swept.form.wrap(swept.states.read(index))]
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return final[0]
+
+    blocks = disk.stack.blocks
+    handle = disk.model.register_forward_pre_hook(next_batch)
+    for block in blocks:
+        block.forward = forward  # an instance attribute shadows the class's
+    try:
+        yield
+    finally:
+        handle.remove()
+        for block in blocks:
+            del block.forward
+
+
+def measure_from_disk(
+    disk: DiskModel,
+    heldout: Iterable,
+    plain: BlockEdits,
+    compressed: BlockEdits,
+    *,
+    progress: bool = True,
+    buffer_dir: str | os.PathLike | None = None,
+) -> Quality:
+    """The :class:`~toast.hf.evaluate.quality.Quality` of ``toast.compress``'s
+    ``heldout=`` for a checkpoint on disk: the original, plain removal
+    (``plain``) and the compressed model (``compressed``), measured in that
+    order (the cosine compares with the original) by one sweep each."""
+    evaluator = SequentialEvaluator(disk, heldout, progress=progress, buffer_dir=buffer_dir)
+    original = evaluator.measure_edited(BlockEdits(), "original")
+    removed = evaluator.measure_edited(plain, "plain removal")
+    result = evaluator.measure_edited(compressed, "compressed")
+    assert evaluator.metric is not None  # set by the first measurement
+    return Quality(
+        metric=evaluator.metric,
+        original=original,
+        compressed=result,
+        plain_removal=removed,
+        samples=evaluator.samples,
+        count=evaluator.count,
+    )
+
+
+def removal(spans: Iterable[Any]) -> BlockEdits:
+    """Plain removal of ``spans`` (``(start, stop)`` pairs or
+    :class:`toast.Span`): their blocks are skipped."""
+    skip: set[int] = set()
+    for span in spans:
+        start, stop = (span.start, span.stop) if hasattr(span, "start") else span
+        skip.update(range(start, stop))
+    return BlockEdits(skip=frozenset(skip))
+
+
+def replaced(
+    spans: Sequence[Any], modules: Sequence[Callable[[torch.Tensor], Any] | None]
+) -> BlockEdits:
+    """Each span replaced by its module (None: plain removal), which maps
+    the span's input to what the block after it receives (a translator)."""
+    plain = removal(spans)
+    after = {}
+    for span, module in zip(spans, modules, strict=True):
+        if module is not None:
+            stop = span.stop if hasattr(span, "stop") else span[1]
+            after[stop - 1] = module
+    return dataclasses.replace(plain, after=after)

@@ -1,0 +1,97 @@
+"""The options of ``toast.compress(..., method="toast-vit")``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from toast._validation import Interval, Options, Predicate, validate
+from toast.hf.data.calibration import Calibration
+from toast.methods.heads.median import CENTERS
+from toast.methods.heads.schedules import RATIO, SAMPLE_RATIO, SKIP, Schedule
+from toast.methods.heads.scwp import COUPLINGS, FORMS, INDEX_SETS
+from toast.methods.heads.tcs import TCS_CHOICES
+
+__all__ = ["ToastVitConfig"]
+
+_PER_BLOCK = Predicate(
+    lambda v: isinstance(v, Mapping) or (isinstance(v, Sequence) and not isinstance(v, str)),
+    "a list with one ρ per block or a {block: ρ} mapping",
+)
+
+
+@dataclass(frozen=True)
+class ToastVitConfig:
+    """How ToaSt prunes heads, selects FFN channels and (optionally)
+    fine-tunes (see :func:`toast.methods.heads.compress.compress_vit`).
+
+    SCWP (ToaSt §3.1, Eq. 3): ``head_sparsity`` ρ (one number, one per
+    block, or ``{block: ρ}``; None: the named schedule's ρ, else 0.9),
+    ``center``, ``index_sets``, ``coupling``, ``form``, ``skip``,
+    ``rescale``, ``mask_bias`` (:func:`toast.methods.heads.scwp.prune_heads`). TCS (§3.2,
+    Eqs. 6-7): ``schedule`` (a name, a ``Schedule``, a mapping, or None for
+    no TCS), ``tcs_scope``, ``tcs_form``, ``score``, ``weights``,
+    ``sample_ratio``, ``hidden`` (:func:`toast.methods.heads.tcs.enable_tcs`). Recovery
+    fine-tune (Table 10; needs data): ``finetune_steps`` AdamW steps with a
+    cosine schedule from ``lr`` to ``min_lr``, ``weight_decay``,
+    ``loss_fn(model, batch)``. ``image_size`` is the resolution the MACs
+    are counted at (default the config's). ``calibration.seed`` seeds TCS's
+    token samples and the fine-tune.
+    """
+
+    head_sparsity: float | Sequence[float] | Mapping[int, float] | None = None
+    schedule: str | Schedule | Mapping[str, Any] | None = None
+    center: str = "geomedian"
+    index_sets: str = "shared"
+    coupling: str = "coupled"
+    form: str = "dense"
+    skip: Sequence[int] | str = (0,)
+    rescale: bool = False
+    mask_bias: bool = False
+    tcs_scope: str = "image"
+    tcs_form: str = "dense"
+    score: str = "auto"
+    weights: str = "paper"
+    sample_ratio: float | None = None
+    hidden: str = "kept"
+    finetune_steps: int = 0
+    lr: float = 1e-3
+    min_lr: float = 1e-5
+    weight_decay: float = 1e-4
+    loss_fn: Callable[..., Any] | None = None
+    image_size: int | None = None
+    calibration: Calibration = field(default_factory=Calibration)
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "head_sparsity": [RATIO, _PER_BLOCK, None],
+        "schedule": [str, Schedule, Mapping, None],
+        "center": [Options(CENTERS)],
+        "index_sets": [Options(INDEX_SETS)],
+        "coupling": [Options(COUPLINGS)],
+        "form": [Options(FORMS)],
+        "skip": list(SKIP),
+        "rescale": [bool],
+        "mask_bias": [bool],
+        "tcs_scope": [Options(TCS_CHOICES["scope"])],
+        "tcs_form": [Options(TCS_CHOICES["form"])],
+        "score": [Options(TCS_CHOICES["score"])],
+        "weights": [Options(TCS_CHOICES["weights"])],
+        "sample_ratio": [SAMPLE_RATIO, None],
+        "hidden": [Options(TCS_CHOICES["hidden"])],
+        "finetune_steps": [Interval(int, 0, None)],
+        "lr": [Interval(float, 0, None, closed="neither")],
+        "min_lr": [Interval(float, 0, None)],
+        "weight_decay": [Interval(float, 0, None)],
+        "loss_fn": [Predicate(callable, "a callable (model, batch) -> loss"), None],
+        "image_size": [Interval(int, 1, None), None],
+        "calibration": [Calibration],
+    }
+
+    def __post_init__(self) -> None:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in validate(self._parameter_constraints, fields).items():
+            object.__setattr__(self, name, value)
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr must be <= lr; got min_lr={self.min_lr}, lr={self.lr}")

@@ -1,0 +1,237 @@
+"""ToaSt's stages: weight-only (nothing captured), head pruning at a few
+sparsities ρ, alone or extending another method's block removal, and for
+MAC targets Token Channel Selection schedules; sizes exact from the
+modules, predictions a weight-free proxy (ρ times the share of blocks
+pruned; the FFN channels TCS drops per block), so they rank ToaSt's plans
+among themselves only."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from torch import nn
+
+from toast.hf.data.calibration import Calibration
+from toast.hf.model.blocks import BlockStack, find_blocks
+from toast.methods.heads.blocks import SUPPORTED_TYPES, Attention, VitModel, vit_blocks
+from toast.methods.heads.macs import toast_macs, vit_arch
+from toast.methods.heads.schedules import head_keep
+from toast.methods.heads.scwp import prune_heads
+from toast.methods.heads.tcs import enable_tcs
+from toast.methods.stages import BaseStages, Layout, Plan, Shared, Sizes, Stats
+
+__all__ = ["HEAD_SPARSITIES", "STAGES", "TCS_SCHEDULES", "ToastVitStages", "ToastVitStats"]
+
+#: The head sparsities ρ a search tries (ToaSt's schedules use 0.5–0.9).
+HEAD_SPARSITIES = (0.25, 0.5, 0.75, 0.9)
+#: Token Channel Selection schedules a search tries on ViTs, for MAC and
+#: latency targets (TCS removes no parameter): ToaSt's named schedules
+#: prune the FFN channels of the last blocks hardest; these do so on the
+#: last third of the blocks of any depth: ``{name: (FC1 ratio of the last
+#: block, FC2 ratio of the last third)}``.
+TCS_SCHEDULES: dict[str, tuple[float, float]] = {"late-0.5": (0.0, 0.5), "late-0.9": (0.3, 0.9)}
+#: Blocks head pruning leaves intact (ToaSt's default: the first).
+SKIP_HEADS = (0,)
+
+
+def tcs_schedule(name: str, num_blocks: int) -> dict[str, dict[int, float]]:
+    """The TCS schedule ``name`` of :data:`TCS_SCHEDULES` for ``num_blocks``
+    blocks, as :func:`toast.enable_tcs` takes it (0-based blocks)."""
+    fc1, fc2 = TCS_SCHEDULES[name]
+    last_third = range(num_blocks - max(1, math.ceil(num_blocks / 3)), num_blocks)
+    schedule: dict[str, dict[int, float]] = {"fc2": {b: fc2 for b in last_third}}
+    if fc1:
+        schedule["fc1"] = {num_blocks - 1: fc1}
+    return schedule
+
+
+def _head_dim_params(attention: Attention) -> int:
+    """Parameters one head dimension costs: a row of Q, K and V (with
+    their biases) and a column of the output projection."""
+    per_dim = 0
+    for linear in (attention.q_proj, attention.k_proj, attention.v_proj):
+        per_dim += linear.in_features + (1 if linear.bias is not None else 0)
+    return per_dim + attention.o_proj.out_features
+
+
+@dataclass
+class ToastVitStats(Stats):
+    """What sizes and predictions are made of, read from the weights:
+    per block the parameters one head dimension costs and ``(heads,
+    head_dim)``; the sparsities every head survives; and per ``(ρ,
+    schedule)`` the FFN MACs Token Channel Selection saves, with the
+    original's MACs in ToaSt's count (empty where TCS does not apply)."""
+
+    head_dim_params: tuple[int, ...] = ()
+    head_dims: tuple[tuple[int, int], ...] = ()
+    sparsities: tuple[float, ...] = ()
+    tcs_saved: dict[tuple[float, str], int] | None = None
+    macs: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.head_dims)
+
+    def head_params_removed(self, rho: float, spans: Iterable[tuple[int, int]] = ()) -> int:
+        """Parameters ρ removes from the blocks no span removes."""
+        gone = {k for a, b in spans for k in range(a, b)}
+        total = 0
+        for k, per_dim in enumerate(self.head_dim_params):
+            if k in gone or k in SKIP_HEADS:
+                continue
+            heads, head_dim = self.head_dims[k]
+            total += heads * (head_dim - head_keep(head_dim, rho)) * per_dim
+        return total
+
+    def head_proxy(self, rho: float, spans: Iterable[tuple[int, int]]) -> float:
+        pruned = self.num_blocks - len(SKIP_HEADS) - sum(b - a for a, b in spans)
+        return rho * max(pruned, 0) / self.num_blocks
+
+    def tcs_proxy(self, name: str) -> float:
+        # a weight-free proxy as for heads: the FFN channels dropped, per block
+        schedule = tcs_schedule(name, self.num_blocks)
+        dropped = sum(schedule["fc2"].values()) + sum(schedule.get("fc1", {}).values())
+        return dropped / self.num_blocks
+
+
+def _can_prune(head_dims: tuple[tuple[int, int], ...], rho: float) -> bool:
+    """Whether ``rho`` leaves every pruned head at least one dimension."""
+    try:
+        for _, head_dim in head_dims:
+            head_keep(head_dim, rho)
+    except ValueError:
+        return False
+    return True
+
+
+def _tcs_saved(config: object, num_blocks: int, rhos: Iterable[float]) -> dict:
+    """FFN MACs per image each TCS schedule saves, in ToaSt's count, by ρ
+    (empty for MLPs TCS does not take: SwiGLU)."""
+    try:
+        if vit_arch(config).swiglu:
+            return {}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+    saved = {}
+    for rho in rhos:
+        full = toast_macs(config, head_sparsity=rho, schedule=None).ffn
+        for name in TCS_SCHEDULES:
+            schedule = tcs_schedule(name, num_blocks)
+            pruned = toast_macs(config, head_sparsity=rho, schedule=schedule).ffn
+            saved[(rho, name)] = int(round(full - pruned))
+    return saved
+
+
+class ToastVitStages(BaseStages):
+    """ToaSt as stages (family ``"toast-vit"``; extends other methods'
+    extendable plans as ``"<family>+toast-vit"``)."""
+
+    def structure(self, model: nn.Module, stack: BlockStack) -> VitModel | None:
+        if getattr(getattr(model, "config", None), "model_type", None) not in SUPPORTED_TYPES:
+            return None
+        try:
+            vm = vit_blocks(model)
+        except (ValueError, TypeError):
+            return None
+        # e.g. Swin's stages: no block removal beside heads, so no ToaSt either
+        return vm if vm.num_blocks == stack.num_blocks else None
+
+    def calibrate(
+        self,
+        model: nn.Module,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> ToastVitStats:
+        vm = layout.part("toast-vit")
+        if vm is None:
+            return ToastVitStats(note="")
+        head_dims = tuple((b.heads, b.head_dim) for b in vm.blocks)
+        sparsities = tuple(rho for rho in HEAD_SPARSITIES if _can_prune(head_dims, rho))
+        config = model.config
+        saved = _tcs_saved(config, vm.num_blocks, (0.0, *sparsities))
+        return ToastVitStats(
+            head_dim_params=tuple(_head_dim_params(b.attention) for b in vm.blocks),
+            head_dims=head_dims,
+            sparsities=sparsities,
+            tcs_saved=saved,
+            macs=int(toast_macs(config).macs) if saved else 0,
+        )
+
+    def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
+        assert isinstance(stats, ToastVitStats)
+        if not stats.head_dims:
+            return []
+        schedules = [None, *TCS_SCHEDULES] if macs_matter and stats.tcs_saved else [None]
+        plans = []
+        for rho in [None, *stats.sparsities]:
+            params = sizes.params - (0 if rho is None else stats.head_params_removed(rho))
+            heads = 0.0 if rho is None else stats.head_proxy(rho, ())
+            for name in schedules:
+                if rho is None and name is None:
+                    continue  # the original model
+                predicted = heads + (0.0 if name is None else stats.tcs_proxy(name))
+                unseen = 0 if name is None else stats.tcs_saved[(rho or 0.0, name)]  # type: ignore[index]
+                plans.append(
+                    Plan(
+                        ("toast-vit",),
+                        "toast-vit",
+                        (),
+                        None,
+                        rho,
+                        params,
+                        predicted,
+                        schedule=name,
+                        unseen_macs=unseen,
+                        unseen_share=unseen / stats.macs if unseen else 0.0,
+                    )
+                )
+        return plans
+
+    def extend(self, plan: Plan, stats: Stats, sizes: Sizes) -> list[Plan]:
+        assert isinstance(stats, ToastVitStats)
+        if not stats.head_dims:
+            return []
+        return [
+            Plan(
+                (*plan.methods, "toast-vit"),
+                f"{plan.family}+toast-vit",
+                plan.spans,
+                plan.translator,
+                rho,
+                plan.params_after - stats.head_params_removed(rho, plan.spans),
+                plan.predicted_error + stats.head_proxy(rho, plan.spans),
+            )
+            for rho in stats.sparsities
+        ]
+
+    def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
+        if plan.head_sparsity is not None:
+            prune_heads(model, plan.head_sparsity, blocks=_remaining(model, layout))
+
+    def finish(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
+        if plan.schedule is not None:
+            vm = _remaining(model, layout)
+            schedule = tcs_schedule(plan.schedule, vm.num_blocks)
+            enable_tcs(model, schedule, seed=0, blocks=vm)
+
+
+def _remaining(model: nn.Module, layout: Layout) -> VitModel:
+    """The layout's ViT blocks still in ``model``'s block list (another
+    method's plan may have removed some), numbered anew."""
+    vm = layout.part("toast-vit")
+    assert vm is not None  # no ToaSt plan without it
+    current = find_blocks(model, layout.stack).blocks  # the path, looked up again
+    kept = [b for b in vm.blocks if any(b.block is m for m in current)]
+    if len(kept) == vm.num_blocks:
+        return vm
+    blocks = tuple(dataclasses.replace(b, index=i) for i, b in enumerate(kept))
+    return VitModel(vm.model_type, blocks, vm.prefix)
+
+
+STAGES = ToastVitStages()

@@ -1,0 +1,293 @@
+"""``toast.analyze``: the block error matrix of a model and the spans it suggests.
+
+Index conventions: states ``0..L`` (state 0 is the embedding output, state
+``i`` the output of block ``i - 1``); ``errors[i, j]`` scores replacing the
+blocks ``range(i, j)`` by a map from state ``i`` to state ``j``. The papers
+write that span as ``s → e`` with ``s = i - 1`` and ``e = j - 1`` (the
+output of block ``s`` predicts the output of block ``e``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from torch import nn
+
+from toast._validation import Interval, Options, check
+from toast.core import METRICS, Moments, Pairs, error_matrix
+from toast.hf.capture.massive import MassiveRows
+from toast.hf.capture.states import Tokens, capture_moments
+from toast.hf.data.calibration import Calibration
+from toast.hf.data.text import TEXT_OPTIONS, as_batches
+from toast.hf.model.blocks import BlockStack
+from toast.spans import Span, plan_spans
+
+if TYPE_CHECKING:
+    from toast.hf.capture.sequential import DiskModel
+
+__all__ = ["Analysis", "Span", "analyze", "analyze_from_disk"]
+
+
+@dataclass
+class Analysis:
+    """Moments of a model's states and the error matrix derived from them;
+    ``massive`` the rows massive in some state, when recorded."""
+
+    moments: Moments
+    errors: np.ndarray
+    metric: str
+    estimator: str
+    tokens: str
+    block_path: str
+    ridge: float = 0.0
+    massive: MassiveRows | None = field(default=None, repr=False)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.errors.shape[0] - 1
+
+    @property
+    def rows(self) -> int:
+        return self.moments.rows
+
+    def error_matrix(
+        self, metric: str | None = None, estimator: str | None = None, ridge: float | None = None
+    ) -> np.ndarray:
+        """Another metric from the same moments (no new pass over the data)."""
+        return _errors(
+            self.moments,
+            metric or self.metric,
+            estimator or self.estimator,
+            self.ridge if ridge is None else ridge,
+        )
+
+    def _candidates(self, include_first_block: bool) -> list[Span]:
+        first = 0 if include_first_block else 1
+        n = self.errors.shape[0]
+        return [
+            Span(i, j, float(self.errors[i, j]))
+            for i in range(first, n)
+            for j in range(i + 1, n)
+            if np.isfinite(self.errors[i, j])
+        ]
+
+    def top_spans(
+        self, k: int = 5, budget: int | None = None, include_first_block: bool = False
+    ) -> list[Span]:
+        """TOAST Algorithm 1: the ``k`` most redundant single spans.
+
+        Ranked by the metric's redundant direction (ascending error for
+        ``linear``). ``budget`` keeps only spans of exactly that many blocks.
+        Block 0 is never removed unless ``include_first_block`` (the papers
+        always keep it).
+        """
+        k = check("k", k, Interval(int, 1, None))
+        check("budget", budget, Interval(int, 1, None), None)
+        spans = self._candidates(include_first_block)
+        if budget is not None:
+            spans = [s for s in spans if s.num_blocks == budget]
+        descending = METRICS[self.metric] == "higher"
+        spans.sort(key=lambda s: (-s.error if descending else s.error, s.start, s.stop))
+        return spans[:k]
+
+    def plan(
+        self,
+        max_blocks: int | None = None,
+        max_error: float | None = None,
+        allow_adjacent: bool = False,
+        include_first_block: bool = False,
+    ) -> list[Span]:
+        """Non-overlapping spans to replace, chosen exactly by dynamic programming.
+
+        Among sets of spans with a kept block between consecutive spans (the
+        papers' ``e_i < s_j``; ``allow_adjacent=True`` drops that gap) and,
+        with ``max_error``, each span's error at most ``max_error``: the most
+        blocks removed, up to ``max_blocks``, and among those the smallest
+        total predicted error. Needs a metric where lower means redundant.
+        """
+        if METRICS[self.metric] != "lower":
+            raise ValueError(
+                f"plan() needs a metric where lower means redundant; {self.metric!r} is not "
+                "one (use metric='linear', 'affine', 'mse', 'cosine', 'angular' or 'euclidean')"
+            )
+        return plan_spans(
+            self.errors,
+            max_blocks=max_blocks,
+            max_error=max_error,
+            allow_adjacent=allow_adjacent,
+            include_first_block=include_first_block,
+        )
+
+    def heatmap(self, spans: Iterable[Span] = (), ax: Any = None, title: str | None = None):
+        """A matplotlib figure of the error matrix in the papers' s→e axes.
+
+        Rows are the source block ``s`` (``-1`` is the embedding output), columns
+        the target block ``e``; ``spans`` are outlined.
+        """
+        import matplotlib
+
+        if ax is None:
+            matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Rectangle
+
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(6, 5))
+        else:
+            fig = ax.figure
+        image = ax.imshow(
+            np.ma.masked_invalid(self.errors),
+            cmap="viridis_r" if METRICS[self.metric] == "lower" else "viridis",
+        )
+        labels = [str(s - 1) for s in range(self.errors.shape[0])]
+        labels[0] = "emb"
+        ticks = np.arange(self.errors.shape[0])
+        ax.set_xticks(ticks, labels, fontsize=7)
+        ax.set_yticks(ticks, labels, fontsize=7)
+        ax.set_xlabel("target: output of block e")
+        ax.set_ylabel("source: output of block s")
+        for span in spans:
+            ax.add_patch(
+                Rectangle(
+                    (span.stop - 0.5, span.start - 0.5), 1, 1, fill=False, edgecolor="red", lw=2
+                )
+            )
+        fig.colorbar(image, ax=ax, label=f"{self.metric} ({self.estimator})")
+        ax.set_title(title or f"{self.metric} error, {self.rows} rows ({self.tokens} tokens)")
+        return fig
+
+    def to_dataframe(self):
+        """One row per span ``i < j`` with both notations and several metrics."""
+        try:
+            import pandas as pd
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError("to_dataframe() needs pandas: pip install pandas") from exc
+        extra = {m: self.error_matrix(m) for m in ("mse", "cosine", "cka")}
+        records = []
+        n = self.errors.shape[0]
+        for i in range(n):
+            for j in range(i + 1, n):
+                records.append(
+                    {
+                        "start": i,
+                        "stop": j,
+                        "s": i - 1,
+                        "e": j - 1,
+                        "blocks": j - i,
+                        self.metric: self.errors[i, j],
+                        **{m: e[i, j] for m, e in extra.items() if m != self.metric},
+                    }
+                )
+        return pd.DataFrame.from_records(records)
+
+
+def _errors(moments: Moments, metric: str, estimator: Any, ridge: float) -> np.ndarray:
+    """The error matrix, NaN for the spans longer than the moments' pairs
+    reach whatever the metric (the row metrics alone could give them, but
+    not from disk, so the plans would differ)."""
+    errors = error_matrix(moments, metric=metric, estimator=estimator, ridge=ridge)
+    far = np.triu(np.ones(errors.shape, dtype=bool), moments.layout()["span"] + 1)
+    errors[far] = np.nan
+    return errors
+
+
+def analyze(
+    model: nn.Module,
+    loader: Any,
+    *,
+    metric: str = "linear",
+    estimator: Literal["cv", "gcv", "in_sample"] = "cv",
+    folds: int = 5,
+    ridge: float = 0.0,
+    tokens: Tokens = "all",
+    pairs: Pairs = "all",
+    precision: Literal["float64", "mixed"] = "float64",
+    backend: Literal["auto", "c", "torch"] = "auto",
+    calibration: Calibration | None = None,
+    stack: BlockStack | None = None,
+    massive_rows: bool = False,
+    **options: Any,
+) -> Analysis:
+    """One pass of ``model`` over ``loader`` → the block error matrix.
+
+    Every metric of :func:`toast.error_matrix` is then available from
+    :meth:`Analysis.error_matrix` without another pass. With ``estimator="cv"``
+    the moments keep ``folds`` fold sets (memory grows accordingly: see
+    ``toast.Moments.estimate_nbytes``); ``estimator="gcv"`` needs none.
+    ``backend`` is that of :func:`toast.hf.capture_moments` (the sums form on
+    the model's device with torch, or on the host in the C core). Under
+    ``torch.distributed`` each rank passes its shard of the data and gets the
+    same analysis (see :func:`toast.hf.capture_moments`). ``calibration`` (or its
+    fields as keywords: ``max_samples=...``, ``progress=False``...) bounds the
+    pass, see :class:`toast.Calibration`. ``loader`` may be raw text with
+    ``tokenizer=`` (and ``max_length``, ``batch_size``, ``num_samples``,
+    ``pack``, ``field``), as for :func:`toast.compress`. ``massive_rows``
+    also records the rows massive in some state (:class:`toast.hf.capture.massive.MassiveRows`,
+    in ``Analysis.massive``; on this process's rows only).
+    """
+    check("metric", metric, Options(METRICS))
+    text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
+    recorder = MassiveRows() if massive_rows else None
+    moments, stack = capture_moments(
+        model,
+        as_batches(loader, **text),
+        tokens=tokens,
+        folds=folds if estimator == "cv" else 0,
+        pairs=pairs,
+        precision=precision,
+        backend=backend,
+        calibration=Calibration.from_options(calibration, **options),
+        stack=stack,
+        observe=recorder,
+    )
+    errors = _errors(moments, metric, estimator, ridge)
+    return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)
+
+
+def analyze_from_disk(
+    folder: str | os.PathLike | DiskModel,
+    loader: Any,
+    *,
+    metric: str = "linear",
+    estimator: Literal["cv", "gcv", "in_sample"] = "cv",
+    folds: int = 5,
+    ridge: float = 0.0,
+    tokens: Tokens = "all",
+    pairs: Pairs = "all",
+    precision: Literal["float64", "mixed"] = "float64",
+    calibration: Calibration | None = None,
+    buffer_dir: str | os.PathLike | None = None,
+    massive_rows: bool = False,
+    **options: Any,
+) -> Analysis:
+    """:func:`analyze` of the checkpoint in ``folder`` without loading the
+    model: the blocks run one at a time from disk
+    (:func:`toast.hf.capture.disk_moments.capture_moments_from_disk`) and give the
+    same moments, so the same error matrix and plans. The states of every
+    calibration token wait in a temporary directory under ``buffer_dir``.
+    ``massive_rows`` records the rows massive in some state, as
+    :func:`analyze` does."""
+    from toast.hf.capture.disk_moments import capture_moments_from_disk
+    from toast.hf.capture.sequential import DiskModel  # noqa: F811 (imported for typing above)
+
+    check("metric", metric, Options(METRICS))
+    text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
+    cal = Calibration.from_options(calibration, **options)
+    recorder = MassiveRows() if massive_rows else None
+    moments, stack = capture_moments_from_disk(
+        DiskModel.open(folder, cal.blocks),
+        as_batches(loader, **text),
+        tokens=tokens,
+        folds=folds if estimator == "cv" else 0,
+        pairs=pairs,
+        precision=precision,
+        calibration=cal,
+        buffer_dir=buffer_dir,
+        observe=recorder,
+    )
+    errors = _errors(moments, metric, estimator, ridge)
+    return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)

@@ -1,0 +1,181 @@
+"""``toast.compress(..., method="toast")``: analyse, plan, fit and patch."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+
+import numpy as np
+from torch import nn
+
+from toast.core import Translator
+from toast.hf.evaluate.check import CheckSplit, RemovalCheck, unchecked_because
+from toast.hf.model.blocks import BlockStack, find_blocks
+from toast.hf.model.params import count_params
+from toast.hf.model.surgery import replace_spans
+from toast.methods.base import BeforeSurgery, Method, register
+from toast.methods.pipeline import deferred
+from toast.methods.translate.analysis import Analysis, analyze
+from toast.methods.translate.check import check_translators
+from toast.methods.translate.config import ToastConfig
+from toast.methods.translate.fitting import Fitter, records_massive_rows
+from toast.methods.translate.report import CompressionReport
+from toast.methods.translate.stages import STAGES
+from toast.spans import Span, validate_spans
+
+__all__ = ["METHOD", "choose_spans", "compress_toast"]
+
+
+def compress_toast(
+    model: nn.Module,
+    data: Iterable,
+    config: ToastConfig,
+    before_surgery: BeforeSurgery | None = None,
+) -> tuple[nn.Module, CompressionReport]:
+    """Replaces redundant spans of ``model``'s blocks by translators, in place.
+
+    One pass over ``data`` gives the moments and the error matrix; the
+    spans come from ``config.spans`` or :meth:`Analysis.plan`; each gets a
+    translator (see :class:`ToastConfig`) and the model is patched.
+    """
+    stack = find_blocks(model, config.calibration.blocks)
+    sequential = config.fit == "sequential"
+    split = CheckSplit(data, 0.0 if sequential else config.check_fraction)  # nothing to check
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        analysis = _analyze(model, split.fit, config, stack)
+    issued = {str(w.message): w.message for w in caught}
+    for message in issued.values():  # each once, as the analysis issued it
+        warnings.warn(message, stacklevel=2)
+    spans = choose_spans(analysis, config)
+    if before_surgery is not None:
+        before_surgery(spans, stack)
+    blocks_before, params_before = stack.num_blocks, count_params(model)
+    fitter = Fitter(config)
+    note = unchecked_because(split, sequential)
+    checks: list[RemovalCheck | None] = []
+    if config.fit == "independent":
+        modules = fitter.fit_all(model, split.fit, spans, analysis, stack)
+        if not note:
+            modules, checks = _checked(model, stack, spans, modules, split, config, analysis)
+        replace_spans(model, [(s.start, s.stop) for s in spans], modules, blocks=stack)
+    else:
+        _fit_sequentially(model, data, spans, fitter, stack)
+    fitter.warn_ill_conditioned(already=set(issued))
+    report = CompressionReport(
+        method="toast",
+        translator=config.translator,
+        spans=spans,
+        conditions=fitter.conditions,
+        ranks=fitter.ranks,
+        width=analysis.moments.dim,
+        blocks_before=blocks_before,
+        blocks_after=blocks_before - sum(s.num_blocks for s in spans) + len(spans),
+        params_before=params_before,
+        params_after=count_params(model),
+        rows=analysis.rows,
+        analysis=analysis,
+        fit=config.fit,
+        checks=checks,
+        check_note=note,
+    )
+    return model, report
+
+
+def _checked(
+    model: nn.Module,
+    stack: BlockStack,
+    spans: list[Span],
+    modules: list,
+    split: CheckSplit,
+    config: ToastConfig,
+    analysis: Analysis,
+) -> tuple[list, list[RemovalCheck | None]]:
+    """The translators measured against plain removal on the held-out
+    batches; with ``fallback`` one that lost becomes the identity."""
+    checks = check_translators(model, stack, spans, modules, split.check, config.fallback)
+    d = analysis.moments.dim
+    identity = Translator("identity", np.eye(d), np.zeros(d), 1.0, d, "identity")
+    kept = [
+        m if c is None or c.used == "fitted" else identity
+        for m, c in zip(modules, checks, strict=True)
+    ]
+    return kept, checks
+
+
+def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: BlockStack) -> Analysis:
+    return analyze(
+        model,
+        data,
+        metric=config.metric,
+        estimator=config.estimator,
+        folds=config.folds,
+        ridge=config.ridge or 0.0,
+        tokens=config.tokens,
+        pairs=config.pairs,
+        backend=config.backend,
+        calibration=config.calibration,
+        stack=stack,
+        massive_rows=records_massive_rows(config),
+    )
+
+
+def choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
+    """The spans ``config`` asks for: given, or planned from the analysis by
+    ``budget`` or ``max_error``."""
+    budget = config.budget
+    if budget is not None and not 1 <= budget < analysis.num_blocks:
+        raise ValueError(
+            f"budget={budget} must be between 1 and {analysis.num_blocks - 1}: the model has "
+            f"{analysis.num_blocks} blocks and keeps at least one"
+        )
+    if config.spans is not None:
+        chosen = validate_spans(config.spans, analysis.num_blocks)
+        return [Span(a, b, float(analysis.errors[a, b])) for a, b in chosen]
+    spans = analysis.plan(
+        max_blocks=budget,
+        max_error=config.max_error,
+        include_first_block=config.include_first_block,
+    )
+    if not spans:
+        raise ValueError(
+            "no span satisfies the constraints (max_error too small?); inspect "
+            "toast.analyze(...).errors"
+        )
+    return spans
+
+
+def _fit_sequentially(
+    model: nn.Module, data: Iterable, spans: list[Span], fitter: Fitter, stack: BlockStack
+) -> None:
+    # Each replacement shortens the block list: rediscover it after each patch.
+    removed = 0
+    for span in spans:
+        where = (span.start - removed, span.stop - removed)
+        module = fitter.fit_one_on(model, data, where, stack)
+        replace_spans(model, [where], [module], blocks=stack)
+        stack = find_blocks(model, stack)  # looked up by its path, not searched for
+        removed += span.num_blocks - 1
+
+
+def _run(
+    model: nn.Module,
+    data: Iterable | None,
+    config: ToastConfig,
+    before_surgery: BeforeSurgery | None = None,
+):
+    assert data is not None  # the runner refuses None for a method that needs data
+    return compress_toast(model, data, config, before_surgery)
+
+
+METHOD = register(
+    Method(
+        name="toast",
+        config=ToastConfig,
+        run=_run,
+        summary="replace redundant spans of blocks by closed-form or trained translators",
+        stages=STAGES,
+        # from_disk builds on this module: imported when a folder goes block by block
+        run_from_disk=deferred("toast.methods.translate.from_disk", "compress_from_disk"),
+    )
+)

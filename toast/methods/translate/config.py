@@ -1,0 +1,119 @@
+"""The options of ``toast.compress(..., method="toast")``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from toast._validation import Interval, Options, Predicate, validate
+from toast.core import METRICS, Pairs
+from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens
+
+__all__ = ["CLOSED_FORM", "TRAINED", "ToastConfig"]
+
+CLOSED_FORM = ("identity", "linear", "affine", "diagonal", "orthogonal")
+TRAINED = ("mlp", "resmlp")
+
+
+@dataclass(frozen=True)
+class ToastConfig:
+    """How TOAST analyses, plans and fits (see :func:`toast.compress`).
+
+    Planning: ``budget`` blocks to remove, each span within ``max_error``,
+    or explicit ``spans``; ``include_first_block`` lets a planned span start
+    at block 0 (the papers keep it); ``max_span`` bounds the blocks one
+    span may replace (None: any), and with it the analysis's memory: the
+    moments keep only pairs of states at most that far apart (and from disk,
+    only ``max_span + 1`` states wait there). Analysis: ``metric``,
+    ``estimator``, ``folds``, ``tokens``, ``backend``. Fitting:
+    ``translator`` (closed form: identity, linear, affine, diagonal,
+    orthogonal; trained: mlp, resmlp with ``max_rows``, ``train_steps``,
+    ``lr``), ``ridge``, ``fit``
+    (``"independent"``: every span on the original model's activations, the
+    papers' protocol; ``"sequential"``: each span on the partially
+    compressed model). ``calibration`` bounds every pass over the data.
+
+    Held-out check (in memory, independent fits): one calibration batch in
+    every ``round(1 / check_fraction)`` stays out of the analysis and the fits;
+    each span's translator is then measured there against plain removal of
+    the same blocks (perplexity for a causal LM, else output cosine), the
+    report says which measured better, and with ``fallback`` a span whose
+    translator lost is replaced by the identity (plain removal).
+    ``check_fraction=0`` is the papers' protocol: every batch is analysed.
+
+    Massive activations: with ``massive_rows="plain"`` (default) a linear or
+    affine translator of a span that would have to create a row's massive
+    activation (an attention sink: norm above 20× the batch median in the
+    span's last state, not in its first) is fitted as if that row's target
+    were its input, as plain removal leaves it (:mod:`toast.hf.capture.massive`; in
+    memory, one process); ``"fit"`` fits every row alike (the papers). The
+    error matrix always sees every row as it is.
+    """
+
+    budget: int | None = None
+    max_error: float | None = None
+    spans: Sequence[tuple[int, int]] | None = None
+    translator: str = "affine"
+    fit: Literal["independent", "sequential"] = "independent"
+    metric: str = "linear"
+    estimator: Literal["cv", "gcv", "in_sample"] = "cv"
+    folds: int = 5
+    tokens: Tokens = "all"
+    ridge: float | None = None
+    include_first_block: bool = False
+    max_span: int | None = None
+    max_rows: int = 50_000
+    train_steps: int = 300
+    lr: float = 1e-3
+    backend: Literal["auto", "c", "torch"] = "auto"
+    check_fraction: float = 0.1
+    fallback: bool = True
+    massive_rows: Literal["fit", "plain"] = "plain"
+    calibration: Calibration = field(default_factory=Calibration)
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "budget": [Interval(int, 1, None), None],
+        "max_error": [Interval(float, 0, None), None],
+        "spans": [Predicate(lambda v: isinstance(v, Sequence), "a list of (start, stop)"), None],
+        "translator": [Options(CLOSED_FORM + TRAINED)],
+        "fit": [Options(("independent", "sequential"))],
+        "metric": [Options(METRICS)],
+        "estimator": [Options(("cv", "gcv", "in_sample"))],
+        "folds": [Interval(int, 2, None)],
+        "tokens": [Options(TOKENS)],
+        "ridge": [Interval(float, 0, None), None],
+        "include_first_block": [bool],
+        "max_span": [Interval(int, 1, None), None],
+        "max_rows": [Interval(int, 1, None)],
+        "train_steps": [Interval(int, 1, None)],
+        "lr": [Interval(float, 0, None, closed="neither")],
+        "backend": [Options(BACKENDS)],
+        "check_fraction": [Interval(float, 0, 0.5, closed="both")],
+        "fallback": [bool],
+        "massive_rows": [Options(("fit", "plain"))],
+        "calibration": [Calibration],
+    }
+
+    def __post_init__(self) -> None:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in validate(self._parameter_constraints, fields).items():
+            object.__setattr__(self, name, value)
+        if self.spans is not None and (self.budget is not None or self.max_error is not None):
+            raise ValueError("give either spans=[(start, stop), ...] or budget/max_error, not both")
+        if self.spans is None and self.budget is None and self.max_error is None:
+            raise ValueError(
+                "give budget=<blocks to remove>, max_error=..., or both (or spans=...)"
+            )
+        longest = max((stop - start for start, stop in self.spans or ()), default=0)
+        if self.max_span is not None and longest > self.max_span:
+            raise ValueError(
+                f"spans= has a span of {longest} blocks, longer than max_span={self.max_span}; "
+                "raise max_span or leave it None"
+            )
+
+    @property
+    def pairs(self) -> Pairs:
+        """The pairs of states the analysis's moments keep."""
+        return "all" if self.max_span is None else self.max_span

@@ -1,0 +1,167 @@
+"""Fitting the translators of planned spans: closed form from moments, or
+trained on a row sample; on the original model (independent) or on the
+partially compressed one (sequential)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Collection, Iterable
+
+from torch import nn
+
+from toast.core import IllConditionedWarning, Moments, Translator, fit_translator
+from toast.core.errors import explain_rank_deficiency
+from toast.core.solvers import gram_rank
+from toast.hf.capture.distributed import broadcast_module
+from toast.hf.capture.massive import MassiveRows
+from toast.hf.capture.rows import RowSample, capture_rows
+from toast.hf.capture.states import capture_moments
+from toast.hf.model.blocks import BlockStack
+from toast.methods.translate.analysis import Analysis
+from toast.methods.translate.config import CLOSED_FORM, ToastConfig
+from toast.spans import Span
+from toast.translators import train_translator
+
+__all__ = ["FEW_ROWS_RIDGE", "FewRowsWarning", "Fitter", "records_massive_rows"]
+
+# Ridge (relative to the mean diagonal of XᵀX) for fits with rows <= dim.
+FEW_ROWS_RIDGE = 1e-3
+
+
+class FewRowsWarning(UserWarning):
+    """A translator was fitted from no more rows than features (ridge used)."""
+
+
+def records_massive_rows(config: ToastConfig) -> bool:
+    """Whether the analysis records the massive rows for the fits: a plain
+    correction of closed-form least squares (``massive_rows="plain"``), on
+    one process's rows."""
+    return (
+        config.massive_rows == "plain"
+        and config.translator in ("linear", "affine")
+        and not config.calibration.is_distributed
+    )
+
+
+class Fitter:
+    """Fits the configured kind of translator for spans of one model."""
+
+    def __init__(self, config: ToastConfig) -> None:
+        self.config = config
+        self.conditions: list[float] = []
+        self.ranks: list[int | None] = []
+        self._ill_conditioned: str | None = None  # the first explanation, issued once
+
+    def warn_ill_conditioned(self, already: Collection[str] = ()) -> None:
+        """One :class:`IllConditionedWarning` for all the fits of a run, saying why
+        (e.g. a post-LN model's structural rank loss) and what to do, if any fit was
+        and the run has not said so already (``already``: the messages issued)."""
+        if self._ill_conditioned is not None and self._ill_conditioned not in already:
+            warnings.warn(self._ill_conditioned, IllConditionedWarning, stacklevel=3)
+
+    def closed_form(
+        self, moments: Moments, i: int, j: int, massive: MassiveRows | None = None
+    ) -> Translator:
+        """The closed-form translator of ``blocks[i:j]`` from the moments, with
+        the massive-row correction when ``massive`` is given (a relative ridge
+        and a warning when there are too few rows)."""
+        kind, ridge, relative = self.config.translator, self.config.ridge, False
+        if ridge is None and kind in ("linear", "affine") and moments.rows <= moments.dim:
+            ridge, relative = FEW_ROWS_RIDGE, True
+            warnings.warn(
+                f"fitting blocks[{i}:{j}] from {moments.rows} rows of width {moments.dim}: "
+                f"least squares is underdetermined, so a ridge of {FEW_ROWS_RIDGE} (relative "
+                "to the mean diagonal of XᵀX) is used; pass ridge=... or more data",
+                FewRowsWarning,
+                stacklevel=5,
+            )
+        t = None
+        if massive is not None and kind in ("linear", "affine"):
+            t = massive.plain_fit(moments, i, j, kind == "affine", ridge or 0.0, relative)
+        with warnings.catch_warnings():
+            # explained once per run by warn_ill_conditioned, not once per span
+            warnings.simplefilter("ignore", IllConditionedWarning)
+            if t is None:
+                t = fit_translator(moments, i, j, kind=kind, ridge=ridge, ridge_relative=relative)
+        self.conditions.append(t.condition)
+        self.ranks.append(t.rank)
+        if t.ill_conditioned and self._ill_conditioned is None:
+            _, hint = gram_rank(moments, i, center=kind == "affine")
+            self._ill_conditioned = explain_rank_deficiency(t.rank, moments.dim, moments.rows, hint)
+        return t
+
+    def closed_forms(self, spans: list[Span], analysis: Analysis) -> list[Translator]:
+        """The closed-form translator of each span from the analysis's
+        moments (with its massive rows, when it recorded them): all a
+        closed form needs, in memory or from disk."""
+        massive = analysis.massive
+        return [self.closed_form(analysis.moments, s.start, s.stop, massive) for s in spans]
+
+    def _trained(self, sample: RowSample, i: int, j: int, like: nn.Module) -> nn.Module:
+        config = self.config
+        module = train_translator(
+            sample.state(i),
+            sample.state(j),
+            config.translator,  # type: ignore[arg-type]
+            steps=config.train_steps,
+            lr=config.lr,
+            seed=config.calibration.seed,
+            progress=config.calibration.progress,
+        )
+        self.conditions.append(float("nan"))
+        self.ranks.append(None)
+        if config.calibration.is_distributed:
+            # each rank sampled its own shard: take rank 0's translator everywhere
+            broadcast_module(module, group=config.calibration.group)
+        reference = next(like.parameters(), None)
+        if reference is not None:
+            module = module.to(dtype=reference.dtype, device=reference.device)
+        return module
+
+    def _rows(self, model: nn.Module, data: Iterable, states: list[int], stack: BlockStack):
+        return capture_rows(
+            model,
+            data,
+            states,
+            capacity=self.config.max_rows,
+            tokens=self.config.tokens,
+            calibration=self.config.calibration,
+            stack=stack,
+        )
+
+    def fit_all(
+        self,
+        model: nn.Module,
+        data: Iterable,
+        spans: list[Span],
+        analysis: Analysis,
+        stack: BlockStack,
+    ) -> list:
+        """One translator per span, all on the original model."""
+        if self.config.translator in CLOSED_FORM:
+            return list(self.closed_forms(spans, analysis))
+        states = [k for s in spans for k in (s.start, s.stop)]
+        with self._rows(model, data, states, stack) as rows:
+            return [
+                self._trained(rows, 2 * k, 2 * k + 1, stack.blocks[s.start])
+                for k, s in enumerate(spans)
+            ]
+
+    def fit_one_on(
+        self, model: nn.Module, data: Iterable, where: tuple[int, int], stack: BlockStack
+    ):
+        """The translator of ``blocks[where]`` on ``model`` as it is now."""
+        if self.config.translator in CLOSED_FORM:
+            moments, _ = capture_moments(
+                model,
+                data,
+                states=list(where),
+                tokens=self.config.tokens,
+                folds=0,
+                backend=self.config.backend,
+                calibration=self.config.calibration,
+                stack=stack,
+            )
+            return self.closed_form(moments, 0, 1)
+        with self._rows(model, data, list(where), stack) as rows:
+            return self._trained(rows, 0, 1, stack.blocks[where[0]])

@@ -1,0 +1,145 @@
+"""TOAST's stages: its analysis built from the shared pass (no pass of its
+own), linear and affine translator plans over planned spans, and the
+closed-form translators fitted from the moments when a plan is applied
+(on disk: standing in for their spans as the blocks load, and written
+in toast's format without loading the model)."""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from torch import nn
+
+from toast.accounting import translator_params
+from toast.core import Translator
+from toast.hf.capture.sequential import BlockEdits, DiskModel
+from toast.hf.data.calibration import Calibration
+from toast.hf.evaluate.from_disk import replaced
+from toast.hf.model.surgery import replace_spans
+from toast.io.from_disk import save_translated_from_disk
+from toast.methods.stages import (
+    BaseStages,
+    Layout,
+    Needs,
+    Plan,
+    Shared,
+    Sizes,
+    Stats,
+    span_family_plans,
+)
+from toast.methods.translate.analysis import Analysis
+from toast.methods.translate.config import ToastConfig
+from toast.methods.translate.fitting import Fitter
+from toast.spans import Span
+from toast.translators.block import translator_module
+
+__all__ = ["STAGES", "ToastStages", "ToastStats"]
+
+#: The closed-form translators a search compares (the papers' best two).
+TRANSLATORS = ("linear", "affine")
+
+
+@dataclass
+class ToastStats(Stats):
+    """The analysis (moments, massive rows) and each translator's span
+    errors, ``errors[translator][i, j]``."""
+
+    analysis: Analysis | None = field(default=None, repr=False)
+    errors: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+
+class ToastStages(BaseStages):
+    """TOAST as stages (family ``"toast"``; the affine plans extendable)."""
+
+    def needs(self, layout: Layout) -> Needs:
+        return Needs(moments=True)
+
+    def calibrate(
+        self,
+        model: nn.Module,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> ToastStats:
+        assert shared is not None  # needs() asked for it
+        errors = {kind: shared.errors(kind) for kind in TRANSLATORS}
+        analysis = Analysis(
+            shared.moments,
+            errors["linear"],
+            "linear",
+            "gcv",
+            "all",
+            shared.block_path,
+            0.0,
+            shared.massive,
+        )
+        return ToastStats(analysis=analysis, errors=errors)
+
+    def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
+        assert isinstance(stats, ToastStats) and stats.analysis is not None
+        width = stats.analysis.moments.dim
+        return [
+            plan
+            for kind in TRANSLATORS
+            for plan in span_family_plans(
+                "toast",
+                "toast",
+                stats.errors[kind],
+                kind,
+                sizes,
+                max_blocks,
+                added_per_span=translator_params(kind, width),
+                extendable=kind == "affine",
+            )
+        ]
+
+    def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
+        modules = _translators(plan, stats)
+        replace_spans(model, list(plan.spans), modules, blocks=layout.stack)
+
+    def calibrate_from_disk(
+        self,
+        disk: DiskModel,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> ToastStats:
+        # the shared pass is all it needs, and it came from disk already
+        return self.calibrate(disk.model, data, layout, shared, calibration, max_blocks)
+
+    def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits:
+        # in the weights' dtype, as the patched model has them
+        modules = [translator_module(t, dtype=disk.dtype) for t in _translators(plan, stats)]
+        return replaced(plan.spans, modules)
+
+    def save_from_disk(
+        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+    ) -> Path:
+        """What :func:`toast.save_pretrained` writes for the applied plan."""
+        translators = _translators(plan, stats)
+        return save_translated_from_disk(disk, output, list(plan.spans), translators)
+
+
+def _translators(plan: Plan, stats: Stats) -> list[Translator]:
+    """The plan's closed-form translators, fitted from the analysis's moments."""
+    assert isinstance(stats, ToastStats) and stats.analysis is not None
+    translator = plan.translator or "affine"
+    config = ToastConfig(spans=list(plan.spans), translator=translator)
+    spans = [Span(a, b, math.nan) for a, b in plan.spans]
+    with warnings.catch_warnings():
+        # a search measures every plan; a poorly conditioned fit just measures badly
+        warnings.simplefilter("ignore")
+        return Fitter(config).closed_forms(spans, stats.analysis)
+
+
+STAGES = ToastStages()
