@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 from torch import nn
@@ -103,21 +104,23 @@ def _checked(
     return kept, checks
 
 
+def analysis_options(config: ToastConfig) -> dict[str, Any]:
+    """The options of ``config`` that the analysis takes, in memory or from
+    disk (:func:`analyze`, :func:`analyze_from_disk`)."""
+    return {
+        "metric": config.metric,
+        "estimator": config.estimator,
+        "folds": config.folds,
+        "ridge": config.ridge or 0.0,
+        "tokens": config.tokens,
+        "pairs": config.pairs,
+        "calibration": config.calibration,
+        "massive_rows": records_massive_rows(config),
+    }
+
+
 def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: BlockStack) -> Analysis:
-    return analyze(
-        model,
-        data,
-        metric=config.metric,
-        estimator=config.estimator,
-        folds=config.folds,
-        ridge=config.ridge or 0.0,
-        tokens=config.tokens,
-        pairs=config.pairs,
-        backend=config.backend,
-        calibration=config.calibration,
-        stack=stack,
-        massive_rows=records_massive_rows(config),
-    )
+    return analyze(model, data, backend=config.backend, stack=stack, **analysis_options(config))
 
 
 def choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:

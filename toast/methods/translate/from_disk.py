@@ -36,9 +36,9 @@ from toast.io.from_disk import save_translated_from_disk
 from toast.methods.base import make_config
 from toast.methods.runner import split_heldout, split_text_options
 from toast.methods.translate.analysis import Analysis, analyze_from_disk
-from toast.methods.translate.compress import METHOD, choose_spans
+from toast.methods.translate.compress import METHOD, analysis_options, choose_spans
 from toast.methods.translate.config import CLOSED_FORM, ToastConfig
-from toast.methods.translate.fitting import Fitter, records_massive_rows
+from toast.methods.translate.fitting import Fitter
 from toast.methods.translate.report import CompressionReport
 from toast.spans import Span
 from toast.translators.block import translator_module
@@ -114,19 +114,7 @@ def compress_from_disk(
 def _analyze(
     disk: DiskModel, data: Iterable, config: ToastConfig, buffer_dir: str | os.PathLike | None
 ) -> Analysis:
-    return analyze_from_disk(
-        disk,
-        data,
-        metric=config.metric,
-        estimator=config.estimator,
-        folds=config.folds,
-        ridge=config.ridge or 0.0,
-        tokens=config.tokens,
-        pairs=config.pairs,
-        calibration=config.calibration,
-        buffer_dir=buffer_dir,
-        massive_rows=records_massive_rows(config),
-    )
+    return analyze_from_disk(disk, data, buffer_dir=buffer_dir, **analysis_options(config))
 
 
 def translated_edits(
