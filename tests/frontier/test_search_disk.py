@@ -74,6 +74,14 @@ def test_disk_search_notes_that_latency_is_off(both):
     assert any("latency not measured" in note for note in disk.notes)
 
 
+def test_disk_search_reports_macs_as_not_counted_rather_than_zero(both):
+    memory, disk, _ = both
+    assert all(m.measurement.macs is None for m in disk.measured) and disk.original.macs is None
+    assert all(m.measurement.macs for m in memory.measured)
+    row = disk.to_markdown().split("| original |", 1)[1].split("\n", 1)[0]
+    assert "| — |" in row and "| 0 |" not in row
+
+
 def test_disk_search_notes_the_methods_it_leaves_out(both):
     _, disk, _ = both
     left_out = [note for note in disk.notes if "left out on the block-by-block path" in note]

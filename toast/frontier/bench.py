@@ -100,9 +100,9 @@ class DiskBench:
         start = time.perf_counter()
         quality = self.evaluator.measure_edited(edits, label)
         assert self.evaluator.metric is not None  # set by the measurement
-        # MACs are not counted on the disk path (a macs= target is refused there)
         seconds = time.perf_counter() - start
-        return Measurement(float(quality), self.evaluator.metric, params, 0, None, seconds)
+        # MACs are not counted on the disk path (a macs= target is refused there)
+        return Measurement(float(quality), self.evaluator.metric, params, None, None, seconds)
 
     def original(self) -> Measurement:
         self.reference = True

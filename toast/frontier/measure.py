@@ -26,14 +26,14 @@ class Measurement:
     of the ``nn.Linear`` layers on the example batch, as
     ``toast.macs(model, convention="linear", example=...)`` counts them
     (attention's own products, which every plan keeps per kept block, are
-    not counted);
-    ``throughput`` a :class:`toast.frontier.latency.Throughput` as a dict
+    not counted; None where they were not counted: block by block from
+    disk); ``throughput`` a :class:`toast.frontier.latency.Throughput` as a dict
     (None when latency was not measured); ``seconds`` what measuring took."""
 
     quality: float
     metric: str
     params: int
-    macs: int
+    macs: int | None
     throughput: dict[str, Any] | None
     seconds: float
 

@@ -82,7 +82,8 @@ class SearchResult:
         forward, relative to the original's."""
         if self.size_axis == "params":
             return m.params / self.original.params
-        if self.size_axis == "macs":
+        if self.size_axis == "macs":  # the axis only where MACs were counted
+            assert m.macs is not None and self.original.macs is not None
             return m.macs / self.original.macs
         speedup = m.speedup(self.original)
         return math.nan if not speedup else 1.0 / speedup
@@ -169,7 +170,7 @@ class SearchResult:
                 _cell(row[self.metric], spec),
                 f"{row['params']:,}",
                 f"{100 * row['params_kept']:.1f}%",
-                f"{row['macs']:,}",
+                _cell(row["macs"], ","),
                 _cell(row["forward_per_s"], ",.0f"),
                 *([_cell(row["decode_tokens_per_s"], ",.1f")] if decode else []),
                 "—" if row["speedup"] is None else f"×{row['speedup']:.2f}",
@@ -213,9 +214,10 @@ class SearchResult:
         lines = [
             f"{self.metric} {m.quality:.4g} (original {self.original.quality:.4g})",
             f"params {m.params:,} ({100 * m.params / self.original.params:.1f}% kept)",
-            f"linear MACs per sample {m.macs:,}",
             f"predicted error {c.predicted_error:.4g}",
         ]
+        if m.macs is not None:
+            lines.insert(2, f"linear MACs per sample {m.macs:,}")
         speedup = m.speedup(self.original)
         if speedup is not None:
             lines.append(f"forward ×{speedup:.2f} the original's")

@@ -340,7 +340,8 @@ def _meets(original: Measurement, m: Measurement, run: _Run, higher: bool) -> bo
     goal = run.target
     if goal.kind == "params":
         return m.params <= (1.0 - goal.value) * original.params
-    if goal.kind == "macs":
+    if goal.kind == "macs":  # refused before any work where MACs are not counted
+        assert m.macs is not None and original.macs is not None
         return m.macs <= (1.0 - goal.value) * original.macs
     if goal.kind == "latency":
         speedup = m.speedup(original)
