@@ -363,14 +363,14 @@ def test_linear_convention_puts_pooled_heads_outside_the_blocks():
     model = _build("vit", "classifier")  # the classifier sees the CLS token only
     report = toast.macs(model, convention="linear")
     tokens = (16 // 4) ** 2 + 1
-    blocks = tokens * sum(_linear_per_row(model, b) for b in toast.find_blocks(model).blocks)
+    blocks = tokens * sum(_linear_per_row(model, b) for b in toast.hf.find_blocks(model).blocks)
     assert report.head.dense == _linear_per_row(model, model.classifier)
     assert report.macs == blocks + report.head.dense
 
 
 def test_linear_convention_counts_translators_apart():
     model = _build("vit", "none")
-    toast.replace_spans(model, [SPAN], [nn.Linear(D, D, bias=False)])
+    toast.io.replace_spans(model, [SPAN], [nn.Linear(D, D, bias=False)])
     report = toast.macs(model, convention="linear")
     tokens = (16 // 4) ** 2 + 1
     assert len(report.per_block) == LAYERS - (SPAN[1] - SPAN[0])

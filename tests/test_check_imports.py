@@ -165,7 +165,7 @@ def test_boundary_flags_a_methods_inner_module(tmp_path, package):
             def configure():
                 from toast.methods.translate.config import ToastConfig
                 import toast.methods.translate.config
-                from toast.methods import toast
+                from toast.methods import translate
         """,
         },
     )

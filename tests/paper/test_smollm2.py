@@ -98,6 +98,7 @@ def test_the_folded_checkpoint_reloads_without_toast_with_identical_logits(smoll
     torch.save(ids, tmp_path / "ids.pt")
     script = (
         "import json, sys, torch, transformers\n"
+        "torch.set_num_threads(1)\n"  # as the test process (one_torch_thread): the same sums
         "model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()\n"
         "ids = torch.load(sys.argv[2])\n"
         "with torch.inference_mode():\n"

@@ -23,7 +23,7 @@ if not dist.is_available():
 
 S, N, D, FOLDS = 4, 240, 6, 3
 # the repository root, so that subprocesses can import tests._helpers
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 WORKER = textwrap.dedent(
     """
