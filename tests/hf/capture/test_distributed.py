@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ if not dist.is_available():
 
 S, N, D, FOLDS = 4, 240, 6, 3
 # the repository root, so that subprocesses can import tests._helpers
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO_ROOT = str(Path(__file__).resolve().parents[3])
 
 WORKER = textwrap.dedent(
     """
