@@ -46,7 +46,7 @@ def test_search_refuses_bad_arguments_before_loading(local_llama, tmp_path, caps
     assert not (tmp_path / "out").exists()
 
 
-def test_search_of_a_folder_over_max_memory_runs_from_disk_and_saves_the_memory_choice(
+def test_search_of_a_folder_from_disk_saves_the_memory_choice(
     local_llama, tmp_path, capsys
 ):
     argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
@@ -54,7 +54,7 @@ def test_search_of_a_folder_over_max_memory_runs_from_disk_and_saves_the_memory_
     argv += ["--no-latency", "--no-progress", "--no-cache"]
     assert main([*argv, "--path", "memory", "--out", str(tmp_path / "memory")]) == 0
     capsys.readouterr()
-    assert main([*argv, "--max-memory", "1KB", "--out", str(tmp_path / "disk")]) == 0
+    assert main([*argv, "--path", "disk", "--out", str(tmp_path / "disk")]) == 0
     said = [line for line in capsys.readouterr().err.splitlines() if "path" in line]
     assert len(said) == 1 and said[0].startswith("toast search: sequential path")
     on_disk = json.loads((tmp_path / "disk" / "search.json").read_text())
@@ -68,6 +68,16 @@ def test_search_of_a_folder_over_max_memory_runs_from_disk_and_saves_the_memory_
         expected = toast.load_pretrained(tmp_path / "memory" / "model")(input_ids=ids).logits
         got = toast.load_pretrained(tmp_path / "disk" / "model")(input_ids=ids).logits
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_search_refuses_a_max_memory_its_moments_exceed_before_any_pass(
+    local_llama, tmp_path, capsys
+):
+    argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--heldout", "0.25", "--no-progress", "--no-cache", "--max-memory", "1KB"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) != 0
+    assert "the moments alone exceed max_memory='1KB'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_search_refuses_a_bad_max_memory_before_loading(local_llama, tmp_path, capsys):

@@ -5,6 +5,7 @@ memory, and the targets it cannot measure refused before any work."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -162,18 +163,12 @@ def test_a_target_the_disk_path_cannot_measure_is_refused_before_any_work(
         )
 
 
-def test_a_tiny_max_memory_chooses_the_disk_path_and_says_it_once(checkpoint, capsys):
+def test_the_disk_path_is_said_once(checkpoint, capsys):
     data, heldout = _data()
     result = toast.search(
-        checkpoint,
-        data,
-        heldout,
-        target=0.2,
-        latency=False,
-        cache=False,
-        progress=False,
-        max_memory="1KB",
-    )
+        checkpoint, data, heldout, target=0.2, latency=False, cache=False, progress=False,
+        sequential=True,
+    )  # fmt: skip
     said = [line for line in capsys.readouterr().err.splitlines() if "path" in line]
     assert len(said) == 1 and "sequential path" in said[0]
     assert said[0].startswith("toast search:")
@@ -233,3 +228,33 @@ def test_each_familys_plan_saved_from_disk_gives_the_built_models_logits(checkpo
             expected = built(input_ids=ids).logits
             got = toast.load_pretrained(saved)(input_ids=ids).logits
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=family)
+
+
+def test_a_max_memory_the_moments_alone_exceed_is_refused_before_any_pass(checkpoint, monkeypatch):
+    search_module = importlib.import_module("toast.frontier.search")
+
+    def no_loading(self, index):
+        raise AssertionError("a block was loaded")
+
+    monkeypatch.setattr(DiskModel, "load_block", no_loading)
+    disk = DiskModel.open(checkpoint)
+    layout = toast.methods.base.Layout(disk.stack)
+    needed = search_module.statistics_bytes(disk, layout, toast.methods.base.staged_methods())
+    states, width = layout.num_blocks + 1, disk.model.config.hidden_size
+    assert needed == 2 * states * (states + 1) // 2 * width * width * 8  # every pair, float64
+    data, heldout = _data()
+    with pytest.raises(ValueError, match=r"moments alone exceed .* give max_memory at least"):
+        toast.search(
+            checkpoint, data, heldout, target=0.2, cache=False, progress=False,
+            latency=False, max_memory="1KB",
+        )  # fmt: skip  # below the model (the disk path) and below its moments
+
+
+def test_the_disk_search_says_what_its_moments_add(checkpoint, capsys):
+    data, heldout = _data()
+    toast.search(
+        checkpoint, data, heldout, target=0.2, cache=False, progress=False,
+        latency=False, sequential=True,
+    )  # fmt: skip
+    said = [line for line in capsys.readouterr().err.splitlines() if "moments" in line]
+    assert len(said) == 1 and said[0].startswith("toast search:") and "GiB in all" in said[0]
