@@ -1,7 +1,7 @@
 """Running a registered method: raw data in, measured quality out.
 
 Every in-memory run (``toast.compress`` on a model, or on a checkpoint
-folder that fits memory; ``toast.replaceme``) goes through :func:`run_method`,
+folder that fits memory; ``toast.methods.replaceme.replaceme``) goes through :func:`run_method`,
 which
 
 1. turns raw text (a file, a list of strings, a ``datasets``-style dataset,

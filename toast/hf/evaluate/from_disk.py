@@ -153,7 +153,7 @@ def measure_from_disk(
 
 def removal(spans: Iterable[Any]) -> BlockEdits:
     """Plain removal of ``spans`` (``(start, stop)`` pairs or
-    :class:`toast.Span`): their blocks are skipped."""
+    :class:`toast.spans.Span`): their blocks are skipped."""
     skip: set[int] = set()
     for span in spans:
         start, stop = (span.start, span.stop) if hasattr(span, "start") else span

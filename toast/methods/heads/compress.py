@@ -44,7 +44,7 @@ _TCS = {
 class ToastVitReport(Report):
     """What ``compress(..., method="toast-vit")`` did. ToaSt removes no
     block (``blocks_before == blocks_after``); ``gmacs_*`` are
-    ToaSt-convention GMACs per image (:func:`toast.toast_macs`)."""
+    ToaSt-convention GMACs per image (:func:`toast.methods.heads.toast_macs`)."""
 
     method: str
     blocks_before: int
@@ -99,13 +99,13 @@ def compress_vit(
     """ToaSt on an HF ViT / DeiT / DINOv2 / ViT-MAE / Swin model, in place
     (the fields are described on :class:`ToastVitConfig`):
 
-    1. SCWP, :func:`toast.prune_heads` with ``config.head_sparsity``
+    1. SCWP, :func:`toast.methods.heads.scwp.prune_heads` with ``config.head_sparsity``
        (default: the named schedule's ρ, else 0.9);
     2. if ``config.finetune_steps`` > 0, the recovery fine-tune
        (:func:`toast.methods.heads.finetune.finetune`) on ``data``
        (batches of ``(pixel_values, labels)``, dicts with labels, or
        anything ``config.loss_fn(model, batch)`` takes);
-    3. TCS, :func:`toast.enable_tcs` with ``config.schedule`` (None: no TCS).
+    3. TCS, :func:`toast.methods.heads.tcs.enable_tcs` with ``config.schedule`` (None: no TCS).
 
     ``data`` is only needed for the fine-tune: ToaSt itself uses no data.
     ``config.calibration.seed`` seeds the fine-tune and TCS's token samples.

@@ -39,7 +39,7 @@ SKIP_HEADS = (0,)
 
 def tcs_schedule(name: str, num_blocks: int) -> dict[str, dict[int, float]]:
     """The TCS schedule ``name`` of :data:`TCS_SCHEDULES` for ``num_blocks``
-    blocks, as :func:`toast.enable_tcs` takes it (0-based blocks)."""
+    blocks, as :func:`toast.methods.heads.tcs.enable_tcs` takes it (0-based blocks)."""
     fc1, fc2 = TCS_SCHEDULES[name]
     last_third = range(num_blocks - max(1, math.ceil(num_blocks / 3)), num_blocks)
     schedule: dict[str, dict[int, float]] = {"fc2": {b: fc2 for b in last_third}}

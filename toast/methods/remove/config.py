@@ -19,7 +19,7 @@ class RemoveConfig:
     identity-span error (``‖Y − X‖ / ‖Y‖`` between a span's first and last
     state, from one pass over the calibration data; block 0 is kept, as
     the papers keep it), or explicit ``spans`` (no data needed).
-    ``backend`` is the pass's (see :func:`toast.capture_moments`),
+    ``backend`` is the pass's (see :func:`toast.hf.capture_moments`),
     ``calibration`` bounds it."""
 
     num_blocks: int | None = None

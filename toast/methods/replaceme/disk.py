@@ -25,7 +25,7 @@ The same statistics as the in-memory path, fed from
   (:func:`toast.methods.replaceme.fold.folded`).
 
 So cuts, checks, transforms, measured quality and the written tensors equal
-those of :func:`toast.replaceme` followed by ``save_pretrained``.
+those of :func:`toast.methods.replaceme.replaceme` followed by ``save_pretrained``.
 """
 
 from __future__ import annotations
@@ -404,7 +404,7 @@ def replaceme_from_disk(
     states are ever in memory; the states wait between blocks in a
     temporary directory under ``buffer_dir``, removed on every exit. An
     interrupted run (Ctrl-C included) leaves neither temporary files nor a
-    partial ``output``. Returns the report (as :func:`toast.replaceme`'s).
+    partial ``output``. Returns the report (as :func:`toast.methods.replaceme.replaceme`'s).
     """
     text, params = split_text_options(params)
     config = ReplaceMeConfig.from_options(config, params)
@@ -452,7 +452,7 @@ class _Chosen:
 
 def _fit(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) -> _Chosen:
     """The cuts and their transforms, chosen and checked on held-out
-    calibration batches as :func:`toast.replaceme` does."""
+    calibration batches as :func:`toast.methods.replaceme.replaceme` does."""
     split = CheckSplit(data, 0.0 if fits_sequentially(config) else config.check_fraction)
     spans, profile = _choose(disk, split.fit, config)
     note = check_note(config, split, len(spans))
