@@ -1,26 +1,21 @@
-"""Hugging Face glue, method-agnostic (torch + transformers): block
-discovery, calibration passes, capture into moments or row samples, model
-surgery, distributed reductions and parameter counting.
+"""Hugging Face glue, method-agnostic (torch + transformers), by role:
 
-- :mod:`toast.hf.model.blocks`: find the block list, a block's projections, the head;
-- :mod:`toast.hf.data.calibration`: :class:`Calibration`, the options of every pass
-  (torch-free, so configs build without importing torch);
-- :mod:`toast.hf.capture.states`: hooks → moments (:func:`capture_moments`);
-- :mod:`toast.hf.capture.rows`: hooks → a bounded, disk-backed row sample;
-- :mod:`toast.hf.capture.torch_moments`: moments formed on an accelerator with torch;
-- :mod:`toast.hf.model.surgery`: replace or remove spans of blocks in place;
-- :mod:`toast.hf.capture.distributed`: sums over ``torch.distributed`` ranks;
-- :mod:`toast.hf.model.params`: the parameter counter;
-- :mod:`toast.hf.data.text`: raw text (files, lists, datasets, chat rows) → batches;
-- :mod:`toast.hf.evaluate.quality`: measured held-out quality (perplexity, accuracy,
-  output cosine) and plain removal of spans by hooks;
-- :mod:`toast.hf.model.checkpoint`: a safetensors checkpoint folder read tensor by tensor;
-- :mod:`toast.hf.capture.sequential`: calibration block by block from disk
-  (:class:`DiskModel`, :func:`stream_blocks`), for models bigger than memory;
-- :mod:`toast.hf.capture.disk_moments`: moments from that stream;
-- :mod:`toast.hf.evaluate.from_disk`: held-out quality measured block by block from
-  disk, with blocks skipped or changed as they load (:class:`SequentialEvaluator`);
-- :mod:`toast.hf.capture.budget`: whether a checkpoint fits the memory budget.
+- :mod:`toast.hf.model`: the model's structure and its edits: ``blocks``
+  (the block list, a block's projections, the head), ``surgery`` (replace or
+  remove spans in place), ``params`` (the parameter counter),
+  ``checkpoint`` (a safetensors folder read tensor by tensor);
+- :mod:`toast.hf.data`: ``text`` (raw text, files, datasets, chat rows →
+  batches), ``calibration`` (:class:`Calibration`, the options of every pass,
+  torch-free), ``progress``;
+- :mod:`toast.hf.capture`: the pipelines that stream states: in memory
+  (``states``: hooks → moments, :func:`capture_moments`; ``rows``;
+  ``torch_moments``; ``distributed``; ``massive``), block by block from a
+  checkpoint (``sequential``: :class:`DiskModel`, :func:`stream_blocks`;
+  ``disk_moments``), and ``budget``, which chooses between them;
+- :mod:`toast.hf.evaluate`: ``quality`` (held-out perplexity, accuracy or
+  output cosine; plain removal by hooks), ``from_disk`` (the same block by
+  block, :class:`SequentialEvaluator`), ``check`` (a fit against plain
+  removal on calibration batches kept out of the fit).
 """
 
 from toast._lazy import lazy_getattr
