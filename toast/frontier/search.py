@@ -320,7 +320,7 @@ def _check_statistics(
         return
     total = plan.bound + extra
     said = (
-        f"toast search: the moments of every pair of the {layout.num_blocks + 1} block states "
+        f"the moments of every pair of the {layout.num_blocks + 1} block states "
         f"add about {extra / 2**30:.2f} GiB to the weights' bound: about "
         f"{total / 2**30:.2f} GiB in all"
     )
@@ -329,7 +329,7 @@ def _check_statistics(
             f"{said}; the moments alone exceed max_memory={max_memory!r}: give max_memory "
             f"at least {extra / 2**30:.2f} GiB (the moments do not yet shrink with the budget)"
         )
-    print(said, file=sys.stderr)
+    print(f"toast search: {said}", file=sys.stderr)
 
 
 def _is_path(value: Any) -> bool:
