@@ -320,6 +320,7 @@ def main() -> None:
         "total_s": time.perf_counter() - start,
     }
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # a new --out folder is made, not an error at the end
     (out / "fits.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
     table = _table(rows, chosen)
     text = (
