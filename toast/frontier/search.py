@@ -31,7 +31,6 @@ from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
 from toast.hf.data.progress import progress_bar
 from toast.hf.data.text import as_batches
-from toast.methods import available_methods, get_method
 from toast.methods.base import Layout, Method, Plan, Sizes, find_layout, staged_methods
 from toast.methods.runner import split_heldout, split_text_options
 
@@ -248,9 +247,7 @@ def _open(
     """The model, or a checkpoint folder on the path ``plan_checkpoint``
     chooses (said once); a target the disk path cannot measure is refused
     before any pass."""
-    for name in available_methods():
-        get_method(name)  # registers it, so every method's structure is found
-    methods = staged_methods()
+    methods = staged_methods()  # the registry loads every method first
     if isinstance(model, nn.Module):
         if sequential:
             raise ValueError("sequential=True needs a checkpoint folder, not a loaded model")

@@ -124,6 +124,16 @@ class Shared:
         return table
 
 
+#: What the shared pass captures, in memory and from disk alike: every token
+#: of every block state, every pair, in float64, no folds.
+SHARED_PASS: dict[str, Any] = {
+    "tokens": "all",
+    "folds": 0,
+    "pairs": "all",
+    "precision": "float64",
+}
+
+
 def capture_shared(
     model: nn.Module, data: Iterable, layout: Layout, calibration: Calibration, backend: str
 ) -> Shared:
@@ -137,14 +147,11 @@ def capture_shared(
         moments, stack = capture_moments(
             model,
             data,
-            tokens="all",
-            folds=0,
-            pairs="all",
-            precision="float64",
             backend=backend,  # type: ignore[arg-type]
             calibration=calibration,
             stack=layout.stack,
             observe=recorder,
+            **SHARED_PASS,
         )
     return Shared(moments, recorder, stack.path)
 
@@ -164,13 +171,10 @@ def capture_shared_from_disk(
         moments, stack = capture_moments_from_disk(
             disk,
             data,
-            tokens="all",
-            folds=0,
-            pairs="all",
-            precision="float64",
             backend=backend,  # type: ignore[arg-type]
             calibration=calibration,
             observe=recorder,
+            **SHARED_PASS,
         )
     return Shared(moments, recorder, stack.path)
 
