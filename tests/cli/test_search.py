@@ -30,12 +30,28 @@ def test_search_writes_the_chosen_model_and_the_report(local_llama, tmp_path, ca
         assert (tmp_path / "out" / name).is_file(), name
 
 
+def test_search_follows_the_objective_and_reports_every_metric(local_llama, tmp_path, capsys):
+    argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--heldout", "0.25", "--target", "params=20%", "--max-measured", "3"]
+    argv += ["--no-latency", "--no-progress", "--cache", str(tmp_path / "cache")]
+    assert main([*argv, "--objective", "kl", "--out", str(tmp_path / "out")]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if "| candidate" in line)
+    assert header.startswith("| candidate | predicted error | KL | perplexity |")
+    saved = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert saved["metric"] == "kl"
+    chosen = saved["measured"][saved["chosen"]]["measurement"]
+    assert chosen["quality"] == chosen["metrics"]["kl"]
+
+
 @pytest.mark.parametrize(
     "bad, said",
     [
         (["--target", "weights=20%"], "target kind"),
         (["--target", "params=120%"], "between 0 and 1"),
         (["--max-measured", "0"], "--max-measured"),
+        (["--objective", "loss"], "objective must be one of"),
+        (["--objective", "kl", "--target", "quality=10%"], "original's kl to itself is 0"),
+        (["--objective", "kl", "--task-limit", "5"], "--task-limit applies"),
     ],
 )
 def test_search_refuses_bad_arguments_before_loading(local_llama, tmp_path, capsys, bad, said):
@@ -46,9 +62,7 @@ def test_search_refuses_bad_arguments_before_loading(local_llama, tmp_path, caps
     assert not (tmp_path / "out").exists()
 
 
-def test_search_of_a_folder_from_disk_saves_the_memory_choice(
-    local_llama, tmp_path, capsys
-):
+def test_search_of_a_folder_from_disk_saves_the_memory_choice(local_llama, tmp_path, capsys):
     argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
     argv += ["--heldout", "0.25", "--target", "params=20%", "--max-measured", "3"]
     argv += ["--no-latency", "--no-progress", "--no-cache"]

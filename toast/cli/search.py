@@ -47,6 +47,18 @@ def add_parser(sub: Any) -> None:
         default="params=20%",
         help="params=20%%, macs=25%%, latency=30%% or quality=10%% (params=20%%)",
     )
+    p.add_argument(
+        "--objective",
+        default=None,
+        help="what the front and the choice follow: perplexity, kl, kl_p99, agreement, "
+        "accuracy, cosine, or task:PRESET|TASKS|YAML (default: the model's held-out metric)",
+    )
+    p.add_argument(
+        "--task-limit",
+        type=int,
+        default=None,
+        help="examples per task for a task: objective (all)",
+    )
     p.add_argument("--max-measured", type=int, default=8, help="candidates to measure (8)")
     p.add_argument("--max-minutes", type=float, default=None, help="time budget (none)")
     p.add_argument("--max-blocks", type=int, default=None, help="most blocks removed (half)")
@@ -62,6 +74,7 @@ def add_parser(sub: Any) -> None:
 
 def _check(args: argparse.Namespace) -> Path:
     """Every argument and path before anything loads."""
+    from toast.frontier.objective import Objective
     from toast.frontier.target import Target
     from toast.hf.capture.budget import parse_size
 
@@ -72,14 +85,25 @@ def _check(args: argparse.Namespace) -> Path:
     if data.is_file():
         check_tokenizer_files(model)
     args.target = Target.parse(args.target)
+    args.objective = Objective.parse(args.objective, _task_options(args))
+    args.objective.check_target(args.target.kind)
     for name in ("max_measured", "batch_size", "max_length"):
         check(f"--{name.replace('_', '-')}", getattr(args, name), Interval(int, 1, None))
     check("--max-blocks", args.max_blocks, Interval(int, 1, None), None)
+    check("--task-limit", args.task_limit, Interval(int, 1, None), None)
     check("--max-minutes", args.max_minutes, Interval(float, 0, None, closed="neither"), None)
     calibration_from_args(args)  # checks --max-samples, --max-batches
     if args.max_memory is not None:
         parse_size(args.max_memory)  # a bad size fails before anything loads
     return check_out(args.out, args.overwrite)
+
+
+def _task_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.task_limit is None:
+        return None
+    if not str(args.objective or "").startswith("task:"):
+        raise ValueError("--task-limit applies to --objective task:... only")
+    return {"limit": args.task_limit}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -111,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
             calibration=calibration,
             max_memory=args.max_memory,
             sequential=forced_path(args),
+            objective=args.objective,
         )
         result.save(stage)
     report_warnings(caught, quiet=args.quiet)

@@ -9,6 +9,7 @@ is one."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -32,6 +33,10 @@ __all__ = ["Bench", "DiskBench", "MemoryBench"]
 #: Writes the chosen model to a new folder without loading the checkpoint.
 Writer = Callable[[str | os.PathLike], Path]
 
+#: Measures more of a built model than the held-out pass does (an
+#: objective's task accuracies), by metric name.
+Extra = Callable[[nn.Module], dict[str, float]]
+
 
 class MemoryBench:
     """Candidates built on copies of ``model`` and measured whole."""
@@ -44,26 +49,38 @@ class MemoryBench:
         heldout: Iterable,
         metric: str | None,
         latency: bool,
+        extra: Extra | None = None,
     ) -> None:
         self.model, self.layout, self.calibrated = model, layout, calibrated
-        self.latency = latency
+        self.latency, self.extra = latency, extra
         self.example = next(iter(heldout))
         self.evaluator = Evaluator(heldout, metric, progress=False)  # type: ignore[arg-type]
-        self.reference = False  # whether a cosine evaluator holds the original's outputs
+        # whether the evaluator holds the original's outputs, which the
+        # fidelity metrics (KL, agreement, cosine) compare every model with
+        self.reference = False
+
+    def _more(self, model: nn.Module, m: Measurement) -> Measurement:
+        if self.extra is None:
+            return m
+        start = time.perf_counter()
+        metrics = {**m.metrics, **self.extra(model)}
+        seconds = m.seconds + time.perf_counter() - start
+        return dataclasses.replace(m, metrics=metrics, seconds=seconds)
 
     def original(self) -> Measurement:
         self.reference = True
-        return measure(self.model, self.evaluator, self.example, "original", self.latency)
+        m = measure(self.model, self.evaluator, self.example, "original", self.latency)
+        return self._more(self.model, m)
 
     def candidate(self, plan: Plan) -> Measurement:
-        if self.evaluator.metric == "cosine" and not self.reference:
-            self.evaluator.measure(self.model, "original")  # the reference outputs
+        if not self.reference:  # the original was measured by an earlier call
+            self.evaluator.measure(self.model, "original")
             self.reference = True
         built = build(self.model, self.layout, plan, self.calibrated)
         # counted before the run-time changes, which the linear layers' hooks cannot see
         macs = linear_macs(built.model, self.example) - plan.unseen_macs
         model = finish(built, plan, self.calibrated)
-        return measure(
+        m = measure(
             model,
             self.evaluator,
             self.example,
@@ -72,6 +89,7 @@ class MemoryBench:
             reference=self.model,
             macs=macs,
         )
+        return self._more(model, m)
 
     def chosen(self, plan: Plan) -> tuple[nn.Module | None, Writer | None]:
         """The chosen model, built."""
@@ -102,7 +120,15 @@ class DiskBench:
         assert self.evaluator.metric is not None  # set by the measurement
         seconds = time.perf_counter() - start
         # MACs are not counted on the disk path (a macs= target is refused there)
-        return Measurement(float(quality), self.evaluator.metric, params, None, None, seconds)
+        return Measurement(
+            float(quality),
+            self.evaluator.metric,
+            params,
+            None,
+            None,
+            seconds,
+            metrics=dict(self.evaluator.last),
+        )
 
     def original(self) -> Measurement:
         self.reference = True
@@ -116,8 +142,8 @@ class DiskBench:
         return stages
 
     def candidate(self, plan: Plan) -> Measurement:
-        if self.evaluator.metric == "cosine" and not self.reference:
-            self.evaluator.measure_edited(BlockEdits(), "original")  # the reference outputs
+        if not self.reference:  # the original was measured by an earlier call
+            self.evaluator.measure_edited(BlockEdits(), "original")
             self.reference = True
         stats = self.calibrated.stats[plan.methods[0]]
         edits = self._stages(plan).edits(self.disk, plan, stats)

@@ -16,14 +16,22 @@ from torch import nn
 from toast.methods.base import Plan
 
 from .measure import Measurement
+from .objective import higher_is_better
 from .pareto import spearman
 from .plot import Point, front_figure, front_svg
 from .target import Target
 
-__all__ = ["HIGHER", "Measured", "SearchResult"]
+__all__ = ["Measured", "SearchResult"]
 
-#: Whether a higher value of each quality metric is better.
-HIGHER = {"perplexity": False, "accuracy": True, "cosine": True}
+#: How the report names and prints each measured quantity.
+_METRICS = {
+    "perplexity": ("perplexity", ".2f"),
+    "kl": ("KL", ".4f"),
+    "kl_p99": ("KL p99", ".4f"),
+    "agreement": ("top-1 agreement", ".4f"),
+    "accuracy": ("accuracy", ".4f"),
+    "cosine": ("cosine", ".4f"),
+}
 
 
 @dataclass(frozen=True)
@@ -71,7 +79,7 @@ class SearchResult:
 
     @property
     def higher_is_better(self) -> bool:
-        return HIGHER[self.metric]
+        return higher_is_better(self.metric)
 
     @property
     def best(self) -> Measured | None:
@@ -121,6 +129,7 @@ class SearchResult:
             "candidate": label,
             "role": role,
             "predicted": None if c is None else c.predicted_error,
+            **m.metrics,
             self.metric: m.quality,
             "params": m.params,
             "params_kept": m.params / self.original.params,
@@ -145,6 +154,14 @@ class SearchResult:
             "",
             self._ranking_line(),
         ]
+        tail = self.original.metrics.get("tail_mass")
+        if tail is not None:
+            lines.append(
+                "KL is the divergence of each candidate's next-token distribution from the "
+                "original's over the original's most likely tokens and one bucket for the rest "
+                f"(a lower bound of the full KL; the rest held {tail:.2g} of the original's "
+                "probability on average)."
+            )
         if self.original.throughput is not None:
             lines.append(f"Throughput of the original: {_describe(self.original.throughput)}.")
             lines.append(
@@ -154,12 +171,19 @@ class SearchResult:
         lines += [f"- {note}" for note in self.notes]
         return "\n".join(lines)
 
+    @property
+    def metrics(self) -> list[str]:
+        """Every quantity measured of the original, the objective's first
+        (the tail mass of the KL's reference is said below the table)."""
+        others = [k for k in self.original.metrics if k not in (self.metric, "tail_mass")]
+        return [self.metric, *others]
+
     def _table_lines(self) -> list[str]:
-        spec = ".2f" if self.metric == "perplexity" else ".4f"
         timed = self.original.throughput
         unit = timed.get("unit", "") if timed else ""
         decode = bool(timed and timed.get("decode_tokens_per_s"))
-        header = f"| candidate | predicted error | {self.metric} | params | kept | linear MACs |"
+        names = " | ".join(_name(k) for k in self.metrics)
+        header = f"| candidate | predicted error | {names} | params | kept | linear MACs |"
         header += f" forward {unit or 'throughput'} |" + (" decode tokens/s |" if decode else "")
         lines = [header + " speed-up |", "|---|" + "---:|" * (header.count("|") - 1)]
         for row in self.table():
@@ -167,7 +191,7 @@ class SearchResult:
             cells = [
                 f"{row['candidate']}{mark}",
                 _cell(row["predicted"], ".4f"),
-                _cell(row[self.metric], spec),
+                *(_cell(row.get(k), _spec(k)) for k in self.metrics),
                 f"{row['params']:,}",
                 f"{100 * row['params_kept']:.1f}%",
                 _cell(row["macs"], ","),
@@ -228,7 +252,10 @@ class SearchResult:
     def _axes(self) -> tuple[str, str]:
         x = {"params": "parameters", "macs": "linear MACs", "latency": "time per forward"}
         size = x.get(self.size_axis, "parameters")
-        return f"{size} (fraction of the original)", f"held-out {self.metric}"
+        quality = _name(self.metric)
+        if not self.metric.startswith("task:"):
+            quality = f"held-out {quality}"
+        return f"{size} (fraction of the original)", quality
 
     def plot(self):
         """A matplotlib figure of measured quality against size (the caller
@@ -304,6 +331,16 @@ class SearchResult:
         finally:
             plt.close(figure)
         return out
+
+
+def _name(metric: str) -> str:
+    if metric.startswith("task:"):
+        return f"{metric[len('task:') :]} accuracy"
+    return _METRICS.get(metric, (metric, ""))[0]
+
+
+def _spec(metric: str) -> str:
+    return _METRICS.get(metric, (metric, ".4f"))[1]
 
 
 def _cell(value: float | None, spec: str) -> str:

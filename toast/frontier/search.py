@@ -46,8 +46,8 @@ from .cache import (
 from .calibrate import Calibrated, calibrate, calibrate_from_disk, model_sizes
 from .candidates import enumerate_candidates
 from .measure import Measurement
+from .objective import Objective, higher_is_better
 from .pareto import pareto_front
-from .result import HIGHER as _HIGHER
 from .result import Measured, SearchResult
 from .selection import Bisection, Ranked
 from .target import Target
@@ -74,6 +74,8 @@ class _Run:
     latency: bool
     started: float
     max_seconds: float | None
+    objective: Objective
+    tokenizer: Any = None
     disk: DiskModel | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -93,6 +95,8 @@ def search(
     backend: str = "auto",
     max_memory: int | str | None = None,
     sequential: bool | None = None,
+    objective: str | None = None,
+    task_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> SearchResult:
     """Finds the best compression of ``model`` for ``target``, measured.
@@ -137,11 +141,26 @@ def search(
     (ToaSt) are left out, nothing is timed (``latency=`` and ``macs=``
     targets are refused) and :meth:`SearchResult.save` writes the chosen
     model from the checkpoint.
+
+    ``objective``: what the front, the target and the choice follow
+    (:class:`toast.frontier.objective.Objective`): None for the model's own
+    held-out metric; ``"perplexity"``, ``"kl"`` (mean KL divergence of the
+    candidate's next-token distribution from the original's),
+    ``"kl_p99"``, ``"agreement"`` (top-1 agreement with the original);
+    or ``"task:<preset or tasks>"``, the average accuracy of
+    lm-evaluation-harness tasks (:func:`toast.evaluate`, with
+    ``task_options`` such as ``{"limit": 200}``), measured on each
+    candidate loaded in memory. Every measured quantity is in the report.
     """
     check("max_measured", max_measured, Interval(int, 1, None))
     check("backend", backend, Options(BACKENDS))
     # where the model lives travels with the options, as the backend does
-    options.update(backend=backend, max_memory=max_memory, sequential=sequential)
+    options.update(
+        backend=backend,
+        max_memory=max_memory,
+        sequential=sequential,
+        objective=Objective.parse(objective, task_options),
+    )
     run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
     calibrated, passes = _calibrated(run, backend, max_blocks)
     sizes = model_sizes(run.model, run.layout)
@@ -177,6 +196,8 @@ def _prepare(
     check("cache", cache, bool, Predicate(_is_path, "a folder"))
     backend = options.pop("backend")
     max_memory, sequential = options.pop("max_memory"), options.pop("sequential")
+    objective: Objective = options.pop("objective")
+    objective.check_target(goal.kind)
     check("sequential", sequential, bool, None)
     text, rest = split_text_options(options)
     calibration = Calibration.from_options(rest.pop("calibration", None), **rest)
@@ -187,6 +208,9 @@ def _prepare(
     heldout = _heldout(data, heldout, text)
     if isinstance(heldout, tuple):
         data, heldout = heldout
+    tokenizer = text.get("tokenizer") or getattr(data, "tokenizer", None)
+    kind = "loaded" if opened.disk is None else "disk"
+    objective.check(opened.model, next(iter(heldout)), kind, tokenizer)
     folder = default_cache_dir() if cache is True else None if cache is False else cache
     settings = (
         calibration.max_samples,
@@ -219,6 +243,8 @@ def _prepare(
         latency,
         time.perf_counter(),
         None if max_minutes is None else 60.0 * max_minutes,
+        objective,
+        tokenizer,
         opened.disk,
         notes,
     )
@@ -413,11 +439,11 @@ def _measure_all(
     selector = (Bisection if run.target.kind == "quality" else Ranked)(eligible, max_measured)
     measurer = _Measurer(run, calibrated, sizes)
     notes = measurer.measure(selector, max_measured)
-    keys = set(measurer.store)
+    found = {c.key: measurer.stored(c.key) for c in eligible}
     measured = [
-        Measured(c, Measurement.from_dict(measurer.store[c.key]), c.key in measurer.before)
+        Measured(c, m, c.key not in measurer.fresh)
         for c in eligible
-        if c.key in keys
+        if (m := found[c.key]) is not None
     ]
     measured.sort(key=lambda m: (m.measurement.params, m.candidate.key))
     result = _result(run, measurer.original, measured, len(eligible), passes, notes)
@@ -435,53 +461,72 @@ def _measure_all(
 class _Measurer:
     """Measures candidates on the held-out data, keeping every measurement
     in the cache as it comes (an interrupted search keeps what it
-    measured). ``before``: the keys the cache held at the start."""
+    measured). ``before``: the keys the cache held at the start. The
+    cache keeps what was measured; the objective picks its quality on
+    reading, and an entry without the objective's value is measured again."""
 
     def __init__(self, run: _Run, calibrated: Calibrated, sizes: Sizes) -> None:
         self.run = run
-        self.key = combine(run.key, fingerprint_batches(run.heldout), run.latency)
+        # task accuracies depend on the harness's settings: their own entries
+        tasks = run.objective.key() if run.objective.is_task else None
+        self.key = combine(run.key, fingerprint_batches(run.heldout), run.latency, tasks)
         self.store = run.cache.load_measurements(self.key)
-        self.before = set(self.store)
+        self.fresh: set[str] = set()
         found = self.store.get("original")
         metric = None if found is None else found["metric"]
+        extra = run.objective.extra(run.tokenizer)
         self.bench: Bench
         if run.disk is not None:
             self.bench = DiskBench(run.disk, sizes, calibrated, run.heldout, metric)
         else:
             self.bench = MemoryBench(
-                run.model, run.layout, calibrated, run.heldout, metric, run.latency
+                run.model, run.layout, calibrated, run.heldout, metric, run.latency, extra
             )
-        self.original = self._original(found)
+        self.original = self._original()
 
-    def _original(self, found: dict[str, Any] | None) -> Measurement:
+    def stored(self, key: str) -> Measurement | None:
+        """The cache's measurement of ``key`` seen through the objective
+        (None when it lacks the objective's value)."""
+        found = self.store.get(key)
+        if found is None:
+            return None
+        return self.run.objective.project(Measurement.from_dict(found))
+
+    def _original(self) -> Measurement:
+        found = self.stored("original")
         if found is not None:
-            return Measurement.from_dict(found)
-        measured = self.bench.original()
-        self.store["original"] = measured.to_dict()
+            return found
+        raw = self.bench.original()
+        self.store["original"] = raw.to_dict()
         self.run.cache.save_measurements(self.key, self.store)
+        measured = self.stored("original")
+        if measured is None:
+            raise self.run.objective.missing(raw)
         return measured
 
     def _new(self, candidate: Plan) -> None:
         m = self.bench.candidate(candidate)
+        self.fresh.add(candidate.key)
         self.store[candidate.key] = m.to_dict()
         self.run.cache.save_measurements(self.key, self.store)
 
     def measure(self, selector: Ranked | Bisection, limit: int) -> list[str]:
         """Measures what ``selector`` asks for (at most ``limit``); returns notes."""
-        higher = _HIGHER[self.original.metric]
+        higher = higher_is_better(self.original.metric)
         progress = self.run.calibration.progress
         bar = progress_bar("search: measuring", limit, "candidate", disable=not progress)
         spent: list[float] = []
         try:
             while (candidate := selector.next()) is not None:
-                if candidate.key not in self.store:
+                if self.stored(candidate.key) is None:
                     if _out_of_time(self.run, spent):
                         return [f"max_minutes reached after {len(spent)} new measurements"]
                     begin = time.perf_counter()
                     self._new(candidate)
                     spent.append(time.perf_counter() - begin)
                 bar.update(1)
-                m = Measurement.from_dict(self.store[candidate.key])
+                m = self.stored(candidate.key)
+                assert m is not None  # measured just now, or found
                 selector.tell(candidate, _meets(self.original, m, self.run, higher))
         finally:
             bar.close()

@@ -201,6 +201,12 @@ class TextData:
         """Samples (sequences) actually produced: texts, or packed sequences."""
         return self._count
 
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer the texts are read with (what a task evaluation of
+        the same model needs)."""
+        return self._tokenizer
+
     def __len__(self) -> int:
         return -(-self._count // self._batch_size)
 
