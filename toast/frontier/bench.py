@@ -102,7 +102,10 @@ class DiskBench:
         assert self.evaluator.metric is not None  # set by the measurement
         seconds = time.perf_counter() - start
         # MACs are not counted on the disk path (a macs= target is refused there)
-        return Measurement(float(quality), self.evaluator.metric, params, None, None, seconds)
+        metrics = dict(self.evaluator.last)
+        return Measurement(
+            float(quality), self.evaluator.metric, params, None, None, seconds, metrics
+        )
 
     def original(self) -> Measurement:
         self.reference = True
