@@ -42,6 +42,23 @@ def test_replaceme_reports_perplexity_of_original_plain_removal_and_pruned():
     assert "plain removal of the same blocks" in report.to_markdown()
 
 
+def test_the_report_carries_each_models_fidelity_to_the_original():
+    model = decoder("llama")
+    original = copy.deepcopy(model)
+    calibration, heldout = text_loader(n=32, seed=0), text_loader(n=16, seed=1)
+    pruned, report = replaceme(model, calibration, num_blocks=2, heldout=heldout, progress=False)
+    spans = [(s.start, s.stop) for s in report.spans]
+    dropped = copy.deepcopy(original)
+    replace_spans(dropped, spans, [torch.nn.Identity()] * len(spans))
+    evaluator = Evaluator(heldout, progress=False)
+    quality = report.quality
+    assert quality is not None
+    for key, built in (("original", original), ("plain_removal", dropped), ("compressed", pruned)):
+        evaluator.measure(built)
+        assert quality.metrics[key] == pytest.approx(evaluator.last, rel=1e-6, abs=1e-9), key
+    assert quality.metrics["compressed"]["kl"] > 0 and "| top-1 agreement |" in report.to_markdown()
+
+
 def test_toast_reports_the_cosine_of_outputs_for_an_encoder():
     model = encoder("vit")
     original = copy.deepcopy(model)

@@ -120,14 +120,9 @@ class DiskBench:
         assert self.evaluator.metric is not None  # set by the measurement
         seconds = time.perf_counter() - start
         # MACs are not counted on the disk path (a macs= target is refused there)
+        metrics = dict(self.evaluator.last)
         return Measurement(
-            float(quality),
-            self.evaluator.metric,
-            params,
-            None,
-            None,
-            seconds,
-            metrics=dict(self.evaluator.last),
+            float(quality), self.evaluator.metric, params, None, None, seconds, metrics
         )
 
     def original(self) -> Measurement:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torch import nn
@@ -28,7 +28,10 @@ class Measurement:
     (attention's own products, which every plan keeps per kept block, are
     not counted; None where they were not counted: block by block from
     disk); ``throughput`` a :class:`toast.frontier.latency.Throughput` as a dict
-    (None when latency was not measured); ``seconds`` what measuring took."""
+    (None when latency was not measured); ``seconds`` what measuring took;
+    ``metrics`` every metric of the held-out pass
+    (:attr:`toast.hf.evaluate.quality.Evaluator.last`: fidelity to the
+    original besides ``quality``; empty where not measured)."""
 
     quality: float
     metric: str
@@ -36,6 +39,7 @@ class Measurement:
     macs: int | None
     throughput: dict[str, Any] | None
     seconds: float
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def forward_per_s(self) -> float | None:
@@ -54,7 +58,8 @@ class Measurement:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Measurement:
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        # entries cached before the metrics were measured have none
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 def _options(example: Any) -> dict[str, Any]:
@@ -118,4 +123,5 @@ def measure(
         macs=linear_macs(model, example) if macs is None else macs,
         throughput=throughput,
         seconds=time.perf_counter() - start,
+        metrics=dict(evaluator.last),
     )

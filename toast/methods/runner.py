@@ -11,7 +11,10 @@ which
    removal of the blocks the method chose (on the intact model, just before
    the method changes it: :func:`toast.hf.evaluate.quality.skipped_blocks`), then the
    compressed model, and puts the three figures in the report
-   (``report.quality``, shown by ``report.to_markdown()``).
+   (``report.quality``, shown by ``report.to_markdown()``), each with its
+   fidelity to the original measured in the same pass (KL, its 99th
+   percentile and top-1 agreement for causal LMs; agreement of the
+   predicted class for classifiers).
 """
 
 from __future__ import annotations
@@ -101,15 +104,18 @@ def _run_measured(
 
     calibration = getattr(config, "calibration", None)
     evaluator = Evaluator(heldout, progress=getattr(calibration, "progress", True))
-    original = evaluator.measure(model, "original")
+    original = evaluator.measure(model, "original")  # first: the reference of the fidelity
+    metrics = {"original": evaluator.last}
     plain: list[float] = []
 
     def before_surgery(spans: Sequence[Span], stack: BlockStack) -> None:
         with skipped_blocks(stack, spans):
             plain.append(evaluator.measure(model, "plain removal"))
+        metrics["plain_removal"] = evaluator.last
 
     model, report = method.run(model, data, config, before_surgery)
     compressed = evaluator.measure(model, "compressed")
+    metrics["compressed"] = evaluator.last
     assert evaluator.metric is not None  # set by the first measurement
     report.quality = Quality(
         metric=evaluator.metric,
@@ -118,5 +124,7 @@ def _run_measured(
         plain_removal=plain[0] if plain else None,
         samples=evaluator.samples,
         count=evaluator.count,
+        metrics=metrics,
+        top_k=evaluator.top_k if evaluator.metric == "perplexity" else None,
     )
     return model, report

@@ -48,6 +48,21 @@ def test_original_and_plain_removal_measured_from_disk_equal_in_memory(name, tmp
     )
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2", "vit"])
+def test_fidelity_measured_from_disk_equals_in_memory(name, tmp_path):
+    model, data, disk = _both(name, tmp_path)
+    memory = Evaluator(data, progress=False, top_k=8)
+    on_disk = SequentialEvaluator(disk, data, progress=False, top_k=8)
+    memory.measure(model)
+    on_disk.measure(disk.model)
+    with skipped_blocks(find_blocks(model), [(1, 3)]):
+        memory.measure(model)
+    on_disk.measure_edited(BlockEdits(skip=frozenset({1, 2})))
+    assert set(on_disk.last) == set(memory.last)
+    for key, expected in memory.last.items():
+        assert on_disk.last[key] == pytest.approx(expected, rel=1e-5, abs=1e-6), key
+
+
 def test_blocks_changed_as_they_load_measure_as_the_changed_model_in_memory(tmp_path):
     model, data, disk = _both("llama", tmp_path)
     stack = find_blocks(model)

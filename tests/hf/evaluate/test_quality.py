@@ -131,3 +131,29 @@ def test_quality_markdown_lists_the_three_models():
     assert "| plain removal of the same blocks | 382.80 |" in text and "12,264" in text
     without = Quality("cosine", 1.0, 0.98, None, samples=8, count=8).to_markdown()
     assert "plain removal" not in without
+
+
+def test_quality_markdown_shows_kl_and_agreement_for_a_causal_lm():
+    def row(ppl, kl, p99, agree):
+        return {"perplexity": ppl, "kl": kl, "kl_p99": p99, "agreement": agree, "tail_mass": 0.03}
+
+    metrics = {
+        "original": row(23.6, 0.0, 0.0, 1.0),
+        "plain_removal": row(382.8, 2.5, 9.25, 0.41),
+        "compressed": row(163.7, 1.25, 6.5, 0.5625),
+    }
+    quality = Quality("perplexity", 23.6, 163.7, 382.8, 24, 12_264, metrics, top_k=256)
+    text = quality.to_markdown()
+    assert "| model | perplexity | KL | KL p99 | top-1 agreement |" in text
+    assert "| compressed | 163.70 | 1.2500 | 6.5000 | 56.25% |" in text
+    assert "| original | 23.60 | 0.0000 | 0.0000 | 100.00% |" in text
+    assert "256 most likely tokens" in text and "3.00%" in text
+
+
+def test_quality_markdown_shows_agreement_for_a_classifier():
+    metrics = {k: {"accuracy": v, "agreement": a} for k, v, a in [
+        ("original", 0.8, 1.0), ("compressed", 0.75, 0.875)
+    ]}  # fmt: skip
+    text = Quality("accuracy", 0.8, 0.75, None, 8, 8, metrics).to_markdown()
+    assert "| model | accuracy | top-1 agreement |" in text
+    assert "| compressed | 0.7500 | 87.50% |" in text and "KL" not in text

@@ -11,7 +11,8 @@ removal and a compressed model without writing either. Then the model's
 own forward, with the embeddings and the head loaded and every block
 replaced by one handing on the final states of that batch, gives the
 outputs the in-memory model would, and the same scores are computed
-from them. Peak memory: one block, the embeddings and the head.
+from them, fidelity to the first checkpoint measured included, in the same
+sweep. Peak memory: one block, the embeddings and the head.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch import nn
 
 from toast.hf.capture.sequential import BlockEdits, DiskModel, Swept, sweep
 from toast.hf.data.calibration import Calibration
+from toast.hf.evaluate.fidelity import DEFAULT_TOP_K
 from toast.hf.evaluate.quality import Evaluator, Quality, QualityMetric
 
 __all__ = ["SequentialEvaluator", "measure_from_disk", "removal", "replaced"]
@@ -47,8 +49,9 @@ class SequentialEvaluator(Evaluator):
         metric: QualityMetric | None = None,
         progress: bool = True,
         buffer_dir: str | os.PathLike | None = None,
+        top_k: int = DEFAULT_TOP_K,
     ) -> None:
-        super().__init__(heldout, metric, progress)
+        super().__init__(heldout, metric, progress, top_k)
         self.disk, self.buffer_dir = disk, buffer_dir
         self.edits = BlockEdits()
 
@@ -138,8 +141,11 @@ def measure_from_disk(
     order (the cosine compares with the original) by one sweep each."""
     evaluator = SequentialEvaluator(disk, heldout, progress=progress, buffer_dir=buffer_dir)
     original = evaluator.measure_edited(BlockEdits(), "original")
+    metrics = {"original": evaluator.last}
     removed = evaluator.measure_edited(plain, "plain removal")
+    metrics["plain_removal"] = evaluator.last
     result = evaluator.measure_edited(compressed, "compressed")
+    metrics["compressed"] = evaluator.last
     assert evaluator.metric is not None  # set by the first measurement
     return Quality(
         metric=evaluator.metric,
@@ -148,6 +154,8 @@ def measure_from_disk(
         plain_removal=removed,
         samples=evaluator.samples,
         count=evaluator.count,
+        metrics=metrics,
+        top_k=evaluator.top_k if evaluator.metric == "perplexity" else None,
     )
 
 

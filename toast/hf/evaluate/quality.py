@@ -15,6 +15,13 @@ by what the model is:
   the logits when there are any, else the mask-aware mean of the last
   hidden state (a sentence embedding).
 
+In the same pass it measures fidelity to the first model measured (the
+reference: measure the original first), kept in :attr:`Evaluator.last`:
+for causal LMs the KL of the next-token distributions, its 99th
+percentile and top-1 agreement (:mod:`toast.hf.evaluate.fidelity`, which
+states what the top-k KL bounds); for labelled predictions and for logits
+compared by cosine, top-1 agreement of the predicted class.
+
 :func:`skipped_blocks` measures plain removal of spans (every block of a
 span returns its input) on the model as it is, with no copy, so a method
 can report the baseline of the very blocks it removes.
@@ -24,9 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -36,9 +42,13 @@ from torch import nn
 from toast._validation import Options, check
 from toast.hf.capture.states import forward_inputs
 from toast.hf.data.progress import progress_bar
+from toast.hf.evaluate.fidelity import DEFAULT_TOP_K, Recording, TokenFidelity
 from toast.hf.model.blocks import BlockStack
 
 __all__ = [
+    "FIDELITY_METRICS",
+    "HIGHER_IS_BETTER",
+    "METRICS",
     "QUALITY_METRICS",
     "Evaluator",
     "Quality",
@@ -48,6 +58,24 @@ __all__ = [
 
 QualityMetric = Literal["perplexity", "accuracy", "cosine"]
 QUALITY_METRICS = ("perplexity", "accuracy", "cosine")
+#: What a pass measures besides the quality metric: fidelity to the reference.
+FIDELITY_METRICS = ("kl", "kl_p99", "agreement", "tail_mass")
+#: The keys of :attr:`Evaluator.last` for each quality metric ("agreement"
+#: under "cosine" only where the outputs are logits, one row per sample).
+METRICS: dict[str, tuple[str, ...]] = {
+    "perplexity": ("perplexity", "kl", "kl_p99", "agreement", "tail_mass"),
+    "accuracy": ("accuracy", "agreement"),
+    "cosine": ("cosine", "agreement"),
+}
+HIGHER_IS_BETTER = {
+    "perplexity": False,
+    "accuracy": True,
+    "cosine": True,
+    "kl": False,
+    "kl_p99": False,
+    "agreement": True,
+    "tail_mass": False,
+}
 _LABEL_KEYS = ("labels", "label")
 
 
@@ -56,7 +84,11 @@ class Quality:
     """Held-out quality of the original model, of plain removal of the
     blocks the method removed (None when it removes none), and of the
     compressed model. ``count`` is what the metric averages over: predicted
-    tokens, labelled predictions or samples."""
+    tokens, labelled predictions or samples. ``metrics`` holds every metric
+    of each model's pass (:attr:`Evaluator.last`) under ``"original"``,
+    ``"plain_removal"`` and ``"compressed"``: fidelity to the original
+    besides the quality metric; ``top_k`` the original's tokens the KL
+    keeps (causal LMs)."""
 
     metric: QualityMetric
     original: float
@@ -64,10 +96,24 @@ class Quality:
     plain_removal: float | None
     samples: int
     count: int
+    metrics: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    top_k: int | None = None
 
     @property
     def higher_is_better(self) -> bool:
         return self.metric != "perplexity"
+
+    def _rows(self) -> list[tuple[str, str, float]]:
+        rows = [("original", "original", self.original)]
+        if self.plain_removal is not None:
+            rows.append(("plain_removal", "plain removal of the same blocks", self.plain_removal))
+        rows.append(("compressed", "compressed", self.compressed))
+        return rows
+
+    def _columns(self) -> list[str]:
+        """The fidelity columns every row measured."""
+        keys = [k for k in METRICS[self.metric][1:] if k in _COLUMNS]
+        return [k for k in keys if all(k in self.metrics.get(r, {}) for r, _, _ in self._rows())]
 
     def to_markdown(self) -> str:
         unit = {
@@ -76,18 +122,49 @@ class Quality:
             "cosine": "outputs compared with the original's; higher is better",
         }[self.metric]
         spec = ".2f" if self.metric == "perplexity" else ".4f"
-        rows = [("original", self.original)]
-        if self.plain_removal is not None:
-            rows.append(("plain removal of the same blocks", self.plain_removal))
-        rows.append(("compressed", self.compressed))
+        columns = self._columns()
+        head = [self.metric, *(_COLUMNS[k][0] for k in columns)]
         lines = [
             f"Measured on held-out data ({self.samples:,} samples, {self.count:,} {unit}):",
             "",
-            f"| model | {self.metric} |",
-            "|---|---:|",
-            *(f"| {name} | {value:{spec}} |" for name, value in rows),
+            "| model | " + " | ".join(head) + " |",
+            "|---|" + "---:|" * len(head),
         ]
-        return "\n".join(lines)
+        for key, name, value in self._rows():
+            cells = [f"{value:{spec}}"]
+            cells += [_COLUMNS[k][1](self.metrics[key][k]) for k in columns]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        return "\n".join(lines + self._notes(columns))
+
+    def _notes(self, columns: list[str]) -> list[str]:
+        notes = []
+        if "kl" in columns:
+            tail = self.metrics["original"].get("tail_mass", 0.0)
+            kept = "its" if self.top_k is None else f"its {self.top_k:,} most likely"
+            bound = (
+                "exact: the kept tokens cover the vocabulary"
+                if tail == 0.0
+                else f"a lower bound of the exact KL; the tokens left out hold {tail:.2%} of "
+                "the original's probability on average"
+            )
+            notes.append(
+                f"KL(original ‖ model) per predicted token (mean and 99th percentile) over "
+                f"the original's next-token distribution, {kept} tokens and the rest ({bound})."
+            )
+        if "agreement" in columns:
+            notes.append(
+                "Top-1 agreement: the share of predictions (next tokens, classes) whose most "
+                "likely one is the original's."
+            )
+        return ["", *notes] if notes else []
+
+
+#: Fidelity columns of the report: header and format.
+_COLUMNS: dict[str, tuple[str, Any]] = {
+    "kl": ("KL", lambda v: f"{v:.4f}"),
+    "kl_p99": ("KL p99", lambda v: f"{v:.4f}"),
+    "agreement": ("top-1 agreement", lambda v: f"{v:.2%}"),
+}
 
 
 def _is_causal_lm(model: nn.Module) -> bool:
@@ -128,20 +205,35 @@ class Evaluator:
 
     ``metric`` is one of :data:`QUALITY_METRICS`, or None to choose it from
     the first model measured and the first batch (:func:`quality_metric`).
-    For ``"cosine"`` the first model measured is the reference: its outputs
-    are kept (one vector per sample) and every later model is compared with
-    them, so measure the original first.
+    The first model measured is the reference, so measure the original
+    first: for ``"cosine"`` its outputs are kept (one vector per sample)
+    and every later model is compared with them; for ``"perplexity"`` its
+    ``top_k`` most likely next tokens and their log-probabilities are kept
+    for each predicted token (``8 * top_k + 8`` bytes a token) and every
+    model measured gets its KL, KL 99th percentile and top-1 agreement in
+    the same pass (:mod:`toast.hf.evaluate.fidelity`); for ``"accuracy"``
+    its predicted classes are kept for top-1 agreement. After each
+    :meth:`measure`, :attr:`last` holds every metric of that pass (keys:
+    :data:`METRICS`).
     """
 
     def __init__(
-        self, heldout: Iterable, metric: QualityMetric | None = None, progress: bool = True
+        self,
+        heldout: Iterable,
+        metric: QualityMetric | None = None,
+        progress: bool = True,
+        top_k: int = DEFAULT_TOP_K,
     ) -> None:
         check("metric", metric, Options(QUALITY_METRICS), None)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"top_k={top_k!r}: give the number of tokens kept, an int >= 1")
         _check_order(heldout)
-        self.heldout, self.metric, self.progress = heldout, metric, progress
+        self.heldout, self.metric, self.progress, self.top_k = heldout, metric, progress, top_k
         self._reference: torch.Tensor | None = None
+        self._kept: Recording[Any] = Recording()
         self.samples = 0
         self.count = 0
+        self.last: dict[str, float] = {}
 
     def _iterate(self, label: str) -> Iterator[Any]:
         total = len(self.heldout) if isinstance(self.heldout, Sized) else None
@@ -158,7 +250,7 @@ class Evaluator:
 
     def measure(self, model: nn.Module, label: str = "model") -> float:
         """``model``'s quality on the held-out data (eval mode, no gradients;
-        the model's mode is restored)."""
+        the model's mode is restored); every metric of the pass in :attr:`last`."""
         was_training = model.training
         model.eval()
         try:
@@ -174,34 +266,40 @@ class Evaluator:
             args, kwargs = forward_inputs(model, batch)
             yield batch, args, kwargs, model(*args, **_no_cache(model, kwargs))
 
+    def _scorer(self) -> _Tokens | _Classes | _Cosine:
+        self._kept.begin()
+        if self.metric == "perplexity":
+            return _Tokens(TokenFidelity(self._kept, self.top_k))
+        if self.metric == "accuracy":
+            return _Classes(self._kept)
+        return _Cosine()
+
     def _measure(self, model: nn.Module, label: str) -> float:
-        totals = [0.0, 0]  # summed score, count
-        vectors: list[torch.Tensor] = []
+        self.last = {}
+        scorer: _Tokens | _Classes | _Cosine | None = None
         samples = 0
         # closed on every exit: a sequential evaluator's buffers go with it
         with contextlib.closing(self.outputs(model, label)) as outputs:
             for batch, args, kwargs, output in outputs:
                 if self.metric is None:
                     self.metric = quality_metric(model, batch)
+                scorer = self._scorer() if scorer is None else scorer
                 samples += batch_rows(args, kwargs)
-                if self.metric == "perplexity":
-                    _add(totals, *_token_nll(output, kwargs, _labels(batch)))
-                elif self.metric == "accuracy":
-                    _add(totals, *_correct(output, _labels(batch)))
-                else:
-                    vectors.append(_sample_vectors(output, kwargs.get("attention_mask")))
-        if samples == 0:
+                scorer.add(batch, kwargs, output)
+        if scorer is None or samples == 0:
             raise ValueError("the held-out data yielded no batch")
         self.samples = samples
-        if self.metric == "cosine":
-            return self._cosine(torch.cat(vectors))
-        if totals[1] == 0:
-            raise ValueError(f"the held-out data has nothing to score for {self.metric}")
-        self.count = int(totals[1])
-        score = totals[0] / totals[1]
-        return math.exp(score) if self.metric == "perplexity" else score
+        if isinstance(scorer, _Cosine):
+            self.last, self.count = self._cosine(scorer)
+        else:
+            if scorer.count == 0:
+                raise ValueError(f"the held-out data has nothing to score for {self.metric}")
+            self._kept.end()
+            self.last, self.count = scorer.result(), scorer.count
+        return self.last[str(self.metric)]
 
-    def _cosine(self, vectors: torch.Tensor) -> float:
+    def _cosine(self, scorer: _Cosine) -> tuple[dict[str, float], int]:
+        vectors = torch.cat(scorer.vectors)
         if self._reference is None:
             self._reference = vectors
         reference = self._reference
@@ -211,14 +309,82 @@ class Evaluator:
                 f"but the reference {reference.shape[0]} of width {reference.shape[1]}: the "
                 "data must give the same samples on every pass"
             )
-        self.count = int(vectors.shape[0])
         cos = F.cosine_similarity(vectors.double(), reference.double(), dim=-1)
-        return float(cos.mean())
+        metrics = {"cosine": float(cos.mean())}
+        if scorer.logits:  # one row of class scores per sample: the predicted class
+            same = vectors.argmax(dim=-1) == reference.argmax(dim=-1)
+            metrics["agreement"] = float(same.double().mean())
+        return metrics, int(vectors.shape[0])
 
 
-def _add(totals: list, score: float, count: int) -> None:
-    totals[0] += score
-    totals[1] += count
+class _Tokens:
+    """A causal LM's pass: perplexity and fidelity over predicted tokens."""
+
+    def __init__(self, fidelity: TokenFidelity) -> None:
+        self.fidelity = fidelity
+
+    @property
+    def count(self) -> int:
+        return self.fidelity.count
+
+    def add(self, batch: Any, kwargs: dict, output: Any) -> None:
+        logits = _logits(output)
+        targets = _targets(kwargs, _labels(batch)).to(logits.device)
+        for row in range(logits.shape[0]):  # one row at a time bounds the temporaries
+            target = targets[row, 1:]
+            valid = target != -100
+            if bool(valid.any()):
+                self.fidelity.add(logits[row, :-1][valid], target[valid])
+
+    def result(self) -> dict[str, float]:
+        return self.fidelity.result()
+
+
+class _Classes:
+    """A labelled pass: accuracy, and top-1 agreement with the reference's
+    predicted classes (recorded on its pass)."""
+
+    def __init__(self, kept: Recording[torch.Tensor]) -> None:
+        self.kept = kept
+        self.hits = self.agree = self.count = 0
+
+    def add(self, batch: Any, kwargs: dict, output: Any) -> None:
+        labels = _labels(batch)
+        assert labels is not None  # the metric is "accuracy" only when batches carry labels
+        logits = _logits(output)
+        labels = labels.to(logits.device)
+        predicted = logits.argmax(dim=-1)
+        if predicted.shape != labels.shape:
+            raise ValueError(
+                f"labels have shape {tuple(labels.shape)} but the predictions "
+                f"{tuple(predicted.shape)}; accuracy needs one label per prediction"
+            )
+        valid = labels != -100
+        predicted, labels = predicted[valid], labels[valid]
+        rows = int(predicted.shape[0])
+        own = predicted.int().cpu()
+        kept = self.kept.add(own, rows) if self.kept.recording else self.kept.next(rows)
+        self.hits += int((predicted == labels).sum())
+        self.agree += int((own == kept).sum())
+        self.count += rows
+
+    def result(self) -> dict[str, float]:
+        return {"accuracy": self.hits / self.count, "agreement": self.agree / self.count}
+
+
+class _Cosine:
+    """A pass compared by cosine: one vector per sample, and whether they
+    are logits with one row per sample (class scores, whose argmax agrees
+    or not)."""
+
+    def __init__(self) -> None:
+        self.vectors: list[torch.Tensor] = []
+        self.logits = True
+
+    def add(self, batch: Any, kwargs: dict, output: Any) -> None:
+        logits = getattr(output, "logits", None)
+        self.logits &= isinstance(logits, torch.Tensor) and logits.dim() == 2
+        self.vectors.append(_sample_vectors(output, kwargs.get("attention_mask")))
 
 
 def _no_cache(model: nn.Module, kwargs: dict) -> dict:
@@ -246,44 +412,20 @@ def _logits(output: Any) -> torch.Tensor:
     return logits
 
 
-def _token_nll(output: Any, kwargs: dict, labels: torch.Tensor | None) -> tuple[float, int]:
-    """Summed next-token NLL (float64) and the number of predicted tokens."""
-    logits = _logits(output)
-    if labels is None:
-        ids = kwargs.get("input_ids")
-        if not isinstance(ids, torch.Tensor):
-            raise ValueError("perplexity needs input_ids (or labels) in every held-out batch")
-        labels = ids.masked_fill(_mask(kwargs, ids) == 0, -100)
-    labels = labels.to(logits.device)
-    total, count = 0.0, 0
-    for row in range(logits.shape[0]):  # one row at a time bounds the temporaries
-        target = labels[row, 1:]
-        valid = target != -100
-        if not bool(valid.any()):
-            continue
-        nll = F.cross_entropy(logits[row, :-1][valid].float(), target[valid], reduction="sum")
-        total += float(nll.double())
-        count += int(valid.sum())
-    return total, count
+def _targets(kwargs: dict, labels: torch.Tensor | None) -> torch.Tensor:
+    """Each position's token to predict from the one before: ``labels``
+    (``-100``: ignored), else the inputs with padding ignored."""
+    if labels is not None:
+        return labels
+    ids = kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError("perplexity needs input_ids (or labels) in every held-out batch")
+    return ids.masked_fill(_mask(kwargs, ids) == 0, -100)
 
 
 def _mask(kwargs: dict, ids: torch.Tensor) -> torch.Tensor:
     mask = kwargs.get("attention_mask")
     return torch.ones_like(ids) if mask is None else mask.to(ids.device)
-
-
-def _correct(output: Any, labels: torch.Tensor | None) -> tuple[float, int]:
-    assert labels is not None  # the metric is "accuracy" only when batches carry labels
-    logits = _logits(output)
-    labels = labels.to(logits.device)
-    predicted = logits.argmax(dim=-1)
-    if predicted.shape != labels.shape:
-        raise ValueError(
-            f"labels have shape {tuple(labels.shape)} but the predictions "
-            f"{tuple(predicted.shape)}; accuracy needs one label per prediction"
-        )
-    valid = labels != -100
-    return float((predicted == labels)[valid].sum()), int(valid.sum())
 
 
 def _sample_vectors(output: Any, mask: torch.Tensor | None) -> torch.Tensor:
