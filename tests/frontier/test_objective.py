@@ -154,3 +154,8 @@ def test_task_objective_needs_a_tokenizer(tmp_path):
     data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
     with pytest.raises(ValueError, match="needs the tokenizer"):
         toast.search(model, data, heldout, objective="task:piqa", cache=tmp_path, **_QUIET)
+
+
+def test_unknown_task_options_are_named():
+    with pytest.raises(ValueError, match=r"task_options has \['shots'\]"):
+        Objective.parse("task:piqa", {"shots": 5})

@@ -28,21 +28,18 @@ from typing import Any
 
 from torch import nn
 
-from toast.hf.evaluate.quality import HIGHER_IS_BETTER, quality_metric
+from toast.hf.evaluate.quality import HIGHER_IS_BETTER, METRICS, quality_metric
 
 from .measure import Measurement
 
-__all__ = ["TASK_PREFIX", "Objective", "higher_is_better"]
+__all__ = ["TASK_OPTIONS", "TASK_PREFIX", "Objective", "higher_is_better"]
 
 #: The prefix of an objective measured by lm-evaluation-harness tasks.
 TASK_PREFIX = "task:"
 
-#: The held-out pass's quantities, by the kind of model the pass measures.
-_BY_KIND = {
-    "perplexity": ("perplexity", "kl", "kl_p99", "agreement"),
-    "accuracy": ("accuracy", "agreement"),
-    "cosine": ("cosine", "agreement"),
-}
+#: What ``task_options`` may set of the harness's run.
+TASK_OPTIONS = ("limit", "num_fewshot", "batch_size")
+
 
 
 def higher_is_better(metric: str) -> bool:
@@ -71,6 +68,11 @@ class Objective:
         if isinstance(value, Objective):
             return value
         options = tuple(sorted((task_options or {}).items()))
+        unknown = sorted(set(dict(options)) - set(TASK_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"task_options has {unknown}: it takes {list(TASK_OPTIONS)} (see toast.evaluate)"
+            )
         if value is None:
             if options:
                 raise ValueError("task_options apply to an objective='task:...' only")
@@ -129,13 +131,21 @@ class Objective:
                     "block-by-block path never loads: give max_memory enough to load it, or "
                     "choose objective='kl' or 'perplexity'"
                 )
+            self.units()  # a task whose data is missing fails now, before any pass
             return
-        offered = _BY_KIND[metric]
+        offered = [k for k in METRICS[metric] if k != "tail_mass"]
         if self.name not in offered:
             raise ValueError(
                 f"objective {self.name!r} is not measured for a {type(model).__name__} "
-                f"(its held-out pass measures {list(offered)}): choose one of those"
+                f"(its held-out pass measures {offered}): choose one of those"
             )
+
+    def units(self) -> list[Any]:
+        """The harness tasks, resolved and checked (the data on this machine)."""
+        from toast.hf.evaluate.tasks import resolve_tasks
+
+        assert self.tasks is not None  # a task objective
+        return list(resolve_tasks(self.tasks))
 
     def missing(self, measured: Measurement) -> ValueError:
         """The error for an objective the original's pass did not give
@@ -175,14 +185,13 @@ class Objective:
         (None for a held-out objective)."""
         if not self.is_task:
             return None
-        name, tasks, options = self.name, self.tasks, dict(self.options)
+        from toast.hf.evaluate.harness import task_accuracy
+
+        name, units, options = self.name, self.units(), dict(self.options)
         assert name is not None  # set with tasks
 
         def evaluate(model: nn.Module) -> dict[str, float]:
-            from toast.hf.evaluate.harness import evaluate as run_tasks
-
-            report = run_tasks(model, tasks, tokenizer=tokenizer, progress=False, **options)
-            return {name: float(report.average)}
+            return {name: task_accuracy(model, tokenizer, units, **options)}
 
         return evaluate
 
