@@ -32,7 +32,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ __all__ = [
     "harness_task_files",
     "hub_dataset_cached",
     "resolve_tasks",
+    "write_continuation_task",
 ]
 
 # The task lists of the papers, as lm-evaluation-harness names them.
@@ -88,8 +89,9 @@ LOCAL_BUILDERS = frozenset({"json", "csv", "parquet", "text", "arrow"})
 
 _YAML_SUFFIXES = (".yaml", ".yml")
 # a task, group or tag declared inline (``task: name``), or a tag list
-_DECLARED = re.compile(r"^(?:task|group|tag):[ \t]*([^\s#\[][^\n#]*?)[ \t]*$", re.M)
-_TAG_LIST = re.compile(r"^tag:[ \t]*\n((?:[ \t]*-[ \t]*[^\n]+\n?)+)", re.M)
+# (generated files quote their keys: ``"task": "mmlu_anatomy"``)
+_DECLARED = re.compile(r"""^["']?(?:task|group|tag)["']?:[ \t]*([^\s#\[][^\n#]*?)[ \t]*$""", re.M)
+_TAG_LIST = re.compile(r"""^["']?tag["']?:[ \t]*\n((?:[ \t]*-[ \t]*[^\n]+\n?)+)""", re.M)
 
 
 class TaskUnavailableError(ValueError):
@@ -330,3 +332,82 @@ def _file_digest(path: Path) -> str:
 
 def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+_CONTINUATION_YAML = """\
+# A multiple-choice task of lm-evaluation-harness over local JSON lines,
+# written by toast.hf.evaluate.tasks.write_continuation_task: each document is
+# the start of a sentence and {choices} endings, the true one among endings of
+# other sentences. data_files are read relative to this file's folder.
+task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: multiple_choice
+test_split: test
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+
+def write_continuation_task(
+    folder: str | os.PathLike,
+    texts: Sequence[str],
+    name: str = "continuation",
+    choices: int = 4,
+    seed: int = 0,
+) -> Path:
+    """Writes a small offline multiple-choice task from ``texts`` (whole
+    sentences) into ``folder``: ``NAME.jsonl`` and ``NAME.yaml``, the
+    harness's custom task format; returns the YAML's path (give it to
+    :func:`toast.evaluate` or ``toast eval --tasks``). Each sentence is cut
+    after half its words; the choices are its own ending and the endings of
+    ``choices - 1`` other sentences, in a seeded random order. A quick check
+    of how much a compressed model still knows which continuation fits,
+    with nothing to download; not a benchmark the papers report."""
+    import random
+
+    if not re.fullmatch(r"[A-Za-z0-9_\-]+", name):
+        raise ValueError(f"name must be letters, digits, '_' or '-'; got {name!r}")
+    cut = [t.split() for t in texts if len(t.split()) >= 4]
+    if choices < 2 or len(cut) < choices:
+        raise ValueError(
+            f"a task with {choices} choices needs at least {max(choices, 2)} texts of 4 or "
+            f"more words and choices >= 2; got {len(cut)} such texts and choices={choices}"
+        )
+    rng = random.Random(seed)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / f"{name}.jsonl"
+    with open(data, "w", encoding="utf-8") as f:
+        for k, words in enumerate(cut):
+            half = len(words) // 2
+            others = rng.sample([i for i in range(len(cut)) if i != k], choices - 1)
+            endings = [" ".join(words[half:])] + [
+                " ".join(cut[i][len(cut[i]) // 2 :]) for i in others
+            ]
+            order = list(range(choices))
+            rng.shuffle(order)
+            row = {
+                "context": " ".join(words[:half]),
+                "choices": [endings[i] for i in order],
+                "label": order.index(0),
+            }
+            f.write(json.dumps(row) + "\n")
+    yaml_file = folder / f"{name}.yaml"
+    yaml_file.write_text(
+        _CONTINUATION_YAML.format(name=name, data=data.name, choices=choices),
+        encoding="utf-8",
+    )
+    return yaml_file
