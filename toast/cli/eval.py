@@ -31,7 +31,7 @@ from toast.cli.checks import (
 )
 from toast.cli.options import EXIT_STATUSES, quiet_libraries, report_warnings
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "count_or_fraction", "run"]
 
 _HELP = "accuracy on lm-evaluation-harness tasks, and the share of the original's retained"
 _TASKS_HELP = (
@@ -49,7 +49,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--heldout", default=None, help="a .txt/.jsonl file: held-out perplexity too")
     p.add_argument(
-        "--limit", type=_limit, default=None, help="first N documents of each task (all)"
+        "--limit", type=count_or_fraction, default=None, help="first N documents of each task (all)"
     )
     p.add_argument("--num-fewshot", type=int, default=None, help="examples per prompt (task's)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (8)")
@@ -64,7 +64,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="print only the result")
 
 
-def _limit(value: str) -> int | float:
+def count_or_fraction(value: str) -> int | float:
     """``--limit``: a count of documents, or a fraction in (0, 1)."""
     number = float(value)
     return number if 0 < number < 1 else int(number)

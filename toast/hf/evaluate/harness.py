@@ -313,7 +313,10 @@ def _reference_report(
     }
     file = folder / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()}.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # absent or unreadable
-        return TaskReport.load(file)
+        cached = TaskReport.load(file)
+        if progress:
+            print(f"reference: {len(units)} task(s) read from the cache {file}", file=sys.stderr)
+        return cached
     report = _measure(reference, tokenizer, units, settings, progress, "reference")
     folder.mkdir(parents=True, exist_ok=True)
     partial = file.with_name(f".{file.name}.{os.getpid()}")

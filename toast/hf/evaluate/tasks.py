@@ -44,6 +44,7 @@ __all__ = [
     "TaskUnit",
     "harness_task_files",
     "hub_dataset_cached",
+    "require_harness",
     "resolve_tasks",
     "write_continuation_task",
 ]
@@ -119,6 +120,7 @@ def resolve_tasks(
     """The units of ``tasks`` (see the module docstring), each checked;
     raises :class:`TaskUnavailableError` for the first one that cannot run.
     Units already resolved pass through (a search resolves its tasks once)."""
+    require_harness()
     requests = [tasks] if isinstance(tasks, (str, os.PathLike)) else list(tasks)
     if not requests:
         raise ValueError(f"tasks must name at least one task or preset ({', '.join(PRESETS)})")
@@ -129,6 +131,17 @@ def resolve_tasks(
                 raise ValueError(f"task {unit.name} is asked for twice; name it once")
             units.append(unit)
     return units
+
+
+def require_harness() -> None:
+    """Raises an ImportError naming the install when lm-evaluation-harness is missing."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(
+            "toast.evaluate runs lm-evaluation-harness, which is not installed: "
+            "pip install 'toast-compress[eval]'"
+        ) from exc
 
 
 def _expand(request: str | os.PathLike | TaskUnit) -> list[TaskUnit]:
