@@ -19,6 +19,13 @@ from toast.hf.evaluate.tasks import write_continuation_task  # noqa: E402
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 
+@pytest.fixture(autouse=True)
+def private_datasets_cache(tmp_path_factory, monkeypatch):
+    """The Arrow files datasets writes for the local task: not in the user's home."""
+    config = pytest.importorskip("datasets.config")
+    monkeypatch.setattr(config, "HF_DATASETS_CACHE", tmp_path_factory.getbasetemp() / "hf-datasets")
+
+
 @pytest.fixture(scope="module")
 def compressed(local_llama, tmp_path_factory):
     """The tiny Llama with two blocks removed by ReplaceMe, as the command line writes it."""

@@ -7,6 +7,16 @@ import pytest
 CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,'()-:;"
 
 
+@pytest.fixture(autouse=True)
+def private_datasets_cache(tmp_path_factory, monkeypatch):
+    """datasets writes the Arrow files of every local task it reads into its
+    cache: a folder of the test session, not the user's home."""
+    config = pytest.importorskip("datasets.config")
+    folder = tmp_path_factory.getbasetemp() / "hf-datasets"
+    monkeypatch.setattr(config, "HF_DATASETS_CACHE", folder)
+    return folder
+
+
 def char_tokenizer():
     tokenizers = pytest.importorskip("tokenizers")
     transformers = pytest.importorskip("transformers")

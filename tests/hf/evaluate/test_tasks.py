@@ -163,3 +163,9 @@ def test_the_continuation_task_holds_each_true_ending_among_other_endings(tmp_pa
 def test_no_tasks_is_refused():
     with pytest.raises(ValueError, match="at least one task"):
         resolve_tasks([])
+
+
+def test_without_the_harness_the_install_is_named(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)
+    with pytest.raises(ImportError, match=r"pip install 'toast-compress\[eval\]'"):
+        resolve_tasks("sleb")
