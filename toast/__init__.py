@@ -6,9 +6,10 @@ and fits the translators that replace redundant spans. Three methods share
 that infrastructure, each run by ``toast.compress(model, data, method=...)``:
 TOAST (``"toast"``), ReplaceMe (``"replaceme"``) and ToaSt (``"toast-vit"``);
 ``toast.search`` measures them all and ``toast.analyze`` gives TOAST's error
-matrix.
+matrix. ``toast.evaluate`` measures a model's accuracy on
+lm-evaluation-harness tasks and the share of the original's it retains.
 
-``__all__`` is the whole top level: compressing, its configs, loading and
+``__all__`` is the whole top level: compressing, evaluating, its configs, loading and
 saving, counting, and the core's ``Moments``, ``error_matrix`` and
 ``fit_translator``. Everything else lives in its package:
 :mod:`toast.core` (solvers, metrics, errors and warnings, BLAS threads),
@@ -62,6 +63,8 @@ _NAMES = {
     "compress": "toast.methods",
     "search": "toast.frontier",
     "analyze": "toast.methods.translate.analysis",
+    # measuring: accuracy on lm-evaluation-harness tasks, retained against the original
+    "evaluate": "toast.io.evaluation",
     # the options of calibration and of each method
     "Calibration": "toast.hf.data.calibration",
     "ToastConfig": "toast.methods.translate.config",
@@ -90,6 +93,7 @@ __all__ = [
     "compress",
     "search",
     "analyze",
+    "evaluate",
     "Calibration",
     "ToastConfig",
     "ReplaceMeConfig",

@@ -11,6 +11,9 @@
 - ``toast search MODEL --data DATA --heldout H --target 20% --out DIR``: the
   best compression for a target across every method, measured
   (:mod:`toast.cli.search`).
+- ``toast eval MODEL --tasks PRESET [--reference ORIGINAL] [--heldout H]``:
+  accuracy on lm-evaluation-harness tasks and the retained performance
+  (:mod:`toast.cli.eval`).
 
 Every command checks its arguments, paths and output folder before loading
 anything (:mod:`toast.cli.checks`) and writes its output folder whole or not
@@ -34,6 +37,7 @@ from toast.cli.checks import (
 )
 from toast.cli.compress import DEFAULT_METHOD
 from toast.cli.compress import add_parser as _add_compress
+from toast.cli.eval import add_parser as _add_eval
 from toast.cli.options import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -88,6 +92,7 @@ def _build_parser(method: str = DEFAULT_METHOD) -> argparse.ArgumentParser:
     _add_analyze(sub)
     _add_compress(sub, method)
     _add_search(sub)
+    _add_eval(sub)
     return parser
 
 
@@ -207,6 +212,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from toast.cli.search import run as run_search
 
         return run_search(args)
+    if args.command == "eval":
+        from toast.cli.eval import run as run_eval
+
+        return run_eval(args)
     return _demo(args)
 
 
