@@ -100,3 +100,45 @@ def test_search_refuses_a_bad_max_memory_before_loading(local_llama, tmp_path, c
     assert main(argv) == EXIT_USAGE
     assert "not a size" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_search_with_a_task_objective_chooses_by_task_accuracy(
+    local_llama, tmp_path, capsys, monkeypatch
+):
+    pytest.importorskip("lm_eval")
+    datasets_config = pytest.importorskip("datasets.config")
+    # the Arrow files datasets writes for the local task: not in the user's home
+    monkeypatch.setattr(datasets_config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
+    from tests.cli.conftest import TEXTS
+    from toast.hf.evaluate.tasks import write_continuation_task
+
+    task = write_continuation_task(tmp_path / "task", sorted(set(TEXTS)), choices=3)
+    argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--heldout", "0.25", "--target", "params=20%", "--max-measured", "2"]
+    argv += ["--no-latency", "--no-progress", "--cache", str(tmp_path / "cache")]
+    argv += ["--objective", f"task:{task}", "--task-limit", "6"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    saved = json.loads((tmp_path / "out" / "search.json").read_text())
+    assert saved["metric"] == f"task:{task}"
+    accuracies = [m["measurement"]["quality"] for m in saved["measured"]]
+    assert all(0.0 <= a <= 1.0 for a in accuracies)
+    meeting = [
+        m
+        for m in saved["measured"]
+        if m["measurement"]["params"] <= 0.8 * saved["original"]["params"]
+    ]
+    chosen = saved["measured"][saved["chosen"]]["measurement"]
+    assert chosen["quality"] == max(m["measurement"]["quality"] for m in meeting)
+    assert "perplexity" in chosen["metrics"] and "kl" in chosen["metrics"]
+
+
+def test_search_with_a_task_whose_data_is_missing_fails_before_loading(
+    local_llama, tmp_path, capsys
+):
+    pytest.importorskip("lm_eval")
+    argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--heldout", "0.25", "--objective", f"task:{tmp_path / 'absent.yaml'}"]
+    assert main([*argv, "--out", str(tmp_path / "out"), "--no-progress"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "absent.yaml" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

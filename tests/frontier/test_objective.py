@@ -137,25 +137,46 @@ def test_kl_objective_on_a_vit_is_refused_naming_what_it_measures(tmp_path):
     assert not list(tmp_path.iterdir())  # refused before any calibration
 
 
-def test_task_objective_needs_a_causal_lm(tmp_path):
+@pytest.fixture
+def local_task(tmp_path):
+    pytest.importorskip("lm_eval")
+    from toast.data import stdlib_sentences
+    from toast.hf.evaluate.tasks import write_continuation_task
+
+    return write_continuation_task(tmp_path / "task", stdlib_sentences(limit=12))
+
+
+def test_task_objective_needs_a_causal_lm(tmp_path, local_task):
     with pytest.raises(ValueError, match="needs a causal language model"):
         toast.search(
             tiny_vit(),
             image_batches(2, 1),
             image_batches(1, 2),
-            objective="task:piqa",
+            objective=f"task:{local_task}",
             cache=tmp_path,
             **_QUIET,
         )
 
 
-def test_task_objective_needs_a_tokenizer(tmp_path):
+def test_task_objective_needs_a_tokenizer(tmp_path, local_task):
     model = tiny_llama()
     data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
     with pytest.raises(ValueError, match="needs the tokenizer"):
-        toast.search(model, data, heldout, objective="task:piqa", cache=tmp_path, **_QUIET)
+        toast.search(model, data, heldout, objective=f"task:{local_task}", cache=tmp_path, **_QUIET)
 
 
 def test_unknown_task_options_are_named():
     with pytest.raises(ValueError, match=r"task_options has \['shots'\]"):
         Objective.parse("task:piqa", {"shots": 5})
+
+
+def test_task_whose_data_is_missing_fails_before_any_pass(tmp_path):
+    pytest.importorskip("lm_eval")
+    model = tiny_llama()
+    forwards = []
+    model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
+    missing = tmp_path / "absent.yaml"
+    with pytest.raises(ValueError, match="absent.yaml"):
+        toast.search(model, data, heldout, objective=f"task:{missing}", cache=tmp_path, **_QUIET)
+    assert not forwards

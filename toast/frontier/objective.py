@@ -131,7 +131,6 @@ class Objective:
                     "block-by-block path never loads: give max_memory enough to load it, or "
                     "choose objective='kl' or 'perplexity'"
                 )
-            self.units()  # a task whose data is missing fails now, before any pass
             return
         offered = [k for k in METRICS[metric] if k != "tail_mass"]
         if self.name not in offered:

@@ -161,6 +161,8 @@ def search(
         sequential=sequential,
         objective=Objective.parse(objective, task_options),
     )
+    if options["objective"].is_task:
+        options["objective"].units()  # a task whose data is missing fails before any work
     run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
     calibrated, passes = _calibrated(run, backend, max_blocks)
     sizes = model_sizes(run.model, run.layout)
