@@ -87,8 +87,7 @@ def _check(args: argparse.Namespace) -> Path:
     args.target = Target.parse(args.target)
     args.objective = Objective.parse(args.objective, _task_options(args))
     args.objective.check_target(args.target.kind)
-    if args.objective.is_task:
-        args.objective.units()  # a task whose data is missing fails before anything loads
+    args.objective.check_tasks()  # a task whose data is missing fails before anything loads
     for name in ("max_measured", "batch_size", "max_length"):
         check(f"--{name.replace('_', '-')}", getattr(args, name), Interval(int, 1, None))
     check("--max-blocks", args.max_blocks, Interval(int, 1, None), None)

@@ -139,6 +139,12 @@ class Objective:
                 f"(its held-out pass measures {offered}): choose one of those"
             )
 
+    def check_tasks(self) -> None:
+        """Refuses a task objective whose tasks are unknown or whose data is
+        not on this machine (a second or so, before any model work)."""
+        if self.is_task:
+            self.units()
+
     def units(self) -> list[Any]:
         """The harness tasks, resolved and checked (the data on this machine)."""
         from toast.hf.evaluate.tasks import resolve_tasks

@@ -109,30 +109,24 @@ def search(
     :class:`toast.frontier.Target`.
 
     One calibration pass over ``data`` gives every span's predicted error
-    and every closed-form fit; a second estimates ReplaceMe's transforms
-    for the best cuts of every size up to ``max_blocks`` (default half the
-    blocks). Candidates: plain removal, TOAST linear and affine translators
-    over planned spans, ReplaceMe cuts, and for ViTs ToaSt head pruning
-    alone and with block removal (and, for MAC and latency targets, Token
-    Channel Selection). For a size target the ``max_measured``
-    best-predicted candidates that can meet it (taken from each family in
-    turn) are measured; for a quality floor each family's smallest model
-    within it is found by bisection over its sizes. Candidates are built
-    from the calibration and measured on ``heldout``: quality
-    (perplexity, accuracy or output cosine, as :func:`toast.compress`
-    reports), parameters, MACs and, with ``latency``, throughput on the
-    model's device. ``max_minutes`` stops measuring when the next
+    and closed-form fit; a second, ReplaceMe's transforms for the best cuts
+    of every size up to ``max_blocks`` (default half the blocks). Each
+    method's stages propose its candidates (docs/search.md). For a size
+    target the ``max_measured`` best-predicted ones that can meet it (each
+    family in turn) are measured; for a quality floor, each family's
+    smallest model within it, by bisection. Each is built from the
+    calibration and measured on ``heldout``: quality (as
+    :func:`toast.compress` reports it), parameters, MACs and, with
+    ``latency``, throughput. ``max_minutes`` stops measuring when the next
     candidate would not fit in it.
 
     ``cache`` (True: ``$TOAST_CACHE/search`` or ``~/.cache/toast/search``;
     a folder; False: none) keeps the calibration and the measurements, so
     a call with a new target makes no calibration pass. ``output``: the
     folder :meth:`SearchResult.save` writes (chosen model, report, plot).
-    ``data`` and ``heldout`` are batches or raw text read with the text
-    options (``tokenizer``, ``max_length``...), and the calibration options
-    (``max_samples``, ``progress``...) bound the pass, as for
-    :func:`toast.compress`; a float ``heldout`` holds out that share of raw
-    text. The model is left unchanged.
+    ``data`` and ``heldout``: batches or raw text with the text and
+    calibration options of :func:`toast.compress` (a float ``heldout``
+    holds out that share of raw text). The model is left unchanged.
 
     A checkpoint folder is loaded when it fits ``max_memory`` (``"16GiB"``;
     default the memory available), else searched block by block from disk,
@@ -142,27 +136,15 @@ def search(
     targets are refused) and :meth:`SearchResult.save` writes the chosen
     model from the checkpoint.
 
-    ``objective``: what the front, the target and the choice follow
-    (:class:`toast.frontier.objective.Objective`): None for the model's own
-    held-out metric; ``"perplexity"``, ``"kl"`` (mean KL divergence of the
-    candidate's next-token distribution from the original's),
-    ``"kl_p99"``, ``"agreement"`` (top-1 agreement with the original);
-    or ``"task:<preset or tasks>"``, the average accuracy of
-    lm-evaluation-harness tasks (:func:`toast.evaluate`, with
-    ``task_options`` such as ``{"limit": 200}``), measured on each
-    candidate loaded in memory. Every measured quantity is in the report.
+    ``objective``: what the front, target and choice follow (``"kl"``,
+    ``"task:replaceme"``...; :class:`toast.frontier.objective.Objective`).
     """
     check("max_measured", max_measured, Interval(int, 1, None))
     check("backend", backend, Options(BACKENDS))
+    goal = Objective.parse(objective, task_options)
+    goal.check_tasks()  # a task whose data is missing fails before any work
     # where the model lives travels with the options, as the backend does
-    options.update(
-        backend=backend,
-        max_memory=max_memory,
-        sequential=sequential,
-        objective=Objective.parse(objective, task_options),
-    )
-    if options["objective"].is_task:
-        options["objective"].units()  # a task whose data is missing fails before any work
+    options.update(backend=backend, max_memory=max_memory, sequential=sequential, objective=goal)
     run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
     calibrated, passes = _calibrated(run, backend, max_blocks)
     sizes = model_sizes(run.model, run.layout)
