@@ -175,7 +175,9 @@ class SearchResult:
     def metrics(self) -> list[str]:
         """Every quantity measured of the original, the objective's first
         (the tail mass of the KL's reference is said below the table)."""
+        order = list(_METRICS)
         others = [k for k in self.original.metrics if k not in (self.metric, "tail_mass")]
+        others.sort(key=lambda k: order.index(k) if k in order else len(order))
         return [self.metric, *others]
 
     def _table_lines(self) -> list[str]:
