@@ -156,7 +156,7 @@ class Quality:
                 "Top-1 agreement: the share of predictions (next tokens, classes) whose most "
                 "likely one is the original's."
             )
-        return ["", *notes] if notes else []
+        return [line for note in notes for line in ("", note)]
 
 
 #: Fidelity columns of the report: header and format.
