@@ -152,7 +152,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"(p99 {exact['plain removal']['kl_p99']:.4f}).",
         "",
         "| top_k | ReplaceMe KL | share of exact | KL p99 | plain removal KL | share of exact "
-        "| tail mass | top-1 agreement | kept per 1,000 tokens | pass (s) |",
+        "| tail mass | ReplaceMe top-1 agreement | kept per 1,000 tokens | pass (s) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:

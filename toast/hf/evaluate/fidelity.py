@@ -14,9 +14,11 @@ measured, the reference included, is then scored by the same code:
   tokens plus one bucket for the rest of the vocabulary. When ``top_k``
   covers the vocabulary this is the exact KL. Otherwise merging tokens can
   only lose information, so by the data-processing inequality it is a
-  lower bound of the exact KL; what it leaves out is the part of the
-  divergence inside the tail, whose size ``tail_mass`` (the reference's
-  mean tail mass) bounds;
+  lower bound of the exact KL; what it leaves out is, token by token,
+  exactly the tail's mass under the reference times the KL between the
+  two distributions renormalized within the tail, so ``tail_mass`` (the
+  reference's mean tail mass) says how much of the distribution goes
+  unseen. 4096 tokens of SmolLM2's 49,152 gave 99.3% of the exact KL;
 - ``kl_p99``: the 99th percentile of the per-token KL (linear
   interpolation, as ``torch.quantile``), where a model that stays fluent on
   average but breaks on some tokens shows;
@@ -26,8 +28,9 @@ measured, the reference included, is then scored by the same code:
 
 An unmodified model therefore scores KL 0 and agreement 1 exactly: its
 coarse-grained distribution is bit for bit the one kept. Logits are read
-in chunks of :data:`CHUNK` positions of one row, which bounds the float64
-temporaries to ``CHUNK x vocabulary x 8`` bytes.
+in chunks of :data:`CHUNK` positions of one row, once in float32 (their
+exponentials, summed, give the log-normalizer to about 1e-7), which bounds
+the temporaries to ``CHUNK x vocabulary x 4`` bytes, twice.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ __all__ = [
 #: SmolLM2-135M (vocabulary 49,152) pruned by ReplaceMe and by plain removal
 #: (benchmarks/results/fidelity-topk.md).
 DEFAULT_TOP_K = 4096
-#: Positions of one row whose logits are turned into float64 at once.
+#: Positions of one row whose logits are read at once.
 CHUNK = 128
 
 T = TypeVar("T")
