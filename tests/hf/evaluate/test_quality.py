@@ -148,6 +148,7 @@ def test_quality_markdown_shows_kl_and_agreement_for_a_causal_lm():
     assert "| compressed | 163.70 | 1.2500 | 6.5000 | 56.25% |" in text
     assert "| original | 23.60 | 0.0000 | 0.0000 | 100.00% |" in text
     assert "256 most likely tokens" in text and "3.00%" in text
+    assert "perplexity and KL: lower is better, top-1 agreement: higher" in text
 
 
 def test_quality_markdown_shows_agreement_for_a_classifier():

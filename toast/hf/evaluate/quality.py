@@ -117,15 +117,16 @@ class Quality:
 
     def to_markdown(self) -> str:
         unit = {
-            "perplexity": "predicted tokens; lower is better",
-            "accuracy": "labelled predictions; higher is better",
-            "cosine": "outputs compared with the original's; higher is better",
+            "perplexity": "predicted tokens",
+            "accuracy": "labelled predictions",
+            "cosine": "outputs compared with the original's",
         }[self.metric]
         spec = ".2f" if self.metric == "perplexity" else ".4f"
         columns = self._columns()
         head = [self.metric, *(_COLUMNS[k][0] for k in columns)]
         lines = [
-            f"Measured on held-out data ({self.samples:,} samples, {self.count:,} {unit}):",
+            f"Measured on held-out data ({self.samples:,} samples, {self.count:,} {unit}; "
+            f"{_directions([self.metric, *columns])}):",
             "",
             "| model | " + " | ".join(head) + " |",
             "|---|" + "---:|" * len(head),
@@ -156,7 +157,18 @@ class Quality:
                 "Top-1 agreement: the share of predictions (next tokens, classes) whose most "
                 "likely one is the original's."
             )
-        return ["", *notes] if notes else []
+        return [line for note in notes for line in ("", note)]
+
+
+def _directions(keys: list[str]) -> str:
+    """Which way the columns ``keys`` are better, in words."""
+    label = {"kl": "KL", "agreement": "top-1 agreement"}
+    shown = [k for k in keys if k != "kl_p99"]  # goes with the KL
+    lower = " and ".join(label.get(k, k) for k in shown if not HIGHER_IS_BETTER[k])
+    higher = " and ".join(label.get(k, k) for k in shown if HIGHER_IS_BETTER[k])
+    if lower and higher:
+        return f"{lower}: lower is better, {higher}: higher"
+    return f"{lower or higher}: {'lower' if lower else 'higher'} is better"
 
 
 #: Fidelity columns of the report: header and format.
