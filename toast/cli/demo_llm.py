@@ -133,10 +133,16 @@ def summary(result: LlmDemoResult) -> str:
     """The demo's one-line result."""
     report, quality = result.report, result.report.quality
     spans = ", ".join(f"blocks[{s.start}:{s.stop}]" for s in report.spans)
+    fidelity = quality.metrics.get("compressed", {})
+    kl = (
+        f", KL to the original {fidelity['kl']:.3f}, top-1 agreement {fidelity['agreement']:.1%}"
+        if "kl" in fidelity and "agreement" in fidelity
+        else ""
+    )
     return (
         f"toast demo --llm: removed {spans} of SmolLM2-135M-Instruct; held-out perplexity "
         f"{quality.original:.2f} → {quality.compressed:.2f} (plain removal: "
-        f"{quality.plain_removal:.2f}); parameters {report.params_before:,} → "
+        f"{quality.plain_removal:.2f}){kl}; parameters {report.params_before:,} → "
         f"{report.params_after:,}; wrote {result.out / 'model'}, "
         f"{result.out / 'report.md'} and {result.out / 'distances.png'} "
         f"in {result.seconds['total']:.0f} s"

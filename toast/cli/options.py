@@ -53,7 +53,8 @@ EXIT_STATUSES = (
 HELDOUT_HELP = (
     "held-out data, read like --data, or a fraction such as 0.1 of --data's texts held "
     "out (the last ones; calibration uses the rest): the report states measured quality "
-    "of the original model, plain removal of the same blocks and the compressed model"
+    "(for LLMs perplexity, KL to the original and top-1 agreement) of the original model, "
+    "plain removal of the same blocks and the compressed model"
 )
 
 
