@@ -87,6 +87,9 @@ def test_eval_with_heldout_text_prints_the_perplexity_of_both(
     heldout = data["heldout"]
     assert heldout["metric"] == "perplexity" and heldout["model"] > 1 and heldout["reference"] > 1
     assert f"held-out perplexity: model {heldout['model']:.4g}" in printed
+    assert heldout["reference_metrics"]["kl"] == 0.0
+    assert heldout["model_metrics"]["kl"] > 0.0
+    assert "| held out | perplexity | KL to the reference ↓ |" in printed
     assert data["toast"]["settings"]["limit"] == 4
 
 

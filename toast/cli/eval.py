@@ -123,9 +123,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _heldout(args: argparse.Namespace, model: Any, reference: Any) -> dict[str, Any]:
-    """Held-out quality of the reference (first) and the model: what the
-    Evaluator measures, and whatever it keeps in ``last`` about the last
-    model against the first (KL, agreement, where the Evaluator has them)."""
+    """Held-out quality of the reference (measured first: the original the
+    fidelity metrics compare with) and of the model, every quantity of each
+    pass (:attr:`toast.hf.evaluate.quality.Evaluator.last`)."""
     from toast.hf.evaluate.quality import Evaluator
     from toast.io.local import load_batches
 
@@ -136,20 +136,20 @@ def _heldout(args: argparse.Namespace, model: Any, reference: Any) -> dict[str, 
     figures: dict[str, Any] = {}
     if reference is not None:
         figures["reference"] = evaluator.measure(reference, "reference")
+        figures["reference_metrics"] = dict(evaluator.last)
     figures["model"] = evaluator.measure(model, "model")
+    # without a reference the model is its own: its fidelity figures say nothing
+    figures["model_metrics"] = dict(evaluator.last) if reference is not None else {}
     figures["metric"] = evaluator.metric
-    last = getattr(evaluator, "last", None)
-    if last is not None:
-        figures["last"] = dict(last) if isinstance(last, dict) else _as_dict(last)
     return figures
 
 
-def _as_dict(value: Any) -> Any:
-    import dataclasses
-
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return value
+#: The held-out table's columns: key, heading, format.
+_COLUMNS = (
+    ("kl", "KL to the reference ↓", "{:.4f}"),
+    ("kl_p99", "KL p99 ↓", "{:.3f}"),
+    ("agreement", "top-1 agreement ↑", "{:.1%}"),
+)
 
 
 def _heldout_lines(heldout: dict[str, Any] | None) -> list[str]:
@@ -160,13 +160,16 @@ def _heldout_lines(heldout: dict[str, Any] | None) -> list[str]:
     if "reference" in heldout:
         line += f", reference {heldout['reference']:.4g}"
     lines = ["", line]
-    last = heldout.get("last")
-    if isinstance(last, dict):
-        lines += [f"  {key}: {_fmt(value)}" for key, value in last.items()]
-    elif last is not None:
-        lines.append(f"  {last}")
+    measured = heldout["model_metrics"]
+    columns = [c for c in _COLUMNS if c[0] in measured]
+    if columns:
+        lines += [
+            "",
+            f"| held out | {metric} | " + " | ".join(c[1] for c in columns) + " |",
+            "|---|---:|" + "---:|" * len(columns),
+        ]
+        for name in ("reference", "model"):
+            found = heldout[f"{name}_metrics"]
+            cells = [f"{heldout[name]:.4g}", *(form.format(found[k]) for k, _, form in columns)]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
