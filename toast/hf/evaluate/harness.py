@@ -320,8 +320,11 @@ def _reference_report(
     report = _measure(reference, tokenizer, units, settings, progress, "reference")
     folder.mkdir(parents=True, exist_ok=True)
     partial = file.with_name(f".{file.name}.{os.getpid()}")
-    partial.write_text(json.dumps(report.to_dict()), encoding="utf-8")
-    os.replace(partial, file)  # a reader never sees half a report
+    try:
+        partial.write_text(json.dumps(report.to_dict()), encoding="utf-8")
+        os.replace(partial, file)  # a reader never sees half a report
+    finally:
+        partial.unlink(missing_ok=True)  # an interrupted write leaves nothing behind
     return report
 
 
