@@ -180,3 +180,11 @@ def test_task_whose_data_is_missing_fails_before_any_pass(tmp_path):
     with pytest.raises(ValueError, match="absent.yaml"):
         toast.search(model, data, heldout, objective=f"task:{missing}", cache=tmp_path, **_QUIET)
     assert not forwards
+
+
+def test_task_objective_cache_key_follows_the_task_data(local_task):
+    objective = Objective.parse(f"task:{local_task}")
+    before = objective.key()
+    data = local_task.with_suffix(".jsonl")
+    data.write_text(data.read_text() + data.read_text().splitlines()[0] + "\n")
+    assert objective.key() != before

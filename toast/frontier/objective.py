@@ -41,7 +41,6 @@ TASK_PREFIX = "task:"
 TASK_OPTIONS = ("limit", "num_fewshot", "batch_size")
 
 
-
 def higher_is_better(metric: str) -> bool:
     """Whether a higher value of ``metric`` is better (task accuracies are)."""
     if metric.startswith(TASK_PREFIX):
@@ -102,8 +101,11 @@ class Objective:
         return self.tasks is not None
 
     def key(self) -> str:
-        """What the measurement cache must know of the objective."""
-        return repr((self.name, self.tasks, self.options))
+        """What the measurement cache must know of the objective: for tasks,
+        their definitions and data (a task file edited since is measured
+        again), not only their names."""
+        tasks = [unit.fingerprint for unit in self.units()] if self.is_task else None
+        return repr((self.name, tasks, self.options))
 
     def check(
         self, model: nn.Module, example: Any, kind: str = "loaded", tokenizer: Any = None
