@@ -141,10 +141,10 @@ def search(
     """
     check("max_measured", max_measured, Interval(int, 1, None))
     check("backend", backend, Options(BACKENDS))
-    goal = Objective.parse(objective, task_options)
-    goal.check_tasks()  # a task whose data is missing fails before any work
+    aim = Objective.parse(objective, task_options)
+    aim.check_tasks()  # a task whose data is missing fails before any work
     # where the model lives travels with the options, as the backend does
-    options.update(backend=backend, max_memory=max_memory, sequential=sequential, objective=goal)
+    options.update(backend=backend, max_memory=max_memory, sequential=sequential, objective=aim)
     run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
     calibrated, passes = _calibrated(run, backend, max_blocks)
     sizes = model_sizes(run.model, run.layout)
@@ -445,9 +445,9 @@ def _measure_all(
 class _Measurer:
     """Measures candidates on the held-out data, keeping every measurement
     in the cache as it comes (an interrupted search keeps what it
-    measured). ``before``: the keys the cache held at the start. The
-    cache keeps what was measured; the objective picks its quality on
-    reading, and an entry without the objective's value is measured again."""
+    measured). ``fresh``: the keys this call measured. The cache keeps
+    what was measured; the objective picks its quality on reading, and an
+    entry without the objective's value is measured again."""
 
     def __init__(self, run: _Run, calibrated: Calibrated, sizes: Sizes) -> None:
         self.run = run
