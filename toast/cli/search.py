@@ -85,13 +85,13 @@ def _check(args: argparse.Namespace) -> Path:
     if data.is_file():
         check_tokenizer_files(model)
     args.target = Target.parse(args.target)
+    check("--task-limit", args.task_limit, Interval(int, 1, None), None)
     args.objective = Objective.parse(args.objective, _task_options(args))
     args.objective.check_target(args.target.kind)
     args.objective.check_tasks()  # a task whose data is missing fails before anything loads
     for name in ("max_measured", "batch_size", "max_length"):
         check(f"--{name.replace('_', '-')}", getattr(args, name), Interval(int, 1, None))
     check("--max-blocks", args.max_blocks, Interval(int, 1, None), None)
-    check("--task-limit", args.task_limit, Interval(int, 1, None), None)
     check("--max-minutes", args.max_minutes, Interval(float, 0, None, closed="neither"), None)
     calibration_from_args(args)  # checks --max-samples, --max-batches
     if args.max_memory is not None:
