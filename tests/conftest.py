@@ -55,6 +55,16 @@ def no_network(monkeypatch):
     yield
 
 
+@pytest.fixture
+def private_datasets_cache(tmp_path_factory, monkeypatch):
+    """datasets writes the Arrow files of every local task it reads into its
+    cache: a folder of the test session, not the user's home."""
+    config = pytest.importorskip("datasets.config")
+    folder = tmp_path_factory.getbasetemp() / "hf-datasets"
+    monkeypatch.setattr(config, "HF_DATASETS_CACHE", folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def digits_cache(tmp_path_factory):
     """Where the digits ViT is cached: ``$TOAST_CACHE`` when set (so that

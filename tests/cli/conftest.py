@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from tests._helpers.tokenizers import char_tokenizer
+
 CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,'"
 TEXTS = [
     "Return the number of items in the container.",
@@ -17,19 +19,7 @@ TEXTS = [
 
 
 def _tokenizer():
-    tokenizers = pytest.importorskip("tokenizers")
-    transformers = pytest.importorskip("transformers")
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    vocab.update({c: 4 + i for i, c in enumerate(sorted(set(CHARS)))})
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-    )
+    return char_tokenizer(CHARS)
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,9 @@ pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(autouse=True)
-def private_datasets_cache(tmp_path_factory, monkeypatch):
-    """The Arrow files datasets writes for the local task: not in the user's home."""
-    config = pytest.importorskip("datasets.config")
-    monkeypatch.setattr(config, "HF_DATASETS_CACHE", tmp_path_factory.getbasetemp() / "hf-datasets")
+def _datasets_cache(private_datasets_cache):
+    """Every test here reads local tasks: their Arrow files go to the session."""
+    return private_datasets_cache
 
 
 @pytest.fixture(scope="module")

@@ -103,12 +103,9 @@ def test_search_refuses_a_bad_max_memory_before_loading(local_llama, tmp_path, c
 
 
 def test_search_with_a_task_objective_chooses_by_task_accuracy(
-    local_llama, tmp_path, capsys, monkeypatch
+    local_llama, tmp_path, capsys, private_datasets_cache
 ):
     pytest.importorskip("lm_eval")
-    datasets_config = pytest.importorskip("datasets.config")
-    # the Arrow files datasets writes for the local task: not in the user's home
-    monkeypatch.setattr(datasets_config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets")
     from tests.cli.conftest import TEXTS
     from toast.hf.evaluate.tasks import write_continuation_task
 

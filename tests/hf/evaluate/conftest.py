@@ -4,30 +4,19 @@ docstrings), for the lm-evaluation-harness tests."""
 
 import pytest
 
+from tests._helpers.tokenizers import char_tokenizer as char_tokenizer_of
+
 CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ .,'()-:;"
 
 
 @pytest.fixture(autouse=True)
-def private_datasets_cache(tmp_path_factory, monkeypatch):
-    """datasets writes the Arrow files of every local task it reads into its
-    cache: a folder of the test session, not the user's home."""
-    config = pytest.importorskip("datasets.config")
-    folder = tmp_path_factory.getbasetemp() / "hf-datasets"
-    monkeypatch.setattr(config, "HF_DATASETS_CACHE", folder)
-    return folder
+def _datasets_cache(private_datasets_cache):
+    """Every test here reads local tasks: their Arrow files go to the session."""
+    return private_datasets_cache
 
 
 def char_tokenizer():
-    tokenizers = pytest.importorskip("tokenizers")
-    transformers = pytest.importorskip("transformers")
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
-    vocab.update({c: 4 + i for i, c in enumerate(sorted(set(CHARS)))})
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Split("", "isolated")
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-        unk_token="<unk>",
-    )  # fmt: skip
+    return char_tokenizer_of(CHARS)
 
 
 def tiny_llama(seed: int = 0, layers: int = 4):
