@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,3 +136,17 @@ def test_a_missing_onnx_names_the_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnx", None)
     with pytest.raises(ImportError, match="pip install onnx ml_dtypes protobuf"):
         zoo.dinov2_vits14(cache=tmp_path)
+
+
+@needs_onnx_model
+def test_an_interrupted_build_leaves_nothing_to_load(tmp_path, monkeypatch):
+    import transformers
+
+    def write_half_then_stop(self, folder, **kwargs):
+        (Path(folder) / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transformers.Dinov2Model, "save_pretrained", write_half_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        zoo.dinov2_vits14(cache=tmp_path)
+    assert list(tmp_path.iterdir()) == []
