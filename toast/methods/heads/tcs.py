@@ -72,8 +72,8 @@ from torch.utils.hooks import RemovableHandle
 
 from toast import _core
 from toast._validation import Interval, Options, check
+from toast.hf.model.vit import Attention, VitBlock, VitModel, vit_blocks
 from toast.io.guard import guard_save
-from toast.methods.heads.blocks import Attention, VitBlock, VitModel, vit_blocks
 from toast.methods.heads.schedules import SAMPLE_RATIO, Schedule, get_schedule, tcs_keep
 
 __all__ = [

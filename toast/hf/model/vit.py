@@ -1,6 +1,7 @@
 """The transformer blocks of a Hugging Face ViT-like model, in global order.
 
-ToaSt rewrites two parts of every block: the attention's ``q_proj``,
+Shared by the methods that work inside ViT blocks (ToaSt's heads and TCS,
+token merging). ToaSt rewrites two parts of every block: the attention's ``q_proj``,
 ``k_proj``, ``v_proj``, ``o_proj`` (with ``head_dim``, ``scaling`` and
 ``num_attention_heads`` on the attention module, as HF ViT, DeiT, DINOv2,
 ViT-MAE and Swin define them in transformers 5.x) and the MLP's ``fc1`` /
@@ -18,9 +19,9 @@ from typing import Protocol, cast
 from torch import nn
 
 from toast._validation import check
-from toast.hf.model.blocks import MODEL
+from toast.hf.model.blocks import MODEL, BlockStack
 
-__all__ = ["Attention", "VitBlock", "VitModel", "vit_blocks"]
+__all__ = ["SUPPORTED_TYPES", "Attention", "VitBlock", "VitModel", "vit_blocks", "vit_view"]
 
 
 class Attention(Protocol):
@@ -138,3 +139,24 @@ def vit_blocks(model: nn.Module) -> VitModel:
             getattr(config, "num_register_tokens", 0) or 0
         )
     return VitModel(model_type, blocks, prefix)
+
+
+def vit_view(model: nn.Module, stack: BlockStack) -> VitModel | None:
+    """The ViT blocks of ``model`` found with its block ``stack``, or None
+    (not a supported ViT, or its ViT blocks are not the stack's: Swin's
+    stages). Cached on the stack, so every method that asks during one
+    public call shares a single discovery."""
+    if "vit" not in stack.views:
+        stack.views["vit"] = _discover(model, stack)
+    view: VitModel | None = stack.views["vit"]
+    return view
+
+
+def _discover(model: nn.Module, stack: BlockStack) -> VitModel | None:
+    if getattr(getattr(model, "config", None), "model_type", None) not in SUPPORTED_TYPES:
+        return None
+    try:
+        vm = vit_blocks(model)
+    except (ValueError, TypeError):
+        return None
+    return vm if vm.num_blocks == stack.num_blocks else None
