@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+from toast.methods.merge.macs import effective_r
+
 __all__ = ["Matching", "bipartite_soft_matching", "effective_r", "merge_tokens"]
 
 
@@ -43,16 +45,6 @@ class Matching:
     @property
     def r(self) -> int:
         return self.target.shape[1] - self.kept.shape[1]
-
-
-def effective_r(r: int, tokens: int, prefix: int) -> int:
-    """``r`` capped as the module docstring says, for ``tokens`` tokens of
-    which the first ``prefix`` are protected."""
-    free_a = len([i for i in range(prefix, tokens) if i % 2 == 0])
-    free_b = len([i for i in range(prefix, tokens) if i % 2 == 1])
-    if free_b == 0:
-        return 0
-    return max(0, min(r, (tokens - prefix) // 2, free_a))
 
 
 def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int) -> Matching | None:
