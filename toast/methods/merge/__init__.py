@@ -23,7 +23,7 @@ from toast._lazy import lazy_getattr
 _NAMES = {
     "enable_merging": "toast.methods.merge.install",
     "disable_merging": "toast.methods.merge.install",
-    "merge_schedule": "toast.methods.merge.install",
+    "merge_schedule": "toast.methods.merge.macs",
     "merging_of": "toast.methods.merge.install",
     "MergeHandle": "toast.methods.merge.install",
     "merged_macs": "toast.methods.merge.macs",

@@ -31,46 +31,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from toast._validation import Interval, Options, check
 from toast.hf.model.vit import TOKEN_MAP_ATTR
 from toast.io.guard import guard_save
+from toast.methods.merge.macs import merge_schedule
 from toast.methods.merge.matching import bipartite_soft_matching, merge_tokens
 from toast.methods.merge.sites import MergeSites, Site, find_sites
 
 __all__ = [
     "HANDLE_ATTR",
-    "SCHEDULES",
     "MergeHandle",
     "disable_merging",
     "enable_merging",
-    "merge_schedule",
     "merging_of",
 ]
 
 #: The model attribute holding the installed handle (one per model).
 HANDLE_ATTR = "_toast_merge"
-#: Named schedules: ToMe's constant ``r`` per block, and its decreasing one
-#: (``2r`` in the first block down to 0 in the last, the same total).
-SCHEDULES = ("constant", "decreasing")
-
-
-def merge_schedule(
-    r: int | Sequence[int], num_blocks: int, schedule: str = "constant"
-) -> tuple[int, ...]:
-    """``r`` per block: an int spread by ``schedule`` over ``num_blocks``
-    blocks (ToMe's ``parse_r``: constant, or decreasing linearly from
-    ``2r`` to 0), or a sequence of one ``r`` per block as given."""
-    check("schedule", schedule, Options(SCHEDULES))
-    if isinstance(r, Sequence):
-        rs = tuple(int(check("r", v, Interval(int, 0, None))) for v in r)
-        if len(rs) != num_blocks:
-            raise ValueError(f"r must give one merge count per block ({num_blocks}); got {len(rs)}")
-        return rs
-    r = int(check("r", r, Interval(int, 0, None)))
-    if schedule == "constant" or num_blocks == 1:
-        return (r,) * num_blocks
-    step = 2 * r / (num_blocks - 1)
-    return tuple(int(2 * r - step * i) for i in range(num_blocks))
 
 
 @dataclass

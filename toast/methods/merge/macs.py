@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from toast._validation import Interval, Options, check
+
 __all__ = [
     "BlockWidths",
     "MergeMacs",
@@ -36,6 +38,30 @@ __all__ = [
     "merged_macs",
     "tokens_per_block",
 ]
+
+
+#: Named schedules: ToMe's constant ``r`` per block, and its decreasing one
+#: (``2r`` in the first block down to 0 in the last, the same total).
+SCHEDULES = ("constant", "decreasing")
+
+
+def merge_schedule(
+    r: int | Sequence[int], num_blocks: int, schedule: str = "constant"
+) -> tuple[int, ...]:
+    """``r`` per block: an int spread by ``schedule`` over ``num_blocks``
+    blocks (ToMe's ``parse_r``: constant, or decreasing linearly from
+    ``2r`` to 0), or a sequence of one ``r`` per block as given."""
+    check("schedule", schedule, Options(SCHEDULES))
+    if isinstance(r, Sequence):
+        rs = tuple(int(check("r", v, Interval(int, 0, None))) for v in r)
+        if len(rs) != num_blocks:
+            raise ValueError(f"r must give one merge count per block ({num_blocks}); got {len(rs)}")
+        return rs
+    r = int(check("r", r, Interval(int, 0, None)))
+    if schedule == "constant" or num_blocks == 1:
+        return (r,) * num_blocks
+    step = 2 * r / (num_blocks - 1)
+    return tuple(int(2 * r - step * i) for i in range(num_blocks))
 
 
 def effective_r(r: int, tokens: int, prefix: int) -> int:
