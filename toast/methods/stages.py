@@ -227,7 +227,8 @@ class Plan:
     parameter count after; ``predicted_error``: the method's prediction;
     ``unseen_macs``: MACs per sample the plan saves that linear-layer
     counts cannot see (Token Channel Selection's gathered products), and
-    ``unseen_share`` that saving as a share of the original's MACs;
+    ``unseen_share`` the MACs saved that the parameter count does not show,
+    as a share of the original's (that saving; token merging's fewer tokens);
     ``extendable``: whether another method may extend it; ``merge``: token
     merging's ``r`` in every block (None: no merging; keys, labels and
     dicts name it only when set, so plans without it keep their keys).

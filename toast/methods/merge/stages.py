@@ -98,9 +98,23 @@ class TomeStages(BaseStages):
         return TomeStats(widths=widths, savings=savings, proxies=proxies)
 
     def _plan(self, stats: TomeStats, base: Plan | None, r: int, params: int) -> Plan:
-        assert stats.proxies is not None
+        # the MACs merging saves show in no parameter count: the search's
+        # pre-measurement filter reads them as unseen_share (the hooks see them)
+        assert stats.proxies is not None and stats.savings is not None
         if base is None:
-            return Plan(("tome",), "tome", (), None, None, params, stats.proxies[r], merge=r)
+            saving = stats.savings[r]
+            return Plan(
+                ("tome",),
+                "tome",
+                (),
+                None,
+                None,
+                params,
+                stats.proxies[r],
+                unseen_share=saving,
+                merge=r,
+            )
+        kept = 1.0 - base.blocks_removed / stats.widths.num_blocks if stats.widths else 0.0
         return Plan(
             (*base.methods, "tome"),
             f"{base.family}+tome",
@@ -111,7 +125,7 @@ class TomeStages(BaseStages):
             base.predicted_error + stats.proxies[r],
             schedule=base.schedule,
             unseen_macs=base.unseen_macs,
-            unseen_share=base.unseen_share,
+            unseen_share=base.unseen_share + kept * stats.savings[r],
             merge=r,
         )
 
