@@ -121,3 +121,19 @@ def test_training_mode_is_refused():
     model.train()
     with pytest.raises(RuntimeError, match="inference-only"):
         M.run(model, H.images(1))
+
+
+def test_a_deep_copy_merges_with_its_own_blocks_and_handle():
+    import copy
+
+    model = M.build("vit")
+    images = H.images(2, seed=14)
+    handle = enable_merging(model, 3)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()  # the copy must not read the original's weights
+    expected = M.build("vit")
+    enable_merging(expected, 3)
+    assert torch.equal(M.run(twin, images), M.run(expected, images))
+    assert disable_merging(twin) and handle.sites.sites[0].block.forward.handle is handle
