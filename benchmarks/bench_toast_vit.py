@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from toast.methods.heads.blocks import vit_blocks
+from toast.hf.model.vit import vit_blocks
 from toast.methods.heads.macs import toast_macs
 from toast.methods.heads.schedules import get_schedule, tcs_keep
 from toast.methods.heads.scwp import prune_heads

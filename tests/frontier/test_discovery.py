@@ -10,7 +10,7 @@ import pytest
 
 import toast
 from toast.hf.model import blocks as hf_blocks
-from toast.methods.heads import blocks as vit_module
+from toast.hf.model import vit as vit_module
 
 from .conftest import CALIBRATION_LENGTH, image_batches, tiny_llama, tiny_vit, token_batches
 

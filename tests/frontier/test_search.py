@@ -211,7 +211,7 @@ def test_mac_target_offers_token_channel_selection_and_counts_its_savings(tmp_pa
         data,
         heldout,
         target="macs=20%",
-        max_measured=14,
+        max_measured=40,  # room for token merging's plans beside TCS's
         cache=tmp_path,
         latency=False,
         progress=False,

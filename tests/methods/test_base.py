@@ -11,8 +11,8 @@ from toast.methods.base import Method, Report, get_method, make_config, register
 from toast.methods.translate.config import ToastConfig
 
 
-def test_the_four_methods_are_registered():
-    assert available_methods() == ["remove", "replaceme", "toast", "toast-vit"]
+def test_the_five_methods_are_registered():
+    assert available_methods() == ["remove", "replaceme", "toast", "toast-vit", "tome"]
 
 
 def test_every_registered_method_has_stages_the_search_can_run():

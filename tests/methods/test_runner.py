@@ -110,7 +110,7 @@ def discoveries(monkeypatch):
     import sys
 
     from toast.hf.model import blocks as hf_blocks
-    from toast.methods.heads import blocks as vit
+    from toast.hf.model import vit
 
     for name in toast.methods.available_methods():  # every module a run may import
         toast.methods.get_method(name)

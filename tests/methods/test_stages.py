@@ -102,6 +102,7 @@ def test_every_plan_applied_has_exactly_its_stated_parameters(make, data):
     expected = {"plain", "toast", "replaceme"}
     if make is _vit:
         expected |= {"toast-vit", "plain+toast-vit", "toast+toast-vit"}
+        expected |= {"tome", "plain+tome", "toast+tome"}
     assert families == expected
     before = {k: v.clone() for k, v in model.state_dict().items()}
     for plan in plans:

@@ -171,6 +171,7 @@ METHODS = {
         "toast.methods.heads.compress",
         "toast.methods.heads.config:ToastVitConfig",
     ),
+    "tome": ("toast.methods.merge.method", "toast.methods.merge.config:TomeConfig"),
 }
 
 

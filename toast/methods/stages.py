@@ -227,8 +227,11 @@ class Plan:
     parameter count after; ``predicted_error``: the method's prediction;
     ``unseen_macs``: MACs per sample the plan saves that linear-layer
     counts cannot see (Token Channel Selection's gathered products), and
-    ``unseen_share`` that saving as a share of the original's MACs;
-    ``extendable``: whether another method may extend it.
+    ``unseen_share`` the MACs saved that the parameter count does not show,
+    as a share of the original's (that saving; token merging's fewer tokens);
+    ``extendable``: whether another method may extend it; ``merge``: token
+    merging's ``r`` in every block (None: no merging; keys, labels and
+    dicts name it only when set, so plans without it keep their keys).
     """
 
     methods: tuple[str, ...]
@@ -242,13 +245,15 @@ class Plan:
     unseen_macs: int = 0
     unseen_share: float = 0.0
     extendable: bool = False
+    merge: int | None = None
 
     @property
     def key(self) -> str:
         """A stable identifier (a search cache's key for its measurement)."""
         spans = ",".join(f"{a}-{b}" for a, b in self.spans)
         rho = "" if self.head_sparsity is None else f"{self.head_sparsity:g}"
-        return f"{self.family}|{self.translator or ''}|{spans}|{rho}|{self.schedule or ''}"
+        key = f"{self.family}|{self.translator or ''}|{spans}|{rho}|{self.schedule or ''}"
+        return key if self.merge is None else f"{key}|r{self.merge}"
 
     @property
     def blocks_removed(self) -> int:
@@ -265,9 +270,12 @@ class Plan:
             parts.append(f"heads ρ={self.head_sparsity:g}")
         if self.schedule is not None:
             parts.append(f"TCS {self.schedule}")
+        if self.merge is not None:
+            parts.append(f"ToMe r={self.merge}")
         return f"{self.family}: " + ", ".join(parts)
 
     def to_dict(self) -> dict:
+        merge = {} if self.merge is None else {"merge": self.merge}
         return {
             "key": self.key,
             "methods": list(self.methods),
@@ -279,6 +287,7 @@ class Plan:
             "schedule": self.schedule,
             "params": self.params_after,
             "predicted": self.predicted_error,
+            **merge,
         }
 
 

@@ -24,8 +24,8 @@ from scipy.optimize import minimize  # noqa: E402
 
 import toast  # noqa: E402
 from tests._helpers import hf_models as H  # noqa: E402
+from toast.hf.model.vit import vit_blocks  # noqa: E402
 from toast.methods.heads import ToastVitReport  # noqa: E402
-from toast.methods.heads.blocks import vit_blocks  # noqa: E402
 from toast.methods.heads.finetune import finetune  # noqa: E402
 from toast.methods.heads.macs import toast_macs  # noqa: E402
 from toast.methods.heads.schedules import get_schedule, tcs_keep  # noqa: E402

@@ -12,7 +12,8 @@ e.g. ``blocks="encoder.layer"``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -50,12 +51,15 @@ class BlockStack:
     ``path`` is the dotted attribute path of the ``nn.ModuleList`` inside the
     model, ``blocks`` the list itself, ``final_norm`` the norm applied to the
     last block's output (or None) and ``final_norm_path`` its path.
+    ``views`` caches what was found beside the stack (e.g. a ViT's blocks,
+    :func:`toast.hf.model.vit.vit_view`), so every method shares one discovery.
     """
 
     path: str
     blocks: nn.ModuleList | nn.Sequential
     final_norm: nn.Module | None
     final_norm_path: str | None
+    views: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_blocks(self) -> int:

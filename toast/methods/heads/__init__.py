@@ -14,8 +14,6 @@ are torch-free):
   fc2-heavy schedule search against a MAC budget;
 - :mod:`~toast.methods.heads.median` — Python wrappers of the C centers
   and scores;
-- :mod:`~toast.methods.heads.blocks` — the blocks of a ViT-like model, in
-  global order;
 - :mod:`~toast.methods.heads.scwp` — :func:`prune_heads` (masked and
   dense forms);
 - :mod:`~toast.methods.heads.tcs` — :func:`enable_tcs` /

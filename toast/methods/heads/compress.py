@@ -10,8 +10,8 @@ from typing import Any
 from torch import nn
 
 from toast.hf.model.params import count_params
+from toast.hf.model.vit import VitModel, vit_blocks
 from toast.methods.base import BeforeSurgery, Method, Report, register
-from toast.methods.heads.blocks import VitModel, vit_blocks
 from toast.methods.heads.config import ToastVitConfig
 from toast.methods.heads.finetune import finetune
 from toast.methods.heads.macs import toast_macs

@@ -20,8 +20,8 @@ from typing import Any
 
 from torch import nn
 
+from toast.hf.model.vit import SUPPORTED_TYPES, vit_blocks
 from toast.io.registry import ModelPatch, register_model_patch
-from toast.methods.heads.blocks import SUPPORTED_TYPES, vit_blocks
 from toast.methods.heads.schedules import Schedule
 from toast.methods.heads.scwp import ORIGINAL_HEAD_DIM
 from toast.methods.heads.tcs import HANDLE_ATTR, TcsHandle, TcsOptions, enable_tcs

@@ -52,8 +52,8 @@ from torch import nn
 
 from toast._validation import Options, check
 from toast.hf.model.params import count_params
+from toast.hf.model.vit import Attention, VitBlock, VitModel, vit_blocks
 from toast.io.guard import guard_save
-from toast.methods.heads.blocks import Attention, VitBlock, VitModel, vit_blocks
 from toast.methods.heads.median import CENTERS, GM_MAX_ITER, GM_TOL, dim_scores
 from toast.methods.heads.schedules import head_keep, per_block_sparsity, skip_blocks
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.blocks import BlockStack, find_blocks
-from toast.methods.heads.blocks import SUPPORTED_TYPES, Attention, VitModel, vit_blocks
+from toast.hf.model.vit import Attention, VitModel, vit_view
 from toast.methods.heads.macs import toast_macs, vit_arch
 from toast.methods.heads.schedules import head_keep
 from toast.methods.heads.scwp import prune_heads
@@ -130,14 +130,8 @@ class ToastVitStages(BaseStages):
     extendable plans as ``"<family>+toast-vit"``)."""
 
     def structure(self, model: nn.Module, stack: BlockStack) -> VitModel | None:
-        if getattr(getattr(model, "config", None), "model_type", None) not in SUPPORTED_TYPES:
-            return None
-        try:
-            vm = vit_blocks(model)
-        except (ValueError, TypeError):
-            return None
         # e.g. Swin's stages: no block removal beside heads, so no ToaSt either
-        return vm if vm.num_blocks == stack.num_blocks else None
+        return vit_view(model, stack)
 
     def calibrate(
         self,

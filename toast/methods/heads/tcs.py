@@ -72,8 +72,8 @@ from torch.utils.hooks import RemovableHandle
 
 from toast import _core
 from toast._validation import Interval, Options, check
+from toast.hf.model.vit import Attention, VitBlock, VitModel, merged_row, vit_blocks
 from toast.io.guard import guard_save
-from toast.methods.heads.blocks import Attention, VitBlock, VitModel, vit_blocks
 from toast.methods.heads.schedules import SAMPLE_RATIO, Schedule, get_schedule, tcs_keep
 
 __all__ = [
@@ -273,12 +273,12 @@ class TcsMLP(nn.Module):
             row = _core.tcs_cls_attention(
                 q.contiguous().numpy(), k.contiguous().numpy(), heads, float(a.scaling)
             )
-            return torch.from_numpy(row)
+            return merged_row(a, torch.from_numpy(row))
         b, n = k.shape[0], k.shape[1]
         qh = q.reshape(b, heads, 1, dim)
         kh = k.reshape(b, n, heads, dim).transpose(1, 2)  # (B, H, N, d)
         logits = (qh @ kh.transpose(-1, -2)).squeeze(2) * a.scaling  # (B, H, N)
-        return torch.softmax(logits.float(), dim=-1).mean(dim=1).to(k.dtype)
+        return merged_row(a, torch.softmax(logits.float(), dim=-1).mean(dim=1).to(k.dtype))
 
     # -- sampling ----------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The transformer blocks of a Hugging Face ViT-like model, in global order.
 
-ToaSt rewrites two parts of every block: the attention's ``q_proj``,
+Shared by the methods that work inside ViT blocks (ToaSt's heads and TCS,
+token merging). ToaSt rewrites two parts of every block: the attention's ``q_proj``,
 ``k_proj``, ``v_proj``, ``o_proj`` (with ``head_dim``, ``scaling`` and
 ``num_attention_heads`` on the attention module, as HF ViT, DeiT, DINOv2,
 ViT-MAE and Swin define them in transformers 5.x) and the MLP's ``fc1`` /
@@ -15,12 +16,18 @@ import re
 from dataclasses import dataclass
 from typing import Protocol, cast
 
+import torch
 from torch import nn
 
 from toast._validation import check
-from toast.hf.model.blocks import MODEL
+from toast.hf.model.blocks import MODEL, BlockStack
 
-__all__ = ["Attention", "VitBlock", "VitModel", "vit_blocks"]
+__all__ = [
+    "SUPPORTED_TYPES",
+    "TOKEN_MAP_ATTR", "Attention", "VitBlock", "VitModel", "merged_row",
+    "vit_blocks",
+    "vit_view",
+]
 
 
 class Attention(Protocol):
@@ -36,6 +43,14 @@ class Attention(Protocol):
     head_dim: int
     scaling: float
 
+
+#: The attention-module attribute through which a method that merges tokens
+#: between a block's attention and its MLP (token merging) publishes, for
+#: the MLP call only, where each attention token went: a ``(B, N_attention)``
+#: index into the MLP's tokens (None: no merge). A method reading the
+#: attention inside the MLP (Token Channel Selection's CLS row) maps its
+#: rows with :func:`merged_row`.
+TOKEN_MAP_ATTR = "toast_token_map"
 
 SUPPORTED_TYPES = ("vit", "deit", "dinov2", "dinov2_with_registers", "vit_mae", "swin")
 _STAGE = re.compile(r"(?:^|\.)layers\.(\d+)\.blocks\.\d+$")
@@ -138,3 +153,36 @@ def vit_blocks(model: nn.Module) -> VitModel:
             getattr(config, "num_register_tokens", 0) or 0
         )
     return VitModel(model_type, blocks, prefix)
+
+
+def merged_row(attention: object, row: torch.Tensor) -> torch.Tensor:
+    """``row`` (``(B, N_attention)``, e.g. the CLS token's attention over
+    the keys) carried to the MLP's tokens when the block merged tokens in
+    between (:data:`TOKEN_MAP_ATTR`): a merged token gets the summed
+    attention of the tokens it stands for. Unchanged without a merge."""
+    index = getattr(attention, TOKEN_MAP_ATTR, None)
+    if index is None:
+        return row
+    out = torch.zeros(row.shape[0], int(index.max()) + 1, dtype=row.dtype, device=row.device)
+    return out.scatter_add_(1, index, row)
+
+
+def vit_view(model: nn.Module, stack: BlockStack) -> VitModel | None:
+    """The ViT blocks of ``model`` found with its block ``stack``, or None
+    (not a supported ViT, or its ViT blocks are not the stack's: Swin's
+    stages). Cached on the stack, so every method that asks during one
+    public call shares a single discovery."""
+    if "vit" not in stack.views:
+        stack.views["vit"] = _discover(model, stack)
+    view: VitModel | None = stack.views["vit"]
+    return view
+
+
+def _discover(model: nn.Module, stack: BlockStack) -> VitModel | None:
+    if getattr(getattr(model, "config", None), "model_type", None) not in SUPPORTED_TYPES:
+        return None
+    try:
+        vm = vit_blocks(model)
+    except (ValueError, TypeError):
+        return None
+    return vm if vm.num_blocks == stack.num_blocks else None

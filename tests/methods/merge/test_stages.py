@@ -1,0 +1,94 @@
+"""Token merging through ``toast.search``: its stages propose constant-r
+plans for MAC targets, extend other methods' plans, and the search builds
+and measures them with the linear MACs the analytic count gives."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import toast  # noqa: E402
+from tests.frontier.conftest import image_batches, tiny_llama, tiny_vit  # noqa: E402
+from toast.hf.model.blocks import find_blocks  # noqa: E402
+from toast.hf.model.surgery import remove_blocks  # noqa: E402
+from toast.methods.base import Plan, Sizes, find_layout  # noqa: E402
+from toast.methods.merge.macs import merge_schedule, merged_macs  # noqa: E402
+from toast.methods.merge.sites import find_sites  # noqa: E402
+from toast.methods.merge.stages import STAGES  # noqa: E402
+from toast.methods.merge.widths import merge_widths  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+
+def _stats(model):
+    layout = find_layout(model)
+    return STAGES.calibrate(model, [], layout, None, toast.Calibration(), 3)
+
+
+def _analytic_linear(model, plan):
+    """The plan's linear MACs, counted on a copy with its blocks removed."""
+    model = copy.deepcopy(model)
+    remove_blocks(model, list(plan.spans))
+    stack = find_blocks(model)
+    sites = find_sites(model, stack)
+    widths = merge_widths(model, sites, stack)
+    return merged_macs(widths, merge_schedule(plan.merge, sites.num_blocks)).linear
+
+
+def test_a_mac_search_measures_merging_alone_and_combined_at_the_analytic_macs(tmp_path):
+    model = tiny_vit()
+    data, heldout = image_batches(3, 1), image_batches(1, 2)
+    result = toast.search(
+        model,
+        data,
+        heldout,
+        target="macs=20%",
+        max_measured=200,
+        cache=tmp_path,
+        latency=False,
+        progress=False,
+    )
+    merged = [m for m in result.measured if m.candidate.merge is not None]
+    families = {m.candidate.family for m in merged}
+    assert "tome" in families
+    assert any(f.endswith("+tome") for f in families)
+    checked = 0
+    for m in merged:
+        assert m.measurement.params == m.candidate.params_after
+        if m.candidate.translator in (None, "identity"):  # nothing new in the blocks' place
+            assert m.measurement.macs == _analytic_linear(model, m.candidate)
+            checked += 1
+    assert checked >= 2
+
+
+def test_proposals_span_about_ten_to_fifty_percent_of_the_linear_macs():
+    stats = _stats(tiny_vit())
+    sizes = Sizes(1000, (100,) * 6)
+    plans = STAGES.propose(stats, sizes, 3, macs_matter=True)
+    savings = [stats.savings[p.merge] for p in plans]
+    assert len(plans) >= 3
+    assert 0.1 <= min(savings) < 0.2
+    assert max(savings) >= 0.4
+    assert all(p.params_after == 1000 and p.spans == () for p in plans)
+
+
+def test_nothing_is_proposed_when_macs_do_not_matter():
+    stats = _stats(tiny_vit())
+    assert STAGES.propose(stats, Sizes(1000, (100,) * 6), 3, macs_matter=False) == []
+
+
+def test_a_language_model_has_no_merge_structure():
+    assert find_layout(tiny_llama()).part("tome") is None
+
+
+def test_plan_keys_name_merging_only_when_set():
+    plain = Plan(("remove",), "plain", ((1, 3),), "identity", None, 10, 0.5)
+    merged = Plan(("remove", "tome"), "plain+tome", ((1, 3),), "identity", None, 10, 0.5, merge=4)
+    assert plain.key == "plain|identity|1-3||"
+    assert "merge" not in plain.to_dict()
+    assert merged.key == "plain+tome|identity|1-3|||r4"
+    assert merged.to_dict()["merge"] == 4
+    assert "ToMe r=4" in merged.label

@@ -1,0 +1,60 @@
+"""The options of ``toast.compress(..., method="tome")`` (imports no torch)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from toast._validation import Interval, Options, Predicate, validate
+from toast.hf.data.calibration import Calibration
+from toast.methods.merge.macs import SCHEDULES
+
+__all__ = ["TomeConfig"]
+
+_PER_BLOCK = Predicate(
+    lambda v: (
+        isinstance(v, Sequence)
+        and not isinstance(v, str)
+        and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in v)
+    ),
+    "a list with one merge count (int >= 0) per block",
+)
+
+
+@dataclass(frozen=True)
+class TomeConfig:
+    """How token merging runs (ToMe, Bolya et al., ICLR 2023; see
+    :func:`toast.methods.merge.enable_merging`).
+
+    ``r``: tokens merged per block, an int spread over the blocks by
+    ``schedule`` (``"constant"``: the same ``r`` in every block, the paper's;
+    ``"decreasing"``: ``2r`` in the first block down to 0 in the last) or a
+    list with one count per block. ``proportional_attention``: weigh the
+    attention to a merged key by its size (the paper's). ``unmerge_output``:
+    expand the final tokens back to every input token, so outputs keep their
+    shapes. Merging uses no data; ``calibration`` is there as in every
+    method's config.
+    """
+
+    r: int | Sequence[int] = 8
+    schedule: str = "constant"
+    proportional_attention: bool = True
+    unmerge_output: bool = True
+    calibration: Calibration = field(default_factory=Calibration)
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "r": [Interval(int, 0, None), _PER_BLOCK],
+        "schedule": [Options(SCHEDULES)],
+        "proportional_attention": [bool],
+        "unmerge_output": [bool],
+        "calibration": [Calibration],
+    }
+
+    def __post_init__(self) -> None:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in validate(self._parameter_constraints, fields).items():
+            object.__setattr__(self, name, value)
+        if not isinstance(self.r, int):
+            object.__setattr__(self, "r", tuple(self.r))
