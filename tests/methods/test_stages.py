@@ -9,6 +9,8 @@ import copy
 import pytest
 
 import toast
+from toast.frontier.calibrate import Calibrated
+from toast.frontier.candidates import enumerate_candidates
 from toast.methods import available_methods
 from toast.methods.base import (
     Needs,
@@ -76,11 +78,7 @@ def _every_plan(model, data, max_blocks=2):
     }
     blocks = tuple(toast.count_params(b) for b in layout.stack.blocks)
     sizes = Sizes(toast.count_params(model), blocks)
-    plans = [p for m in methods for p in m.stages.propose(stats[m.name], sizes, max_blocks, True)]
-    plans += [
-        e for m in methods for p in plans if p.extendable
-        for e in m.stages.extend(p, stats[m.name], sizes)
-    ]  # fmt: skip
+    plans = enumerate_candidates(methods, Calibrated(stats), sizes, max_blocks, macs_matter=True)
     return layout, stats, plans
 
 
@@ -102,7 +100,8 @@ def test_every_plan_applied_has_exactly_its_stated_parameters(make, data):
     expected = {"plain", "toast", "replaceme"}
     if make is _vit:
         expected |= {"toast-vit", "plain+toast-vit", "toast+toast-vit"}
-        expected |= {"tome", "plain+tome", "toast+tome"}
+        expected |= {"tome", "plain+tome", "toast+tome", "toast-vit+tome"}
+        expected |= {"plain+toast-vit+tome", "toast+toast-vit+tome"}
     assert families == expected
     before = {k: v.clone() for k, v in model.state_dict().items()}
     for plan in plans:

@@ -1,12 +1,12 @@
 """Every compression a search may pick, with its size and predicted error
 known before any is built: each searched method's proposed
 :class:`~toast.methods.base.Plan` s (plain removal, TOAST translators,
-ReplaceMe cuts, ToaSt head pruning and Token Channel Selection), and
-every extendable plan extended by the methods that extend others (block
-removal with ToaSt's head pruning). Sizes are exact parameter counts from
-the model's own modules; predictions are each method's own, so they
-compare within a family only, and a search measures the best-predicted
-plans of each family in turn.
+ReplaceMe cuts, ToaSt head pruning and Token Channel Selection, token
+merging), and every extendable plan extended by the methods that extend
+others, in chains (block removal, then ToaSt's head pruning, then token
+merging). Sizes are exact parameter counts from the model's own modules;
+predictions are each method's own, so they compare within a family only,
+and a search measures the best-predicted plans of each family in turn.
 """
 
 from __future__ import annotations
@@ -39,11 +39,20 @@ def enumerate_candidates(
         stats = calibrated.stats[method.name]
         for plan in method.stages.propose(stats, sizes, max_blocks, macs_matter):
             found.setdefault(plan.key, plan)
+    # Extensions chain (block removal + heads + merging), each method at most
+    # once and in registry order, so that one combination has one key.
+    order = {m.name: k for k, m in enumerate(methods)}
     bases = [plan for plan in found.values() if plan.extendable]
-    for method in methods:
-        assert method.stages is not None
-        stats = calibrated.stats[method.name]
+    while bases:
+        extended = []
         for base in bases:
-            for plan in method.stages.extend(base, stats, sizes):
-                found.setdefault(plan.key, plan)
+            last = max(order.get(name, -1) for name in base.methods)
+            for method in methods[last + 1 :]:
+                assert method.stages is not None
+                stats = calibrated.stats[method.name]
+                for plan in method.stages.extend(base, stats, sizes):
+                    if plan.key not in found:
+                        found[plan.key] = plan
+                        extended.append(plan)
+        bases = extended
     return [plan for plan in found.values() if math.isfinite(plan.predicted_error)]

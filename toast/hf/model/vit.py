@@ -24,7 +24,11 @@ from toast.hf.model.blocks import MODEL, BlockStack
 
 __all__ = [
     "SUPPORTED_TYPES",
-    "TOKEN_MAP_ATTR", "Attention", "VitBlock", "VitModel", "merged_row",
+    "TOKEN_MAP_ATTR",
+    "Attention",
+    "VitBlock",
+    "VitModel",
+    "merged_row",
     "vit_blocks",
     "vit_view",
 ]

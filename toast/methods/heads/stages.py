@@ -183,23 +183,24 @@ class ToastVitStages(BaseStages):
                         schedule=name,
                         unseen_macs=unseen,
                         unseen_share=unseen / stats.macs if unseen else 0.0,
+                        extendable=True,  # by token merging
                     )
                 )
         return plans
 
     def extend(self, plan: Plan, stats: Stats, sizes: Sizes) -> list[Plan]:
         assert isinstance(stats, ToastVitStats)
-        if not stats.head_dims:
+        if not stats.head_dims or plan.head_sparsity is not None:
             return []
         return [
-            Plan(
-                (*plan.methods, "toast-vit"),
-                f"{plan.family}+toast-vit",
-                plan.spans,
-                plan.translator,
-                rho,
-                plan.params_after - stats.head_params_removed(rho, plan.spans),
-                plan.predicted_error + stats.head_proxy(rho, plan.spans),
+            dataclasses.replace(
+                plan,
+                methods=(*plan.methods, "toast-vit"),
+                family=f"{plan.family}+toast-vit",
+                head_sparsity=rho,
+                params_after=plan.params_after - stats.head_params_removed(rho, plan.spans),
+                predicted_error=plan.predicted_error + stats.head_proxy(rho, plan.spans),
+                extendable=False,
             )
             for rho in stats.sparsities
         ]

@@ -1,7 +1,7 @@
-"""Token merging's stages: weight-free (nothing captured), constant-``r``
-schedules chosen so that the linear MACs saved span about 10–50% (only for
-MAC and latency targets), alone or extending another method's extendable
-plan (block removal + merging). Sizes are exact (merging removes no
+"""Token merging's stages: weight-free (nothing captured), every
+constant-``r`` schedule that merges something (only for MAC and latency
+targets), alone or extending another method's extendable plan (block
+removal, ToaSt's head pruning, both; not Token Channel Selection). Sizes are exact (merging removes no
 parameter); MACs per ``r`` are analytic (:mod:`toast.methods.merge.macs`)
 and the search's hooks count the same, since :meth:`TomeStages.apply`
 installs merging on the built copy before it is measured. The prediction
@@ -24,13 +24,13 @@ from toast.methods.merge.sites import MERGE_TYPES, MergeSites, Site, timm_sites
 from toast.methods.merge.widths import example_input, merge_widths
 from toast.methods.stages import BaseStages, Layout, Plan, Shared, Sizes, Stats
 
-__all__ = ["SAVINGS", "STAGES", "TomeStages", "TomeStats"]
+__all__ = ["EXTEND_SAVINGS", "STAGES", "TomeStages", "TomeStats"]
 
-#: The linear-MAC savings a search's merging plans aim at: for each, the
-#: smallest constant ``r`` that saves at least that much.
-SAVINGS = (0.1, 0.2, 0.3, 0.4, 0.5)
-#: The savings whose ``r`` extends other methods' plans.
-EXTEND_SAVINGS = (0.2, 0.4)
+#: Merging alone is proposed at every constant ``r`` (a dozen to a few
+#: dozen plans), so that a MAC target finds the ``r`` that just meets it.
+#: The linear-MAC savings whose smallest ``r`` extends other methods' plans
+#: (every extendable plan times each of these).
+EXTEND_SAVINGS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
 
 
 @dataclass
@@ -133,12 +133,13 @@ class TomeStages(BaseStages):
         assert isinstance(stats, TomeStats)
         if not macs_matter or not stats.savings:
             return []
-        rs = dict.fromkeys(r for r in map(stats.r_for, SAVINGS) if r is not None)
-        return [self._plan(stats, None, r, sizes.params) for r in rs]
+        return [self._plan(stats, None, r, sizes.params) for r in sorted(stats.savings)]
 
     def extend(self, plan: Plan, stats: Stats, sizes: Sizes) -> list[Plan]:
         assert isinstance(stats, TomeStats)
-        if not stats.savings or plan.merge is not None:
+        # Not over Token Channel Selection: its saving is counted analytically
+        # at the full token count, which merging would make wrong.
+        if not stats.savings or plan.merge is not None or plan.schedule is not None:
             return []
         rs = dict.fromkeys(r for r in map(stats.r_for, EXTEND_SAVINGS) if r is not None)
         return [self._plan(stats, plan, r, plan.params_after) for r in rs]

