@@ -2,11 +2,12 @@
 constant-``r`` schedule that merges something (only for MAC and latency
 targets), alone or extending another method's extendable plan (block
 removal, ToaSt's head pruning, both; not Token Channel Selection). Sizes
-are exact (merging removes no parameter); MACs per ``r`` are analytic (:mod:`toast.methods.merge.macs`)
-and the search's hooks count the same, since :meth:`TomeStages.apply`
-installs merging on the built copy before it is measured. The prediction
-is a weight-free proxy (the share of token-block visits merged away), so
-it ranks merging plans among themselves only."""
+are exact (merging removes no parameter); MACs per ``r`` are analytic
+(:mod:`toast.methods.merge.macs`) and the search's hooks count the same,
+since :meth:`TomeStages.apply` installs merging on the built copy before
+it is measured. The prediction is a weight-free proxy (the share of
+token-block visits merged away), so it ranks merging plans among
+themselves only."""
 
 from __future__ import annotations
 
