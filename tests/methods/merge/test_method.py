@@ -52,6 +52,21 @@ def test_a_per_block_r_goes_through_compress():
     assert merging_of(model).r == (4, 0, 0, 2)
 
 
+def test_the_report_counts_the_tokens_of_the_size_the_model_runs_at():
+    # DINOv2 checkpoints say 518 in their config and run at 224: the report
+    # must follow the data (or image_size=), not the config.
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    by_data = toast.compress(M.build("dinov2"), [images], method="tome", r=2)
+    by_size = toast.compress(M.build("dinov2"), None, method="tome", r=2, image_size=32)
+    by_config = toast.compress(M.build("dinov2"), None, method="tome", r=2)
+    model, report = by_data
+    with torch.inference_mode():
+        model(pixel_values=images)
+    assert report.macs_after.tokens == tuple(merging_of(model).tokens)
+    assert by_size[1].macs_after == report.macs_after
+    assert by_config[1].macs_after.tokens[0][0] < report.macs_after.tokens[0][0]
+
+
 def test_a_model_that_is_not_a_vit_is_refused():
     llama = H.build(next(f for f in H.FAMILIES if f.name == "llama"))
     with pytest.raises(ValueError, match="token merging supports"):

@@ -95,3 +95,15 @@ def test_plan_keys_name_merging_only_when_set():
     assert merged.key == "plain+tome|identity|1-3|||r4"
     assert merged.to_dict()["merge"] == 4
     assert "ToMe r=4" in merged.label
+
+
+def test_the_calibration_counts_the_tokens_of_the_data_not_of_the_config():
+    from . import models as M
+
+    model = M.build("dinov2")
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    stats = STAGES.calibrate(model, [images], find_layout(model), None, toast.Calibration(), 3)
+    with torch.inference_mode():
+        patches = model.embeddings(images).shape[1]
+    assert stats.widths.tokens == patches
+    assert patches != _stats(model).widths.tokens  # the config's size differs

@@ -34,14 +34,17 @@ class TomeConfig:
     list with one count per block. ``proportional_attention``: weigh the
     attention to a merged key by its size (the paper's). ``unmerge_output``:
     expand the final tokens back to every input token, so outputs keep their
-    shapes. Merging uses no data; ``calibration`` is there as in every
-    method's config.
+    shapes. ``image_size``: the input size the report's MACs are counted at
+    when no data is given (default the model config's; DINOv2 checkpoints
+    say 518 and usually run at 224). Merging uses no data; ``calibration``
+    is there as in every method's config.
     """
 
     r: int | Sequence[int] = 8
     schedule: str = "constant"
     proportional_attention: bool = True
     unmerge_output: bool = True
+    image_size: int | None = None
     calibration: Calibration = field(default_factory=Calibration)
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -49,6 +52,7 @@ class TomeConfig:
         "schedule": [Options(SCHEDULES)],
         "proportional_attention": [bool],
         "unmerge_output": [bool],
+        "image_size": [Interval(int, 1, None), None],
         "calibration": [Calibration],
     }
 

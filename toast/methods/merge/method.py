@@ -18,7 +18,7 @@ from toast.methods.merge.install import enable_merging
 from toast.methods.merge.macs import MergeMacs, merge_schedule, merged_macs
 from toast.methods.merge.sites import find_sites
 from toast.methods.merge.stages import STAGES
-from toast.methods.merge.widths import merge_widths
+from toast.methods.merge.widths import example_input, merge_widths
 
 __all__ = ["METHOD", "TomeReport", "compress_tome"]
 
@@ -72,11 +72,12 @@ def compress_tome(
     before_surgery: BeforeSurgery | None = None,
 ) -> tuple[nn.Module, TomeReport]:
     """Installs token merging on ``model`` in place (the fields are described
-    on :class:`TomeConfig`). Merging uses no data and removes no block, so
-    ``data`` is ignored and ``before_surgery`` never called."""
+    on :class:`TomeConfig`). Merging uses no data and removes no block:
+    ``data``, when given, only sets the image size the report's MACs count
+    (its first batch), and ``before_surgery`` is never called."""
     stack = find_blocks(model)
     sites = find_sites(model, stack)
-    widths = merge_widths(model, sites, stack)
+    widths = merge_widths(model, sites, stack, example_input(model, data, config.image_size))
     rs = merge_schedule(config.r, sites.num_blocks, config.schedule)
     enable_merging(
         model,

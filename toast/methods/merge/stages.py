@@ -91,7 +91,7 @@ class TomeStages(BaseStages):
         if sites is None:
             return TomeStats()
         try:
-            example = example_input(model)
+            example = example_input(model, data)
         except ValueError:
             return TomeStats(note="token merging: the image size is unknown")
         widths = merge_widths(model, sites, layout.stack, example)

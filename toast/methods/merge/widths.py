@@ -36,11 +36,20 @@ def _patch_embed(model: nn.Module, patches: int) -> int:
     return patches * conv.out_channels * (conv.in_channels // conv.groups) * kh * kw
 
 
-def example_input(model: nn.Module) -> Any:
-    """One image for ``model``: its config's size, or a timm-layout model's
-    ``patch_embed.img_size``; ``ValueError`` when neither says."""
+def example_input(model: nn.Module, data: Any = None, image_size: int | None = None) -> Any:
+    """One input for ``model`` at the size it will run at: the first batch
+    of ``data`` when given (token counts follow the images, not the
+    config: DINOv2's config says 518 while it runs at 224), else an image
+    of ``image_size``, else of its config's size or a timm-layout model's
+    ``patch_embed.img_size``; ``ValueError`` when none says."""
+    if data is not None:
+        first = next(iter(data), None)
+        if first is not None:
+            return first
     if getattr(model, "config", None) is not None:
-        return synthetic_example(model, None, None)
+        return synthetic_example(model, image_size, None)
+    if image_size is not None:
+        return torch.zeros(1, 3, image_size, image_size)
     size = getattr(getattr(model, "patch_embed", None), "img_size", None)
     if size is None:
         raise ValueError(
