@@ -2,10 +2,11 @@
 
 The core measures how well each span of blocks is explained by a closed-form
 map (the block error matrix) from streaming moments of captured activations,
-and fits the translators that replace redundant spans. Three methods share
+and fits the translators that replace redundant spans. The methods share
 that infrastructure, each run by ``toast.compress(model, data, method=...)``:
-TOAST (``"toast"``), ReplaceMe (``"replaceme"``) and ToaSt (``"toast-vit"``);
-``toast.search`` measures them all and ``toast.analyze`` gives TOAST's error
+TOAST (``"toast"``), ReplaceMe (``"replaceme"``), ToaSt (``"toast-vit"``),
+token merging (``"tome"``) and plain removal (``"remove"``);
+``toast.search`` measures them all and their combinations and ``toast.analyze`` gives TOAST's error
 matrix. ``toast.evaluate`` measures a model's accuracy on
 lm-evaluation-harness tasks and the share of the original's it retains.
 
@@ -71,6 +72,7 @@ _NAMES = {
     "ReplaceMeConfig": "toast.methods.replaceme.config",
     "ToastVitConfig": "toast.methods.heads.config",
     "RemoveConfig": "toast.methods.remove.config",
+    "TomeConfig": "toast.methods.merge.config",
     # loading, saving and counting
     "load_model": "toast.io.local",
     "load_tokenizer": "toast.io.local",
@@ -99,6 +101,7 @@ __all__ = [
     "ReplaceMeConfig",
     "ToastVitConfig",
     "RemoveConfig",
+    "TomeConfig",
     "Moments",
     "error_matrix",
     "fit_translator",

@@ -146,7 +146,8 @@ def add_parser(sub: Any, method: str = DEFAULT_METHOD) -> None:
     reading.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto)")
     add_memory_arguments(p, "the compressed model written")
     options = p.add_argument_group(f"method ({method})")
-    add_config_arguments(options, config, config_fields(config), _HELP)
+    # a config's own HELP names what its fields mean where the shared texts do not
+    add_config_arguments(options, config, config_fields(config), {**_HELP, **getattr(config, "HELP", {})})
     if hasattr(config, "paper"):
         options.add_argument(
             "--paper",

@@ -47,6 +47,17 @@ class TomeConfig:
     image_size: int | None = None
     calibration: Calibration = field(default_factory=Calibration)
 
+    #: What each option means on the command line (``toast compress --method tome``).
+    HELP: ClassVar[dict[str, str]] = {
+        "r": "tokens merged in every block (the same r everywhere, the paper's schedule)",
+        "schedule": "how r spreads over the blocks: constant, or decreasing from 2r to 0",
+        "proportional_attention": "weigh the attention to a merged token by its size",
+        "unmerge_output": "expand the final tokens back to every input token (outputs keep "
+        "their shapes)",
+        "image_size": "input size the MAC report counts when --data is not given (default the "
+        "config's; DINOv2 checkpoints say 518 and run at 224)",
+    }
+
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "r": [Interval(int, 0, None), _PER_BLOCK],
         "schedule": [Options(SCHEDULES)],
