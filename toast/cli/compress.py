@@ -147,7 +147,8 @@ def add_parser(sub: Any, method: str = DEFAULT_METHOD) -> None:
     add_memory_arguments(p, "the compressed model written")
     options = p.add_argument_group(f"method ({method})")
     # a config's own HELP names what its fields mean where the shared texts do not
-    add_config_arguments(options, config, config_fields(config), {**_HELP, **getattr(config, "HELP", {})})
+    helps = {**_HELP, **getattr(config, "HELP", {})}
+    add_config_arguments(options, config, config_fields(config), helps)
     if hasattr(config, "paper"):
         options.add_argument(
             "--paper",
