@@ -150,3 +150,25 @@ def test_an_interrupted_build_leaves_nothing_to_load(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         zoo.dinov2_vits14(cache=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+@needs_onnx_model
+def test_a_folder_of_images_reaches_the_model_at_224_normalised(converted, dinov2_cache, tmp_path):
+    # The command line reads image folders through the model folder's image
+    # processor: without one, DINOv2 would see 518 x 518 unnormalised pixels.
+    from PIL import Image
+
+    from toast.io.local import load_batches
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for k, grey in enumerate((64, 200)):
+        Image.new("RGB", (400, 300), (grey,) * 3).save(images / f"{k}.png")
+    (batch,) = list(load_batches(zoo.dinov2_vits14_path(cache=dinov2_cache), images))
+    assert tuple(batch.shape) == (2, 3, 224, 224)
+    mean = np.array(zoo.DINOV2_PREPROCESSOR["image_mean"])
+    std = np.array(zoo.DINOV2_PREPROCESSOR["image_std"])
+    for k, grey in enumerate((64, 200)):
+        expected = (grey / 255 - mean) / std  # a uniform image stays uniform
+        np.testing.assert_allclose(batch[k].mean(dim=(1, 2)).numpy(), expected, atol=1e-5)
+        np.testing.assert_allclose(batch[k].std(dim=(1, 2)).numpy(), 0, atol=1e-5)

