@@ -80,7 +80,8 @@ def accuracy(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, bat
 
 def _train_digits_vit(seed: int, epochs: int, progress: bool) -> torch.nn.Module:
     import transformers
-    from tqdm.auto import tqdm
+
+    from toast.hf.data.progress import progress_bar
 
     train = digits("train", seed=seed)
     x, y = torch.from_numpy(train.images), torch.from_numpy(train.labels)
@@ -93,7 +94,7 @@ def _train_digits_vit(seed: int, epochs: int, progress: bool) -> torch.nn.Module
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=2e-3, total_steps=steps)
     gen = torch.Generator().manual_seed(seed)
     model.train()
-    bar = tqdm(total=steps, desc="training the digits ViT", disable=not progress, leave=False)
+    bar = progress_bar("training the digits ViT", steps, "step", not progress)
     # One thread: the model is tiny, and on a busy machine torch's worker
     # threads spin against other processes (measured 9x slower with two).
     threads = torch.get_num_threads()

@@ -227,6 +227,20 @@ def test_compress_over_the_memory_budget_goes_block_by_block(local_llama, tmp_pa
     assert toast.load_pretrained(tmp_path / "disk") is not None
 
 
+def test_block_by_block_progress_is_plain_lines_when_stderr_is_a_file(
+    local_llama, tmp_path, capsys
+):
+    # capsys's stderr is not a terminal, as a log file or a pipe: no tqdm
+    # carriage-return frames from toast or from transformers' loading bars
+    argv = ["compress", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--method", "replaceme", "--num-blocks", "1", "--max-memory", "1KiB"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    said = capsys.readouterr().err
+    assert "\r" not in said
+    assert "sequential path" in said and "batches" in said
+    assert said.count("writing shards: 1/1 shards") == 1
+
+
 def test_compress_path_disk_on_a_toast_save_names_the_fix(local_llama, tmp_path, capsys):
     argv = ["compress", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
     assert main([*argv, "--budget", "2", "--out", str(tmp_path / "saved"), "--no-progress"]) == 0

@@ -224,11 +224,14 @@ def calibration_from_args(args: argparse.Namespace) -> Calibration:
 
 
 def quiet_libraries(progress: bool, quiet: bool = False) -> None:
-    """Silences transformers' (and the Hub's) loading bars without ``progress``,
+    """Silences transformers' (and the Hub's) loading bars without ``progress``
+    or when stderr is not a terminal (a log file or a pipe would get their
+    carriage-return frames; toast's own progress prints plain lines there),
     and its log messages too when ``quiet``."""
     import os
+    import sys
 
-    if progress and not quiet:
+    if progress and not quiet and sys.stderr.isatty():
         return
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     import transformers

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from toast.hf.data.progress import progress_iter
 from toast.hf.model.checkpoint import Checkpoint, TensorInfo
 from toast.hf.model.surgery import prune_config
 from toast.io.save import fsync_path, hidden_sibling
@@ -201,11 +202,12 @@ def _write_weights(
     edits: Mapping[str, Edit],
     progress: bool,
 ) -> None:
-    from tqdm.auto import tqdm
-
     weight_map: dict[str, str] = {}
     total_size = 0
-    for shard in tqdm(source.shards, desc="writing shards", disable=not progress, leave=False):
+    shards = progress_iter(
+        source.shards, "writing shards", len(source.shards), "shard", not progress
+    )
+    for shard in shards:
         keys = [k for k, info in source.tensors.items() if info.file == shard]
         entries = [(renames.get(k, k), k) for k in keys]
         kept = [(new, src) for new, src in entries if new is not None]

@@ -64,9 +64,14 @@ def train_translator(
         xs, ys = _rows_tensor(x, None, dtype), _rows_tensor(y, None, dtype)
     optimizer = torch.optim.Adam(module.parameters(), lr=lr)
     module.train()
+    import sys
+
     from tqdm.auto import tqdm
 
-    bar = tqdm(range(steps), desc=f"training {kind}", disable=not progress, leave=False)
+    # A bar only on a terminal: redirected, its carriage-return frames would
+    # fill the log (this layer sits below toast.hf's plain-line progress).
+    shown = progress and sys.stderr.isatty()
+    bar = tqdm(range(steps), desc=f"training {kind}", disable=not shown, leave=False)
     try:
         with torch.random.fork_rng(devices=[]), torch.enable_grad():
             torch.manual_seed(seed)  # dropout masks

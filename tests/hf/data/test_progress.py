@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 hf_models = pytest.importorskip("tests._helpers.hf_models")
 
 import toast  # noqa: E402
-from toast.hf.data.progress import LineProgress, expected_samples  # noqa: E402
+from toast.hf.data.progress import LineProgress, expected_samples, progress_iter  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -63,3 +63,38 @@ def test_a_pass_logged_to_a_file_counts_samples_and_tokens_without_redraws(capsy
     final = [line for line in err.splitlines() if line.startswith("capturing:")][-1]
     # 8 images of 16 patches + CLS = 136 token rows, all of them in the last line
     assert final.startswith("capturing: 8/8 samples, tokens=136,")
+
+
+def test_progress_iter_yields_every_item_and_logs_plain_lines_when_redirected(capsys):
+    # capsys's stderr is not a terminal: plain lines, the last with the total
+    assert list(progress_iter(range(5), "writing shards", 5, "shard", disable=False)) == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert err.splitlines()[-1].startswith("writing shards: 5/5 shards")
+
+
+def test_progress_iter_closes_its_bar_when_the_loop_stops_early(capsys):
+    for item in progress_iter(range(10), "training", 10, "step", disable=False):
+        if item == 2:
+            break
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("training: 2/10 steps")
+
+
+def test_the_last_count_is_written_once_and_units_are_plural():
+    out = io.StringIO()
+    bar = LineProgress("running", total=2, unit="batch", file=out, interval=0)
+    bar.update(1)
+    bar.update(1)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "running: 1/2 batches",
+        "running: 2/2 batches",
+    ]

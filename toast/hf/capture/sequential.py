@@ -41,6 +41,7 @@ from torch import nn
 
 from toast.hf.capture.states import calibration_inputs, rss_mib
 from toast.hf.data.calibration import Calibration
+from toast.hf.data.progress import progress_bar
 from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.checkpoint import Checkpoint
 
@@ -592,12 +593,8 @@ class _Run:
     def blocks(self, source: DiskStates, target: DiskStates, upto: int) -> DiskStates:
         """Runs blocks ``0 .. upto - 1``; returns the buffer holding the last
         states."""
-        from tqdm.auto import tqdm
-
         total = upto * len(self.batches)
-        bar = tqdm(
-            desc=self.desc, total=total, unit="batch", disable=not self.cal.progress, leave=False
-        )
+        bar = progress_bar(self.desc, total, "batch", not self.cal.progress)
         try:
             for index in range(upto):
                 self._block(index, source, target, bar)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sized
-from typing import Any, TextIO
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any, TextIO, TypeVar
 
-__all__ = ["LineProgress", "expected_samples", "progress_bar"]
+T = TypeVar("T")
+
+__all__ = ["LineProgress", "expected_samples", "progress_bar", "progress_iter"]
 
 
 class LineProgress:
@@ -35,6 +37,7 @@ class LineProgress:
         self._postfix = ""
         self._start = time.monotonic()
         self._last: float | None = None
+        self._written = -1  # the count the last line showed
         self._closed = False
 
     def set_postfix(self, refresh: bool = True, **values: Any) -> None:
@@ -47,10 +50,10 @@ class LineProgress:
             self._write(now)
 
     def _write(self, now: float) -> None:
-        self._last = now
+        self._last, self._written = now, self.n
         elapsed = now - self._start
         done = f"{self.n:,}" if self.total is None else f"{self.n:,}/{self.total:,}"
-        line = f"{self.desc}: {done} {self.unit}s"
+        line = f"{self.desc}: {done} {_plural(self.unit)}"
         if self._postfix:
             line += f", {self._postfix}"
         line += f", {elapsed:.0f}s"
@@ -59,9 +62,13 @@ class LineProgress:
         print(line, file=self.file, flush=True)
 
     def close(self) -> None:
-        if not self._closed and self.n and self._last is not None:
+        if not self._closed and self.n and self._written != self.n:
             self._write(time.monotonic())  # the final count, whatever the interval
         self._closed = True
+
+
+def _plural(unit: str) -> str:
+    return unit + ("es" if unit.endswith(("s", "x", "ch", "sh")) else "s")
 
 
 def progress_bar(desc: str, total: int | None, unit: str, disable: bool) -> Any:
@@ -72,6 +79,21 @@ def progress_bar(desc: str, total: int | None, unit: str, disable: bool) -> Any:
     if disable or sys.stderr.isatty():
         return tqdm(desc=desc, total=total, unit=unit, disable=disable, leave=False)
     return LineProgress(desc, total, unit)
+
+
+def progress_iter(
+    items: Iterable[T], desc: str, total: int | None, unit: str, disable: bool
+) -> Iterator[T]:
+    """``items``, counted by :func:`progress_bar` as they are consumed (a
+    tqdm bar on a terminal, plain lines elsewhere); the bar is closed even
+    when the loop stops early."""
+    bar = progress_bar(desc, total, unit, disable)
+    try:
+        for item in items:
+            yield item
+            bar.update(1)
+    finally:
+        bar.close()
 
 
 def expected_samples(

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from toast._validation import Interval, Options, validate_params
+from toast.hf.data.progress import progress_bar
 
 __all__ = ["CosineFit", "fit_cosine"]
 
@@ -108,21 +109,23 @@ def _adam(
     progress: bool,
 ) -> None:
     """Table 13: Adam on shuffled, seeded batches; the objective after each epoch."""
-    from tqdm.auto import tqdm
-
     opt = torch.optim.Adam([loss.param], lr=lr)
     rng = np.random.default_rng(seed)
-    bar = tqdm(range(epochs), desc="replaceme: cosine (Adam)", disable=not progress, leave=False)
-    for _ in bar:
-        order = rng.permutation(loss.rows)
-        for lo in range(0, loss.rows, batch_size):
-            idx = np.sort(order[lo : lo + batch_size])
-            opt.zero_grad(set_to_none=True)
-            step = loss.loss_sum(idx) / len(idx) + loss.penalty_term()
-            step.backward()
-            opt.step()
-        history.append(loss.value(batch_size))
-        bar.set_postfix(objective=f"{history[-1]:.5g}")
+    bar = progress_bar("replaceme: cosine (Adam)", epochs, "epoch", not progress)
+    try:
+        for _ in range(epochs):
+            order = rng.permutation(loss.rows)
+            for lo in range(0, loss.rows, batch_size):
+                idx = np.sort(order[lo : lo + batch_size])
+                opt.zero_grad(set_to_none=True)
+                step = loss.loss_sum(idx) / len(idx) + loss.penalty_term()
+                step.backward()
+                opt.step()
+            history.append(loss.value(batch_size))
+            bar.set_postfix(objective=f"{history[-1]:.5g}")
+            bar.update(1)
+    finally:
+        bar.close()
 
 
 def _lbfgs(
