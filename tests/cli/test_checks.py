@@ -1,6 +1,7 @@
 """The command line fails fast, keeps one overwrite policy, exits cleanly on
 Ctrl-C and prints plain help (``toast.cli.checks`` and ``toast.cli.main``)."""
 
+import io
 import os
 import signal
 import subprocess
@@ -266,11 +267,26 @@ def test_exit_statuses_are_in_the_top_level_help(capsys):
     assert "130 interrupted" in " ".join(capsys.readouterr().out.split())
 
 
-def test_the_environment_is_left_alone_without_no_progress(tiny, tmp_path, monkeypatch):
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_environment_is_left_alone_with_progress_on_a_terminal(tiny, tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    monkeypatch.setattr(sys, "stderr", _Terminal())
     argv = [a for a in _argv("analyze", tiny, tmp_path / "out") if a != "--no-progress"]
     assert main(argv) == 0
     assert "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ
+
+
+def test_library_bars_are_silenced_when_stderr_is_not_a_terminal(tiny, tmp_path, monkeypatch):
+    # a log file or a pipe would get their carriage-return frames
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    argv = [a for a in _argv("analyze", tiny, tmp_path / "out") if a != "--no-progress"]
+    assert main(argv) == 0
+    assert os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") == "1"
 
 
 def test_the_command_line_and_the_loader_know_the_same_tokenizer_files():
