@@ -14,8 +14,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"   # venv + normal in-place 
 
 find_sanitizer_runtimes   # sets LIBASAN, LIBUBSAN (setup_env.sh)
 
-ASAN_LIB="$(mktemp -d "${TMPDIR:-/tmp}/toast-asan.XXXXXX")"
-trap 'rm -rf "$ASAN_LIB"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/tmpdir.sh"
+private_tmpdir ASAN_LIB asan   # removed at exit; left-overs of killed runs swept
 
 _log "building toast with TOAST_SANITIZE=1 into $ASAN_LIB"
 TOAST_SANITIZE=1 "$VPY" setup.py -q build --build-base "$ASAN_LIB/build" \

@@ -34,8 +34,8 @@ if ! "$VPY" -c "import atheris" 2>/dev/null; then
     "$VPY" -m pip install "atheris>=2.3"
 fi
 
-TMP_DIR="$(mktemp -d "${TMPDIR:-/tmp}/toast-fuzz.XXXXXX")"
-trap 'rm -rf "$TMP_DIR"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/tmpdir.sh"
+private_tmpdir TMP_DIR fuzz   # removed at exit; left-overs of killed runs swept
 WORK="${FUZZ_WORK:-$TMP_DIR/corpus}"
 mkdir -p "$WORK" "$TMP_DIR/empty" fuzz/artifacts
 
