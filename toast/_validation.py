@@ -16,6 +16,7 @@ value, :func:`validate` for a mapping of them (a config's fields) and
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -192,6 +193,15 @@ def validate(
         name: check(name, value, *constraints[name]) if name in constraints else value
         for name, value in params.items()
     }
+
+
+def validate_fields(obj: Any, constraints: Mapping[str, Sequence[Constraint]]) -> None:
+    """Checks every field of the frozen dataclass ``obj`` named in
+    ``constraints`` and stores the checked values: the first step of every
+    config's ``__post_init__``."""
+    fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    for name, value in validate(constraints, fields).items():
+        object.__setattr__(obj, name, value)
 
 
 def validate_params(constraints: Mapping[str, Sequence[Constraint]]) -> Callable[[F], F]:

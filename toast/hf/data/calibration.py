@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from toast._validation import Interval, Options, validate
+from toast._validation import Interval, Options, validate_fields
 
 __all__ = [
     "BACKENDS",
@@ -74,9 +74,7 @@ class Calibration:
     }
 
     def __post_init__(self) -> None:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in validate(self._parameter_constraints, fields).items():
-            object.__setattr__(self, name, value)
+        validate_fields(self, self._parameter_constraints)
 
     @classmethod
     def from_options(cls, calibration: Calibration | None = None, **options: Any) -> Calibration:

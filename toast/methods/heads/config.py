@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from toast._validation import Interval, Options, Predicate, validate
+from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.hf.data.calibration import Calibration
 from toast.methods.heads.median import CENTERS
 from toast.methods.heads.schedules import RATIO, SAMPLE_RATIO, SKIP, Schedule
@@ -90,8 +89,6 @@ class ToastVitConfig:
     }
 
     def __post_init__(self) -> None:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in validate(self._parameter_constraints, fields).items():
-            object.__setattr__(self, name, value)
+        validate_fields(self, self._parameter_constraints)
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr must be <= lr; got min_lr={self.min_lr}, lr={self.lr}")

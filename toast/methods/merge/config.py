@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from toast._validation import Interval, Options, Predicate, validate
+from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.hf.data.calibration import Calibration
 from toast.methods.merge.macs import SCHEDULES
 
@@ -68,8 +67,6 @@ class TomeConfig:
     }
 
     def __post_init__(self) -> None:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in validate(self._parameter_constraints, fields).items():
-            object.__setattr__(self, name, value)
+        validate_fields(self, self._parameter_constraints)
         if not isinstance(self.r, int):
             object.__setattr__(self, "r", tuple(self.r))

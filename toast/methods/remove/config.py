@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from toast._validation import Interval, Options, Predicate, validate
+from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.hf.data.calibration import BACKENDS, Calibration
 
 __all__ = ["RemoveConfig"]
@@ -35,9 +34,7 @@ class RemoveConfig:
     }
 
     def __post_init__(self) -> None:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in validate(self._parameter_constraints, fields).items():
-            object.__setattr__(self, name, value)
+        validate_fields(self, self._parameter_constraints)
         if (self.num_blocks is None) == (self.spans is None):
             raise ValueError(
                 "give num_blocks=<blocks to remove> or spans=[(start, stop), ...] (one of them)"

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from toast._validation import Interval, Options, Predicate, check, validate
+from toast._validation import Interval, Options, Predicate, check, validate_fields
 from toast.core.moments import PRECISIONS
 from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens
 
@@ -230,9 +230,7 @@ class ReplaceMeConfig:
     }
 
     def __post_init__(self) -> None:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in validate(self._parameter_constraints, fields).items():
-            object.__setattr__(self, name, value)
+        validate_fields(self, self._parameter_constraints)
         if self.spans is None and self.num_blocks is None:
             raise ValueError("give num_blocks=<blocks to remove> (or spans=[(start, stop), ...])")
         if self.objective == "cosine" and self.structure == "orthogonal":

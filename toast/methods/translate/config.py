@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from toast._validation import Interval, Options, Predicate, validate
+from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.core import METRICS, Pairs
 from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens
 
@@ -97,9 +96,7 @@ class ToastConfig:
     }
 
     def __post_init__(self) -> None:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        for name, value in validate(self._parameter_constraints, fields).items():
-            object.__setattr__(self, name, value)
+        validate_fields(self, self._parameter_constraints)
         if self.spans is not None and (self.budget is not None or self.max_error is not None):
             raise ValueError("give either spans=[(start, stop), ...] or budget/max_error, not both")
         if self.spans is None and self.budget is None and self.max_error is None:
