@@ -121,3 +121,24 @@ def test_checkpoint_reads_tensors_equal_to_the_saved_ones(tmp_path):
     state = model.state_dict()
     for key in checkpoint.tensors:
         assert torch.equal(checkpoint.read(key), state[key]), key
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3"])
+def test_recorded_block_inputs_hold_no_kv_cache(name, tmp_path):
+    # A KV cache recorded with block 0's inputs would be appended to by
+    # every later block: a block's worth of memory kept per block run.
+    model, data = CASES[name]()
+    model.save_pretrained(tmp_path)
+    disk = DiskModel.open(tmp_path)
+    caches: list[str] = []
+
+    def look(module, args, kwargs):
+        caches.extend(k for k, v in kwargs.items() if isinstance(v, transformers.Cache))
+
+    handles = [b.register_forward_pre_hook(look, with_kwargs=True) for b in disk.stack.blocks]
+    try:
+        stream_blocks(disk, data, lambda *a: None, QUIET)
+    finally:
+        for h in handles:
+            h.remove()
+    assert caches == []

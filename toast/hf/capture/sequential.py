@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from toast.hf.capture.states import calibration_inputs, rss_mib
+from toast.hf.capture.states import calibration_inputs, rss_mib, without_kv_cache
 from toast.hf.data.calibration import Calibration
 from toast.hf.data.progress import progress_bar
 from toast.hf.model.blocks import BlockStack, find_blocks
@@ -403,15 +403,11 @@ def _embed(
     """Stage 0: the embedding output of every batch, appended to ``states``."""
     disk.prepare()
     base = disk.base
-    code = getattr(base.forward, "__code__", None)
-    takes_cache = code is not None and "use_cache" in code.co_varnames
     batches: list[_Batch] = []
     try:
         with torch.inference_mode():
             for args, kwargs in calibration_inputs(base, loader, cal, torch.device("cpu")):
-                if takes_cache:
-                    kwargs["use_cache"] = False  # no KV cache is built
-                hidden, batch = _record_inputs(disk, args, kwargs)
+                hidden, batch = _record_inputs(disk, args, without_kv_cache(base, kwargs))
                 states.append(hidden)
                 batches.append(batch)
                 on_state(0, len(batches) - 1, hidden, batch.mask)

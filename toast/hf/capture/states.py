@@ -38,6 +38,7 @@ __all__ = [
     "select_tokens",
     "stream_states",
     "uses_torch",
+    "without_kv_cache",
 ]
 
 # Keys of a batch that describe targets, not model inputs.
@@ -109,6 +110,17 @@ def _model_device(model: nn.Module) -> torch.device:
     for p in model.parameters():
         return p.device
     return torch.device("cpu")
+
+
+def without_kv_cache(model: nn.Module, kwargs: dict) -> dict:
+    """``kwargs`` with ``use_cache=False`` when ``model``'s forward takes it:
+    a pass that scores or records whole sequences never reuses a KV cache,
+    and one built anyway grows with every block run on the batch (kept with
+    recorded block inputs, it is appended to by every later block).
+    ``inspect.signature`` follows the decorators that transformers wraps
+    around ``forward``; the wrapper's own code object names no parameter."""
+    accepted = inspect.signature(model.forward).parameters
+    return {**kwargs, "use_cache": False} if "use_cache" in accepted else kwargs
 
 
 def forward_inputs(

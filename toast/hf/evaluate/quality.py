@@ -30,7 +30,6 @@ can report the baseline of the very blocks it removes.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -40,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from toast._validation import Options, check
-from toast.hf.capture.states import forward_inputs
+from toast.hf.capture.states import forward_inputs, without_kv_cache
 from toast.hf.data.progress import progress_bar
 from toast.hf.evaluate.fidelity import DEFAULT_TOP_K, Recording, TokenFidelity
 from toast.hf.model.blocks import BlockStack
@@ -276,7 +275,7 @@ class Evaluator:
         (what a sequential evaluator computes block by block instead)."""
         for batch in self._iterate(label):
             args, kwargs = forward_inputs(model, batch)
-            yield batch, args, kwargs, model(*args, **_no_cache(model, kwargs))
+            yield batch, args, kwargs, model(*args, **without_kv_cache(model, kwargs))
 
     def _scorer(self) -> _Tokens | _Classes | _Cosine:
         self._kept.begin()
@@ -397,12 +396,6 @@ class _Cosine:
         logits = getattr(output, "logits", None)
         self.logits &= isinstance(logits, torch.Tensor) and logits.dim() == 2
         self.vectors.append(_sample_vectors(output, kwargs.get("attention_mask")))
-
-
-def _no_cache(model: nn.Module, kwargs: dict) -> dict:
-    # A KV cache only costs memory when every sequence is scored whole.
-    accepted = inspect.signature(model.forward).parameters
-    return {**kwargs, "use_cache": False} if "use_cache" in accepted else kwargs
 
 
 def batch_rows(args: tuple, kwargs: dict) -> int:
