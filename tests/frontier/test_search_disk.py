@@ -121,8 +121,8 @@ def test_at_most_one_block_holds_weights_during_the_disk_search(checkpoint, monk
     load = DiskModel.load_block
     real_open = DiskModel.open.__func__
 
-    def counting_open(cls, folder, blocks=None):
-        disk = real_open(cls, folder, blocks)
+    def counting_open(cls, folder, *args):
+        disk = real_open(cls, folder, *args)
         opened.append(disk)
         return disk
 

@@ -210,6 +210,12 @@ def add_calibration_arguments(
     group.add_argument(
         "--no-progress", action="store_true", help="hide progress bars, transformers' included"
     )
+    group.add_argument(
+        "--compute-dtype",
+        choices=("auto", "float32", "checkpoint"),
+        default="auto",
+        help="what the block-by-block path computes in (auto: float32 for a 16-bit checkpoint)",
+    )
 
 
 def calibration_from_args(args: argparse.Namespace) -> Calibration:
@@ -220,6 +226,7 @@ def calibration_from_args(args: argparse.Namespace) -> Calibration:
         seed=args.seed,
         blocks=args.blocks,
         progress=not args.no_progress,
+        compute_dtype=args.compute_dtype,
     )
 
 

@@ -272,6 +272,7 @@ def _open(
         max_memory,
         sequential,
         blocks=calibration.blocks,
+        compute=calibration.compute_dtype,
         progress=calibration.progress,
         command="toast search",
     )

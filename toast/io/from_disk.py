@@ -86,7 +86,7 @@ def save_translated_from_disk(
     model = disk.checkpoint.skeleton()
     path = disk.stack.path
     modules = [
-        translator_module(t, dtype=disk.dtype) if isinstance(t, Translator) else t
+        translator_module(t, dtype=disk.checkpoint.dtype) if isinstance(t, Translator) else t
         for t in translators
     ]
     replace_spans(model, spans, modules, blocks=path)

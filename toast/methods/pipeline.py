@@ -69,7 +69,7 @@ def compress_folder(
     module docstring); ``data``, ``heldout`` and ``text`` are as for
     :func:`toast.methods.runner.run_method`; ``device`` and ``dtype`` are
     where and in what the in-memory path runs the model (the block-by-block
-    path computes on the CPU in the checkpoint's dtype)."""
+    path computes on the CPU in the config's ``calibration.compute_dtype``)."""
     source, target = Path(folder), Path(output)
     if target.exists():
         raise FileExistsError(f"{target} exists; the compressed model goes to a new folder")
@@ -77,7 +77,10 @@ def compress_folder(
     disk = _disk_path(method, source, config, max_memory, sequential, progress)
     if disk is not None:
         if dtype is not None or device is not None:
-            _say("the block-by-block path computes on the CPU in the checkpoint's dtype", True)
+            _say(
+                "the block-by-block path computes on the CPU (dtype: calibration.compute_dtype)",
+                True,
+            )
         batches, held = prepare_data(method, data, heldout, text)
         # heldout only when given: a method's disk run may not measure it
         keywords = {} if held is None else {"heldout": held}
@@ -129,9 +132,15 @@ def _disk_path(
             raise ValueError(f"sequential=True needs a checkpoint folder; {source} is a file")
         _say(f"in-memory path ({source.name} is a file, not a checkpoint folder)", progress)
         return None
-    blocks = getattr(getattr(config, "calibration", None), "blocks", None)
+    cal = getattr(config, "calibration", None)
     _, disk = plan_checkpoint(
-        source, max_memory, sequential, blocks=blocks, progress=progress, command=_COMMAND
+        source,
+        max_memory,
+        sequential,
+        blocks=getattr(cal, "blocks", None),
+        compute=getattr(cal, "compute_dtype", "auto"),
+        progress=progress,
+        command=_COMMAND,
     )
     return disk
 

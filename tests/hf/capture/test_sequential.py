@@ -142,3 +142,40 @@ def test_recorded_block_inputs_hold_no_kv_cache(name, tmp_path):
         for h in handles:
             h.remove()
     assert caches == []
+
+
+def _bf16_llama(tmp_path):
+    model, data = CASES["llama"]()
+    model.to(torch.bfloat16).save_pretrained(tmp_path)
+    widened = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    return widened.eval(), data
+
+
+def _streamed(disk, data) -> dict[int, list[torch.Tensor]]:
+    got: dict[int, list[torch.Tensor]] = {}
+    stream_blocks(disk, data, lambda k, b, h, m: got.setdefault(k, []).append(h.clone()), QUIET)
+    return got
+
+
+def test_bf16_checkpoint_computes_in_float32_equal_to_the_model_loaded_in_float32(tmp_path):
+    widened, data = _bf16_llama(tmp_path)
+    expected = _in_memory(widened, data)
+    disk = DiskModel.open(tmp_path)
+    assert disk.dtype == torch.float32 and disk.checkpoint.dtype == torch.bfloat16
+    got = _streamed(disk, data)
+    for k in expected:
+        assert all(torch.equal(a, b) for a, b in zip(got[k], expected[k], strict=True)), k
+
+
+def test_compute_dtype_checkpoint_keeps_bf16(tmp_path):
+    _bf16_llama(tmp_path)
+    disk = DiskModel.open(tmp_path, compute="checkpoint")
+    got = _streamed(disk, R.text_loader(16))
+    assert disk.dtype == torch.bfloat16
+    assert {t.dtype for ts in got.values() for t in ts} == {torch.bfloat16}
+
+
+def test_unknown_compute_dtype_names_the_choices(tmp_path):
+    _bf16_llama(tmp_path)
+    with pytest.raises(ValueError, match="'auto', 'float32' or 'checkpoint'"):
+        DiskModel.open(tmp_path, compute="half")

@@ -227,3 +227,23 @@ def test_placement_other_than_fold_cannot_be_written(tmp_path):
         replaceme_from_disk(
             tmp_path / "source", R.text_loader(), tmp_path / "out", num_blocks=2, placement="mlp"
         )
+
+
+def test_bf16_checkpoint_calibrated_in_float32_is_written_in_bf16_as_the_float32_model_prunes(
+    tmp_path,
+):
+    # The default compute dtype widens a 16-bit checkpoint block by block:
+    # the cut and transform are those of the model loaded in float32, and
+    # the pruned checkpoint keeps the weights' dtype.
+    data = R.text_loader()
+    source = tmp_path / "source"
+    R.decoder("llama").to(torch.bfloat16).save_pretrained(source)
+    widened = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    _, expected = replaceme(widened.eval(), data, num_blocks=2, progress=False)
+    report = replaceme_from_disk(source, data, tmp_path / "written", num_blocks=2, progress=False)
+    assert report.spans == expected.spans
+    assert _rel(report.transforms[0], expected.transforms[0]) <= 1e-6
+    written = _tensors(tmp_path / "written")
+    assert {t.dtype for t in written.values()} == {torch.bfloat16}
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "written")
+    assert reloaded.config.num_hidden_layers == R.LAYERS - 2

@@ -137,12 +137,14 @@ def plan_checkpoint(
     sequential: bool | None = None,
     *,
     blocks: str | None = None,
+    compute: str = "auto",
     progress: bool = True,
     command: str = "toast compress",
 ) -> tuple[MemoryPlan, DiskModel | None]:
     """The path for the checkpoint in ``folder`` under ``max_memory`` and,
     for the block-by-block path, the checkpoint's structure (its blocks
-    found once, on the skeleton). ``sequential=True``/``False`` forces a
+    found once, on the skeleton, computing in ``compute``:
+    :func:`toast.hf.capture.sequential.compute_dtype`). ``sequential=True``/``False`` forces a
     path. The choice and its reason are logged, and printed after
     ``command`` for the block-by-block path (slower, fewer options) or with
     ``progress``.
@@ -164,7 +166,9 @@ def plan_checkpoint(
             raise ValueError(f"{folder} is a toast save, which only loads whole")
         checkpoint = Checkpoint(folder)
         plan = memory_plan(checkpoint, max_memory)
-        disk = DiskModel.open(checkpoint, blocks) if plan.sequential or sequential else None
+        disk = (
+            DiskModel.open(checkpoint, blocks, compute) if plan.sequential or sequential else None
+        )
     except ValueError as exc:
         if sequential:
             raise

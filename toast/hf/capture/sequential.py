@@ -52,6 +52,7 @@ __all__ = [
     "OnBlock",
     "OnState",
     "Swept",
+    "compute_dtype",
     "stream_blocks",
     "sweep",
 ]
@@ -154,11 +155,28 @@ def _set_tensor(module: nn.Module, name: str, value: torch.Tensor) -> None:
         parent._buffers[leaf] = value
 
 
+_WIDENED = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(weights: torch.dtype, option: str = "auto") -> torch.dtype:
+    """The dtype the block-by-block path computes in for weights of dtype
+    ``weights`` (see :class:`toast.hf.data.calibration.Calibration`): this
+    path runs on the CPU, where ``"auto"`` widens 16-bit weights to float32."""
+    if option == "checkpoint":
+        return weights
+    if option == "float32" or (option == "auto" and weights in _WIDENED):
+        return torch.float32
+    if option == "auto":
+        return weights
+    raise ValueError(f"compute_dtype must be 'auto', 'float32' or 'checkpoint'; got {option!r}")
+
+
 @dataclass
 class DiskModel:
     """A checkpoint's structure, discovered once: the model on the meta
     device, its block stack, the base model whose forward prepares each
-    block's inputs, and the weights' dtype."""
+    block's inputs, and ``dtype``, what the blocks compute in and the states
+    between them are kept in (the weights' dtype is ``checkpoint.dtype``)."""
 
     checkpoint: Checkpoint
     model: nn.Module
@@ -171,18 +189,24 @@ class DiskModel:
 
     @classmethod
     def open(
-        cls, folder: str | os.PathLike | Checkpoint | DiskModel, blocks: str | None = None
+        cls,
+        folder: str | os.PathLike | Checkpoint | DiskModel,
+        blocks: str | None = None,
+        compute: str = "auto",
     ) -> DiskModel:
         """The structure of the checkpoint in ``folder`` (one already
-        discovered is returned as it is)."""
+        discovered is returned as it is), computing in ``compute``
+        (:func:`compute_dtype`)."""
         if isinstance(folder, DiskModel):
             return folder
         checkpoint = folder if isinstance(folder, Checkpoint) else Checkpoint(folder)
-        model = checkpoint.skeleton()
+        dtype = compute_dtype(checkpoint.dtype, compute)
+        # built in the compute dtype, as from_pretrained(dtype=...) builds it
+        model = checkpoint.skeleton(dtype)
         model.eval()
         stack = find_blocks(model, blocks)
         base_path = _base_path(model, stack.path)
-        disk = cls(checkpoint, model, stack, base_path, checkpoint.dtype)
+        disk = cls(checkpoint, model, stack, base_path, dtype)
         disk._names = checkpoint.names(model)  # with the blocks in place
         return disk
 
@@ -248,7 +272,13 @@ class DiskModel:
             if transient and init is not None:
                 init(sub)
         for name, key in keys.items():
-            _set_tensor(module, name, self.checkpoint.read(key))
+            _set_tensor(module, name, self._widened(self.checkpoint.read(key)))
+
+    def _widened(self, tensor: torch.Tensor) -> torch.Tensor:
+        # one tensor at a time: its 16-bit copy is freed before the next read
+        if tensor.is_floating_point() and tensor.dtype != self.dtype:
+            return tensor.to(self.dtype)
+        return tensor
 
     def _outside(self, full: bool) -> tuple[nn.Module, str]:
         """The module whose parts outside the block list :meth:`prepare`

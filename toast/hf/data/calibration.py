@@ -51,7 +51,12 @@ class Calibration:
     ``seed`` seeds that draw and every sampled buffer. ``progress`` shows a
     tqdm bar with batches, rows and resident memory. ``distributed``: sum
     statistics over ``torch.distributed`` ranks (None: when a process group
-    is initialised); ``group`` picks the group.
+    is initialised); ``group`` picks the group. ``compute_dtype``: what the
+    block-by-block path from a checkpoint computes in: ``"auto"`` (float32
+    for a 16-bit checkpoint, whose matmuls are slow and inexact on a CPU:
+    one block at a time is widened, so it costs one block's memory),
+    ``"float32"``, or ``"checkpoint"`` (the weights' own dtype). Statistics
+    are float64 either way; tensors written keep the checkpoint's dtype.
     """
 
     blocks: str | None = None
@@ -62,6 +67,7 @@ class Calibration:
     progress: bool = True
     distributed: bool | None = None
     group: Any = None
+    compute_dtype: Literal["auto", "float32", "checkpoint"] = "auto"
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "blocks": [str, None],
@@ -71,6 +77,7 @@ class Calibration:
         "seed": [Interval(int, 0, None)],
         "progress": [bool],
         "distributed": [bool, None],
+        "compute_dtype": [Options(("auto", "float32", "checkpoint"))],
     }
 
     def __post_init__(self) -> None:

@@ -155,9 +155,10 @@ class Checkpoint:
     def read_many(self, keys: Iterable[str]) -> dict[str, torch.Tensor]:
         return {key: self.read(key) for key in keys}
 
-    def skeleton(self) -> nn.Module:
+    def skeleton(self, dtype: torch.dtype | None = None) -> nn.Module:
         """The checkpoint's model class built from its config on the meta
-        device: the structure, no memory."""
+        device: the structure, no memory; in ``dtype`` (default: the
+        weights')."""
         import transformers
 
         config = self.config
@@ -166,7 +167,7 @@ class Checkpoint:
         # built in the weights' dtype, as from_pretrained(dtype="auto") builds
         # it: buffers made at construction (embedding scales) take that dtype
         previous = torch.get_default_dtype()
-        torch.set_default_dtype(self.dtype)
+        torch.set_default_dtype(self.dtype if dtype is None else dtype)
         try:
             with torch.device("meta"):
                 if cls is not None:

@@ -417,7 +417,7 @@ def replaceme_from_disk(
         measured = as_batches(heldout, **text)
     if output is not None and Path(output).exists():
         raise FileExistsError(f"{output} exists; the pruned checkpoint goes to a new folder")
-    disk = DiskModel.open(folder, config.calibration.blocks)
+    disk = DiskModel.open(folder, config.calibration.blocks, config.calibration.compute_dtype)
     chosen = _fit(disk, data, config)
     transforms = [f.transform for f in chosen.fitted]
     report = _report(disk, config, chosen)

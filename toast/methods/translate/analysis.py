@@ -279,7 +279,7 @@ def analyze_from_disk(
     cal = Calibration.from_options(calibration, **options)
     recorder = MassiveRows() if massive_rows else None
     moments, stack = capture_moments_from_disk(
-        DiskModel.open(folder, cal.blocks),
+        DiskModel.open(folder, cal.blocks, cal.compute_dtype),
         as_batches(loader, **text),
         tokens=tokens,
         folds=folds if estimator == "cv" else 0,

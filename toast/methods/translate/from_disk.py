@@ -84,7 +84,7 @@ def compress_from_disk(
         data, measured = split_heldout(data, heldout)
     elif heldout is not None:
         measured = as_batches(heldout, **text)
-    disk = DiskModel.open(folder, config.calibration.blocks)
+    disk = DiskModel.open(folder, config.calibration.blocks, config.calibration.compute_dtype)
     split = CheckSplit(data, config.check_fraction)
     analysis = _analyze(disk, split.fit, config, buffer_dir)
     spans = choose_spans(analysis, config)
