@@ -153,8 +153,7 @@ def test_shared_pass_bounded_by_max_blocks_gives_every_method_the_all_pairs_plan
     for bound in (None, 2):
         shared = capture_shared(model, data, layout, calibration, "auto", max_blocks=bound)
         stats = {
-            m.name: m.stages.calibrate(model, data, layout, shared, calibration, 2)
-            for m in methods
+            m.name: m.stages.calibrate(model, data, layout, shared, calibration, 2) for m in methods
         }
         found.append(enumerate_candidates(methods, Calibrated(stats), sizes, 2, macs_matter=True))
     key = [(p.methods, p.spans, p.params_after) for p in found[0]]

@@ -57,12 +57,12 @@ class _StateFile:
 
     def __init__(self, dim: int, directory: str | os.PathLike | None) -> None:
         self.dim = dim
-        self.file = tempfile.TemporaryFile(dir=directory, buffering=0)  # unlinked already
+        self.file = tempfile.TemporaryFile(dir=_folder(directory), buffering=0)  # unlinked
         self.rows = 0
 
     def append(self, rows: np.ndarray) -> None:
         data = np.ascontiguousarray(rows, dtype=np.float32)
-        view = memoryview(data).cast("B")
+        view = memoryview(data.tobytes())
         while view:
             view = view[self.file.write(view) :]
         self.rows += data.shape[0]
@@ -105,7 +105,8 @@ class ChunkedMoments:
         Moments.estimate_nbytes(num_states, dim, folds, pairs)
         self.bound = check("bound", bound, Interval(int, 1, None))
         self.num_states, self.dim, self.folds = num_states, dim, folds
-        self.pairs, self.precision = pairs, precision
+        self.pairs: Pairs = pairs
+        self.precision: Literal["float64", "mixed"] = precision
         self.span = pair_span(pairs, num_states)
         self._files = [_StateFile(dim, directory) for _ in range(num_states)]
 
@@ -150,7 +151,7 @@ class ChunkedMoments:
             self.dim,
             folds=self.folds,
             pairs=max(span, 1),
-            precision=self.precision,  # type: ignore[arg-type]
+            precision=self.precision,
             row_stats=row_stats,
             sources=sources,
             diagonals=sources is not None and sources < n,
@@ -167,7 +168,7 @@ class ChunkedMoments:
     def pair(self, i: int, j: int) -> Moments:
         """The moments of states ``i`` and ``j`` alone (a fit of ``j`` from
         ``i`` reads them at ``(0, 1)``), no folds."""
-        moments = Moments(2, self.dim, precision=self.precision)  # type: ignore[arg-type]
+        moments = Moments(2, self.dim, precision=self.precision)
         for start, stop in self._joined(2):
             moments.update([self._files[s].read(start, stop) for s in (i, j)])
         return moments
@@ -218,6 +219,10 @@ class ChunkedMoments:
             f"ChunkedMoments(num_states={self.num_states}, dim={self.dim}, folds={self.folds}, "
             f"pairs={self.pairs!r}, rows={self.rows}, bound={self.bound}, chunk={self.chunk()})"
         )
+
+
+def _folder(directory: str | os.PathLike | None) -> str | None:
+    return None if directory is None else os.fspath(directory)
 
 
 def _host(x: Any) -> np.ndarray:

@@ -1,7 +1,8 @@
 """The calibration a search needs, in as few passes as possible: the
 union of what the methods declare (:class:`toast.methods.base.Needs`)
 decides whether the one shared pass runs (moments of every pair of block
-states at most ``max_blocks`` apart, all a plan can join, and the massive rows); each method then calibrates from it, with a
+states at most ``max_blocks`` apart, all a plan can join, and the massive
+rows); each method then calibrates from it, with a
 pass of its own where it needs one (ReplaceMe's transforms for the cuts
 it will propose). The result is what the cache keeps, so a new target
 needs no pass again. On a checkpoint on disk the same passes run block by

@@ -167,6 +167,7 @@ def capture_shared(
             observe=recorder,
             **shared_pass(max_blocks),
         )
+    assert isinstance(moments, Moments)  # no statistics bound: whole moments
     return Shared(moments, recorder, stack.path)
 
 
@@ -194,6 +195,7 @@ def capture_shared_from_disk(
             observe=recorder,
             **shared_pass(max_blocks),
         )
+    assert isinstance(moments, Moments)  # no statistics bound: whole moments
     return Shared(moments, recorder, stack.path)
 
 

@@ -36,9 +36,9 @@ from typing import Any, Literal
 import torch
 
 from toast.core import Moments, NonFiniteError, Pairs
+from toast.core.chunked import ChunkedMoments
 from toast.core.moments import pair_span
 from toast.hf.capture.sequential import DiskModel, DiskStates, stream_blocks
-from toast.core.chunked import ChunkedMoments
 from toast.hf.capture.states import (
     MomentsSink,
     Tokens,
@@ -103,6 +103,7 @@ def capture_moments_from_disk(
                 f"in {folder}",
                 file=sys.stderr,
             )
+        moments: Moments | ChunkedMoments | None
         if windowed:
             moments = _windowed(disk, loader, chosen, tokens, sink, span, cal, folder, buffer_dir)
         else:

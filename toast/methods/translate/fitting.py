@@ -171,6 +171,7 @@ class Fitter:
                 calibration=self.config.calibration,
                 stack=stack,
             )
+            assert isinstance(moments, Moments)  # no statistics bound: whole moments
             return self.closed_form(moments, 0, 1)
         with self._rows(model, data, list(where), stack) as rows:
             return self._trained(rows, 0, 1, stack.blocks[where[0]])
