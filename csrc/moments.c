@@ -33,6 +33,7 @@ struct toast_moments {
     double *data;      /* nsets * set_len */
     int rowstats;      /* 1: updates form the per-row pair statistics */
     int sources;       /* updates form the panels of states < sources */
+    int diagonals;     /* 1: and the diagonal blocks of states >= sources */
     int64_t next_row;  /* rows accepted so far: row id of the next row */
     void *workspace;   /* update scratch kept between updates, or NULL */
 };
@@ -267,6 +268,18 @@ int64_t toast_moments_rows(const toast_moments *m) { return m->next_row; }
 int toast_moments_has_rowstats(const toast_moments *m) { return m->rowstats; }
 
 int toast_moments_sources(const toast_moments *m) { return m->sources; }
+
+int toast_moments_diagonals(const toast_moments *m) { return m->diagonals; }
+
+toast_status toast_moments_keep_diagonals(toast_moments *m, toast_error *err)
+{
+    if (m->next_row != 0)
+        return toast_set_error(err, TOAST_EINVAL, -1,
+                               "what moments form can only be restricted "
+                               "before the first update");
+    m->diagonals = 1;
+    return TOAST_OK;
+}
 
 toast_status toast_moments_restrict(toast_moments *m, int rowstats,
                                     int sources, toast_error *err)
@@ -842,10 +855,11 @@ static void add_row_stats(const toast_moments *m, const chunk *c, int a, int b,
  * is packed (adjacent states share a leading dimension), else one per
  * block. */
 static void add_panel_f64(const toast_moments *m, const chunk *c, int i,
-                          int a, int n, double *P)
+                          int a, int n, int blocks, double *P)
 {
-    const int d = m->lay.dim, blocks = m->panel_blocks[i];
-    const int width = blocks * d;
+    /* forms the first `blocks` blocks of the panel (its full width apart) */
+    const int d = m->lay.dim;
+    const int width = m->panel_blocks[i] * d;
     const double *X = rows_f64(c, i, a);
     const int ld = (int)c->ld[i];
 
@@ -853,7 +867,7 @@ static void add_panel_f64(const toast_moments *m, const chunk *c, int i,
                 1.0, X, ld, 1.0, P, width);
     if (blocks > 1 && c->packed)
         toast_dgemm(TOAST_CblasRowMajor, TOAST_CblasTrans, TOAST_CblasNoTrans,
-                    d, width - d, n, 1.0, X, ld, X + d, ld, 1.0, P + d,
+                    d, (blocks - 1) * d, n, 1.0, X, ld, X + d, ld, 1.0, P + d,
                     width);
     for (int b = 1; b < blocks && !c->packed; b++)
         toast_dgemm(TOAST_CblasRowMajor, TOAST_CblasTrans, TOAST_CblasNoTrans,
@@ -865,10 +879,11 @@ static void add_panel_f64(const toast_moments *m, const chunk *c, int i,
  * scratch panel, then added to the float64 sums (upper triangle of the
  * diagonal block only: ssyrk leaves the lower one unwritten). */
 static void add_panel_mixed(const toast_moments *m, const chunk *c, int i,
-                            int a, int n, double *P)
+                            int a, int n, int blocks, double *P)
 {
-    const int d = m->lay.dim, blocks = m->panel_blocks[i];
-    const size_t width = (size_t)blocks * d;
+    const int d = m->lay.dim;
+    const size_t width = (size_t)m->panel_blocks[i] * d;
+    const size_t formed = (size_t)blocks * d;
     const float *X = rows_f32(c, i, a);
     const int ld = (int)c->ld[i];
     float *T = c->scratch;
@@ -877,7 +892,7 @@ static void add_panel_mixed(const toast_moments *m, const chunk *c, int i,
                 1.0f, X, ld, 0.0f, T, (int)width);
     if (blocks > 1 && c->packed)
         toast_sgemm(TOAST_CblasRowMajor, TOAST_CblasTrans, TOAST_CblasNoTrans,
-                    d, (int)width - d, n, 1.0f, X, ld, X + d, ld, 0.0f, T + d,
+                    d, (int)formed - d, n, 1.0f, X, ld, X + d, ld, 0.0f, T + d,
                     (int)width);
     for (int b = 1; b < blocks && !c->packed; b++)
         toast_sgemm(TOAST_CblasRowMajor, TOAST_CblasTrans, TOAST_CblasNoTrans,
@@ -886,7 +901,7 @@ static void add_panel_mixed(const toast_moments *m, const chunk *c, int i,
     for (size_t r = 0; r < (size_t)d; r++) {
         const float *src = T + r * width;
         double *dst = P + r * width;
-        for (size_t e = r; e < width; e++)
+        for (size_t e = r; e < formed; e++)
             dst[e] += src[e];
     }
 }
@@ -896,12 +911,15 @@ static void add_panel_mixed(const toast_moments *m, const chunk *c, int i,
 static void add_cross_blocks(const toast_moments *m, const chunk *c, int a,
                              int b, double *set)
 {
-    for (int i = 0; i < m->sources; i++) {
+    const int S = m->lay.num_states;
+    for (int i = 0; i < (m->diagonals ? S : m->sources); i++) {
         double *P = set + m->panel_off[i];
+        /* past the sources, the diagonal block alone: one block wide */
+        int blocks = i < m->sources ? m->panel_blocks[i] : 1;
         if (c->mixed)
-            add_panel_mixed(m, c, i, a, b - a, P);
+            add_panel_mixed(m, c, i, a, b - a, blocks, P);
         else
-            add_panel_f64(m, c, i, a, b - a, P);
+            add_panel_f64(m, c, i, a, b - a, blocks, P);
     }
 }
 
@@ -1004,7 +1022,8 @@ toast_status toast_moments_merge(toast_moments *dst, const toast_moments *src,
     const toast_moments_layout *a = &src->lay, *b = &dst->lay;
     if (a->num_states != b->num_states || a->dim != b->dim ||
         a->folds != b->folds || a->span != b->span ||
-        src->rowstats != dst->rowstats || src->sources != dst->sources)
+        src->rowstats != dst->rowstats || src->sources != dst->sources ||
+        src->diagonals != dst->diagonals)
         return toast_set_error(err, TOAST_EINVAL, -1,
                                "cannot merge moments of (states=%d, dim=%d, "
                                "folds=%d, span=%d, rowstats=%d, sources=%d) "
@@ -1115,13 +1134,15 @@ toast_status toast_moments_cross(const toast_moments *m, toast_sets sel, int k,
         return toast_set_error(err, TOAST_ERANGE, -1,
                                "state pair (%d, %d) is out of range for %d "
                                "states", i, j, m->lay.num_states);
-    if (lo >= m->sources)
+    if (lo >= m->sources && !(lo == hi && m->diagonals))
         return toast_set_error(err, TOAST_ENOTSTORED, -1,
                                "the cross block (%d, %d) is not kept: these "
                                "moments form the blocks of states < %d only "
                                "(sources=%d)", lo, hi, m->sources,
                                m->sources);
-    int p = toast_moments_pair(m, lo, hi);
+    /* a diagonal past the sources is kept only with diagonals (above) */
+    int p = lo >= m->sources ? m->pair_index[lo * m->lay.num_states + hi]
+                             : toast_moments_pair(m, lo, hi);
     if (p < 0)
         return toast_set_error(err, TOAST_ENOTSTORED, -1,
                                "the cross block (%d, %d) is not kept: these "

@@ -208,6 +208,15 @@ int toast_moments_has_rowstats(const toast_moments *m);
 /* States whose row panels updates form (num_states by default). */
 int toast_moments_sources(const toast_moments *m);
 
+/* Makes updates form the diagonal block X_j^T X_j of every state j >=
+ * sources as well (readable through toast_moments_cross; no other block of
+ * those states): what the error matrix of the sources' pairs reads of their
+ * targets (tr X_j^T X_j). Before the first update only. */
+toast_status toast_moments_keep_diagonals(toast_moments *m, toast_error *err);
+
+/* 1 when toast_moments_keep_diagonals was called. */
+int toast_moments_diagonals(const toast_moments *m);
+
 /* Block index of (i, j) with i <= j, or -1 when not kept / out of range. */
 int toast_moments_pair(const toast_moments *m, int i, int j);
 

@@ -140,15 +140,17 @@ static PyObject *Moments_new(PyTypeObject *type, PyObject *args,
 
 static int Moments_init(MomentsObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"num_states", "dim", "folds", "span",
-                             "precision", "rowstats", "sources", NULL};
+    static char *kwlist[] = {"num_states", "dim",    "folds",
+                             "span",       "precision", "rowstats",
+                             "sources",    "diagonals", NULL};
     int S, d, folds = 0, span = -1, precision = 0, rowstats = 1, sources = 0;
+    int diagonals = 0;
     toast_error err = {0};
     toast_moments *m = NULL;
 
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ii|iiipi", kwlist, &S, &d,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "ii|iiipip", kwlist, &S, &d,
                                      &folds, &span, &precision, &rowstats,
-                                     &sources))
+                                     &sources, &diagonals))
         return -1;
     if (self->m != NULL) {
         PyErr_SetString(PyExc_RuntimeError,
@@ -158,7 +160,8 @@ static int Moments_init(MomentsObject *self, PyObject *args, PyObject *kwds)
     if (toast_moments_new(S, d, folds, span, (toast_precision)precision, &m,
                           &err) != TOAST_OK ||
         toast_moments_restrict(m, rowstats, sources == 0 ? S : sources,
-                               &err) != TOAST_OK) {
+                               &err) != TOAST_OK ||
+        (diagonals && toast_moments_keep_diagonals(m, &err) != TOAST_OK)) {
         toast_moments_free(m);
         raise_core_error(&err);
         return -1;
@@ -706,6 +709,7 @@ MOMENTS_INT_GETTER(precision_code, toast_moments_precision(self->m))
 MOMENTS_INT_GETTER(rows, toast_moments_rows(self->m))
 MOMENTS_INT_GETTER(rowstats, toast_moments_has_rowstats(self->m))
 MOMENTS_INT_GETTER(sources, toast_moments_sources(self->m))
+MOMENTS_INT_GETTER(diagonals, toast_moments_diagonals(self->m))
 
 static PyObject *Moments_get_nbytes(MomentsObject *self, void *c)
 {
@@ -839,6 +843,8 @@ static PyGetSetDef Moments_getset[] = {
      "1 when updates form the per-row pair statistics", NULL},
     {"_sources", (getter)Moments_get_sources, NULL,
      "states whose row panels updates form", NULL},
+    {"_diagonals", (getter)Moments_get_diagonals, NULL,
+     "1 when the diagonal blocks past the sources are formed", NULL},
     {"nbytes", (getter)Moments_get_nbytes, NULL,
      "bytes held by the moments", NULL},
     {NULL, NULL, NULL, NULL, NULL}

@@ -139,3 +139,24 @@ def test_sizes_after_spans_count_the_modules_put_in():
     sizes = Sizes(100, (10, 20, 30, 40))
     assert sizes.after_spans([(1, 3)]) == 50
     assert sizes.after_spans([(1, 2), (3, 4)], added_per_span=5) == 100 - 60 + 10
+
+
+def test_shared_pass_bounded_by_max_blocks_gives_every_method_the_all_pairs_plans():
+    model, data = _llama(), _tokens()
+    available_methods()
+    methods = [m for m in staged_methods() if m.name in ("toast", "remove")]
+    layout = find_layout(model)
+    calibration = toast.Calibration(progress=False)
+    blocks = tuple(toast.count_params(b) for b in layout.stack.blocks)
+    sizes = Sizes(toast.count_params(model), blocks)
+    found = []
+    for bound in (None, 2):
+        shared = capture_shared(model, data, layout, calibration, "auto", max_blocks=bound)
+        stats = {
+            m.name: m.stages.calibrate(model, data, layout, shared, calibration, 2) for m in methods
+        }
+        found.append(enumerate_candidates(methods, Calibrated(stats), sizes, 2, macs_matter=True))
+    key = [(p.methods, p.spans, p.params_after) for p in found[0]]
+    assert key == [(p.methods, p.spans, p.params_after) for p in found[1]]
+    for a, b in zip(found[0], found[1], strict=True):
+        assert a.predicted_error == pytest.approx(b.predicted_error, rel=1e-12, nan_ok=True)

@@ -91,6 +91,8 @@ _HELP = {
     "epochs": "cosine: Adam epochs",
     "include_padding": "fit on pad tokens too",
     "max_buffer_bytes": "cosine row buffer (a size: 8GiB)",
+    "statistics_bytes": "largest moments held in memory; above it the rows wait on disk and "
+    "the errors form a chunk of states at a time (a size: 1GiB)",
     "head_sparsity": "fraction of each head's dimensions pruned (the schedule's, else 0.9)",
     "schedule": "named Token Channel Selection schedule (none: no TCS)",
     "finetune_steps": "steps of the recovery fine-tune on --data (0: none)",

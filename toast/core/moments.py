@@ -156,6 +156,10 @@ class Moments(_core.Moments):
         sources=1, row_stats=False)`` forms exactly what a least-squares fit
         of state 1 from state 0 needs (ReplaceMe's), about half the
         multiply-adds of all pairs. Blocks not formed raise on reading.
+    diagonals:
+        With ``sources``, also form the diagonal block ``X_jᵀ X_j`` of every
+        later state: what the error matrix reads of a target (its trace), so
+        that the errors of the sources' pairs need no panel of the targets.
 
     Memory: :attr:`nbytes` is the storage; an update also keeps a scratch
     workspace of up to ~100 MB between batches (so that many small batches do
@@ -174,6 +178,7 @@ class Moments(_core.Moments):
         precision: Literal["float64", "mixed"] = "float64",
         row_stats: bool = True,
         sources: int | None = None,
+        diagonals: bool = False,
     ) -> None:
         num_states = check("num_states", num_states, _COUNT)
         dim = check("dim", dim, _COUNT)
@@ -182,9 +187,17 @@ class Moments(_core.Moments):
         check("row_stats", row_stats, bool)
         if sources is not None:
             sources = check("sources", sources, Interval(int, 1, num_states))
+        check("diagonals", diagonals, bool)
         span = pair_span(pairs, num_states)
         super().__init__(
-            num_states, dim, folds, span, PRECISIONS[precision], row_stats, sources or 0
+            num_states,
+            dim,
+            folds,
+            span,
+            PRECISIONS[precision],
+            row_stats,
+            sources or 0,
+            diagonals,
         )
         self._pairs = pairs
         self._precision = precision
@@ -267,6 +280,11 @@ class Moments(_core.Moments):
         return int(self._sources)
 
     @property
+    def diagonals(self) -> bool:
+        """Whether the diagonal blocks of the states past :attr:`sources` are formed."""
+        return bool(self._diagonals)
+
+    @property
     def fold_rows(self) -> np.ndarray:
         """Rows per fold, shape ``(folds,)`` (empty without folds)."""
         return np.array(
@@ -313,6 +331,7 @@ class Moments(_core.Moments):
                 self.rows,
                 self.row_stats,
                 self.sources,
+                self.diagonals,
             ),
         )
 
@@ -327,12 +346,23 @@ class Moments(_core.Moments):
             f"pairs={self._pairs!r}, rows={self.rows}, nbytes={self.nbytes}"
             + ("" if self.row_stats else ", row_stats=False")
             + ("" if self.sources == self.num_states else f", sources={self.sources}")
+            + (", diagonals=True" if self.diagonals else "")
             + ")"
         )
 
 
 def restore_moments(
-    cls, num_states, dim, folds, pairs, precision, data, rows, row_stats=True, sources=None
+    cls,
+    num_states,
+    dim,
+    folds,
+    pairs,
+    precision,
+    data,
+    rows,
+    row_stats=True,
+    sources=None,
+    diagonals=False,
 ):
     """Rebuilds pickled :class:`Moments` (the entry point of ``__reduce__``)."""
     m = cls(
@@ -343,6 +373,7 @@ def restore_moments(
         precision=precision,
         row_stats=row_stats,
         sources=sources,
+        diagonals=diagonals,
     )
     m._set_data(data, rows)
     return m

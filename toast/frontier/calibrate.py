@@ -1,7 +1,8 @@
 """The calibration a search needs, in as few passes as possible: the
 union of what the methods declare (:class:`toast.methods.base.Needs`)
 decides whether the one shared pass runs (moments of every pair of block
-states, and the massive rows); each method then calibrates from it, with a
+states at most ``max_blocks`` apart, all a plan can join, and the massive
+rows); each method then calibrates from it, with a
 pass of its own where it needs one (ReplaceMe's transforms for the cuts
 it will propose). The result is what the cache keeps, so a new target
 needs no pass again. On a checkpoint on disk the same passes run block by
@@ -63,7 +64,11 @@ def calibrate(
 ) -> Calibrated:
     """The shared pass if any method needs it, then each method's calibration."""
     needs = _needs(methods, layout)
-    shared = capture_shared(model, data, layout, calibration, backend) if needs.moments else None
+    shared = (
+        capture_shared(model, data, layout, calibration, backend, max_blocks)
+        if needs.moments
+        else None
+    )
     stats = {}
     for method in methods:
         assert method.stages is not None
@@ -95,7 +100,11 @@ def calibrate_from_disk(
     same shared pass and each method's ``calibrate_from_disk`` (a method
     without one is left out)."""
     needs = _needs(methods, layout)
-    shared = capture_shared_from_disk(disk, data, calibration, backend) if needs.moments else None
+    shared = (
+        capture_shared_from_disk(disk, data, calibration, backend, max_blocks)
+        if needs.moments
+        else None
+    )
     stats, left_out = {}, []
     for method in methods:
         assert method.stages is not None

@@ -134,10 +134,24 @@ SHARED_PASS: dict[str, Any] = {
 }
 
 
+def shared_pass(max_blocks: int | None) -> dict[str, Any]:
+    """:data:`SHARED_PASS` for plans of at most ``max_blocks`` blocks: a span
+    ``(i, j)`` replaces ``j - i`` blocks, so no plan joins states further
+    apart and the moments keep pairs up to that span (the same errors for
+    every span a plan can hold)."""
+    return {**SHARED_PASS, "pairs": "all" if max_blocks is None else max_blocks}
+
+
 def capture_shared(
-    model: nn.Module, data: Iterable, layout: Layout, calibration: Calibration, backend: str
+    model: nn.Module,
+    data: Iterable,
+    layout: Layout,
+    calibration: Calibration,
+    backend: str,
+    max_blocks: int | None = None,
 ) -> Shared:
-    """The one pass over ``data`` that every method needing moments shares."""
+    """The one pass over ``data`` that every method needing moments shares
+    (pairs up to ``max_blocks`` apart, see :func:`shared_pass`)."""
     from toast.hf.capture.massive import MassiveRows
     from toast.hf.capture.states import capture_moments
 
@@ -151,13 +165,18 @@ def capture_shared(
             calibration=calibration,
             stack=layout.stack,
             observe=recorder,
-            **SHARED_PASS,
+            **shared_pass(max_blocks),
         )
+    assert isinstance(moments, Moments)  # no statistics bound: whole moments
     return Shared(moments, recorder, stack.path)
 
 
 def capture_shared_from_disk(
-    disk: DiskModel, data: Iterable, calibration: Calibration, backend: str
+    disk: DiskModel,
+    data: Iterable,
+    calibration: Calibration,
+    backend: str,
+    max_blocks: int | None = None,
 ) -> Shared:
     """:func:`capture_shared` for a checkpoint on disk, block by block: the
     same moments and massive rows (the accumulator and its order are the
@@ -174,8 +193,9 @@ def capture_shared_from_disk(
             backend=backend,  # type: ignore[arg-type]
             calibration=calibration,
             observe=recorder,
-            **SHARED_PASS,
+            **shared_pass(max_blocks),
         )
+    assert isinstance(moments, Moments)  # no statistics bound: whole moments
     return Shared(moments, recorder, stack.path)
 
 

@@ -36,9 +36,17 @@ from typing import Any, Literal
 import torch
 
 from toast.core import Moments, NonFiniteError, Pairs
+from toast.core.chunked import ChunkedMoments
 from toast.core.moments import pair_span
 from toast.hf.capture.sequential import DiskModel, DiskStates, stream_blocks
-from toast.hf.capture.states import MomentsSink, Tokens, check_states, naming_state, select_tokens
+from toast.hf.capture.states import (
+    MomentsSink,
+    Tokens,
+    check_states,
+    naming_state,
+    select_tokens,
+    statistics_bound,
+)
 from toast.hf.capture.torch_moments import WindowedMoments
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.blocks import BlockStack
@@ -63,18 +71,29 @@ def capture_moments_from_disk(
     calibration: Calibration | None = None,
     buffer_dir: str | os.PathLike | None = None,
     observe: Observer | None = None,
-) -> tuple[Moments, BlockStack]:
+    statistics_bytes: int | None = None,
+) -> tuple[Moments | ChunkedMoments, BlockStack]:
     """The moments :func:`toast.hf.capture_moments` gives on the loaded model,
     from the checkpoint ``disk`` (see the module docstring: with a bounded
     ``pairs`` span only that many states wait on disk). Blocks after the
     last chosen state do not run. ``observe(rows, mask)`` sees every batch
     the moments see, every chosen state at once, as in memory (so with it
-    every chosen state waits on disk, whatever ``pairs``)."""
+    every chosen state waits on disk, whatever ``pairs``). Moments above
+    ``statistics_bytes`` are kept as rows on disk, as in memory
+    (:class:`toast.core.chunked.ChunkedMoments`)."""
     cal = Calibration.from_options(calibration)
     chosen = check_states(states, disk.num_blocks + 1)
-    sink = MomentsSink(states, folds, pairs, precision, backend)
+    bound = statistics_bound(statistics_bytes, cal)
+    sink = MomentsSink(states, folds, pairs, precision, backend, bound)
     span = pair_span(pairs, len(chosen))
-    windowed = span < len(chosen) - 1 and chosen == sorted(chosen) and observe is None
+    width = getattr(disk.model.config, "hidden_size", None)
+    chunked = bound is not None and (
+        not isinstance(width, int)
+        or Moments.estimate_nbytes(len(chosen), width, folds, pairs) > bound
+    )
+    windowed = (
+        span < len(chosen) - 1 and chosen == sorted(chosen) and observe is None and not chunked
+    )
     folder = tempfile.mkdtemp(prefix="toast-moments-", dir=buffer_dir)
     try:
         if cal.progress:
@@ -84,6 +103,7 @@ def capture_moments_from_disk(
                 f"in {folder}",
                 file=sys.stderr,
             )
+        moments: Moments | ChunkedMoments | None
         if windowed:
             moments = _windowed(disk, loader, chosen, tokens, sink, span, cal, folder, buffer_dir)
         else:

@@ -68,6 +68,13 @@ class MassiveRows:
             self.states = np.concatenate([self.states, picked])
             self.flags = np.concatenate([self.flags, new_flags])
 
+    def of(self, i: int, j: int) -> MassiveRows:
+        """The rows of states ``i`` and ``j`` alone (as states 0 and 1), for
+        moments of those two states."""
+        if self.flags.size == 0:
+            return self
+        return MassiveRows(self.states[:, [i, j]], self.flags[:, [i, j]])
+
     def created(self, i: int, j: int) -> np.ndarray:
         """The recorded rows massive in state ``j`` but not in state ``i``:
         the ones a replacement of ``blocks[i:j]`` would have to create."""

@@ -20,6 +20,7 @@ from torch import nn
 
 from toast._validation import Options, check
 from toast.core import Moments, NonFiniteError, Pairs
+from toast.core.chunked import ChunkedMoments
 from toast.core.errors import non_finite_error
 from toast.hf.capture.distributed import reduce_captured
 from toast.hf.capture.torch_moments import TorchMoments
@@ -358,6 +359,12 @@ def stream_states(
     return stack
 
 
+def statistics_bound(statistics_bytes: int | None, cal: Calibration) -> int | None:
+    """The sink's bound: none under ``torch.distributed`` (the ranks sum
+    whole moments), else ``statistics_bytes``."""
+    return None if cal.is_distributed else statistics_bytes
+
+
 def calibration_inputs(
     model: nn.Module, loader: Iterable, cal: Calibration, device: torch.device | None = None
 ) -> Iterator[tuple[tuple, dict]]:
@@ -390,8 +397,9 @@ def capture_moments(
     calibration: Calibration | None = None,
     stack: BlockStack | None = None,
     observe: Callable[[list[torch.Tensor], torch.Tensor | None], None] | None = None,
+    statistics_bytes: int | None = None,
     **options: Any,
-) -> tuple[Moments, BlockStack]:
+) -> tuple[Moments | ChunkedMoments, BlockStack]:
     """Runs ``model`` over ``loader`` and returns the moments of its states.
 
     ``loader`` yields tensors (e.g. ``pixel_values``), dicts of model inputs
@@ -422,10 +430,15 @@ def capture_moments(
 
     ``observe(rows, mask)``, when given, sees every batch the moments see
     (e.g. :class:`toast.hf.capture.massive.MassiveRows`).
+
+    ``statistics_bytes``: when the moments would hold more
+    (``Moments.estimate_nbytes``), the rows wait on disk instead and a
+    :class:`toast.core.chunked.ChunkedMoments` is returned (one process only).
     """
     cal = Calibration.from_options(calibration, **options)
     check("backend", backend, Options(BACKENDS))
-    sink = MomentsSink(states, folds, pairs, precision, backend)
+    bound = statistics_bound(statistics_bytes, cal)
+    sink = MomentsSink(states, folds, pairs, precision, backend, bound)
 
     def consume(rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
         if observe is not None:
@@ -450,16 +463,20 @@ class MomentsSink:
         pairs: Pairs,
         precision: Literal["float64", "mixed"],
         backend: Literal["auto", "c", "torch"],
+        bound: int | None = None,
     ) -> None:
         self.states, self.folds, self.pairs = states, folds, pairs
-        self.precision, self.backend = precision, backend
-        self.moments: Moments | TorchMoments | None = None
+        self.precision, self.backend, self.bound = precision, backend, bound
+        self.moments: Moments | TorchMoments | ChunkedMoments | None = None
         self.samples = 0  # samples seen here, for the calibration-size warning
 
-    def _open(self, rows: list[torch.Tensor]) -> Moments | TorchMoments:
+    def _open(self, rows: list[torch.Tensor]) -> Moments | TorchMoments | ChunkedMoments:
         device = rows[0].device
         dim = int(rows[0].shape[-1])
         folds, pairs, precision = self.folds, self.pairs, self.precision
+        bound = self.bound
+        if bound is not None and Moments.estimate_nbytes(len(rows), dim, folds, pairs) > bound:
+            return ChunkedMoments(len(rows), dim, folds, pairs, precision, bound)
         if uses_torch(self.backend, device):
             return TorchMoments(
                 len(rows), dim, folds=folds, pairs=pairs, precision=precision, device=device
@@ -473,26 +490,30 @@ class MomentsSink:
         self.samples += int(rows[0].shape[0])
         # rows[k] is state chosen[k] (the pass has checked the states)
         chosen = range(len(rows)) if self.states is None else list(self.states)
-        if isinstance(m, TorchMoments):
+        if isinstance(m, (TorchMoments, ChunkedMoments)):
             _update(m, rows, mask, chosen)
         else:
             host = [r.cpu() for r in rows]
             _update(m, host, None if mask is None else mask.cpu(), chosen)
         return m.rows
 
-    def collected(self) -> Moments | None:
-        """The sums so far as :class:`toast.Moments` (None before any batch)."""
+    def collected(self) -> Moments | ChunkedMoments | None:
+        """The sums so far as :class:`toast.Moments` (None before any batch;
+        the rows on disk when the moments would exceed the sink's bound)."""
         moments = self.moments
         return moments.to_moments() if isinstance(moments, TorchMoments) else moments
 
-    def result(self, num_states: int, cal: Calibration) -> Moments:
+    def result(self, num_states: int, cal: Calibration) -> Moments | ChunkedMoments:
         return self.finish(self.collected(), num_states, cal)
 
-    def finish(self, moments: Moments | None, num_states: int, cal: Calibration) -> Moments:
+    def finish(
+        self, moments: Moments | ChunkedMoments | None, num_states: int, cal: Calibration
+    ) -> Moments | ChunkedMoments:
         """The moments summed over ranks, checked for rows (and warned about
         when they are few for the width)."""
         local_rows = 0 if moments is None else moments.rows
         if cal.is_distributed:
+            assert not isinstance(moments, ChunkedMoments)  # bound=None under distributed
             moments = reduce_captured(
                 moments, num_states, self.folds, self.pairs, self.precision, cal.group
             )
@@ -503,7 +524,7 @@ class MomentsSink:
 
 
 def _update(
-    moments: Moments | TorchMoments,
+    moments: Moments | TorchMoments | ChunkedMoments,
     states: list[torch.Tensor],
     mask: torch.Tensor | None,
     chosen: Sequence[int],

@@ -19,6 +19,7 @@ from torch import nn
 
 from toast._validation import Interval, Options, check
 from toast.core import METRICS, Moments, Pairs, error_matrix
+from toast.core.chunked import ChunkedMoments
 from toast.hf.capture.massive import MassiveRows
 from toast.hf.capture.states import Tokens, capture_moments
 from toast.hf.data.calibration import Calibration
@@ -37,7 +38,7 @@ class Analysis:
     """Moments of a model's states and the error matrix derived from them;
     ``massive`` the rows massive in some state, when recorded."""
 
-    moments: Moments
+    moments: Moments | ChunkedMoments
     errors: np.ndarray
     metric: str
     estimator: str
@@ -185,10 +186,15 @@ class Analysis:
         return pd.DataFrame.from_records(records)
 
 
-def _errors(moments: Moments, metric: str, estimator: Any, ridge: float) -> np.ndarray:
+def _errors(
+    moments: Moments | ChunkedMoments, metric: str, estimator: Any, ridge: float
+) -> np.ndarray:
     """The error matrix, NaN for the spans longer than the moments' pairs
     reach whatever the metric (the row metrics alone could give them, but
-    not from disk, so the plans would differ)."""
+    not from disk, so the plans would differ); a chunk of states at a time
+    from rows on disk (:class:`ChunkedMoments`, the same errors)."""
+    if isinstance(moments, ChunkedMoments):
+        return moments.error_matrices([(metric, estimator, ridge)])[0]
     errors = error_matrix(moments, metric=metric, estimator=estimator, ridge=ridge)
     far = np.triu(np.ones(errors.shape, dtype=bool), moments.layout()["span"] + 1)
     errors[far] = np.nan
@@ -210,6 +216,7 @@ def analyze(
     calibration: Calibration | None = None,
     stack: BlockStack | None = None,
     massive_rows: bool = False,
+    statistics_bytes: int | None = None,
     **options: Any,
 ) -> Analysis:
     """One pass of ``model`` over ``loader`` → the block error matrix.
@@ -228,6 +235,9 @@ def analyze(
     ``pack``, ``field``), as for :func:`toast.compress`. ``massive_rows``
     also records the rows massive in some state (:class:`toast.hf.capture.massive.MassiveRows`,
     in ``Analysis.massive``; on this process's rows only).
+    ``statistics_bytes`` bounds the moments: above it the rows wait on disk
+    and the errors form a chunk of states at a time (the same errors; see
+    :class:`toast.core.chunked.ChunkedMoments`).
     """
     check("metric", metric, Options(METRICS))
     text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
@@ -243,6 +253,7 @@ def analyze(
         calibration=Calibration.from_options(calibration, **options),
         stack=stack,
         observe=recorder,
+        statistics_bytes=statistics_bytes,
     )
     errors = _errors(moments, metric, estimator, ridge)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)
@@ -262,6 +273,7 @@ def analyze_from_disk(
     calibration: Calibration | None = None,
     buffer_dir: str | os.PathLike | None = None,
     massive_rows: bool = False,
+    statistics_bytes: int | None = None,
     **options: Any,
 ) -> Analysis:
     """:func:`analyze` of the checkpoint in ``folder`` without loading the
@@ -288,6 +300,7 @@ def analyze_from_disk(
         calibration=cal,
         buffer_dir=buffer_dir,
         observe=recorder,
+        statistics_bytes=statistics_bytes,
     )
     errors = _errors(moments, metric, estimator, ridge)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)

@@ -116,6 +116,7 @@ def analysis_options(config: ToastConfig) -> dict[str, Any]:
         "pairs": config.pairs,
         "calibration": config.calibration,
         "massive_rows": records_massive_rows(config),
+        "statistics_bytes": config.statistics_bytes,
     }
 
 

@@ -10,7 +10,11 @@ from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.core import METRICS, Pairs
 from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens
 
-__all__ = ["CLOSED_FORM", "TRAINED", "ToastConfig"]
+__all__ = ["CLOSED_FORM", "STATISTICS_BYTES", "TRAINED", "ToastConfig"]
+
+#: The analysis's moments above this many bytes keep the rows on disk
+#: instead and form the errors a chunk of states at a time (the same errors).
+STATISTICS_BYTES = 1 << 30
 
 CLOSED_FORM = ("identity", "linear", "affine", "diagonal", "orthogonal")
 TRAINED = ("mlp", "resmlp")
@@ -26,7 +30,10 @@ class ToastConfig:
     span may replace (None: any), and with it the analysis's memory: the
     moments keep only pairs of states at most that far apart (and from disk,
     only ``max_span + 1`` states wait there). Analysis: ``metric``,
-    ``estimator``, ``folds``, ``tokens``, ``backend``. Fitting:
+    ``estimator``, ``folds``, ``tokens``, ``backend``; ``statistics_bytes``
+    bounds the analysis's moments (above it the rows wait on disk and the
+    errors are formed a chunk of states at a time, the same errors; see
+    docs/large-models.md). Fitting:
     ``translator`` (closed form: identity, linear, affine, diagonal,
     orthogonal; trained: mlp, resmlp with ``max_rows``, ``train_steps``,
     ``lr``), ``ridge``, ``fit``
@@ -70,6 +77,7 @@ class ToastConfig:
     check_fraction: float = 0.1
     fallback: bool = True
     massive_rows: Literal["fit", "plain"] = "plain"
+    statistics_bytes: int = STATISTICS_BYTES
     calibration: Calibration = field(default_factory=Calibration)
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -92,6 +100,7 @@ class ToastConfig:
         "check_fraction": [Interval(float, 0, 0.5, closed="both")],
         "fallback": [bool],
         "massive_rows": [Options(("fit", "plain"))],
+        "statistics_bytes": [Interval(int, 1, None)],
         "calibration": [Calibration],
     }
 
@@ -112,5 +121,15 @@ class ToastConfig:
 
     @property
     def pairs(self) -> Pairs:
-        """The pairs of states the analysis's moments keep."""
-        return "all" if self.max_span is None else self.max_span
+        """The pairs of states the analysis's moments keep: a plan of
+        ``budget`` blocks joins states at most ``budget`` apart (a span
+        ``(i, j)`` replaces ``j - i`` blocks), given spans their longest, so
+        the moments need no pair further apart (``max_span`` bounds it
+        further); every pair only for ``max_error`` alone."""
+        reach = [self.max_span]
+        if self.spans is not None:
+            reach.append(max((stop - start for start, stop in self.spans), default=1))
+        elif self.budget is not None:  # with or without max_error
+            reach.append(self.budget)
+        bounded = [r for r in reach if r is not None]
+        return min(bounded) if bounded else "all"

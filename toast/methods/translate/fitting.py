@@ -10,6 +10,7 @@ from collections.abc import Collection, Iterable
 from torch import nn
 
 from toast.core import IllConditionedWarning, Moments, Translator, fit_translator
+from toast.core.chunked import ChunkedMoments
 from toast.core.errors import explain_rank_deficiency
 from toast.core.solvers import gram_rank
 from toast.hf.capture.distributed import broadcast_module
@@ -94,8 +95,16 @@ class Fitter:
         """The closed-form translator of each span from the analysis's
         moments (with its massive rows, when it recorded them): all a
         closed form needs, in memory or from disk."""
-        massive = analysis.massive
-        return [self.closed_form(analysis.moments, s.start, s.stop, massive) for s in spans]
+        massive, moments = analysis.massive, analysis.moments
+        if not isinstance(moments, ChunkedMoments):
+            return [self.closed_form(moments, s.start, s.stop, massive) for s in spans]
+        # rows on disk: each span's fit from the moments of its two states
+        return [
+            self.closed_form(
+                moments.pair(s.start, s.stop), 0, 1, massive and massive.of(s.start, s.stop)
+            )
+            for s in spans
+        ]
 
     def _trained(self, sample: RowSample, i: int, j: int, like: nn.Module) -> nn.Module:
         config = self.config
@@ -162,6 +171,7 @@ class Fitter:
                 calibration=self.config.calibration,
                 stack=stack,
             )
+            assert isinstance(moments, Moments)  # no statistics bound: whole moments
             return self.closed_form(moments, 0, 1)
         with self._rows(model, data, list(where), stack) as rows:
             return self._trained(rows, 0, 1, stack.blocks[where[0]])

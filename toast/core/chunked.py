@@ -1,0 +1,235 @@
+"""Moments within a memory bound: :class:`ChunkedMoments` keeps every
+state's rows on disk and forms the error matrix a chunk of source states
+at a time.
+
+The cross blocks of ``S`` states of width ``d`` with span ``m`` need about
+``S (m + 1) d²`` doubles per fold set; above a byte bound the rows of every
+state wait instead in a buffer on disk (float32, one file per state, each
+unlinked at creation, so nothing is left behind whatever ends the process)
+and the error matrix is formed for ``c`` consecutive source states at once:
+those sources and the ``m`` states after them are replayed, in the order
+they came, into one smaller :class:`~toast.core.moments.Moments` that forms
+the sources' panels and the targets' diagonal blocks only (``sources=c,
+diagonals=True``), then freed. A replay adds the same rows in the same
+order (fold ``r % K`` of accepted row ``r``), so each chunk's blocks are the
+whole moments' blocks to rounding and the errors equal theirs (bit for bit
+where measured). Fits read the moments of their two states only
+(:meth:`ChunkedMoments.pair`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from toast._validation import Interval, check
+from toast.core.errors import non_finite_error
+from toast.core.metrics import error_matrix
+from toast.core.moments import Moments, Pairs, pair_span
+
+__all__ = ["JOIN_BYTES", "ChunkedMoments", "chunk_sources"]
+
+#: Rows replayed per update at most, in bytes of float32 rows of the chunk's
+#: states: small updates are bound by memory traffic, not arithmetic.
+JOIN_BYTES = 256 << 20
+
+
+def chunk_sources(num_states: int, dim: int, folds: int, span: int, bound: int) -> int:
+    """The most consecutive source states whose chunk moments (the sources,
+    the ``span`` states after them) fit ``bound`` bytes by
+    :meth:`Moments.estimate_nbytes` (at least 1: a source is not split)."""
+    best = 1
+    for c in range(1, num_states):
+        states = min(c + span, num_states)
+        if Moments.estimate_nbytes(states, dim, folds, min(span, states - 1)) > bound:
+            break
+        best = c
+    return best
+
+
+class _StateFile:
+    """One state's float32 rows in an unlinked temporary file."""
+
+    def __init__(self, dim: int, directory: str | os.PathLike | None) -> None:
+        self.dim = dim
+        self.file = tempfile.TemporaryFile(dir=_folder(directory), buffering=0)  # unlinked
+        self.rows = 0
+
+    def append(self, rows: np.ndarray) -> None:
+        data = np.ascontiguousarray(rows, dtype=np.float32)
+        view = memoryview(data.tobytes())
+        while view:
+            view = view[self.file.write(view) :]
+        self.rows += data.shape[0]
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        width = 4 * self.dim
+        want = (stop - start) * width
+        data = os.pread(self.file.fileno(), want, start * width)
+        if len(data) != want:
+            raise OSError(f"the row buffer returned {len(data)} of {want} bytes")
+        return np.frombuffer(data, dtype=np.float32).reshape(stop - start, self.dim)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class ChunkedMoments:
+    """The rows of ``num_states`` states on disk, read back a chunk of
+    states at a time into :class:`Moments` (see the module docstring).
+
+    Updates take what :meth:`Moments.update` takes (states of shape
+    ``(rows, dim)`` or ``(batch, tokens, dim)``, a boolean ``mask``), keep
+    only the masked rows and never explicit fold ids (the replay deals rows
+    to folds as the whole moments would). ``bound`` is the bytes one chunk's
+    moments may hold; ``directory`` where the buffer lives (the system's
+    temporary directory by default).
+    """
+
+    def __init__(
+        self,
+        num_states: int,
+        dim: int,
+        folds: int = 0,
+        pairs: Pairs = "all",
+        precision: Literal["float64", "mixed"] = "float64",
+        bound: int = 1 << 30,
+        directory: str | os.PathLike | None = None,
+    ) -> None:
+        # validates every argument as the whole moments would, without allocating
+        Moments.estimate_nbytes(num_states, dim, folds, pairs)
+        self.bound = check("bound", bound, Interval(int, 1, None))
+        self.num_states, self.dim, self.folds = num_states, dim, folds
+        self.pairs: Pairs = pairs
+        self.precision: Literal["float64", "mixed"] = precision
+        self.span = pair_span(pairs, num_states)
+        self._files = [_StateFile(dim, directory) for _ in range(num_states)]
+
+    @property
+    def rows(self) -> int:
+        return self._files[0].rows
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the row buffer on disk."""
+        return 4 * self.rows * self.dim * self.num_states
+
+    def chunk(self) -> int:
+        """Source states per chunk (:func:`chunk_sources` of the bound)."""
+        return chunk_sources(self.num_states, self.dim, self.folds, self.span, self.bound)
+
+    def update(self, states: Sequence[Any], mask: Any | None = None) -> ChunkedMoments:
+        """Adds one batch of rows (the masked ones) to the buffer."""
+        if len(states) != self.num_states:
+            raise ValueError(f"expected {self.num_states} states, got {len(states)}")
+        keep = None if mask is None else _host(mask).reshape(-1).astype(bool)
+        flat = [_host(x).reshape(-1, self.dim) for x in states]
+        for k, x in enumerate(flat):
+            if not np.isfinite(x if keep is None else x[keep]).all():
+                # refused before anything is written, as the whole moments refuse it
+                raise non_finite_error(f"states[{k}] contains NaN or Inf", k)
+        for file, x in zip(self._files, flat, strict=True):
+            file.append(x if keep is None else x[keep])
+        return self
+
+    def replay(
+        self, states: Sequence[int], sources: int | None = None, row_stats: bool = True
+    ) -> Moments:
+        """:class:`Moments` of ``states`` (consecutive or not) from the buffer:
+        the rows in the order they came, joined into updates of up to
+        :data:`JOIN_BYTES`; with ``sources`` only those states' panels and the
+        other states' diagonal blocks are formed."""
+        n = len(states)
+        span = min(self.span, n - 1) if states == list(range(states[0], states[-1] + 1)) else n - 1
+        moments = Moments(
+            n,
+            self.dim,
+            folds=self.folds,
+            pairs=max(span, 1),
+            precision=self.precision,
+            row_stats=row_stats,
+            sources=sources,
+            diagonals=sources is not None and sources < n,
+        )
+        for start, stop in self._joined(n):
+            moments.update([self._files[s].read(start, stop) for s in states])
+        return moments
+
+    def _joined(self, states: int) -> Iterator[tuple[int, int]]:
+        step = max(1, JOIN_BYTES // (4 * self.dim * states))
+        for start in range(0, self.rows, step):
+            yield start, min(start + step, self.rows)
+
+    def pair(self, i: int, j: int) -> Moments:
+        """The moments of states ``i`` and ``j`` alone (a fit of ``j`` from
+        ``i`` reads them at ``(0, 1)``), no folds."""
+        moments = Moments(2, self.dim, precision=self.precision)
+        for start, stop in self._joined(2):
+            moments.update([self._files[s].read(start, stop) for s in (i, j)])
+        return moments
+
+    def error_matrices(self, requests: Sequence[tuple[str, str, float]]) -> list[np.ndarray]:
+        """``error_matrix(moments, metric, estimator, ridge)`` of the whole
+        moments for each request, from one replay of every chunk; NaN for
+        pairs further apart than the span. Each warning once."""
+        S, c, m = self.num_states, self.chunk(), self.span
+        tables = [np.full((S, S), np.nan) for _ in requests]
+        seen: dict[str, warnings.WarningMessage] = {}
+        for a in range(0, S - 1, c):
+            states = list(range(a, min(a + c + m, S)))
+            sources = min(c, len(states) - 1)
+            chunk = self.replay(states, sources=sources)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for table, (metric, estimator, ridge) in zip(tables, requests, strict=True):
+                    part = error_matrix(chunk, metric, estimator, ridge)  # type: ignore[arg-type]
+                    table[a : a + sources, a : a + len(states)] = part[:sources]
+            for w in caught:
+                seen.setdefault(str(w.message), w)
+            del chunk
+        for w in seen.values():
+            warnings.warn(w.message, stacklevel=2)
+        return tables
+
+    def traces(self) -> np.ndarray:
+        """``tr(X_jᵀ X_j)`` of every state, as the whole moments' diagonal blocks give it."""
+        out = np.zeros(self.num_states)
+        for j in range(self.num_states):
+            for start, stop in self._joined(1):
+                x = self._files[j].read(start, stop).astype(np.float64)
+                out[j] += float(np.einsum("ij,ij->", x, x))
+        return out
+
+    def close(self) -> None:
+        """Frees the buffer (also done when the object is collected)."""
+        for file in self._files:
+            file.close()
+
+    def __del__(self) -> None:
+        for file in getattr(self, "_files", ()):
+            file.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"ChunkedMoments(num_states={self.num_states}, dim={self.dim}, folds={self.folds}, "
+            f"pairs={self.pairs!r}, rows={self.rows}, bound={self.bound}, chunk={self.chunk()})"
+        )
+
+
+def _folder(directory: str | os.PathLike | None) -> str | None:
+    return None if directory is None else os.fspath(directory)
+
+
+def _host(x: Any) -> np.ndarray:
+    """A NumPy view of an array or a CPU torch tensor (bfloat16 as float32)."""
+    if type(x).__module__.startswith("torch"):
+        x = x.detach().cpu()
+        if str(x.dtype) == "torch.bfloat16":
+            x = x.float()
+        return x.numpy()
+    return np.asarray(x)
