@@ -46,7 +46,7 @@ def scratch_file(directory: str | os.PathLike | None = None) -> BinaryIO:
     """A new empty file with no name in ``directory`` (default: the system's
     temporary directory, ``$TMPDIR``), open for reading and writing; the disk
     space returns when it is closed or the process dies."""
-    return tempfile.TemporaryFile(dir=directory)
+    return tempfile.TemporaryFile(dir=None if directory is None else os.fspath(directory))
 
 
 def scratch_place(directory: str | os.PathLike | None = None) -> str:
