@@ -85,6 +85,8 @@ def owner_alive(pid: int, start: int) -> bool:
         return False
     if found and start:
         return found == start
+    if os.name != "posix":  # os.kill(pid, 0) would not probe there: never sweep
+        return True
     try:  # no /proc: the pid alone says it
         os.kill(pid, 0)
     except ProcessLookupError:
