@@ -11,7 +11,8 @@ A constraint is an :class:`Interval` (a real or integer range), an
 
 so every check in the package reads the same. Use :func:`check` for one
 value, :func:`validate` for a mapping of them (a config's fields) and
-:func:`validate_params` to decorate a function.
+:func:`validate_params` to decorate a function. :func:`parse_size` reads a
+size (``8GiB``) given as text.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import functools
 import inspect
 import math
 import numbers
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -31,11 +33,25 @@ __all__ = [
     "Options",
     "Predicate",
     "check",
+    "parse_size",
     "validate",
     "validate_params",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """``"8GiB"``, ``"512M"``, ``"1000000"`` or an int → bytes (powers of 1024)."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (e.g. 8GiB, 512MiB, 1000000)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
 class InvalidParameterError(ValueError, TypeError):

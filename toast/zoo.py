@@ -18,7 +18,6 @@ import functools
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from toast._scratch import hidden_sibling
 from toast.data import digits
 
 __all__ = [
@@ -153,8 +153,7 @@ def _save_atomically(
     """``save_pretrained`` (and ``files``, name → text) into a temporary
     sibling of ``target``, then a rename: an interrupted run never leaves a
     half-written model to load."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = hidden_sibling(target)
     try:
         model.save_pretrained(tmp)  # type: ignore[operator]
         for name, text in (files or {}).items():

@@ -20,6 +20,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from toast._scratch import hidden_sibling, owned_name
+
 __all__ = [
     "TOKENIZER_FILES",
     "UsageError",
@@ -141,12 +143,11 @@ def staged_output(out: Path) -> Iterator[Path]:
     """A hidden folder beside ``out`` to write into; it becomes ``out`` (replacing
     a folder :func:`check_out` allowed) when the block ends normally, and is
     removed when it raises, Ctrl-C included."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    stage = hidden_sibling(out)  # what a killed run left beside out goes first
     try:
         yield stage
         if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            old = owned_name(out, "old")
             os.replace(out, old)
             os.replace(stage, out)
             shutil.rmtree(old, ignore_errors=True)

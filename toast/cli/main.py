@@ -14,20 +14,30 @@
 - ``toast eval MODEL --tasks PRESET [--reference ORIGINAL] [--heldout H]``:
   accuracy on lm-evaluation-harness tasks and the retained performance
   (:mod:`toast.cli.eval`).
+- ``toast cache list|clear``: the search cache's entries, sizes and last use
+  against its limit, or none of them (:mod:`toast.cli.cache`).
 
 Every command checks its arguments, paths and output folder before loading
 anything (:mod:`toast.cli.checks`) and writes its output folder whole or not
-at all; the exit statuses are :data:`EXIT_STATUSES`.
+at all; SIGTERM takes the way out Ctrl-C takes (hooks, bars and the staged
+output undone; the calibration buffers are files with no name, which the
+kernel frees whatever ends the process, :mod:`toast._scratch`); the exit
+statuses are :data:`EXIT_STATUSES`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from toast._validation import Interval, check
+from toast.cli.cache import add_parser as _add_cache
 from toast.cli.checks import (
     check_data_path,
     check_model_path,
@@ -42,6 +52,7 @@ from toast.cli.options import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_STATUSES,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     add_calibration_arguments,
     add_config_arguments,
@@ -93,6 +104,7 @@ def _build_parser(method: str = DEFAULT_METHOD) -> argparse.ArgumentParser:
     _add_compress(sub, method)
     _add_search(sub)
     _add_eval(sub)
+    _add_cache(sub)
     return parser
 
 
@@ -173,7 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "quiet", False):
         args.no_progress = True
     try:
-        return _dispatch(args)
+        with _sigterm_as_interrupt():
+            return _dispatch(args)
+    except Terminated:
+        print(f"toast {args.command}: stopped by SIGTERM", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:  # hooks, bars and staged output are undone on the way out
         print(f"toast {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -183,6 +199,31 @@ def main(argv: list[str] | None = None) -> int:
     except (ImportError, OSError, RuntimeError) as exc:  # the run itself failed
         print(f"toast {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises :class:`KeyboardInterrupt`, so that
+    every clean-up that Ctrl-C runs runs for it too."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    # a second SIGTERM must not cut the clean-up the first one started
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` inside the block (main thread only:
+    Python runs signal handlers there), and the previous handler is back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:  # None: a handler set outside Python, which cannot be put back
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _method_asked(argv: list[str] | None) -> str:
@@ -216,6 +257,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from toast.cli.eval import run as run_eval
 
         return run_eval(args)
+    if args.command == "cache":
+        from toast.cli.cache import run as run_cache
+
+        return run_cache(args)
     return _demo(args)
 
 

@@ -25,6 +25,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_STATUSES",
+    "EXIT_TERMINATED",
     "EXIT_USAGE",
     "HELDOUT_HELP",
     "add_output_arguments",
@@ -44,10 +45,12 @@ __all__ = [
 EXIT_USAGE = 2  # a bad command line, path, option or input: nothing was loaded or written
 EXIT_FAILED = 1  # the run itself failed (the model's forward, a missing optional package)
 EXIT_INTERRUPTED = 130  # Ctrl-C: 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143  # SIGTERM: 128 + 15, after the same clean-up as Ctrl-C
 EXIT_STATUSES = (
     "Exit status: 0 done; 1 the run failed (the message says why); 2 a bad command line, "
-    "path, option or input (checked before anything loads); 130 interrupted by Ctrl-C. "
-    "On any failure no output folder is left behind."
+    "path, option or input (checked before anything loads); 130 interrupted by Ctrl-C; "
+    "143 stopped by SIGTERM. On any failure no output folder and no temporary file is left "
+    "behind."
 )
 
 HELDOUT_HELP = (

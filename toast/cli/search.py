@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from toast._cachedir import cache_limit
 from toast._validation import Interval, check
 from toast.cli.checks import (
     check_data_path,
@@ -96,6 +97,8 @@ def _check(args: argparse.Namespace) -> Path:
     calibration_from_args(args)  # checks --max-samples, --max-batches
     if args.max_memory is not None:
         parse_size(args.max_memory)  # a bad size fails before anything loads
+    if not args.no_cache:
+        cache_limit()  # a bad $TOAST_CACHE_LIMIT too
     return check_out(args.out, args.overwrite)
 
 

@@ -6,9 +6,13 @@ measurement under that key plus the held-out data's.
 A second search of the same model and data with a new target reads the
 calibration back (no calibration pass) and measures only candidates it
 has not measured before. Files are written whole or not at all (a
-temporary file renamed into place; an interrupted write leaves nothing).
-The cache is the user's own folder: it is read with pickle, as a model
-checkpoint would be.
+temporary file renamed into place; an interrupted write leaves nothing, a
+killed one a file that the next write there removes, :mod:`toast._scratch`).
+The folder has a size limit (``$TOAST_CACHE_LIMIT``, default 10 GiB): after
+every write the least recently used entries go (:mod:`toast._cachedir`);
+``toast cache list`` and ``toast cache clear`` show and empty it. The cache
+is the user's own folder: it is read with pickle, as a model checkpoint
+would be.
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ import hashlib
 import json
 import os
 import pickle
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 from torch import nn
+
+from toast._cachedir import cache_limit, evict, search_cache_dir, touch
+from toast._scratch import owned_name
+from toast._validation import parse_size
 
 from .calibrate import Calibrated
 
@@ -44,9 +51,7 @@ SMALL_FILE = 1 << 20
 
 def default_cache_dir() -> Path:
     """``$TOAST_CACHE/search``, else ``~/.cache/toast/search``."""
-    root = os.environ.get("TOAST_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "toast"
-    return base / "search"
+    return search_cache_dir()
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:
@@ -121,7 +126,8 @@ def combine(*parts: Any) -> str:
 def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """``write(file)`` into a temporary file renamed to ``path`` once whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = owned_name(path, "tmp")  # what a killed write left there goes first
+    handle = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "wb") as f:
             write(f)
@@ -132,13 +138,25 @@ def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
 
 
 class SearchCache:
-    """The cache folder (``None``: nothing is kept)."""
+    """The cache folder (``None``: nothing is kept), holding at most ``limit``
+    bytes (a size such as ``"20GiB"``; default ``$TOAST_CACHE_LIMIT``, else
+    10 GiB): after every write the least recently used entries go."""
 
-    def __init__(self, root: str | os.PathLike | None) -> None:
+    def __init__(self, root: str | os.PathLike | None, limit: str | int | None = None) -> None:
         self.root = None if root is None else Path(root)
+        self.limit = 0
+        if self.root is not None:  # a bad $TOAST_CACHE_LIMIT fails before any work
+            self.limit = cache_limit() if limit is None else parse_size(limit)
 
     def _file(self, key: str, name: str) -> Path | None:
         return None if self.root is None else self.root / key / name
+
+    def _used(self, file: Path) -> None:
+        touch(file.parent)
+
+    def _written(self, key: str) -> None:
+        if self.root is not None:
+            evict(self.root, self.limit, keep=frozenset({key}))
 
     def load_calibrated(self, key: str) -> Calibrated | None:
         file = self._file(key, "calibration.pkl")
@@ -149,6 +167,7 @@ class SearchCache:
                 found = pickle.load(f)
         except (OSError, EOFError, pickle.UnpicklingError, AttributeError, ImportError):
             return None  # an unreadable entry is recomputed, never trusted
+        self._used(file)
         return found if isinstance(found, Calibrated) else None
 
     def save_calibrated(self, key: str, calibrated: Calibrated) -> None:
@@ -156,6 +175,7 @@ class SearchCache:
         if file is not None:
             # streamed: the moments are large (1.4 GB for SmolLM2), no second copy in memory
             _write_atomic(file, lambda f: pickle.dump(calibrated, f, pickle.HIGHEST_PROTOCOL))
+            self._written(key)
 
     def load_measurements(self, key: str) -> dict[str, dict[str, Any]]:
         file = self._file(key, "measurements.json")
@@ -165,6 +185,7 @@ class SearchCache:
             found = json.loads(file.read_text())
         except (OSError, ValueError):
             return {}
+        self._used(file)
         return found if isinstance(found, dict) else {}
 
     def save_measurements(self, key: str, measurements: Mapping[str, Any]) -> None:
@@ -172,3 +193,4 @@ class SearchCache:
         if file is not None:
             text = json.dumps(measurements, indent=1, sort_keys=True).encode()
             _write_atomic(file, lambda f: f.write(text))
+            self._written(key)

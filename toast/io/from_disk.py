@@ -23,13 +23,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from toast._scratch import hidden_sibling
 from toast.core import Translator
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.model.checkpoint import TensorInfo
 from toast.hf.model.surgery import replace_spans
 from toast.io.format import FORMAT, WEIGHTS_NAME
 from toast.io.pruned import write_safetensors
-from toast.io.save import finish_folder, fsync_path, hidden_sibling, save_plan
+from toast.io.save import finish_folder, fsync_path, save_plan
 from toast.spans import validate_spans
 from toast.translators.block import translator_module
 

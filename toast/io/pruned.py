@@ -30,10 +30,11 @@ from typing import Any
 
 import torch
 
+from toast._scratch import hidden_sibling
 from toast.hf.data.progress import progress_iter
 from toast.hf.model.checkpoint import Checkpoint, TensorInfo
 from toast.hf.model.surgery import prune_config
-from toast.io.save import fsync_path, hidden_sibling
+from toast.io.save import fsync_path
 
 __all__ = ["Edit", "copy_side_files", "write_pruned_checkpoint", "write_safetensors"]
 

@@ -8,7 +8,6 @@ import hashlib
 import importlib
 import json
 import os
-import secrets
 import shutil
 import sys
 from collections import Counter
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from toast._scratch import hidden_sibling, owned_name
 from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.params import count_params
 from toast.io.folder import apply_umask, copy_companions, write_card
@@ -360,19 +360,6 @@ def _write_plan(plan: dict[str, Any], file: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def hidden_sibling(target: Path, tag: str) -> Path:
-    """A new empty hidden directory beside ``target`` to write into before
-    it is renamed into place."""
-    # Created with os.mkdir so the final directory gets the usual permissions.
-    while True:
-        candidate = target.parent / f".{target.name}.{tag}-{secrets.token_hex(4)}"
-        try:
-            os.mkdir(candidate)
-            return candidate
-        except FileExistsError:  # pragma: no cover - 32 random bits collided
-            continue
-
-
 def _exchange(a: Path, b: Path) -> bool:
     """Atomically swaps two paths (Linux ``renameat2(RENAME_EXCHANGE)``);
     False where that is not available."""
@@ -448,7 +435,7 @@ def save_pretrained(
             if _exchange(tmp, target):
                 old = tmp  # tmp now holds the previous save
             else:
-                old = target.parent / f".{target.name}.old-{secrets.token_hex(4)}"
+                old = owned_name(target, "old")
                 os.rename(target, old)
                 os.rename(tmp, target)
         else:

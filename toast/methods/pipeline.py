@@ -25,13 +25,13 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import secrets
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from toast._scratch import hidden_sibling
 from toast.hf.capture.budget import plan_checkpoint
 from toast.methods.runner import prepare_data, run_method
 
@@ -182,9 +182,7 @@ def _save(model: nn.Module, source: Path, target: Path, report: Report) -> None:
         return
     from toast.io.pruned import copy_side_files
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{secrets.token_hex(4)}"
-    os.mkdir(tmp)  # not mkdtemp: the folder gets the usual permissions
+    tmp = hidden_sibling(target)
     try:
         cls: Any = type(model)  # a transformers class: its own save is right
         cls.save_pretrained(model, tmp)

@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from toast._validation import parse_size  # here too: where the memory budget is read
 
 if TYPE_CHECKING:  # torch stays unimported: the CLI parses sizes before loading anything
     from toast.hf.capture.sequential import DiskModel
@@ -42,19 +43,6 @@ _log = logging.getLogger(__name__)
 IN_MEMORY_MARGIN = 0.2
 #: The sequential path's allowance besides the weights it holds.
 SEQUENTIAL_ALLOWANCE = 512 * 2**20
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def parse_size(text: str | int) -> int:
-    """``"8GiB"``, ``"512M"``, ``"1000000"`` or an int → bytes (powers of 1024)."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"not a size: {text!r} (e.g. 8GiB, 512MiB, 1000000)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
 def available_memory() -> int:

@@ -3,8 +3,8 @@
 :func:`capture_moments_from_disk` is :func:`toast.hf.capture_moments` for a
 model bigger than memory. The blocks run one at a time
 (:func:`toast.hf.capture.sequential.stream_blocks`) and the chosen tokens of the
-chosen states wait on disk (one file per state in a temporary directory,
-removed on every exit). Two ways, by ``pairs``:
+chosen states wait on disk (one file with no name per state in the
+temporary directory, freed on every exit, ``kill -9`` included). Two ways, by ``pairs``:
 
 - every pair (``pairs="all"``, or a span reaching every pair): once the
   last chosen state is known, every batch's states are read back and added
@@ -25,16 +25,14 @@ Memory holds one batch of the states either way.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import torch
 
+from toast._scratch import scratch_place
 from toast.core import Moments, NonFiniteError, Pairs
 from toast.core.chunked import ChunkedMoments
 from toast.core.moments import pair_span
@@ -94,24 +92,20 @@ def capture_moments_from_disk(
     windowed = (
         span < len(chosen) - 1 and chosen == sorted(chosen) and observe is None and not chunked
     )
-    folder = tempfile.mkdtemp(prefix="toast-moments-", dir=buffer_dir)
-    try:
-        if cal.progress:
-            kept = span + 1 if windowed else len(chosen)
-            print(
-                f"toast: keeping {kept} of {len(chosen)} states of every calibration token "
-                f"in {folder}",
-                file=sys.stderr,
-            )
-        moments: Moments | ChunkedMoments | None
-        if windowed:
-            moments = _windowed(disk, loader, chosen, tokens, sink, span, cal, folder, buffer_dir)
-        else:
-            consume = sink if observe is None else _observed(sink, observe)
-            _all_pairs(disk, loader, chosen, tokens, consume, cal, folder, buffer_dir)
-            moments = sink.collected()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    if cal.progress:
+        kept = span + 1 if windowed else len(chosen)
+        print(
+            f"toast: keeping {kept} of {len(chosen)} states of every calibration token "
+            f"in {scratch_place(buffer_dir)}",
+            file=sys.stderr,
+        )
+    moments: Moments | ChunkedMoments | None
+    if windowed:
+        moments = _windowed(disk, loader, chosen, tokens, sink, span, cal, buffer_dir)
+    else:
+        consume = sink if observe is None else _observed(sink, observe)
+        _all_pairs(disk, loader, chosen, tokens, consume, cal, buffer_dir)
+        moments = sink.collected()
     return sink.finish(moments, len(chosen), cal), disk.stack
 
 
@@ -130,11 +124,10 @@ def _all_pairs(
     tokens: Tokens,
     sink: Observer,
     cal: Calibration,
-    folder: str,
     buffer_dir: str | os.PathLike | None,
 ) -> None:
     """Every chosen state on disk, then every batch into ``sink`` in order."""
-    stores = {k: DiskStates(os.path.join(folder, f"state{k}.bin"), torch.float32) for k in chosen}
+    stores = {k: DiskStates(buffer_dir, torch.float32) for k in chosen}
     masks: list[torch.Tensor | None] = []
 
     def on_state(state: int, batch: int, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
@@ -164,11 +157,10 @@ def _windowed(
     sink: MomentsSink,
     span: int,
     cal: Calibration,
-    folder: str,
     buffer_dir: str | os.PathLike | None,
 ) -> Moments | None:
     """Each state added as it arrives, with the ``span`` states before it
-    read back from disk; files deleted once the window has passed them."""
+    read back from disk; files closed (freed) once the window has passed them."""
     position = {state: p for p, state in enumerate(chosen)}
     stores: dict[int, DiskStates] = {}
     masks: list[torch.Tensor | None] = []
@@ -185,7 +177,7 @@ def _windowed(
         if not acc:
             acc.append(_open_windowed(sink, len(chosen), rows))
         if batch == 0 and p - span - 1 in stores:  # out of every later window
-            _drop(stores.pop(p - span - 1))
+            stores.pop(p - span - 1).close()
         window = [stores[q].read(batch) for q in range(max(p - span, 0), p)]
         try:
             acc[0].add_state(p, [*window, rows], masks[batch])
@@ -193,7 +185,7 @@ def _windowed(
             raise naming_state(p, chosen) from exc
         if p < len(chosen) - 1:
             if batch == 0:
-                stores[p] = DiskStates(os.path.join(folder, f"state{state}.bin"), rows.dtype)
+                stores[p] = DiskStates(buffer_dir, rows.dtype)
             stores[p].append(rows)
 
     try:
@@ -202,7 +194,7 @@ def _windowed(
         )
     finally:
         for store in stores.values():
-            _drop(store)
+            store.close()
     return acc[0].to_moments() if acc and acc[0].rows else None
 
 
@@ -215,9 +207,3 @@ def _open_windowed(sink: MomentsSink, num_states: int, rows: torch.Tensor) -> Wi
         precision=sink.precision,
         device=rows.device,
     )
-
-
-def _drop(store: DiskStates) -> None:
-    store.close()
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(store.path)

@@ -4,17 +4,16 @@ Closed-form methods need only moments. Trained translators (and other
 methods that cannot work from moments) need the rows themselves; these are
 drawn as a uniform sample of at most ``capacity`` token rows by reservoir
 sampling (so the sample is uniform over every row the loader produced,
-whatever its length) and kept in a memory-mapped file whose size is printed
-before it is allocated. RAM use stays bounded by one batch plus the pages
+whatever its length) and kept in a memory-mapped file with no name (freed
+when the process ends, however it ends) whose size is printed before it is
+allocated. RAM use stays bounded by one batch plus the pages
 the OS chooses to cache.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from toast._scratch import scratch_file, scratch_place
 from toast._validation import Interval, check
 from toast.hf.capture.states import Tokens, stream_states
 from toast.hf.data.calibration import Calibration
@@ -43,9 +43,10 @@ class RowSample:
 
     Row ``r`` of :attr:`rows` holds the ``num_states`` states of one token,
     so ``sample.state(k)[r]`` and ``sample.state(l)[r]`` are a matching pair.
-    The buffer is a float32 (or ``dtype``) memory-mapped file in a private
-    temporary directory under ``directory`` (default: the system's temporary
-    directory), removed by :meth:`close` (or when the object is collected).
+    The buffer is a float32 (or ``dtype``) memory-mapped file with no name in
+    ``directory`` (default: the system's temporary directory,
+    :func:`toast._scratch.scratch_file`), freed by :meth:`close`, when the
+    object is collected, or when the process dies.
 
     Parameters
     ----------
@@ -78,20 +79,23 @@ class RowSample:
         self.capacity = check("capacity", capacity, positive)
         self.dtype = np.dtype(dtype)
         nbytes = self.capacity * self.num_states * self.dim * self.dtype.itemsize
-        self._dir = tempfile.mkdtemp(prefix="toast-rows-", dir=directory)
-        path = os.path.join(self._dir, "rows.bin")
         if verbose:
             print(
                 f"toast: disk-backed row buffer of {_human(nbytes)} ({self.capacity:,} rows x "
-                f"{self.num_states} states x {self.dim} x {self.dtype.name}) at {path}",
+                f"{self.num_states} states x {self.dim} x {self.dtype.name}) in "
+                f"{scratch_place(directory)}",
                 file=sys.stderr,
             )
+        self._file = scratch_file(directory)
         try:
             self._buf = np.memmap(
-                path, dtype=self.dtype, mode="w+", shape=(self.capacity, self.num_states, self.dim)
+                self._file,
+                dtype=self.dtype,
+                mode="w+",
+                shape=(self.capacity, self.num_states, self.dim),
             )
         except BaseException:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            self._file.close()
             raise
         self._rng = np.random.default_rng(seed)
         self.seen = 0
@@ -134,14 +138,16 @@ class RowSample:
         self.seen += n
 
     def close(self) -> None:
-        """Deletes the buffer file."""
+        """Frees the buffer file."""
         buf = getattr(self, "_buf", None)
         if buf is not None:
             mm = getattr(buf, "_mmap", None)
             del self._buf, buf  # the mapping closes once no array refers to it
             if mm is not None:
                 mm.close()
-        shutil.rmtree(getattr(self, "_dir", ""), ignore_errors=True)
+        file = getattr(self, "_file", None)
+        if file is not None:
+            file.close()
 
     def __enter__(self) -> RowSample:
         return self

@@ -8,8 +8,8 @@ calibration batch, then block 0 on all of them, then block 1, and so on.
 Only one block's weights are in memory at a time (read tensor by tensor
 from the safetensors shards into a block built on the meta device), and
 the hidden states of every batch wait between blocks in a disk-backed
-buffer (two files in a private temporary directory, written and read with
-positioned I/O, removed on every exit including Ctrl-C).
+buffer (two files with no name in the temporary directory, written and read
+with positioned I/O, freed on every exit, ``kill -9`` included).
 
 The inputs each block receives besides the hidden states (attention masks,
 position ids, rotary embeddings, the attention type of its layer: sliding
@@ -29,9 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from toast._scratch import scratch_file, scratch_place
 from toast.hf.capture.states import calibration_inputs, rss_mib, without_kv_cache
 from toast.hf.data.calibration import Calibration
 from toast.hf.data.progress import progress_bar
@@ -70,21 +69,27 @@ def _human(nbytes: float) -> str:
 
 
 class DiskStates:
-    """Per-batch tensors ``(batch, tokens, dim)`` of one dtype in a file,
-    written and read whole with positioned I/O (nothing memory-mapped, so
-    what was written does not count towards the process's memory).
-    ``shapes`` fixes the layout up front; without it batches are appended."""
+    """Per-batch tensors ``(batch, tokens, dim)`` of one dtype in a file with
+    no name in ``directory`` (:func:`toast._scratch.scratch_file`: the kernel
+    frees it when the process dies, however it ends), written and read whole
+    with positioned I/O (nothing memory-mapped, so what was written does not
+    count towards the process's memory). ``shapes`` fixes the layout up
+    front; without it batches are appended."""
 
     def __init__(
-        self, path: str, dtype: torch.dtype, shapes: list[tuple[int, ...]] | None = None
+        self,
+        directory: str | os.PathLike | None,
+        dtype: torch.dtype,
+        shapes: list[tuple[int, ...]] | None = None,
     ) -> None:
-        self.path, self.dtype = path, dtype
+        self.dtype = dtype
         self.itemsize = torch.empty((), dtype=dtype).element_size()
         self.shapes: list[tuple[int, ...]] = []
         self.offsets = [0]
         for shape in shapes or []:
             self._extend(shape)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._file = scratch_file(directory)
+        self._fd = self._file.fileno()
 
     def _extend(self, shape: tuple[int, ...]) -> None:
         self.shapes.append(tuple(int(s) for s in shape))
@@ -115,13 +120,14 @@ class DiskStates:
         size = self.offsets[batch + 1] - self.offsets[batch]
         data = os.pread(self._fd, size, self.offsets[batch])
         if len(data) != size:
-            raise RuntimeError(f"{self.path}: batch {batch} was never written")
+            raise RuntimeError(f"batch {batch} of a state buffer was never written")
         out.view(-1).view(torch.uint8).copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         return out
 
     def close(self) -> None:
+        """Closes the file, which frees its disk space."""
         if self._fd >= 0:
-            os.close(self._fd)
+            self._file.close()
             self._fd = -1
 
 
@@ -448,11 +454,12 @@ def _embed(
     return batches
 
 
-def _announce(states: DiskStates, folder: str) -> None:
+def _announce(states: DiskStates, directory: str | os.PathLike | None) -> None:
     tokens = sum(s[0] * s[1] for s in states.shapes)
     print(
         f"toast: activation buffer of 2 x {_human(states.nbytes)} ({tokens:,} tokens x "
-        f"{states.shapes[0][-1]} x {str(states.dtype).removeprefix('torch.')}) in {folder}",
+        f"{states.shapes[0][-1]} x {str(states.dtype).removeprefix('torch.')}) in "
+        f"{scratch_place(directory)}",
         file=sys.stderr,
     )
 
@@ -548,10 +555,10 @@ def stream_blocks(
     """Runs the checkpoint's blocks ``0 .. upto - 1`` (default all) one at a
     time over every batch of ``loader``, handing each state to ``on_state``
     (state 0 of every batch first, then state 1, ...). ``on_block`` sees
-    each loaded block before it runs (to hook it). Hidden states wait in a
-    temporary directory under ``buffer_dir`` (default the system's), which
-    is removed on every exit. ``calibration`` bounds the batches as for the
-    in-memory passes."""
+    each loaded block before it runs (to hook it). Hidden states wait in two
+    files with no name in ``buffer_dir`` (default the system's temporary
+    directory), freed on every exit. ``calibration`` bounds the batches as
+    for the in-memory passes."""
     with sweep(
         disk,
         loader,
@@ -580,27 +587,25 @@ def sweep(
 ) -> Iterator[Swept]:
     """:func:`stream_blocks` with the blocks changed as ``edits`` say (a
     skipped block hands no state on), yielding what it leaves before its
-    temporary directory is removed."""
+    buffers are freed."""
     cal = Calibration.from_options(calibration)
     upto = disk.num_blocks if upto is None else upto
     if not 0 <= upto <= disk.num_blocks:
         raise ValueError(f"upto={upto} is outside 0..{disk.num_blocks}")
-    folder = tempfile.mkdtemp(prefix="toast-sequential-", dir=buffer_dir)
     files: list[DiskStates] = []
     try:
-        source = DiskStates(os.path.join(folder, "state_a.bin"), disk.dtype)
+        source = DiskStates(buffer_dir, disk.dtype)
         files.append(source)
         batches = _embed(disk, loader, cal, source, on_state)
         if cal.progress:
-            _announce(source, folder)
-        target = DiskStates(os.path.join(folder, "state_b.bin"), source.dtype, source.shapes)
+            _announce(source, buffer_dir)
+        target = DiskStates(buffer_dir, source.dtype, source.shapes)
         files.append(target)
         run = _Run(disk, batches, on_state, on_block, edits or BlockEdits(), cal, desc)
         yield Swept(run.blocks(source, target, upto), batches, run.form)
     finally:
         for f in files:
             f.close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass

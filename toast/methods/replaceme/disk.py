@@ -33,9 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -46,6 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from toast._scratch import scratch_place
 from toast.core import Translator
 from toast.hf.capture.sequential import BlockEdits, DiskModel, DiskStates, stream_blocks
 from toast.hf.data.text import as_batches
@@ -122,13 +121,13 @@ class _Pending:
     """The states of the cuts' starts (``L_start``, and ``M`` when folding),
     waiting on disk for the block that ends each cut."""
 
-    def __init__(self, folder: str, cuts: list[Cut], folding: bool) -> None:
+    def __init__(self, directory: str | os.PathLike | None, cuts: list[Cut], folding: bool) -> None:
         self.starts: dict[int, DiskStates] = {}
         self.mlps: dict[int, DiskStates] = {}
         for n in range(len(cuts)):
-            self.starts[n] = DiskStates(os.path.join(folder, f"start{n}.bin"), torch.float32)
+            self.starts[n] = DiskStates(directory, torch.float32)
             if folding:
-                self.mlps[n] = DiskStates(os.path.join(folder, f"mlp{n}.bin"), torch.float32)
+                self.mlps[n] = DiskStates(directory, torch.float32)
 
     def close(self) -> None:
         for states in (*self.starts.values(), *self.mlps.values()):
@@ -150,13 +149,13 @@ def estimate_from_disk(
     cuts = [Cut(s) for s in spans]
     folding = config.placement != "block"
     estimator = Estimator(cuts, config, {}, None, expected_rows)
-    folder = tempfile.mkdtemp(prefix="toast-replaceme-", dir=config.buffer_dir)
-    pending = _Pending(folder, cuts, folding)
+    pending = _Pending(config.buffer_dir, cuts, folding)
     if config.calibration.progress:
         kept = "L_start and M" if folding else "L_start"
         print(
             f"toast: keeping {kept} of {len(cuts)} cut(s) for every calibration token "
-            f"({'2' if folding else '1'} x {len(cuts)} x tokens x width) in {folder}",
+            f"({'2' if folding else '1'} x {len(cuts)} x tokens x width) in "
+            f"{scratch_place(config.buffer_dir)}",
             file=sys.stderr,
         )
     recorders: dict[int, MlpOutputs] = {}
@@ -183,7 +182,6 @@ def estimate_from_disk(
         for cut in cuts:
             cut.close()
         pending.close()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _block_hooks(

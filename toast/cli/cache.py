@@ -1,0 +1,57 @@
+"""``toast cache list`` and ``toast cache clear``: what ``toast search`` keeps
+between calls (:mod:`toast._cachedir`: entries, their sizes and last use,
+the total against ``$TOAST_CACHE_LIMIT``). Torch-free: nothing is loaded."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from toast._cachedir import LIMIT_VARIABLE, cache_limit, clear, entries, search_cache_dir
+from toast.cli.options import EXIT_STATUSES
+
+__all__ = ["add_parser", "run"]
+
+_HELP = "list or clear the search cache (what toast search keeps between calls)"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("cache", help=_HELP, description=_HELP, epilog=EXIT_STATUSES)
+    p.add_argument(
+        "action",
+        choices=["list", "clear"],
+        help="list: entries, sizes, last use and the total against the limit "
+        f"(${LIMIT_VARIABLE}, default 10GiB); clear: remove every entry",
+    )
+    p.add_argument(
+        "--cache", default=None, help="cache folder (~/.cache/toast/search, as toast search)"
+    )
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if nbytes < 1024 or unit == "GiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def run(args: argparse.Namespace) -> int:
+    root = Path(args.cache) if args.cache else search_cache_dir()
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"--cache {args.cache} is a file; give the cache folder")
+    if args.action == "clear":
+        removed = clear(root)
+        total = sum(e.size for e in removed)
+        print(f"removed {len(removed)} entries ({_size(total)}) from {root}")
+        return 0
+    limit = cache_limit()
+    found = entries(root)
+    total = sum(e.size for e in found)
+    print(f"{root}: {len(found)} entries, {_size(total)} of {_size(limit)} (${LIMIT_VARIABLE})")
+    for entry in reversed(found):  # most recently used first
+        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.used))
+        print(f"  {used}  {_size(entry.size):>10}  {entry.path.name}")
+    return 0
