@@ -119,3 +119,19 @@ def test_an_interrupted_measurement_leaves_no_buffer_and_no_loaded_weights(calls
         handle.remove()
     assert list(buffers.iterdir()) == []
     assert all(p.is_meta for p in disk.model.parameters())
+
+
+def test_untied_input_embedding_is_never_loaded_for_the_heads_pass(tmp_path):
+    # The replay hands the blocks' recorded outputs to the head: an input
+    # embedding of its own (vocab x width, as large as the head) is not read.
+    model, data, disk = _both("llama", tmp_path)
+    assert not model.config.tie_word_embeddings
+    seen = []
+    handle = disk.model.lm_head.register_forward_pre_hook(
+        lambda m, a: seen.append(disk.model.get_input_embeddings().weight.is_meta)
+    )
+    try:
+        SequentialEvaluator(disk, data, progress=False).measure(disk.model)
+    finally:
+        handle.remove()
+    assert seen and all(seen)

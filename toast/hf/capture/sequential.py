@@ -304,25 +304,54 @@ class DiskModel:
         finally:
             setattr(holder, attr, self.stack.blocks)
 
-    def prepare(self, full: bool = False) -> None:
+    def prepare(self, full: bool = False, embedding: bool = True) -> None:
         """Loads everything of the base model outside the block list (the
         embeddings, the final norm, rotary buffers), once; with ``full``,
         of the whole model (the head too: the held-out measurements need
-        its outputs)."""
+        its outputs). Without ``embedding`` the input embedding stays on the
+        meta device unless the head shares its weight (a replay of recorded
+        final states never reads it: see :meth:`skipped_embedding`)."""
         if self._ready:
             return
         with self._without_blocks():
             module, prefix = self._outside(full)
             names = self._names or {}
+            skipped = None if embedding else self._untied_embedding()
             # what the checkpoint lacks (a tied head, an unused pooler) stays
             # on the meta device: the forward stops at the last block
-            keys = {n: names[prefix + n] for n in module.state_dict() if prefix + n in names}
+            keys = {
+                n: names[prefix + n]
+                for n in module.state_dict()
+                if prefix + n in names and not (skipped and (prefix + n).startswith(skipped))
+            }
             self._load(module, keys)
             if full:
                 _tie_head(self.model)
-                _drop_absent(self.model)
+                _drop_absent(self.model, keep=skipped)
         self._ready = True
         self._full = full
+
+    def _untied_embedding(self) -> str | None:
+        """The state-dict prefix of the input embedding when the checkpoint
+        has a head of its own (so the embedding can stay unloaded)."""
+        inputs = self.model.get_input_embeddings()
+        head = self.model.get_output_embeddings()
+        if inputs is None or head is None:
+            return None
+        named = {id(m): n for n, m in self.model.named_modules()}
+        head_name, input_name = named.get(id(head)), named.get(id(inputs))
+        names = self._names or {}
+        if head_name is None or input_name is None or f"{head_name}.weight" not in names:
+            return None
+        if names[f"{head_name}.weight"] == names.get(f"{input_name}.weight"):
+            return None  # one tensor serves both
+        return input_name + "."
+
+    def skipped_embedding(self) -> nn.Module | None:
+        """The input embedding when :meth:`prepare` left it unloaded."""
+        inputs = self.model.get_input_embeddings()
+        params = list(inputs.parameters()) if inputs is not None else []
+        return inputs if params and all(p.is_meta for p in params) else None
 
     def release(self) -> None:
         """Frees what :meth:`prepare` loaded: after stage 0 the blocks'
@@ -354,13 +383,15 @@ def _tie_head(model: nn.Module) -> None:
         tie()
 
 
-def _drop_absent(model: nn.Module) -> None:
+def _drop_absent(model: nn.Module, keep: str | None = None) -> None:
     """Removes the parts the checkpoint lacks entirely (a pooler the saved
     model was built without), as the saved model has none: the forward
-    skips a part that is None."""
+    skips a part that is None. The part at the prefix ``keep`` stays."""
     absent: list[str] = []
     for name, module in model.named_modules():
         if not name or any(name.startswith(a + ".") for a in absent):
+            continue
+        if keep is not None and (name + ".").startswith(keep):
             continue
         params = list(module.parameters())
         if params and all(p.is_meta for p in params):

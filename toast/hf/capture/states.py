@@ -108,8 +108,11 @@ def uses_torch(backend: str, device: torch.device) -> bool:
 
 
 def _model_device(model: nn.Module) -> torch.device:
+    # the first loaded parameter: a part left on the meta device (an input
+    # embedding a replay never reads) says nothing of where the model runs
     for p in model.parameters():
-        return p.device
+        if not p.is_meta:
+            return p.device
     return torch.device("cpu")
 
 

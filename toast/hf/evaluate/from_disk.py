@@ -84,7 +84,7 @@ class SequentialEvaluator(Evaluator):
             buffer_dir=self.buffer_dir,
             desc=f"held-out: {label} (sequential)",
         ) as swept:
-            disk.prepare(full=True)
+            disk.prepare(full=True, embedding=False)
             try:
                 with _replayed(disk, swept):
                     yield from super().outputs(model, label)
@@ -114,16 +114,27 @@ def _replayed(disk: DiskModel, swept: Swept) -> Iterator[None]:
     def forward(*args: Any, **kwargs: Any) -> Any:
         return final[0]
 
+    embedding = disk.skipped_embedding()
+    width = 0 if embedding is None else int(embedding.weight.shape[-1])
+
+    def zeros(ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        # what the blocks would read is replaced: only the shape, dtype and
+        # device matter (masks and positions are built from them)
+        return torch.zeros(*ids.shape, width, dtype=disk.dtype)
+
     blocks = disk.stack.blocks
     handle = disk.model.register_forward_pre_hook(next_batch)
+    patched: list[nn.Module] = [*blocks, *([embedding] if embedding is not None else [])]
     for block in blocks:
         block.forward = forward  # an instance attribute shadows the class's
+    if embedding is not None:
+        embedding.forward = zeros
     try:
         yield
     finally:
         handle.remove()
-        for block in blocks:
-            del block.forward
+        for module in patched:
+            del module.forward
 
 
 def measure_from_disk(
