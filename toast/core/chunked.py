@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -36,6 +36,7 @@ __all__ = [
     "AUTO_BYTES",
     "JOIN_BYTES",
     "ChunkedMoments",
+    "PairMoments",
     "chunk_plan",
     "chunk_sources",
     "chunk_targets",
@@ -339,6 +340,37 @@ class ChunkedMoments:
             f"ChunkedMoments(num_states={self.num_states}, dim={self.dim}, folds={self.folds}, "
             f"pairs={self.pairs!r}, rows={self.rows}, bound={self.bound})"
         )
+
+
+class PairMoments:
+    """The two-state moments of chosen pairs of states (a fit of ``j`` from
+    ``i`` reads :meth:`pair` ``(i, j)`` at ``(0, 1)``), kept after a
+    :class:`ChunkedMoments` buffer is gone: what a closed-form fit of those
+    spans needs, small and picklable (``3 d²`` doubles a pair)."""
+
+    def __init__(self, chunked: ChunkedMoments, pairs: Iterable[tuple[int, int]]) -> None:
+        self.num_states, self.dim, self.rows = chunked.num_states, chunked.dim, chunked.rows
+        self.folds = 0
+        self._pairs = {(int(i), int(j)): chunked.pair(i, j) for i, j in sorted(set(pairs))}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self._pairs.values())
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return list(self._pairs)
+
+    def pair(self, i: int, j: int) -> Moments:
+        """The moments of states ``i`` and ``j`` (kept pairs only)."""
+        if (i, j) not in self._pairs:
+            raise KeyError(
+                f"the moments of states ({i}, {j}) were not kept: the calibration kept "
+                f"{sorted(self._pairs)} (the spans its plans use)"
+            )
+        return self._pairs[(i, j)]
+
+    def __repr__(self) -> str:
+        return f"PairMoments(dim={self.dim}, rows={self.rows}, pairs={len(self._pairs)})"
 
 
 def _folder(directory: str | os.PathLike | None) -> str | None:

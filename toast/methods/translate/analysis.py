@@ -20,7 +20,7 @@ from torch import nn
 
 from toast._validation import Interval, Options, check
 from toast.core import METRICS, Moments, Pairs, error_matrix
-from toast.core.chunked import ChunkedMoments, pair_nbytes
+from toast.core.chunked import ChunkedMoments, PairMoments, pair_nbytes
 from toast.hf.capture.massive import MassiveRows
 from toast.hf.capture.states import Tokens, capture_moments
 from toast.hf.data.calibration import Calibration
@@ -39,7 +39,7 @@ class Analysis:
     """Moments of a model's states and the error matrix derived from them;
     ``massive`` the rows massive in some state, when recorded."""
 
-    moments: Moments | ChunkedMoments
+    moments: Moments | ChunkedMoments | PairMoments
     errors: np.ndarray
     metric: str
     estimator: str
@@ -59,7 +59,10 @@ class Analysis:
     def error_matrix(
         self, metric: str | None = None, estimator: str | None = None, ridge: float | None = None
     ) -> np.ndarray:
-        """Another metric from the same moments (no new pass over the data)."""
+        """Another metric from the same moments (no new pass over the data;
+        not from the pair moments a search's calibration keeps)."""
+        if isinstance(self.moments, PairMoments):
+            raise ValueError("the calibration kept the moments of its plans' spans only")
         return _errors(
             self.moments,
             metric or self.metric,
