@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from toast.core import Moments, NonFiniteError, error_matrix, fit_translator
-from toast.core.chunked import ChunkedMoments, chunk_sources
+from toast.core.chunked import (
+    ChunkedMoments,
+    chunk_plan,
+    chunk_sources,
+    formed_nbytes,
+    pair_nbytes,
+    workspace_nbytes,
+)
 
 
 def _walk(states=7, dim=5, rows=240, seed=0):
@@ -22,8 +29,9 @@ def _walk(states=7, dim=5, rows=240, seed=0):
     return [[s[a : a + 40] for s in x] for a in range(0, rows, 40)]
 
 
-def _both(batches, folds, pairs, masks=None, bound=1):
+def _both(batches, folds, pairs, masks=None, bound=None):
     states, dim = len(batches[0]), batches[0][0].shape[1]
+    bound = pair_nbytes(dim, folds) if bound is None else bound
     whole = Moments(states, dim, folds=folds, pairs=pairs)
     chunked = ChunkedMoments(states, dim, folds=folds, pairs=pairs, bound=bound)
     for k, batch in enumerate(batches):
@@ -59,11 +67,13 @@ def test_chunked_errors_keep_the_masked_rows_and_their_folds():
     )
 
 
-@pytest.mark.parametrize("bound", [1, 10**5, 10**9])
-def test_every_chunk_size_gives_the_same_errors(bound):
-    whole, chunked = _both(_walk(), 5, 2, bound=bound)
+@pytest.mark.parametrize("extra", [0, 4, 8, 10**9])
+def test_every_chunk_size_gives_the_same_errors(extra):
+    # 0: a source with one target at a time; 4: with two; 8: with all three; then all
+    bound = pair_nbytes(5, 5) + extra * 5 * 25 * 8
+    whole, chunked = _both(_walk(), 5, 3, bound=bound)
     expected = error_matrix(whole, "linear", "cv")
-    expected[np.triu(np.ones(expected.shape, dtype=bool), 3)] = np.nan
+    expected[np.triu(np.ones(expected.shape, dtype=bool), 4)] = np.nan
     np.testing.assert_allclose(chunked.error_matrices([("linear", "cv", 0.0)])[0], expected)
 
 
@@ -83,22 +93,47 @@ def test_traces_equal_the_diagonal_blocks():
     np.testing.assert_allclose(chunked.traces(), expected, rtol=1e-12)
 
 
-def test_chunk_is_the_most_sources_whose_moments_fit_the_bound():
-    one = Moments.estimate_nbytes(4, 8, 5, 3)
-    assert chunk_sources(20, 8, 5, 3, one) == 1
-    assert chunk_sources(20, 8, 5, 3, Moments.estimate_nbytes(9, 8, 5, 3)) == 6
+def test_chunk_is_the_most_sources_whose_formed_blocks_fit_the_bound():
+    work = workspace_nbytes(8)
+    # a source's panel is span + 1 blocks; each of its span targets adds a diagonal
+    one = formed_nbytes(4, 1, 3, 8, 5)
+    assert one == 5 * 8 * (storage_off(4) + (4 + 3) * 64)
+    assert chunk_sources(20, 8, 5, 3, one + work) == 1
+    assert chunk_sources(20, 8, 5, 3, one + work - 1) == 0
     assert chunk_sources(20, 8, 5, 3, 10**9) == 19
 
 
+def storage_off(states):
+    return 1 + states * 8 + 4 * states * states  # count, sums, row statistics
+
+
+def test_a_source_splits_its_targets_when_they_do_not_fit_together():
+    work = workspace_nbytes(8)
+    two = formed_nbytes(3, 1, 2, 8, 5) + work
+    plan = chunk_plan(6, 8, 5, 3, two)
+    # each source with groups of at most two of its (up to 3) targets, every pair once
+    assert plan[:2] == [([0, 1, 2], 1), ([0, 3], 1)]
+    pairs = [(s[0], t) for s, _ in plan for t in s[1:]]
+    assert sorted(pairs) == [(i, j) for i in range(6) for j in range(i + 1, min(i + 4, 6))]
+
+
+def test_a_bound_below_one_pair_is_refused_naming_the_least():
+    least = pair_nbytes(8, 5)
+    with pytest.raises(ValueError, match=f"statistics_bytes >= {least:,}.*estimator='gcv'"):
+        chunk_plan(6, 8, 5, 3, least - 1)
+    with pytest.raises(ValueError, match=f">= {pair_nbytes(8, 0):,}"):
+        ChunkedMoments(6, 8, folds=5, pairs=3, bound=pair_nbytes(8, 0) - 1)
+
+
 def test_the_buffer_is_unlinked_at_creation(tmp_path):
-    chunked = ChunkedMoments(3, 4, bound=1, directory=tmp_path)
+    chunked = ChunkedMoments(3, 4, bound=pair_nbytes(4, 0), directory=tmp_path)
     chunked.update([np.ones((5, 4), np.float32)] * 3)
     assert os.listdir(tmp_path) == []
     assert chunked.nbytes == 3 * 5 * 4 * 4
 
 
 def test_non_finite_rows_are_refused_naming_the_state():
-    chunked = ChunkedMoments(3, 4, bound=1)
+    chunked = ChunkedMoments(3, 4, bound=pair_nbytes(4, 0))
     bad = np.ones((5, 4), np.float32)
     bad[2, 1] = np.nan
     with pytest.raises(NonFiniteError) as caught:

@@ -160,3 +160,44 @@ def test_shared_pass_bounded_by_max_blocks_gives_every_method_the_all_pairs_plan
     assert key == [(p.methods, p.spans, p.params_after) for p in found[1]]
     for a, b in zip(found[0], found[1], strict=True):
         assert a.predicted_error == pytest.approx(b.predicted_error, rel=1e-12, nan_ok=True)
+
+
+def test_a_chunked_shared_pass_gives_the_whole_tables_plans_and_a_small_picklable_calibration():
+    import pickle
+
+    import numpy as np
+
+    from toast.core.chunked import ChunkedMoments, PairMoments, pair_nbytes
+
+    model, data = _llama(), _tokens()
+    available_methods()
+    methods = [m for m in staged_methods() if m.name in ("toast", "remove", "replaceme")]
+    layout = find_layout(model)
+    calibration = toast.Calibration(progress=False)
+    blocks = tuple(toast.count_params(b) for b in layout.stack.blocks)
+    sizes = Sizes(toast.count_params(model), blocks)
+    width = model.config.hidden_size
+    found, tables = [], []
+    for bound in (2**40, pair_nbytes(width, 0)):  # whole moments; one pair at a time
+        shared = capture_shared(model, data, layout, calibration, "auto", 2, bound)
+        assert isinstance(shared.moments, ChunkedMoments) == (bound < 2**40)
+        tables.append({m: shared.errors(m) for m in ("linear", "affine", "mse")})
+        stats = {
+            m.name: m.stages.calibrate(model, data, layout, shared, calibration, 2) for m in methods
+        }
+        shared.close()
+        stats = pickle.loads(pickle.dumps(stats))  # what the search cache stores
+        found.append(enumerate_candidates(methods, Calibrated(stats), sizes, 2, macs_matter=True))
+    for metric, table in tables[0].items():
+        np.testing.assert_allclose(tables[1][metric], table, rtol=1e-12, err_msg=metric)
+    key = [(p.methods, p.spans, p.params_after) for p in found[0]]
+    assert key == [(p.methods, p.spans, p.params_after) for p in found[1]]
+    for a, b in zip(found[0], found[1], strict=True):
+        assert a.predicted_error == pytest.approx(b.predicted_error, rel=1e-12, nan_ok=True)
+    kept = stats["toast"].analysis.moments
+    assert isinstance(kept, PairMoments)
+    toast_spans = {s for p in found[1] if p.methods[0] == "toast" for s in p.spans}
+    assert toast_spans <= set(kept.pairs())
+    for plan in found[1]:  # every plan applies from what the calibration kept
+        if plan.methods[0] in ("toast", "remove"):
+            _applied(model, layout, plan, stats)

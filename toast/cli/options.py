@@ -103,9 +103,11 @@ def config_fields(config: type) -> list[str]:
 
 
 def _size(text: str) -> int:
-    """A byte count from ``"8GiB"``, ``"512M"`` or ``"1000000"``."""
+    """A byte count from ``"8GiB"``, ``"512M"`` or ``"1000000"`` (or ``"auto"``)."""
     from toast.hf.capture.budget import parse_size
 
+    if text == "auto":
+        return text  # type: ignore[return-value]  # the field's own default rule
     try:
         return parse_size(text)
     except ValueError as exc:

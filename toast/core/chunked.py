@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -30,26 +30,129 @@ import numpy as np
 from toast._validation import Interval, check
 from toast.core.errors import non_finite_error
 from toast.core.metrics import error_matrix
-from toast.core.moments import Moments, Pairs, pair_span
+from toast.core.moments import Moments, Pairs, pair_span, storage_layout
 
-__all__ = ["JOIN_BYTES", "ChunkedMoments", "chunk_sources"]
+__all__ = [
+    "AUTO_BYTES",
+    "JOIN_BYTES",
+    "ChunkedMoments",
+    "PairMoments",
+    "chunk_plan",
+    "chunk_sources",
+    "chunk_targets",
+    "formed_nbytes",
+    "pair_nbytes",
+    "resolve_bound",
+    "workspace_nbytes",
+]
 
 #: Rows replayed per update at most, in bytes of float32 rows of the chunk's
 #: states: small updates are bound by memory traffic, not arithmetic.
 JOIN_BYTES = 256 << 20
 
+#: ``d × d`` float64 matrices the core's error matrix works in beside the
+#: moments (metrics.c: the Gram, its copy, the right-hand side, the fit,
+#: its product and scratch; solve.c: the factor and the eigensolver's 2).
+WORKSPACE_MATRICES = 9
+
+
+def workspace_nbytes(dim: int) -> int:
+    """Bytes of the core's error-matrix workspace for width ``dim``."""
+    return WORKSPACE_MATRICES * dim * dim * 8
+
+
+def formed_nbytes(states: int, sources: int, span: int, dim: int, folds: int) -> int:
+    """Bytes a replay's moments touch: the ``sources`` states' panels (span
+    ``span``) and the other states' diagonal blocks in every fold set, with
+    the counts, sums and row statistics (the blocks never formed are never
+    written, so they take no memory)."""
+    lay = storage_layout(states, dim, folds, max(span, 1))  # validated
+    blocks = sum(min(span, states - 1 - i) + 1 for i in range(sources)) + states - sources
+    return 8 * lay["nsets"] * (lay["off_blocks"] + blocks * dim * dim)
+
+
+def pair_nbytes(dim: int, folds: int) -> int:
+    """The least bound any error matrix needs: one source and one target
+    state (``folds`` sets) and the workspace."""
+    return formed_nbytes(2, 1, 1, dim, folds) + workspace_nbytes(dim)
+
+
+#: The default bound on the moments held in memory (``"auto"``): 1 GiB, or
+#: the least the held-out errors of one pair need when wider (:func:`auto_bound`).
+AUTO_BYTES = 1 << 30
+
+
+def resolve_bound(bound: int | str, dim: int, folds: int) -> int:
+    """``bound`` in bytes: an int as given; ``"auto"`` is :data:`AUTO_BYTES`,
+    or :func:`pair_nbytes` of the folds when that is more (width 4,096 with
+    5 folds: 3.2 GiB), so the default never refuses."""
+    if bound == "auto":
+        return max(AUTO_BYTES, pair_nbytes(dim, folds))
+    return check("statistics_bytes", bound, Interval(int, 1, None))
+
 
 def chunk_sources(num_states: int, dim: int, folds: int, span: int, bound: int) -> int:
-    """The most consecutive source states whose chunk moments (the sources,
-    the ``span`` states after them) fit ``bound`` bytes by
-    :meth:`Moments.estimate_nbytes` (at least 1: a source is not split)."""
-    best = 1
+    """The most consecutive source states whose chunk (the sources and the
+    ``span`` states after them, :func:`formed_nbytes`) fits ``bound``
+    bytes with the workspace; 0 when one source with every target does not."""
+    room = bound - workspace_nbytes(dim)
+    best = 0
     for c in range(1, num_states):
         states = min(c + span, num_states)
-        if Moments.estimate_nbytes(states, dim, folds, min(span, states - 1)) > bound:
+        if formed_nbytes(states, min(c, states - 1), span, dim, folds) > room:
             break
         best = c
     return best
+
+
+def chunk_targets(dim: int, folds: int, span: int, bound: int) -> int:
+    """The most targets (at most ``span``) one source is replayed with
+    within ``bound`` bytes; 0 when not even one fits."""
+    room = bound - workspace_nbytes(dim)
+    best = 0
+    for g in range(1, span + 1):
+        if formed_nbytes(g + 1, 1, g, dim, folds) > room:
+            break
+        best = g
+    return best
+
+
+def chunk_plan(
+    num_states: int, dim: int, folds: int, span: int, bound: int
+) -> list[tuple[list[int], int]]:
+    """The replays that form every error within ``bound`` bytes, as
+    ``(states, sources)``: ``c`` consecutive sources with the ``span``
+    states after them (:func:`chunk_sources`) or, when one source with all
+    its targets does not fit, one source with a group of its targets
+    (:func:`chunk_targets`). Raises when one source and one target do not
+    fit, naming the least bound."""
+    c = chunk_sources(num_states, dim, folds, span, bound)
+    if c:
+        plan = []
+        for a in range(0, num_states - 1, c):
+            states = list(range(a, min(a + c + span, num_states)))
+            plan.append((states, min(c, len(states) - 1)))
+        return plan
+    g = chunk_targets(dim, folds, span, bound)
+    if not g:
+        least = pair_nbytes(dim, folds)
+        raise ValueError(
+            f"statistics_bytes={bound:,} cannot hold the moments of one source and one "
+            f"target state of width {dim} ({folds} folds) with the error workspace: give "
+            f"statistics_bytes >= {least:,} ({least / 2**30:.2f} GiB)"
+            + (
+                f", or estimator='gcv' (no folds: >= {pair_nbytes(dim, 0):,} bytes)"
+                if folds
+                else ""
+            )
+        )
+    plan = []
+    for i in range(num_states - 1):
+        targets = list(range(i + 1, min(i + span, num_states - 1) + 1))
+        groups = -(-len(targets) // g)  # as even as the groups can be
+        size = -(-len(targets) // groups)
+        plan += [([i, *targets[t : t + size]], 1) for t in range(0, len(targets), size)]
+    return plan
 
 
 class _StateFile:
@@ -104,6 +207,7 @@ class ChunkedMoments:
         # validates every argument as the whole moments would, without allocating
         Moments.estimate_nbytes(num_states, dim, folds, pairs)
         self.bound = check("bound", bound, Interval(int, 1, None))
+        chunk_plan(num_states, dim, 0, pair_span(pairs, num_states), bound)  # refuses too small
         self.num_states, self.dim, self.folds = num_states, dim, folds
         self.pairs: Pairs = pairs
         self.precision: Literal["float64", "mixed"] = precision
@@ -119,9 +223,16 @@ class ChunkedMoments:
         """Bytes of the row buffer on disk."""
         return 4 * self.rows * self.dim * self.num_states
 
-    def chunk(self) -> int:
-        """Source states per chunk (:func:`chunk_sources` of the bound)."""
-        return chunk_sources(self.num_states, self.dim, self.folds, self.span, self.bound)
+    def chunk(self, folds: int | None = None) -> list[tuple[list[int], int]]:
+        """The replays of :meth:`error_matrices` (:func:`chunk_plan` of the
+        bound) with ``folds`` sets (default the buffer's folds)."""
+        folds = self.folds if folds is None else folds
+        return chunk_plan(self.num_states, self.dim, folds, self.span, self.bound)
+
+    def fits_folds(self) -> bool:
+        """Whether the held-out (``cv``) errors fit the bound: one source and
+        one target with every fold set (:func:`pair_nbytes`)."""
+        return pair_nbytes(self.dim, self.folds) <= self.bound
 
     def update(self, states: Sequence[Any], mask: Any | None = None) -> ChunkedMoments:
         """Adds one batch of rows (the masked ones) to the buffer."""
@@ -138,18 +249,22 @@ class ChunkedMoments:
         return self
 
     def replay(
-        self, states: Sequence[int], sources: int | None = None, row_stats: bool = True
+        self,
+        states: Sequence[int],
+        sources: int | None = None,
+        row_stats: bool = True,
+        folds: int | None = None,
     ) -> Moments:
         """:class:`Moments` of ``states`` (consecutive or not) from the buffer:
         the rows in the order they came, joined into updates of up to
         :data:`JOIN_BYTES`; with ``sources`` only those states' panels and the
-        other states' diagonal blocks are formed."""
+        other states' diagonal blocks are formed; ``folds=0`` keeps no folds."""
         n = len(states)
         span = min(self.span, n - 1) if states == list(range(states[0], states[-1] + 1)) else n - 1
         moments = Moments(
             n,
             self.dim,
-            folds=self.folds,
+            folds=self.folds if folds is None else folds,
             pairs=max(span, 1),
             precision=self.precision,
             row_stats=row_stats,
@@ -175,25 +290,31 @@ class ChunkedMoments:
 
     def error_matrices(self, requests: Sequence[tuple[str, str, float]]) -> list[np.ndarray]:
         """``error_matrix(moments, metric, estimator, ridge)`` of the whole
-        moments for each request, from one replay of every chunk; NaN for
-        pairs further apart than the span. Each warning once."""
-        S, c, m = self.num_states, self.chunk(), self.span
+        moments for each request, from one replay of every chunk
+        (:meth:`chunk`; fold sets only when a request is held out, row
+        statistics only when a row metric asks); NaN for pairs further
+        apart than the span. Each warning once."""
+        S = self.num_states
+        held_out = any(m in ("linear", "affine") and e == "cv" for m, e, _ in requests)
+        row_stats = any(m not in ("linear", "affine", "cka") for m, _, _ in requests)
+        folds = self.folds if held_out else 0
         tables = [np.full((S, S), np.nan) for _ in requests]
         seen: dict[str, warnings.WarningMessage] = {}
-        for a in range(0, S - 1, c):
-            states = list(range(a, min(a + c + m, S)))
-            sources = min(c, len(states) - 1)
-            chunk = self.replay(states, sources=sources)
+        for states, sources in self.chunk(folds):
+            chunk = self.replay(states, sources=sources, row_stats=row_stats, folds=folds)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 for table, (metric, estimator, ridge) in zip(tables, requests, strict=True):
                     part = error_matrix(chunk, metric, estimator, ridge)  # type: ignore[arg-type]
-                    table[a : a + sources, a : a + len(states)] = part[:sources]
+                    table[np.ix_(states[:sources], states)] = part[:sources]
             for w in caught:
                 seen.setdefault(str(w.message), w)
             del chunk
         for w in seen.values():
             warnings.warn(w.message, stacklevel=2)
+        far = np.triu(np.ones((S, S), dtype=bool), self.span + 1)
+        for table in tables:
+            table[far] = np.nan
         return tables
 
     def traces(self) -> np.ndarray:
@@ -217,8 +338,39 @@ class ChunkedMoments:
     def __repr__(self) -> str:
         return (
             f"ChunkedMoments(num_states={self.num_states}, dim={self.dim}, folds={self.folds}, "
-            f"pairs={self.pairs!r}, rows={self.rows}, bound={self.bound}, chunk={self.chunk()})"
+            f"pairs={self.pairs!r}, rows={self.rows}, bound={self.bound})"
         )
+
+
+class PairMoments:
+    """The two-state moments of chosen pairs of states (a fit of ``j`` from
+    ``i`` reads :meth:`pair` ``(i, j)`` at ``(0, 1)``), kept after a
+    :class:`ChunkedMoments` buffer is gone: what a closed-form fit of those
+    spans needs, small and picklable (``3 d²`` doubles a pair)."""
+
+    def __init__(self, chunked: ChunkedMoments, pairs: Iterable[tuple[int, int]]) -> None:
+        self.num_states, self.dim, self.rows = chunked.num_states, chunked.dim, chunked.rows
+        self.folds = 0
+        self._pairs = {(int(i), int(j)): chunked.pair(i, j) for i, j in sorted(set(pairs))}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.nbytes for m in self._pairs.values())
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return list(self._pairs)
+
+    def pair(self, i: int, j: int) -> Moments:
+        """The moments of states ``i`` and ``j`` (kept pairs only)."""
+        if (i, j) not in self._pairs:
+            raise KeyError(
+                f"the moments of states ({i}, {j}) were not kept: the calibration kept "
+                f"{sorted(self._pairs)} (the spans its plans use)"
+            )
+        return self._pairs[(i, j)]
+
+    def __repr__(self) -> str:
+        return f"PairMoments(dim={self.dim}, rows={self.rows}, pairs={len(self._pairs)})"
 
 
 def _folder(directory: str | os.PathLike | None) -> str | None:

@@ -2,9 +2,12 @@
 union of what the methods declare (:class:`toast.methods.base.Needs`)
 decides whether the one shared pass runs (moments of every pair of block
 states at most ``max_blocks`` apart, all a plan can join, and the massive
-rows); each method then calibrates from it, with a
-pass of its own where it needs one (ReplaceMe's transforms for the cuts
-it will propose). The result is what the cache keeps, so a new target
+rows; above :data:`~toast.methods.stages.SHARED_BYTES` the rows wait on
+disk, every metric's errors form in one replay, and what the stats keep is
+the tables and the two-state moments of the spans the plans use); each
+method then calibrates from it, with a pass of its own where it needs
+one (ReplaceMe's transforms for the cuts it will propose). The result is
+what the cache keeps, so a new target
 needs no pass again. On a checkpoint on disk the same passes run block by
 block (:func:`calibrate_from_disk`); a method that needs the model in
 memory is left out there, with a note.
@@ -75,6 +78,8 @@ def calibrate(
         stats[method.name] = method.stages.calibrate(
             model, data, layout, shared, calibration, max_blocks
         )
+    if shared is not None:
+        shared.close()  # the stats keep tables and pair moments, never the rows on disk
     passes = int(needs.moments) + sum(s.passes for s in stats.values())
     return Calibrated(stats, passes)
 
@@ -115,6 +120,8 @@ def calibrate_from_disk(
             left_out.append(method.name)
         else:
             stats[method.name] = found
+    if shared is not None:
+        shared.close()
     passes = int(needs.moments) + sum(s.passes for s in stats.values())
     return Calibrated(stats, passes, left_out)
 

@@ -26,6 +26,7 @@ from typing import Any
 from torch import nn
 
 from toast._validation import Interval, Options, Predicate, check
+from toast.core.chunked import JOIN_BYTES, resolve_bound
 from toast.hf.capture.budget import MemoryPlan, plan_checkpoint
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
@@ -33,6 +34,7 @@ from toast.hf.data.progress import progress_bar
 from toast.hf.data.text import as_batches
 from toast.methods.base import Layout, Method, Plan, Sizes, find_layout, staged_methods
 from toast.methods.runner import split_heldout, split_text_options
+from toast.methods.stages import SHARED_BYTES
 
 from .bench import Bench, DiskBench, MemoryBench
 from .cache import (
@@ -301,15 +303,18 @@ MOMENTS_PEAK_FACTOR = 2.0
 def statistics_bytes(disk: DiskModel, layout: Layout, methods: list[Method]) -> int:
     """Bytes of the shared moments pass the methods need beside the weights
     held block by block: every pair of the ``blocks + 1`` states' ``d × d``
-    float64 cross products, times :data:`MOMENTS_PEAK_FACTOR` (0 when no
-    method needs it or the width is unknown)."""
+    float64 cross products, times :data:`MOMENTS_PEAK_FACTOR`, or, when
+    less, the bound above which the rows wait on disk and the errors form a
+    chunk at a time (:func:`toast.core.chunked.resolve_bound`) with the rows
+    one replay reads (0 when no method needs it or the width is unknown)."""
     if not any(m.stages is not None and m.stages.needs(layout).moments for m in methods):
         return 0
     width = getattr(disk.model.config, "hidden_size", None)
     if not isinstance(width, int):
         return 0
     states = layout.num_blocks + 1
-    return int(MOMENTS_PEAK_FACTOR * states * (states + 1) // 2 * width * width * 8)
+    whole = int(MOMENTS_PEAK_FACTOR * states * (states + 1) // 2 * width * width * 8)
+    return min(whole, resolve_bound(SHARED_BYTES, width, 0) + JOIN_BYTES)
 
 
 def _check_statistics(
@@ -328,14 +333,14 @@ def _check_statistics(
         return
     total = plan.bound + extra
     said = (
-        f"the moments of every pair of the {layout.num_blocks + 1} block states "
+        f"the moments of the {layout.num_blocks + 1} block states (within a bound) "
         f"add about {extra / 2**30:.2f} GiB to the weights' bound: about "
         f"{total / 2**30:.2f} GiB in all"
     )
     if max_memory is not None and extra > plan.budget:
         raise ValueError(
             f"{said}; the moments alone exceed max_memory={max_memory!r}: give max_memory "
-            f"at least {extra / 2**30:.2f} GiB (the moments do not yet shrink with the budget)"
+            f"at least {extra / 2**30:.2f} GiB"
         )
     print(f"toast search: {said}", file=sys.stderr)
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from toast.core import Moments, error_matrix
+from toast.core.chunked import ChunkedMoments, PairMoments
 from toast.hf.data.calibration import Calibration
 from toast.spans import plan_spans
 
@@ -53,6 +54,8 @@ __all__ = [
     "Layout",
     "Needs",
     "Plan",
+    "SHARED_BYTES",
+    "SHARED_METRICS",
     "Shared",
     "Sizes",
     "Stages",
@@ -102,19 +105,48 @@ class Needs:
         return Needs(moments=self.moments or other.moments)
 
 
+#: The shared pass's moments above this many bytes keep the rows on disk
+#: (:class:`toast.core.chunked.ChunkedMoments`): the error tables of
+#: :data:`SHARED_METRICS` are then formed in one replay, a chunk at a time.
+#: "auto": 1 GiB, or what one pair's errors need when wider
+#: (:func:`toast.core.chunked.resolve_bound`).
+SHARED_BYTES: int | str = "auto"
+
+#: The metrics the methods read from the shared pass (GCV, no ridge).
+SHARED_METRICS = ("linear", "affine", "mse")
+
+
 @dataclass
 class Shared:
     """The shared pass: moments of every pair of block states (no folds:
     the generalised cross-validation estimator needs none) and the rows
-    massive in some state, for the blocks at ``block_path``."""
+    massive in some state, for the blocks at ``block_path``. Above
+    :data:`SHARED_BYTES` the moments are rows on disk and ``tables`` holds
+    every metric's errors (formed in one replay) and ``traces`` each
+    state's ``tr(XᵀX)``; :meth:`pairs` keeps what fits of chosen spans need
+    before :meth:`close` frees the rows."""
 
-    moments: Moments
+    moments: Moments | ChunkedMoments
     massive: MassiveRows | None
     block_path: str
+    tables: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    traces: np.ndarray | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        moments = self.moments
+        if isinstance(moments, ChunkedMoments) and not self.tables:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # as in errors()
+                found = moments.error_matrices([(m, "gcv", 0.0) for m in SHARED_METRICS])
+            self.tables = dict(zip(SHARED_METRICS, found, strict=True))
+            self.traces = moments.traces()
 
     def errors(self, metric: str) -> np.ndarray:
         """Every span's error in ``metric`` (GCV estimator, no ridge), NaN
         for spans beyond the pairs the moments reach."""
+        if metric in self.tables:
+            return self.tables[metric].copy()
+        assert isinstance(self.moments, Moments), f"{metric} is not a shared metric"
         with warnings.catch_warnings():
             # a search compares measured plans; ill-conditioned spans just rank badly
             warnings.simplefilter("ignore")
@@ -122,6 +154,26 @@ class Shared:
         far = np.triu(np.ones(table.shape, dtype=bool), self.moments.layout()["span"] + 1)
         table[far] = np.nan
         return table
+
+    def state_traces(self) -> np.ndarray:
+        """``tr(X_jᵀ X_j)`` of every state."""
+        if self.traces is None:
+            m = self.moments
+            assert isinstance(m, Moments)
+            self.traces = np.array([np.trace(m.cross(j, j)) for j in range(m.num_states)])
+        return self.traces
+
+    def pairs(self, spans: Iterable[tuple[int, int]]) -> Moments | PairMoments:
+        """What fits of ``spans`` read, kept beyond the pass: the whole
+        moments, or from rows on disk the two-state moments of those spans."""
+        if isinstance(self.moments, ChunkedMoments):
+            return PairMoments(self.moments, spans)
+        return self.moments
+
+    def close(self) -> None:
+        """Frees the rows on disk (the tables stay)."""
+        if isinstance(self.moments, ChunkedMoments):
+            self.moments.close()
 
 
 #: What the shared pass captures, in memory and from disk alike: every token
@@ -149,9 +201,11 @@ def capture_shared(
     calibration: Calibration,
     backend: str,
     max_blocks: int | None = None,
+    statistics_bytes: int | str = SHARED_BYTES,
 ) -> Shared:
     """The one pass over ``data`` that every method needing moments shares
-    (pairs up to ``max_blocks`` apart, see :func:`shared_pass`)."""
+    (pairs up to ``max_blocks`` apart, see :func:`shared_pass`; above
+    ``statistics_bytes`` the rows wait on disk, see :class:`Shared`)."""
     from toast.hf.capture.massive import MassiveRows
     from toast.hf.capture.states import capture_moments
 
@@ -165,9 +219,9 @@ def capture_shared(
             calibration=calibration,
             stack=layout.stack,
             observe=recorder,
+            statistics_bytes=statistics_bytes,
             **shared_pass(max_blocks),
         )
-    assert isinstance(moments, Moments)  # no statistics bound: whole moments
     return Shared(moments, recorder, stack.path)
 
 
@@ -177,6 +231,7 @@ def capture_shared_from_disk(
     calibration: Calibration,
     backend: str,
     max_blocks: int | None = None,
+    statistics_bytes: int | str = SHARED_BYTES,
 ) -> Shared:
     """:func:`capture_shared` for a checkpoint on disk, block by block: the
     same moments and massive rows (the accumulator and its order are the
@@ -193,9 +248,9 @@ def capture_shared_from_disk(
             backend=backend,  # type: ignore[arg-type]
             calibration=calibration,
             observe=recorder,
+            statistics_bytes=statistics_bytes,
             **shared_pass(max_blocks),
         )
-    assert isinstance(moments, Moments)  # no statistics bound: whole moments
     return Shared(moments, recorder, stack.path)
 
 

@@ -34,7 +34,7 @@ import torch
 
 from toast._scratch import scratch_place
 from toast.core import Moments, NonFiniteError, Pairs
-from toast.core.chunked import ChunkedMoments
+from toast.core.chunked import ChunkedMoments, resolve_bound
 from toast.core.moments import pair_span
 from toast.hf.capture.sequential import DiskModel, DiskStates, stream_blocks
 from toast.hf.capture.states import (
@@ -69,7 +69,7 @@ def capture_moments_from_disk(
     calibration: Calibration | None = None,
     buffer_dir: str | os.PathLike | None = None,
     observe: Observer | None = None,
-    statistics_bytes: int | None = None,
+    statistics_bytes: int | str | None = None,
 ) -> tuple[Moments | ChunkedMoments, BlockStack]:
     """The moments :func:`toast.hf.capture_moments` gives on the loaded model,
     from the checkpoint ``disk`` (see the module docstring: with a bounded
@@ -87,7 +87,8 @@ def capture_moments_from_disk(
     width = getattr(disk.model.config, "hidden_size", None)
     chunked = bound is not None and (
         not isinstance(width, int)
-        or Moments.estimate_nbytes(len(chosen), width, folds, pairs) > bound
+        or Moments.estimate_nbytes(len(chosen), width, folds, pairs)
+        > resolve_bound(bound, width, folds)
     )
     windowed = (
         span < len(chosen) - 1 and chosen == sorted(chosen) and observe is None and not chunked

@@ -20,7 +20,7 @@ from torch import nn
 
 from toast._validation import Options, check
 from toast.core import Moments, NonFiniteError, Pairs
-from toast.core.chunked import ChunkedMoments
+from toast.core.chunked import ChunkedMoments, resolve_bound
 from toast.core.errors import non_finite_error
 from toast.hf.capture.distributed import reduce_captured
 from toast.hf.capture.torch_moments import TorchMoments
@@ -362,7 +362,7 @@ def stream_states(
     return stack
 
 
-def statistics_bound(statistics_bytes: int | None, cal: Calibration) -> int | None:
+def statistics_bound(statistics_bytes: int | str | None, cal: Calibration) -> int | str | None:
     """The sink's bound: none under ``torch.distributed`` (the ranks sum
     whole moments), else ``statistics_bytes``."""
     return None if cal.is_distributed else statistics_bytes
@@ -400,7 +400,7 @@ def capture_moments(
     calibration: Calibration | None = None,
     stack: BlockStack | None = None,
     observe: Callable[[list[torch.Tensor], torch.Tensor | None], None] | None = None,
-    statistics_bytes: int | None = None,
+    statistics_bytes: int | str | None = None,
     **options: Any,
 ) -> tuple[Moments | ChunkedMoments, BlockStack]:
     """Runs ``model`` over ``loader`` and returns the moments of its states.
@@ -466,7 +466,7 @@ class MomentsSink:
         pairs: Pairs,
         precision: Literal["float64", "mixed"],
         backend: Literal["auto", "c", "torch"],
-        bound: int | None = None,
+        bound: int | str | None = None,
     ) -> None:
         self.states, self.folds, self.pairs = states, folds, pairs
         self.precision, self.backend, self.bound = precision, backend, bound
@@ -477,7 +477,7 @@ class MomentsSink:
         device = rows[0].device
         dim = int(rows[0].shape[-1])
         folds, pairs, precision = self.folds, self.pairs, self.precision
-        bound = self.bound
+        bound = None if self.bound is None else resolve_bound(self.bound, dim, folds)
         if bound is not None and Moments.estimate_nbytes(len(rows), dim, folds, pairs) > bound:
             return ChunkedMoments(len(rows), dim, folds, pairs, precision, bound)
         if uses_torch(self.backend, device):

@@ -42,10 +42,9 @@ class RemoveStats(Stats):
 def identity_errors(shared: Shared) -> np.ndarray:
     """``‖Y − X‖_F / ‖Y‖_F`` for every pair of states, from the core's
     ``mse`` (the mean of ``‖y − x‖²`` over rows; NaN where it is)."""
-    moments = shared.moments
-    norms = np.array([np.trace(moments.cross(j, j)) for j in range(moments.num_states)])
+    norms = shared.state_traces()
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.sqrt(shared.errors("mse") * moments.rows / norms[None, :])
+        return np.sqrt(shared.errors("mse") * shared.moments.rows / norms[None, :])
 
 
 class RemoveStages(BaseStages):

@@ -10,6 +10,7 @@ output of block ``s`` predicts the output of block ``e``).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -19,7 +20,7 @@ from torch import nn
 
 from toast._validation import Interval, Options, check
 from toast.core import METRICS, Moments, Pairs, error_matrix
-from toast.core.chunked import ChunkedMoments
+from toast.core.chunked import ChunkedMoments, PairMoments, pair_nbytes
 from toast.hf.capture.massive import MassiveRows
 from toast.hf.capture.states import Tokens, capture_moments
 from toast.hf.data.calibration import Calibration
@@ -38,7 +39,7 @@ class Analysis:
     """Moments of a model's states and the error matrix derived from them;
     ``massive`` the rows massive in some state, when recorded."""
 
-    moments: Moments | ChunkedMoments
+    moments: Moments | ChunkedMoments | PairMoments
     errors: np.ndarray
     metric: str
     estimator: str
@@ -58,7 +59,10 @@ class Analysis:
     def error_matrix(
         self, metric: str | None = None, estimator: str | None = None, ridge: float | None = None
     ) -> np.ndarray:
-        """Another metric from the same moments (no new pass over the data)."""
+        """Another metric from the same moments (no new pass over the data;
+        not from the pair moments a search's calibration keeps)."""
+        if isinstance(self.moments, PairMoments):
+            raise ValueError("the calibration kept the moments of its plans' spans only")
         return _errors(
             self.moments,
             metric or self.metric,
@@ -194,11 +198,30 @@ def _errors(
     not from disk, so the plans would differ); a chunk of states at a time
     from rows on disk (:class:`ChunkedMoments`, the same errors)."""
     if isinstance(moments, ChunkedMoments):
+        estimator = within_bound(moments, metric, estimator)
         return moments.error_matrices([(metric, estimator, ridge)])[0]
     errors = error_matrix(moments, metric=metric, estimator=estimator, ridge=ridge)
     far = np.triu(np.ones(errors.shape, dtype=bool), moments.layout()["span"] + 1)
     errors[far] = np.nan
     return errors
+
+
+def within_bound(moments: Moments | ChunkedMoments, metric: str, estimator: Any) -> Any:
+    """``estimator``, or ``"gcv"`` (warned) when the held-out errors' fold
+    statistics of one source and one target exceed the bound of the rows
+    on disk and generalised cross-validation, which needs no folds, fits."""
+    held_out = metric in ("linear", "affine") and estimator == "cv"
+    if not held_out or not isinstance(moments, ChunkedMoments) or moments.fits_folds():
+        return estimator
+    need = pair_nbytes(moments.dim, moments.folds)
+    warnings.warn(
+        f"toast: the {moments.folds} folds' statistics of one pair of states of width "
+        f"{moments.dim} need {need / 2**30:.2f} GiB, more than statistics_bytes="
+        f"{moments.bound / 2**30:.2f} GiB: the errors use estimator='gcv' (no folds) instead; "
+        f"give statistics_bytes >= {need:,} to keep 'cv'",
+        stacklevel=3,
+    )
+    return "gcv"
 
 
 def analyze(
@@ -216,7 +239,7 @@ def analyze(
     calibration: Calibration | None = None,
     stack: BlockStack | None = None,
     massive_rows: bool = False,
-    statistics_bytes: int | None = None,
+    statistics_bytes: int | str | None = None,
     **options: Any,
 ) -> Analysis:
     """One pass of ``model`` over ``loader`` → the block error matrix.
@@ -255,6 +278,7 @@ def analyze(
         observe=recorder,
         statistics_bytes=statistics_bytes,
     )
+    estimator = within_bound(moments, metric, estimator)
     errors = _errors(moments, metric, estimator, ridge)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)
 
@@ -273,7 +297,7 @@ def analyze_from_disk(
     calibration: Calibration | None = None,
     buffer_dir: str | os.PathLike | None = None,
     massive_rows: bool = False,
-    statistics_bytes: int | None = None,
+    statistics_bytes: int | str | None = None,
     **options: Any,
 ) -> Analysis:
     """:func:`analyze` of the checkpoint in ``folder`` without loading the
@@ -302,5 +326,6 @@ def analyze_from_disk(
         observe=recorder,
         statistics_bytes=statistics_bytes,
     )
+    estimator = within_bound(moments, metric, estimator)
     errors = _errors(moments, metric, estimator, ridge)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)

@@ -13,8 +13,10 @@ from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens
 __all__ = ["CLOSED_FORM", "STATISTICS_BYTES", "TRAINED", "ToastConfig"]
 
 #: The analysis's moments above this many bytes keep the rows on disk
-#: instead and form the errors a chunk of states at a time (the same errors).
-STATISTICS_BYTES = 1 << 30
+#: instead and form the errors a chunk of states at a time (the same errors):
+#: "auto" is 1 GiB, or what one pair's held-out errors need when wider
+#: (:func:`toast.core.chunked.resolve_bound`).
+STATISTICS_BYTES: int | Literal["auto"] = "auto"
 
 CLOSED_FORM = ("identity", "linear", "affine", "diagonal", "orthogonal")
 TRAINED = ("mlp", "resmlp")
@@ -77,7 +79,7 @@ class ToastConfig:
     check_fraction: float = 0.1
     fallback: bool = True
     massive_rows: Literal["fit", "plain"] = "plain"
-    statistics_bytes: int = STATISTICS_BYTES
+    statistics_bytes: int | Literal["auto"] = STATISTICS_BYTES
     calibration: Calibration = field(default_factory=Calibration)
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -100,7 +102,7 @@ class ToastConfig:
         "check_fraction": [Interval(float, 0, 0.5, closed="both")],
         "fallback": [bool],
         "massive_rows": [Options(("fit", "plain"))],
-        "statistics_bytes": [Interval(int, 1, None)],
+        "statistics_bytes": [Interval(int, 1, None), Options(("auto",))],
         "calibration": [Calibration],
     }
 

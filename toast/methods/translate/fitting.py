@@ -10,7 +10,7 @@ from collections.abc import Collection, Iterable
 from torch import nn
 
 from toast.core import IllConditionedWarning, Moments, Translator, fit_translator
-from toast.core.chunked import ChunkedMoments
+from toast.core.chunked import ChunkedMoments, PairMoments
 from toast.core.errors import explain_rank_deficiency
 from toast.core.solvers import gram_rank
 from toast.hf.capture.distributed import broadcast_module
@@ -96,7 +96,7 @@ class Fitter:
         moments (with its massive rows, when it recorded them): all a
         closed form needs, in memory or from disk."""
         massive, moments = analysis.massive, analysis.moments
-        if not isinstance(moments, ChunkedMoments):
+        if not isinstance(moments, (ChunkedMoments, PairMoments)):
             return [self.closed_form(moments, s.start, s.stop, massive) for s in spans]
         # rows on disk: each span's fit from the moments of its two states
         return [

@@ -32,6 +32,7 @@ from toast.methods.stages import (
     Sizes,
     Stats,
     span_family_plans,
+    span_plans,
 )
 from toast.methods.translate.analysis import Analysis
 from toast.methods.translate.config import ToastConfig
@@ -71,8 +72,16 @@ class ToastStages(BaseStages):
     ) -> ToastStats:
         assert shared is not None  # needs() asked for it
         errors = {kind: shared.errors(kind) for kind in TRANSLATORS}
+        # what the fits of every span its plans can hold read (not the rows on disk)
+        spans = {
+            span
+            for kind in TRANSLATORS
+            for n in range(1, max_blocks + 1)
+            for plan in span_plans(errors[kind], n)
+            for span in plan
+        }
         analysis = Analysis(
-            shared.moments,
+            shared.pairs(spans),
             errors["linear"],
             "linear",
             "gcv",
