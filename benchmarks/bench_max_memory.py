@@ -3,7 +3,7 @@ on a checkpoint twice the budget's size, peak measured from outside.
 
 A random-weight Llama of 0.92 B parameters (hidden 2,048, 16 blocks, 16
 heads, 4 KV heads, MLP 5,632, SmolLM2's tokenizer and vocabulary of 49,152),
-bfloat16, in 4 safetensors shards (1.72 GiB), is generated shard by shard
+bfloat16, in 5 safetensors shards (1.72 GiB), is generated shard by shard
 into ``--work`` (kept for reruns), with ``--chars`` characters of English
 sentences (the standard library's docstrings, one per line) as its
 calibration text. Then, as a user would type it::
@@ -208,12 +208,13 @@ def _markdown(r: dict, path: Path) -> None:
         "# A memory budget from outside (`bench_max_memory.py`)",
         "",
         f"`{r['command']}` on a random bf16 Llama of {gib:.2f} GiB of safetensors",
-        f"(4 shards), {r['chars']:,} characters of text. Peak anonymous resident memory of the",
+        f"(5 shards), {r['chars']:,} characters of text. Peak anonymous resident memory of the",
         "process and its children, polled every 0.2 s from outside.",
         "",
         "| exit | wall | peak RssAnon | reloaded (blocks, finite logits, dtype) |",
         "|---|---|---|---|",
-        f"| {r['returncode']} | {r['wall_s']:.0f} s | {r['peak_rss_anon_mib']:,} MiB | {r['reloaded']} |",
+        f"| {r['returncode']} | {r['wall_s']:.0f} s | {r['peak_rss_anon_mib']:,} MiB "
+        f"| {r['reloaded']} |",
         "",
         f"Machine: {r['cpus']} cores, load average before {r['load_before'][0]:.2f}, after "
         f"{r['load_after'][0]:.2f}.",

@@ -185,15 +185,28 @@ class NetworkAccessError(RuntimeError):
     """A test tried to reach a non-loopback address."""
 
 
+# ru_maxrss cannot serve: Linux keeps the parent's high-water mark across
+# fork and exec, so once pytest has grown past the child's peak every figure
+# would be pytest's. The child resets its own VmHWM and reads it.
 _MEMORY_PRELUDE = """
-import json, os, resource, sys
+import json, os, sys
 
 def rss_mib():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
+def _status_mib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(field + " is not in /proc/self/status")
+
 def peak_mib():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return _status_mib("VmHWM")
+
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM := the current RSS
 """
 
 

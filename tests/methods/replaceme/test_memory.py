@@ -55,3 +55,46 @@ def test_ls_calibration_peak_memory_does_not_grow_with_the_samples():
     # sample: 6 MiB at 48 samples, 48 MiB at 384.
     held = (384 - 48) * 2 * 128 * 128 * 4 / 2**20
     assert large["growth"] - small["growth"] < 0.25 * held, (small, large)
+
+
+_DISK_SCRIPT = """
+    import tempfile
+    import torch, transformers
+    from toast.hf.capture.sequential import DiskModel
+    from toast.methods.replaceme.config import ReplaceMeConfig
+    from toast.methods.replaceme.disk import profile_from_disk
+
+    torch.set_num_threads(1)
+    samples = int(sys.argv[1])
+    cfg = transformers.LlamaConfig(vocab_size=500, hidden_size=1024, intermediate_size=64,
+                                   num_hidden_layers=3, num_attention_heads=8,
+                                   num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    folder = tempfile.mkdtemp()
+    transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
+
+    def batches(n):
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(n // 64):
+            ids = torch.randint(3, 500, (64, 4), generator=gen)
+            yield {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    config = ReplaceMeConfig.from_options(None, {"num_blocks": 1, "progress": False})
+    profile_from_disk(DiskModel.open(folder), list(batches(64)), config)  # warm-up
+    before = rss_mib()
+    profile = profile_from_disk(DiskModel.open(folder), list(batches(samples)), config)
+    data = 4 * samples * 4 * 4  # the batches' ids and masks themselves
+    print(json.dumps({"rows": profile.rows, "growth": peak_mib() - before - data / 2**20}))
+"""
+
+
+def test_distance_profile_from_disk_peak_memory_does_not_grow_with_the_samples():
+    small, large = (
+        run_fresh(_DISK_SCRIPT, n, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+        for n in (512, 4096)
+    )
+    assert (small["rows"], large["rows"]) == (512, 4096)
+    # Holding every state's last-token rows in memory: 4 states x 1024 x 4
+    # bytes a sample, 56 MiB more at 4,096 samples than at 512.
+    held = (4096 - 512) * 4 * 1024 * 4 / 2**20
+    assert large["growth"] - small["growth"] < 0.25 * held, (small, large)

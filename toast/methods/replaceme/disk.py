@@ -94,7 +94,9 @@ def profile_from_disk(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) 
     """The distance profile of :func:`toast.methods.replaceme.profile_distances`,
     one block at a time."""
     rows = ProfileRows(config.distance_tokens, config.include_padding)
-    kept: dict[int, list[torch.Tensor]] = {}  # per batch, each state's profile rows
+    # every state's profile rows wait on disk until the last state is known
+    # (a row per sequence per state: in memory they grow with the data)
+    kept = DiskStates(config.buffer_dir, disk.dtype)
     keeps: list[torch.Tensor | None] = []
 
     def on_state(state: int, batch: int, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
@@ -102,18 +104,23 @@ def profile_from_disk(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) 
         if state == 0:
             rows.count(hidden, mask)
             keeps.append(keep)
-        kept.setdefault(batch, []).append(flat.clone())
+        kept.append(flat)
 
-    stream_blocks(
-        disk,
-        data,
-        on_state,
-        config.calibration,
-        buffer_dir=config.buffer_dir,
-        desc="replaceme: distances (sequential)",
-    )
-    for batch, keep in enumerate(keeps):
-        rows.add(kept.pop(batch), keep)
+    try:
+        stream_blocks(
+            disk,
+            data,
+            on_state,
+            config.calibration,
+            buffer_dir=config.buffer_dir,
+            desc="replaceme: distances (sequential)",
+        )
+        batches = len(keeps)  # written state by state: state s of batch b is s * batches + b
+        for batch, keep in enumerate(keeps):
+            states = range(batch, len(kept.shapes), batches)
+            rows.add([kept.read(i) for i in states], keep)
+    finally:
+        kept.close()
     return rows.profile(disk.stack.path)
 
 
