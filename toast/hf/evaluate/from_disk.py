@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -51,7 +51,7 @@ class SequentialEvaluator(Evaluator):
         buffer_dir: str | os.PathLike | None = None,
         top_k: int = DEFAULT_TOP_K,
     ) -> None:
-        super().__init__(heldout, metric, progress, top_k)
+        super().__init__(_RowChunks(heldout, _vocabulary(disk)), metric, progress, top_k)
         self.disk, self.buffer_dir = disk, buffer_dir
         self.edits = BlockEdits()
 
@@ -90,6 +90,50 @@ class SequentialEvaluator(Evaluator):
                     yield from super().outputs(model, label)
             finally:
                 disk.release()
+
+
+#: Bytes of one forward's logits at most (float32), where a batch can be split.
+LOGIT_BYTES = 64 * 2**20
+
+
+def _vocabulary(disk: DiskModel) -> int:
+    head = disk.model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
+
+
+class _RowChunks:
+    """The held-out batches, each cut into consecutive runs of rows whose
+    logits (tokens x vocabulary x 4 bytes) stay within :data:`LOGIT_BYTES`:
+    a batch of 8 x 512 tokens of a 49k vocabulary would otherwise hold
+    800 MB of logits, and as much again for their log-softmax. Rows are
+    scored independently, so the metrics are the whole batches' (sums in
+    another order); every pass of the evaluator sees the same cut."""
+
+    def __init__(self, batches: Iterable, vocabulary: int) -> None:
+        self.batches, self.vocabulary = batches, vocabulary
+        self.sampler = getattr(batches, "sampler", None)  # what the order check reads
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.batches:
+            yield from _cut(batch, self.vocabulary)
+
+
+def _cut(batch: Any, vocabulary: int) -> Iterator[Any]:
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    if vocabulary <= 0 or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        yield batch
+        return
+    rows, tokens = ids.shape
+    per = max(1, LOGIT_BYTES // max(1, tokens * vocabulary * 4))
+    if per >= rows:
+        yield batch
+        return
+    for lo in range(0, rows, per):
+        yield {
+            k: v[lo : lo + per] if isinstance(v, torch.Tensor) and v.shape[:1] == (rows,) else v
+            for k, v in batch.items()
+        }
 
 
 def _ignore(state: int, batch: int, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
