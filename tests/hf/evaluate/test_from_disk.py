@@ -151,5 +151,6 @@ def test_batches_cut_to_bound_the_logits_measure_what_whole_batches_do(tmp_path,
         got = SequentialEvaluator(disk, data, progress=False).measure(disk.model)
     finally:
         handle.remove()
-    assert rows > 1 and set(calls) == {1} and len(calls) == sum(b["input_ids"].shape[0] for b in data)
+    assert rows > 1 and set(calls) == {1}
+    assert len(calls) == sum(b["input_ids"].shape[0] for b in data)
     assert got == pytest.approx(expected, rel=1e-5)

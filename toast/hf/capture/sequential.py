@@ -32,7 +32,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -334,8 +334,7 @@ class DiskModel:
     def _untied_embedding(self) -> str | None:
         """The state-dict prefix of the input embedding when the checkpoint
         has a head of its own (so the embedding can stay unloaded)."""
-        inputs = self.model.get_input_embeddings()
-        head = self.model.get_output_embeddings()
+        inputs, head = self.embedding("input"), self.embedding("output")
         if inputs is None or head is None:
             return None
         named = {id(m): n for n, m in self.model.named_modules()}
@@ -347,9 +346,15 @@ class DiskModel:
             return None  # one tensor serves both
         return input_name + "."
 
+    def embedding(self, which: Literal["input", "output"]) -> nn.Module | None:
+        """The model's input embedding or its head (None: it has none)."""
+        get = getattr(self.model, f"get_{which}_embeddings", None)
+        found = get() if callable(get) else None
+        return found if isinstance(found, nn.Module) else None
+
     def skipped_embedding(self) -> nn.Module | None:
         """The input embedding when :meth:`prepare` left it unloaded."""
-        inputs = self.model.get_input_embeddings()
+        inputs = self.embedding("input")
         params = list(inputs.parameters()) if inputs is not None else []
         return inputs if params and all(p.is_meta for p in params) else None
 

@@ -97,8 +97,7 @@ LOGIT_BYTES = 64 * 2**20
 
 
 def _vocabulary(disk: DiskModel) -> int:
-    head = disk.model.get_output_embeddings()
-    weight = getattr(head, "weight", None)
+    weight = getattr(disk.embedding("output"), "weight", None)
     return int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
 
 
@@ -159,7 +158,8 @@ def _replayed(disk: DiskModel, swept: Swept) -> Iterator[None]:
         return final[0]
 
     embedding = disk.skipped_embedding()
-    width = 0 if embedding is None else int(embedding.weight.shape[-1])
+    weight = getattr(embedding, "weight", None)
+    width = int(weight.shape[-1]) if isinstance(weight, torch.Tensor) else 0
 
     def zeros(ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         # what the blocks would read is replaced: only the shape, dtype and
