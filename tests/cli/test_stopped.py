@@ -43,7 +43,7 @@ _HELD_AT_BLOCK_1 = textwrap.dedent(
 def _argv(local_llama, out):
     model, data = str(local_llama / "model"), str(local_llama / "calib.txt")
     return ["compress", model, "--data", data, "--method", "replaceme", "--num-blocks", "1"] + [
-        "--max-memory", "1KiB", "--no-progress", "--out", str(out),
+        "--path", "disk", "--no-progress", "--out", str(out),
     ]  # fmt: skip
 
 

@@ -156,17 +156,17 @@ def test_toast_vit_finds_the_blocks_once(discoveries):
     assert discoveries == {"find_blocks": 0, "vit_blocks": 1}
 
 
-@pytest.mark.parametrize("max_memory", ["1KiB", "64GiB"], ids=["from disk", "in memory"])
+@pytest.mark.parametrize("sequential", [True, False], ids=["from disk", "in memory"])
 @pytest.mark.parametrize(
     ("method", "options"),
     [("toast", {"budget": 2, "estimator": "gcv"}), ("replaceme", {"num_blocks": 2})],
 )
 def test_compress_on_a_folder_finds_the_blocks_once_on_either_path(
-    method, options, max_memory, discoveries, tmp_path
+    method, options, sequential, discoveries, tmp_path
 ):
     decoder("llama").save_pretrained(tmp_path / "source")
     toast.compress(
         tmp_path / "source", text_loader(n=16), method=method, output=tmp_path / "out",
-        max_memory=max_memory, progress=False, **options,
+        sequential=sequential, progress=False, **options,
     )  # fmt: skip
     assert discoveries == {"find_blocks": 1, "vit_blocks": 0}

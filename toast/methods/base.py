@@ -57,6 +57,13 @@ if TYPE_CHECKING:
 #: before the model changes.
 BeforeSurgery = Callable[["Sequence[Span]", "BlockStack"], None]
 
+#: ``within_memory(config, states, width, room)``: ``config`` with its
+#: statistics fitted to ``room`` bytes for ``states`` block states of width
+#: ``width`` (a bound lowered, fewer candidates held at once), and what they
+#: then take as ``(label, bytes)`` parts: the least they can take when even
+#: that exceeds ``room`` (the plan then refuses the run).
+WithinMemory = Callable[[Any, int, int, int], "tuple[Any, list[tuple[str, int]]]"]
+
 __all__ = [
     "BaseStages",
     "Layout",
@@ -68,6 +75,7 @@ __all__ = [
     "Sizes",
     "Stages",
     "Stats",
+    "WithinMemory",
     "best_windows",
     "capture_shared",
     "capture_shared_from_disk",
@@ -142,7 +150,9 @@ class Method:
     ``run_from_disk(disk, batches, output, config, heldout=...)``,
     when the method has one, does it block by block on a checkpoint that
     stays on disk and writes the result to ``output``
-    (:mod:`toast.methods.pipeline`).
+    (:mod:`toast.methods.pipeline`), its statistics fitted to what
+    ``max_memory`` leaves by ``within_memory`` (:data:`WithinMemory`; None:
+    they take no memory worth planning).
     """
 
     name: str
@@ -152,6 +162,7 @@ class Method:
     summary: str = ""
     stages: Stages | None = None
     run_from_disk: Callable[..., Report] | None = None
+    within_memory: WithinMemory | None = None
 
 
 _REGISTRY: dict[str, Method] = {}

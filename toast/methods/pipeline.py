@@ -32,7 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from toast._scratch import hidden_sibling
-from toast.hf.capture.budget import plan_checkpoint
+from toast.hf.capture.budget import (
+    available_memory,
+    parse_size,
+    plan_checkpoint,
+    say_plan,
+    sequential_parts,
+)
 from toast.methods.runner import prepare_data, run_method
 
 if TYPE_CHECKING:
@@ -76,6 +82,7 @@ def compress_folder(
     progress = getattr(getattr(config, "calibration", None), "progress", True)
     disk = _disk_path(method, source, config, max_memory, sequential, progress)
     if disk is not None:
+        config = _within_memory(method, config, disk, max_memory)
         if dtype is not None or device is not None:
             _say(
                 "the block-by-block path computes on the CPU (dtype: calibration.compute_dtype)",
@@ -143,6 +150,22 @@ def _disk_path(
         command=_COMMAND,
     )
     return disk
+
+
+def _within_memory(method: Method, config: Any, disk: Any, max_memory: int | str | None) -> Any:
+    """``config`` with the method's statistics fitted to what ``max_memory``
+    leaves beside the block-by-block path's own parts; the plan printed,
+    and the run refused before any pass when even the least does not fit."""
+    budget = available_memory() if max_memory is None else parse_size(max_memory)
+    parts = sequential_parts(disk)
+    if method.within_memory is not None:
+        width = int(getattr(disk.model.config, "hidden_size", 0) or 0)
+        room = max(budget - sum(n for _, n in parts), 0)
+        if width:
+            config, statistics = method.within_memory(config, disk.num_blocks + 1, width, room)
+            parts += statistics
+    say_plan(_COMMAND, parts, budget)
+    return config
 
 
 def _say(reason: str, progress: bool) -> None:

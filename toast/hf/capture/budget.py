@@ -30,11 +30,15 @@ if TYPE_CHECKING:  # torch stays unimported: the CLI parses sizes before loading
     from toast.hf.model.checkpoint import Checkpoint
 
 __all__ = [
+    "BudgetError",
     "MemoryPlan",
     "available_memory",
+    "human_size",
     "memory_plan",
     "parse_size",
     "plan_checkpoint",
+    "say_plan",
+    "sequential_parts",
 ]
 
 _log = logging.getLogger(__name__)
@@ -175,3 +179,78 @@ def _said(plan: MemoryPlan, progress: bool, command: str) -> MemoryPlan:
     if plan.sequential or progress:
         print(f"{command}: {plan.reason}", file=sys.stderr)
     return plan
+
+
+class BudgetError(ValueError):
+    """A run's memory plan exceeds ``max_memory``: refused before any pass."""
+
+
+#: Bytes of logits one held-out forward holds at most, with their
+#: log-softmax and the fidelity scores (``toast.hf.evaluate.from_disk.LOGIT_BYTES``
+#: times three).
+LOGIT_ALLOWANCE = 3 * 64 * 2**20
+
+
+def sequential_parts(disk: DiskModel) -> list[tuple[str, int]]:
+    """What the block-by-block path itself holds at its peak, by part: one
+    block in the compute dtype with the largest tensor as read (a 16-bit
+    checkpoint is widened tensor by tensor), and the larger of the input
+    embedding (stage 0) and the head with one held-out forward's logits
+    (the held-out passes, which leave an untied embedding unloaded). Not
+    counted: the interpreter and its libraries (measured apart, stated in
+    ``docs/large-models.md``) and the method's statistics."""
+    tensors = disk.checkpoint.tensors
+    ratio = _itemsize(disk.dtype) / _itemsize(disk.checkpoint.dtype)
+    block = int(disk.largest_block_bytes() * ratio)
+    largest = max((t.nbytes for t in tensors.values()), default=0)
+    parts = [("one block", block + largest)]
+    outside = []
+    for which in ("input", "output"):
+        module = disk.embedding(which)
+        weight = getattr(module, "weight", None)
+        if weight is not None:
+            numel = 1
+            for size in weight.shape:
+                numel *= int(size)
+            outside.append(numel * _itemsize(disk.dtype))
+    if len(outside) == 2:
+        parts.append(("embedding or head", max(outside[0], outside[1] + LOGIT_ALLOWANCE)))
+    elif outside:
+        parts.append(("embedding", outside[0]))
+    return parts
+
+
+def _itemsize(dtype: object) -> int:
+    import torch
+
+    assert isinstance(dtype, torch.dtype)
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def human_size(nbytes: float) -> str:
+    """``1.50 GiB``, ``512 MiB``: bytes for a person."""
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.2f} GiB"
+    return f"{nbytes / 2**20:.0f} MiB"
+
+
+def say_plan(
+    command: str,
+    parts: list[tuple[str, int]],
+    budget: int,
+    fix: str = "raise --max-memory (max_memory=)",
+) -> None:
+    """Prints the memory plan of a block-by-block run (``command: memory
+    plan: part X + part Y = Z (max_memory B)``; said as the path is, with
+    or without ``progress``) and refuses, before any pass, when its parts
+    exceed ``budget``, naming the least budget and ``fix``."""
+    total = sum(n for _, n in parts)
+    line = " + ".join(f"{label} {human_size(n)}" for label, n in parts)
+    plan = f"memory plan: {line} = {human_size(total)} (max_memory {human_size(budget)})"
+    _log.info("%s: %s", command, plan)
+    print(f"{command}: {plan}", file=sys.stderr)
+    if total > budget:
+        raise BudgetError(
+            f"{command}: {plan}: the block-by-block path needs at least {human_size(total)} "
+            f"besides the interpreter; {fix}"
+        )

@@ -155,6 +155,12 @@ class ReplaceMeConfig:
     (:mod:`toast.methods.replaceme.check`; in-memory, independent fits);
     a cut whose fit won is fitted again on every batch (one more pass).
     ``check_fraction=0`` is the paper's protocol: every batch fits.
+
+    **Memory**: ``cuts_at_once`` fits at most that many cuts (candidates
+    included) in one estimation pass, each holding its float64 statistics
+    (two ``d x d`` panels); None fits them all at once. Fits are
+    independent, so the result is the same with more passes. From disk,
+    ``max_memory`` sets it when all at once would not fit.
     """
 
     num_blocks: int | None = None
@@ -183,6 +189,7 @@ class ReplaceMeConfig:
     check_fraction: float = 0.1
     fallback: bool = True
     candidates: int = 4
+    cuts_at_once: int | None = None
     include_padding: bool = False
     max_buffer_bytes: int = 8 * 2**30
     buffer_dtype: Any = np.float32
@@ -219,6 +226,7 @@ class ReplaceMeConfig:
         "check_fraction": [Interval(float, 0, 0.5, closed="both")],
         "fallback": [bool],
         "candidates": [Interval(int, 1, None)],
+        "cuts_at_once": [Interval(int, 1, None), None],
         "include_padding": [bool],
         "max_buffer_bytes": [Interval(int, 1, None)],
         "buffer_dtype": [Predicate(_is_dtype, "a floating-point NumPy dtype")],

@@ -396,7 +396,7 @@ def fit_checked(
     every batch. With candidate windows (``pool``), each is fitted and
     measured alone and the best becomes the cut. Returns the cuts, their
     fits, the rows used, the checks and every candidate's measurement."""
-    fitted, rows = estimation.fit(pool or spans)
+    fitted, rows = _fit_at_most(estimation, pool or spans, estimation.config.cuts_at_once)
     if note:
         return spans, fitted, rows, [], []
     transforms = [f.transform for f in fitted]
@@ -412,6 +412,21 @@ def fit_checked(
     k = best_candidate(candidates)
     fitted, rows = _refit(estimation, [pool[k]], [kept[k]], split.data, rows)
     return [pool[k]], fitted, rows, [measured[k]], candidates
+
+
+def _fit_at_most(
+    estimation: Fits, cuts: Sequence[Span], at_once: int | None
+) -> tuple[list[Fitted], int]:
+    """Every cut fitted, ``at_once`` of them a pass (None: all in one): the
+    fits are independent, so only the passes and the memory differ."""
+    step = len(cuts) if at_once is None else at_once
+    fitted: list[Fitted] = []
+    rows = 0
+    for lo in range(0, len(cuts), max(step, 1)):
+        part, used = estimation.fit(list(cuts[lo : lo + step]))
+        fitted += part
+        rows = max(rows, used)
+    return fitted, rows
 
 
 def _refit(

@@ -42,6 +42,7 @@ from toast.methods.replaceme.estimate import (
     fits_sequentially,
 )
 from toast.methods.replaceme.fold import apply_cuts, check_cuts
+from toast.methods.replaceme.memory import within_memory
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.methods.replaceme.stages import STAGES
 from toast.methods.runner import run_method, split_text_options
@@ -176,5 +177,6 @@ METHOD = register(
         summary="remove blocks, fold a least-squares or cosine transform into the last kept one",
         stages=STAGES,
         run_from_disk=replaceme_from_disk,
+        within_memory=within_memory,
     )
 )

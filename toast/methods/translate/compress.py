@@ -20,6 +20,7 @@ from toast.methods.translate.analysis import Analysis, analyze
 from toast.methods.translate.check import check_translators
 from toast.methods.translate.config import ToastConfig
 from toast.methods.translate.fitting import Fitter, records_massive_rows
+from toast.methods.translate.memory import within_memory
 from toast.methods.translate.report import CompressionReport
 from toast.methods.translate.stages import STAGES
 from toast.spans import Span, validate_spans
@@ -181,5 +182,6 @@ METHOD = register(
         stages=STAGES,
         # from_disk builds on this module: imported when a folder goes block by block
         run_from_disk=deferred("toast.methods.translate.from_disk", "compress_from_disk"),
+        within_memory=within_memory,
     )
 )

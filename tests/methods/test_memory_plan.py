@@ -1,0 +1,83 @@
+"""The block-by-block path plans its peak before any pass: one block, the
+embedding or head, the method's statistics fitted to what ``max_memory``
+leaves; printed, and refused up front when even the least does not fit."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import toast  # noqa: E402
+from tests._helpers import replaceme_models as R  # noqa: E402
+from toast.hf.capture.budget import BudgetError, sequential_parts  # noqa: E402
+from toast.hf.capture.sequential import DiskModel  # noqa: E402
+from toast.methods.replaceme import replaceme  # noqa: E402
+from toast.methods.replaceme.config import ReplaceMeConfig  # noqa: E402
+from toast.methods.replaceme.memory import within_memory as replaceme_within  # noqa: E402
+from toast.methods.translate.config import ToastConfig  # noqa: E402
+from toast.methods.translate.memory import within_memory as toast_within  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+
+@pytest.fixture
+def source(tmp_path):
+    R.decoder("llama").save_pretrained(tmp_path / "source")
+    return tmp_path / "source"
+
+
+def test_the_plan_is_printed_before_the_pass_with_every_part(source, tmp_path, capsys):
+    toast.compress(
+        source, R.text_loader(), method="replaceme", num_blocks=1, output=tmp_path / "out",
+        sequential=True, progress=True,
+    )  # fmt: skip
+    said = capsys.readouterr().err
+    plan = next(line for line in said.splitlines() if "memory plan:" in line)
+    assert "one block" in plan and "embedding or head" in plan and "statistics" in plan
+    assert said.index("memory plan:") < said.index("distances")
+
+
+def test_a_budget_below_the_plans_least_is_refused_before_any_pass(source, tmp_path):
+    parts = sequential_parts(DiskModel.open(source))
+    least = sum(n for _, n in parts)
+    with pytest.raises(BudgetError, match="needs at least .* raise --max-memory"):
+        toast.compress(
+            source, R.text_loader(), method="toast", budget=1, output=tmp_path / "out",
+            sequential=True, max_memory=least // 2, progress=False,
+        )  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
+def test_replaceme_holds_fewer_cuts_a_pass_when_all_do_not_fit():
+    config = ReplaceMeConfig(num_blocks=2, candidates=4)
+    d = 512
+    fitted, parts = replaceme_within(config, 9, d, room=7 * d * d * 8)  # 4 for the solve + 1 cut
+    assert fitted.cuts_at_once == 1
+    assert parts[0][1] == (2 + 4) * d * d * 8
+    roomy, _ = replaceme_within(config, 9, d, room=100 * d * d * 8)
+    assert roomy.cuts_at_once is None
+
+
+def test_replaceme_fitted_a_cut_a_pass_equals_all_cuts_in_one_pass():
+    data = R.text_loader(n=80, batch_size=4)  # 20 batches: 2 held out to choose among 4 cuts
+    _, one = replaceme(R.decoder("llama"), data, num_blocks=1, cuts_at_once=1, progress=False)
+    _, all_ = replaceme(R.decoder("llama"), data, num_blocks=1, progress=False)
+    assert len(all_.candidates) == 4 and one.spans == all_.spans
+    assert [c.used for c in one.candidates] == [c.used for c in all_.candidates]
+    assert all((a == b).all() for a, b in zip(one.transforms, all_.transforms, strict=True))
+
+
+def test_toast_statistics_bound_is_lowered_to_the_room_and_never_below_one_pair():
+    from toast.core.chunked import JOIN_BYTES, pair_nbytes
+
+    config = ToastConfig(budget=2)
+    d, states = 1024, 17
+    fitted, parts = toast_within(config, states, d, room=JOIN_BYTES + pair_nbytes(d, 0) + 1)
+    assert fitted.statistics_bytes == pair_nbytes(d, 0) + 1
+    assert parts == [("moments, chunked from disk", pair_nbytes(d, 0) + 1 + JOIN_BYTES)]
+    starved, parts = toast_within(config, states, d, room=0)
+    assert starved.statistics_bytes == pair_nbytes(d, 0)  # the least, which the plan refuses
+    small, parts = toast_within(ToastConfig(budget=2), 5, 32, room=2**30)
+    assert small.statistics_bytes == "auto" and parts[0][0] == "moments"

@@ -1,0 +1,47 @@
+"""ReplaceMe's statistics within a memory budget (the block-by-block path's
+plan, :data:`toast.methods.base.WithinMemory`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from toast.methods.replaceme.config import ReplaceMeConfig
+
+__all__ = ["within_memory"]
+
+#: ``d x d`` float64 panels each cut holds through the estimation pass (the
+#: Gram of its input and its cross product with the target).
+PANELS_PER_CUT = 2
+#: ``d x d`` float64 matrices the solve of one cut works in, one cut at a time.
+SOLVE_MATRICES = 4
+
+
+def _cuts_fitted(config: ReplaceMeConfig) -> int:
+    """The cuts the first estimation pass fits: every candidate window when
+    the cut is chosen by measurement, else the cuts themselves."""
+    if config.objective == "identity":
+        return 0
+    if config.spans is not None:
+        return len(config.spans)
+    if config.num_cuts == 1 and config.candidates > 1:
+        return config.candidates
+    return config.num_cuts
+
+
+def within_memory(
+    config: ReplaceMeConfig, states: int, width: int, room: int
+) -> tuple[ReplaceMeConfig, list[tuple[str, int]]]:
+    """``config`` with ``cuts_at_once`` lowered so that the cuts fitted in
+    one pass fit ``room`` bytes (one at least), and what they take."""
+    cuts = _cuts_fitted(config)
+    if cuts == 0:
+        return config, []
+    per_cut = PANELS_PER_CUT * width * width * 8
+    solve = SOLVE_MATRICES * width * width * 8
+    at_once = min(cuts, config.cuts_at_once or cuts)
+    fits = max(1, (room - solve) // per_cut)
+    if fits < at_once:
+        at_once = int(fits)
+        config = dataclasses.replace(config, cuts_at_once=at_once)
+    label = f"statistics ({at_once} of {cuts} cut(s) a pass)"
+    return config, [(label, at_once * per_cut + solve)]
