@@ -202,7 +202,10 @@ def sequential_parts(disk: DiskModel) -> list[tuple[str, int]]:
     tensors = disk.checkpoint.tensors
     ratio = _itemsize(disk.dtype) / _itemsize(disk.checkpoint.dtype)
     block = int(disk.largest_block_bytes() * ratio)
-    largest = max((t.nbytes for t in tensors.values()), default=0)
+    largest = max(
+        (tensors[k].nbytes for b in range(disk.num_blocks) for k in disk.block_keys(b).values()),
+        default=0,
+    )
     parts = [("one block", block + largest)]
     outside = []
     for which in ("input", "output"):
