@@ -111,10 +111,19 @@ class Shared:
     moments: Moments
     massive: MassiveRows | None
     block_path: str
+    #: the tables computed, by metric: several methods ask for the same one
+    #: (TOAST's and ReplaceMe's "linear"), and each costs a solve per span
+    tables: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     def errors(self, metric: str) -> np.ndarray:
         """Every span's error in ``metric`` (GCV estimator, no ridge), NaN
-        for spans beyond the pairs the moments reach."""
+        for spans beyond the pairs the moments reach (a copy: computed once
+        per metric)."""
+        if metric not in self.tables:
+            self.tables[metric] = self._errors(metric)
+        return self.tables[metric].copy()
+
+    def _errors(self, metric: str) -> np.ndarray:
         with warnings.catch_warnings():
             # a search compares measured plans; ill-conditioned spans just rank badly
             warnings.simplefilter("ignore")
