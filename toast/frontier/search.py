@@ -154,18 +154,20 @@ def search(
     with timed(run.timings, "calibration"):
         calibrated, passes = _calibrated(run, backend, max_blocks)
     sizes = model_sizes(run.model, run.layout)
-    candidates = enumerate_candidates(
-        run.methods,
-        calibrated,
-        sizes,
-        _max_blocks(run, max_blocks),
-        macs_matter=run.target.kind in ("macs", "latency"),
-    )
+    candidates = _candidates(run, calibrated, sizes, max_blocks)
     result = _measure_all(run, calibrated, sizes, candidates, max_measured, passes)
     result.notes.extend(calibrated.notes + run.notes)
     if output is not None:
         result.save(output)
     return result
+
+
+def _candidates(
+    run: _Run, calibrated: Calibrated, sizes: Sizes, max_blocks: int | None
+) -> list[Plan]:
+    macs_matter = run.target.kind in ("macs", "latency")
+    limit = _max_blocks(run, max_blocks)
+    return enumerate_candidates(run.methods, calibrated, sizes, limit, macs_matter=macs_matter)
 
 
 def _prepare(
