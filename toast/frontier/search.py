@@ -16,6 +16,7 @@ A checkpoint folder goes the way ``toast.compress`` takes it
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -512,6 +513,9 @@ class _Measurer:
 
     def _new(self, candidate: Plan) -> None:
         m = self.bench.candidate(candidate)
+        # the built candidate is gone with its frame, but modules hold cycles (hooks,
+        # parents): collected now, so that no two candidates are ever held at once
+        gc.collect()
         self.fresh.add(candidate.key)
         self.store[candidate.key] = m.to_dict()
         self.run.cache.save_measurements(self.key, self.store)
