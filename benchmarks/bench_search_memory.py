@@ -185,7 +185,11 @@ def main() -> None:
     parser.add_argument("--heldout-lines", type=int, default=150)
     parser.add_argument("--max-measured", type=int, default=8)
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--rewrite", action="store_true", help="the report again from the JSON")
     args = parser.parse_args()
+    if args.rewrite:
+        _write(json.loads((RESULTS / "search_memory.json").read_text()))
+        return
     if args.child:
         child(Path(args.child[0]), Path(args.child[1]), Path(args.child[2]), args.max_measured)
         return
@@ -211,6 +215,7 @@ def _write(found: dict[str, Any]) -> None:
     peak = max(found["peaks"].values()) / 2**30
     search_peak = found["peaks"].get("search", 0) / 2**30
     args, timings = found["args"], found["timings"]
+    latency = sum(v for k, v in timings.items() if k.endswith(": latency"))
     lines = [
         "# `toast.search` on SmolLM2-135M-Instruct: peak memory and time against its floor",
         "",
@@ -234,6 +239,10 @@ def _write(found: dict[str, Any]) -> None:
         f"| search / floor | {ratio:.2f} |",
         "",
         f"Search phases (s): {_phases(timings)}",
+        "",
+        f"The paired latency rounds take {latency:.0f} s ({100 * latency / found['search_s']:.0f}% "
+        f"of the search); the search less them is {(found['search_s'] - latency) / floor:.2f}× "
+        "the floor.",
         "",
         _machine.describe(found["machine"]) + f" Load average at the end of the child: "
         f"{found['load'][0]:.2f}.",
