@@ -3,6 +3,7 @@ the cache, the report."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -281,3 +282,38 @@ def test_vit_reported_macs_are_toast_macs_linear_convention(tmp_path):
     )  # fmt: skip
     assert toast.macs(model, convention="linear").macs == result.original.macs
     assert toast.macs(result.model, convention="linear").macs == result.best.measurement.macs
+
+
+def test_timings_name_every_phase_of_every_measured_candidate(tmp_path):
+    model = tiny_llama()
+    data, heldout = token_batches(4, CALIBRATION_LENGTH, 1), token_batches(2, 12, 2)
+    result = toast.search(model, data, heldout, target=0.2, cache=tmp_path, progress=False)
+    timings = result.timings
+    assert {"preparation", "calibration", "original: held-out", "chosen: build"} <= set(timings)
+    for m in result.measured:
+        for phase in ("build", "held-out", "latency", "MACs"):
+            assert f"{m.candidate.label}: {phase}" in timings
+    assert timings["total"] >= sum(v for k, v in timings.items() if k != "total")
+    assert "Time (s): preparation" in result.to_markdown()
+
+
+def test_each_candidate_is_freed_before_the_next_is_built(monkeypatch):
+    import weakref
+
+    bench = importlib.import_module("toast.frontier.bench")
+    built_before: list[weakref.ref] = []
+    alive_at_build: list[int] = []
+    real = bench.build
+
+    def tracking(*args, **kwargs):
+        alive_at_build.append(sum(r() is not None for r in built_before))
+        found = real(*args, **kwargs)
+        built_before.append(weakref.ref(found.model))
+        return found
+
+    monkeypatch.setattr(bench, "build", tracking)
+    model = tiny_llama()
+    data, heldout = token_batches(4, CALIBRATION_LENGTH, 1), token_batches(2, 12, 2)
+    result = toast.search(model, data, heldout, target=0.2, cache=False, progress=False)
+    assert len(alive_at_build) == len(result.measured) + 1  # and the chosen model
+    assert alive_at_build == [0] * len(alive_at_build)

@@ -258,3 +258,19 @@ def test_the_disk_search_says_what_its_moments_add(checkpoint, capsys):
     )  # fmt: skip
     said = [line for line in capsys.readouterr().err.splitlines() if "moments" in line]
     assert len(said) == 1 and said[0].startswith("toast search:") and "GiB in all" in said[0]
+
+
+def test_a_model_file_is_loaded_and_searched_in_memory(tmp_path, monkeypatch, capsys):
+    """A ``.gguf`` file has no tensors to stream: loaded whole, said once."""
+    local = importlib.import_module("toast.io.local")
+    file = tmp_path / "model.gguf"
+    file.write_bytes(b"GGUF")
+    monkeypatch.setattr(local, "load_model", lambda path: tiny_llama())
+    data, heldout = _data()
+    common = {"target": 0.2, "latency": False, "cache": False}
+    result = toast.search(file, data, heldout, progress=True, **common)
+    assert result.model is not None and result.best is not None
+    said = [line for line in capsys.readouterr().err.splitlines() if "path" in line]
+    assert said == ["toast search: in-memory path (model.gguf is a file)"]
+    with pytest.raises(ValueError, match="needs a checkpoint folder"):
+        toast.search(file, data, heldout, sequential=True, progress=False, **common)

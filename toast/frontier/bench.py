@@ -26,7 +26,7 @@ from toast.methods.base import Layout, Plan, Sizes, get_method
 
 from .build import build, finish
 from .calibrate import Calibrated
-from .measure import Measurement, linear_macs, measure
+from .measure import Measurement, linear_macs, measure, timed
 
 __all__ = ["Bench", "DiskBench", "MemoryBench"]
 
@@ -55,6 +55,8 @@ class MemoryBench:
         self.latency, self.extra = latency, extra
         self.example = next(iter(heldout))
         self.evaluator = Evaluator(heldout, metric, progress=False)  # type: ignore[arg-type]
+        #: seconds per phase, by ``"<label>: <phase>"`` (build, held-out, MACs, latency)
+        self.timings: dict[str, float] = {}
         # whether the evaluator holds the original's outputs, which the
         # fidelity metrics (KL, agreement, cosine) compare every model with
         self.reference = False
@@ -69,16 +71,21 @@ class MemoryBench:
 
     def original(self) -> Measurement:
         self.reference = True
-        m = measure(self.model, self.evaluator, self.example, "original", self.latency)
+        m = measure(
+            self.model, self.evaluator, self.example, "original", self.latency, phases=self.timings
+        )
         return self._more(self.model, m)
 
     def candidate(self, plan: Plan) -> Measurement:
         if not self.reference:  # the original was measured by an earlier call
-            self.evaluator.measure(self.model, "original")
+            with timed(self.timings, "original: held-out"):
+                self.evaluator.measure(self.model, "original")
             self.reference = True
-        built = build(self.model, self.layout, plan, self.calibrated)
-        # counted before the run-time changes, which the linear layers' hooks cannot see
-        macs = linear_macs(built.model, self.example) - plan.unseen_macs
+        with timed(self.timings, f"{plan.label}: build"):
+            built = build(self.model, self.layout, plan, self.calibrated)
+        with timed(self.timings, f"{plan.label}: MACs"):
+            # counted before the run-time changes, which the linear layers' hooks cannot see
+            macs = linear_macs(built.model, self.example) - plan.unseen_macs
         model = finish(built, plan, self.calibrated)
         m = measure(
             model,
@@ -88,6 +95,7 @@ class MemoryBench:
             self.latency,
             reference=self.model,
             macs=macs,
+            phases=self.timings,
         )
         return self._more(model, m)
 
@@ -113,10 +121,13 @@ class DiskBench:
         self.disk, self.sizes, self.calibrated = disk, sizes, calibrated
         self.evaluator = SequentialEvaluator(disk, heldout, metric, progress=False)  # type: ignore[arg-type]
         self.reference = False
+        #: seconds per phase, by ``"<label>: <phase>"`` (held-out passes only)
+        self.timings: dict[str, float] = {}
 
     def _measured(self, edits: BlockEdits, label: str, params: int) -> Measurement:
         start = time.perf_counter()
-        quality = self.evaluator.measure_edited(edits, label)
+        with timed(self.timings, f"{label}: held-out"):
+            quality = self.evaluator.measure_edited(edits, label)
         assert self.evaluator.metric is not None  # set by the measurement
         seconds = time.perf_counter() - start
         # MACs are not counted on the disk path (a macs= target is refused there)
@@ -138,7 +149,8 @@ class DiskBench:
 
     def candidate(self, plan: Plan) -> Measurement:
         if not self.reference:  # the original was measured by an earlier call
-            self.evaluator.measure_edited(BlockEdits(), "original")
+            with timed(self.timings, "original: held-out"):
+                self.evaluator.measure_edited(BlockEdits(), "original")
             self.reference = True
         stats = self.calibrated.stats[plan.methods[0]]
         edits = self._stages(plan).edits(self.disk, plan, stats)

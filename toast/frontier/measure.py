@@ -4,8 +4,10 @@ device the model runs on."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,7 +19,7 @@ from toast.linear_macs import linear_macs
 
 from .latency import measure_throughput
 
-__all__ = ["Measurement", "measure"]
+__all__ = ["Measurement", "measure", "timed"]
 
 
 @dataclass(frozen=True)
@@ -107,21 +109,42 @@ def measure(
     latency: bool = True,
     reference: nn.Module | None = None,
     macs: int | None = None,
+    phases: dict[str, float] | None = None,
 ) -> Measurement:
     """``model`` measured on the evaluator's held-out data and ``example``
     (throughput paired with ``reference``'s, see :func:`paired_throughput`;
     ``macs``: counted already, where the linear layers' hooks cannot see
-    them, as in Token Channel Selection's gathered products)."""
+    them, as in Token Channel Selection's gathered products). ``phases``
+    gets the seconds of each part under ``"<label>: held-out"``,
+    ``"<label>: latency"`` and ``"<label>: MACs"``."""
     start = time.perf_counter()
-    quality = evaluator.measure(model, label)
+    times = phases if phases is not None else {}
+    with timed(times, f"{label}: held-out"):
+        quality = evaluator.measure(model, label)
     assert evaluator.metric is not None  # set by the measurement
-    throughput = paired_throughput(model, reference, example) if latency else None
+    throughput = None
+    if latency:
+        with timed(times, f"{label}: latency"):
+            throughput = paired_throughput(model, reference, example)
+    if macs is None:
+        with timed(times, f"{label}: MACs"):
+            macs = linear_macs(model, example)
     return Measurement(
         quality=float(quality),
         metric=evaluator.metric,
         params=count_params(model),
-        macs=linear_macs(model, example) if macs is None else macs,
+        macs=macs,
         throughput=throughput,
         seconds=time.perf_counter() - start,
         metrics=dict(evaluator.last),
     )
+
+
+@contextlib.contextmanager
+def timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    """Adds the seconds the block takes to ``phases[name]``."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - start

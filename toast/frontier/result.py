@@ -168,6 +168,8 @@ class SearchResult:
                 "Speed-ups are forward throughput against the original timed in the same, "
                 "alternating rounds."
             )
+        if self.timings:
+            lines.append(time_line(self.timings))
         lines += [f"- {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -378,3 +380,32 @@ def _describe(throughput: dict[str, Any]) -> str:
         )
     parts.append(f"{throughput['device']}, median of {throughput['rounds']} rounds")
     return "; ".join(parts)
+
+
+#: The phases of each measured model, in the order the time line says them.
+_PHASES = ("build", "held-out", "latency", "MACs")
+
+
+def time_line(timings: dict[str, float]) -> str:
+    """``timings`` (:attr:`SearchResult.timings`) in one line: the calibration,
+    the original's measurement, every candidate's phases summed, the
+    chosen model's build and the total (each candidate's own in
+    ``search.json``)."""
+    labels = {k.rpartition(": ")[0] for k in timings if ": " in k} - {"original", "chosen"}
+
+    def phases(labelled: set[str]) -> str:
+        sums = dict.fromkeys(_PHASES, 0.0)
+        for key, seconds in timings.items():
+            label, _, phase = key.rpartition(": ")
+            if label in labelled and phase in sums:
+                sums[phase] += seconds
+        return ", ".join(f"{p} {v:.1f}" for p, v in sums.items() if v)
+
+    parts = [f"preparation {timings.get('preparation', 0.0):.1f}"]
+    parts.append(f"calibration {timings.get('calibration', 0.0):.1f}")
+    parts.append(f"original: {phases({'original'}) or '(cached)'}")
+    if labels:
+        parts.append(f"{len(labels)} candidates: {phases(labels)}")
+    if "chosen: build" in timings:
+        parts.append(f"chosen model built {timings['chosen: build']:.1f}")
+    return f"Time (s): {'; '.join(parts)}; total {timings.get('total', 0.0):.1f}."

@@ -16,6 +16,7 @@ A checkpoint folder goes the way ``toast.compress`` takes it
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
@@ -47,7 +48,7 @@ from .cache import (
 )
 from .calibrate import Calibrated, calibrate, calibrate_from_disk, model_sizes
 from .candidates import enumerate_candidates
-from .measure import Measurement
+from .measure import Measurement, timed
 from .objective import Objective, higher_is_better
 from .pareto import pareto_front
 from .result import Measured, SearchResult
@@ -80,6 +81,8 @@ class _Run:
     tokenizer: Any = None
     disk: DiskModel | None = None
     notes: list[str] = field(default_factory=list)
+    #: seconds per phase (:attr:`SearchResult.timings`)
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def search(
@@ -147,21 +150,27 @@ def search(
     aim.check_tasks()  # a task whose data is missing fails before any work
     # where the model lives travels with the options, as the backend does
     options.update(backend=backend, max_memory=max_memory, sequential=sequential, objective=aim)
+    begin = time.perf_counter()
     run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
-    calibrated, passes = _calibrated(run, backend, max_blocks)
+    run.timings["preparation"] = time.perf_counter() - begin  # loading a model file included
+    run.started = begin
+    with timed(run.timings, "calibration"):
+        calibrated, passes = _calibrated(run, backend, max_blocks)
     sizes = model_sizes(run.model, run.layout)
-    candidates = enumerate_candidates(
-        run.methods,
-        calibrated,
-        sizes,
-        _max_blocks(run, max_blocks),
-        macs_matter=run.target.kind in ("macs", "latency"),
-    )
+    candidates = _candidates(run, calibrated, sizes, max_blocks)
     result = _measure_all(run, calibrated, sizes, candidates, max_measured, passes)
     result.notes.extend(calibrated.notes + run.notes)
     if output is not None:
         result.save(output)
     return result
+
+
+def _candidates(
+    run: _Run, calibrated: Calibrated, sizes: Sizes, max_blocks: int | None
+) -> list[Plan]:
+    macs_matter = run.target.kind in ("macs", "latency")
+    limit = _max_blocks(run, max_blocks)
+    return enumerate_candidates(run.methods, calibrated, sizes, limit, macs_matter=macs_matter)
 
 
 def _prepare(
@@ -269,6 +278,17 @@ def _open(
         raise TypeError(
             f"model must be a torch.nn.Module or a checkpoint folder; got {type(model).__name__}"
         )
+    if os.path.isfile(model):  # a GGUF file is dequantized as it loads: no tensors to stream
+        if sequential:
+            raise ValueError(f"sequential=True needs a checkpoint folder; {model} is a file")
+        if calibration.progress:
+            print(
+                f"toast search: in-memory path ({os.path.basename(model)} is a file)",
+                file=sys.stderr,
+            )
+        from toast.io.local import load_model
+
+        return _open(load_model(model), goal, None, None, calibration)
     plan, disk = plan_checkpoint(
         model,
         max_memory,
@@ -436,10 +456,13 @@ def _measure_all(
         if (m := found[c.key]) is not None
     ]
     measured.sort(key=lambda m: (m.measurement.params, m.candidate.key))
+    run.timings.update(measurer.bench.timings)
     result = _result(run, measurer.original, measured, len(eligible), passes, notes)
     if result.chosen is not None:
         chosen = measured[result.chosen].candidate
-        result.model, result.writer = measurer.bench.chosen(chosen)
+        with timed(result.timings, "chosen: build"):
+            result.model, result.writer = measurer.bench.chosen(chosen)
+    result.timings["total"] = time.perf_counter() - run.started
     if not eligible:
         result.notes.append(
             f"no candidate can meet {run.target.describe()} removing at most half the blocks: "
@@ -496,6 +519,9 @@ class _Measurer:
 
     def _new(self, candidate: Plan) -> None:
         m = self.bench.candidate(candidate)
+        # the built candidate is gone with its frame, but modules hold cycles (hooks,
+        # parents): collected now, so that no two candidates are ever held at once
+        gc.collect()
         self.fresh.add(candidate.key)
         self.store[candidate.key] = m.to_dict()
         self.run.cache.save_measurements(self.key, self.store)
@@ -549,6 +575,7 @@ def _result(
         enumerated=enumerated,
         calibration_passes=passes,
         notes=notes,
+        timings=run.timings,
     )
     higher = result.higher_is_better
     points = [(result.size(m.measurement), m.measurement.quality) for m in measured]
@@ -562,5 +589,4 @@ def _result(
             # equal quality: the larger model, the one nearest the target (a tie
             # on a few held-out batches is weak evidence for more compression)
             result.chosen = max(meeting, key=lambda k: (sign * points[k][1], points[k][0]))
-    result.timings["total"] = time.perf_counter() - run.started
     return result

@@ -116,6 +116,18 @@ SHARED_BYTES: int | str = "auto"
 SHARED_METRICS = ("linear", "affine", "mse")
 
 
+def _gcv_errors(moments: Moments, metric: str) -> np.ndarray:
+    """Every span's GCV error in ``metric`` (no ridge), NaN beyond the pairs
+    the moments reach."""
+    with warnings.catch_warnings():
+        # a search compares measured plans; ill-conditioned spans just rank badly
+        warnings.simplefilter("ignore")
+        table = error_matrix(moments, metric=metric, estimator="gcv", ridge=0.0)
+    far = np.triu(np.ones(table.shape, dtype=bool), moments.layout()["span"] + 1)
+    table[far] = np.nan
+    return table
+
+
 @dataclass
 class Shared:
     """The shared pass: moments of every pair of block states (no folds:
@@ -129,7 +141,10 @@ class Shared:
     moments: Moments | ChunkedMoments
     massive: MassiveRows | None
     block_path: str
-    tables: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    #: the tables computed, by metric: several methods ask for the same one
+    #: (TOAST's and ReplaceMe's "linear"), and each costs a solve per span;
+    #: chunked moments form every shared metric's in one replay up front
+    tables: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     traces: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -143,17 +158,13 @@ class Shared:
 
     def errors(self, metric: str) -> np.ndarray:
         """Every span's error in ``metric`` (GCV estimator, no ridge), NaN
-        for spans beyond the pairs the moments reach."""
-        if metric in self.tables:
-            return self.tables[metric].copy()
-        assert isinstance(self.moments, Moments), f"{metric} is not a shared metric"
-        with warnings.catch_warnings():
-            # a search compares measured plans; ill-conditioned spans just rank badly
-            warnings.simplefilter("ignore")
-            table = error_matrix(self.moments, metric=metric, estimator="gcv", ridge=0.0)
-        far = np.triu(np.ones(table.shape, dtype=bool), self.moments.layout()["span"] + 1)
-        table[far] = np.nan
-        return table
+        for spans beyond the pairs the moments reach (a copy: computed once
+        per metric)."""
+        if metric not in self.tables:
+            moments = self.moments
+            assert isinstance(moments, Moments), f"{metric} is not a shared metric"
+            self.tables[metric] = _gcv_errors(moments, metric)
+        return self.tables[metric].copy()
 
     def state_traces(self) -> np.ndarray:
         """``tr(X_jᵀ X_j)`` of every state."""
