@@ -317,3 +317,15 @@ def test_each_candidate_is_freed_before_the_next_is_built(monkeypatch):
     result = toast.search(model, data, heldout, target=0.2, cache=False, progress=False)
     assert len(alive_at_build) == len(result.measured) + 1  # and the chosen model
     assert alive_at_build == [0] * len(alive_at_build)
+
+
+def test_candidates_are_timed_in_three_paired_rounds_only_for_a_latency_target(searched):
+    # A size target reports throughput from one paired round; a latency
+    # target ranks by the timings, so they take the median of three.
+    model, data, heldout, _, result = searched
+    assert {m.measurement.throughput["rounds"] for m in result.measured if m.measurement.throughput} == {1}
+    timed = toast.search(
+        model, data, heldout, target="latency=10%", cache=False, progress=False, max_measured=2
+    )
+    rounds = {m.measurement.throughput["rounds"] for m in timed.measured if m.measurement.throughput}
+    assert rounds == {3}

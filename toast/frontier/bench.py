@@ -50,9 +50,10 @@ class MemoryBench:
         metric: str | None,
         latency: bool,
         extra: Extra | None = None,
+        rounds: int = 3,
     ) -> None:
         self.model, self.layout, self.calibrated = model, layout, calibrated
-        self.latency, self.extra = latency, extra
+        self.latency, self.extra, self.rounds = latency, extra, rounds
         self.example = next(iter(heldout))
         self.evaluator = Evaluator(heldout, metric, progress=False)  # type: ignore[arg-type]
         #: seconds per phase, by ``"<label>: <phase>"`` (build, held-out, MACs, latency)
@@ -72,7 +73,13 @@ class MemoryBench:
     def original(self) -> Measurement:
         self.reference = True
         m = measure(
-            self.model, self.evaluator, self.example, "original", self.latency, phases=self.timings
+            self.model,
+            self.evaluator,
+            self.example,
+            "original",
+            self.latency,
+            phases=self.timings,
+            rounds=self.rounds,
         )
         return self._more(self.model, m)
 
@@ -96,6 +103,7 @@ class MemoryBench:
             reference=self.model,
             macs=macs,
             phases=self.timings,
+            rounds=self.rounds,
         )
         return self._more(model, m)
 

@@ -110,13 +110,15 @@ def measure(
     reference: nn.Module | None = None,
     macs: int | None = None,
     phases: dict[str, float] | None = None,
+    rounds: int = 3,
 ) -> Measurement:
     """``model`` measured on the evaluator's held-out data and ``example``
     (throughput paired with ``reference``'s, see :func:`paired_throughput`;
     ``macs``: counted already, where the linear layers' hooks cannot see
     them, as in Token Channel Selection's gathered products). ``phases``
     gets the seconds of each part under ``"<label>: held-out"``,
-    ``"<label>: latency"`` and ``"<label>: MACs"``."""
+    ``"<label>: latency"`` and ``"<label>: MACs"``; ``rounds``: the paired
+    timing rounds."""
     start = time.perf_counter()
     times = phases if phases is not None else {}
     with timed(times, f"{label}: held-out"):
@@ -125,7 +127,7 @@ def measure(
     throughput = None
     if latency:
         with timed(times, f"{label}: latency"):
-            throughput = paired_throughput(model, reference, example)
+            throughput = paired_throughput(model, reference, example, rounds)
     if macs is None:
         with timed(times, f"{label}: MACs"):
             macs = linear_macs(model, example)

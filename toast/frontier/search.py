@@ -55,6 +55,10 @@ from .result import Measured, SearchResult
 from .selection import Bisection, Ranked
 from .target import Target
 
+#: Paired timing rounds of each candidate and the original when the target
+#: is latency (their median ranks the candidates); one round otherwise.
+LATENCY_ROUNDS = 3
+
 __all__ = ["search"]
 
 #: The largest share of blocks a search removes by default.
@@ -492,8 +496,11 @@ class _Measurer:
         if run.disk is not None:
             self.bench = DiskBench(run.disk, sizes, calibrated, run.heldout, metric)
         else:
+            # a latency target ranks by the timings: paired rounds for their
+            # median; otherwise throughput is reported, one paired round each
+            rounds = LATENCY_ROUNDS if run.target.kind == "latency" else 1
             self.bench = MemoryBench(
-                run.model, run.layout, calibrated, run.heldout, metric, run.latency, extra
+                run.model, run.layout, calibrated, run.heldout, metric, run.latency, extra, rounds
             )
         self.original = self._original()
 
