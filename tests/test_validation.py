@@ -91,3 +91,14 @@ def test_a_refused_object_is_named_by_its_type_not_printed_whole():
     with pytest.raises(InvalidParameterError) as info:
         check("model", np.zeros((1000, 1000)), str)
     assert str(info.value) == "model must be a str; got a numpy.ndarray"
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "text"),
+    [(512, "512 B"), (3584, "3.5 KiB"), (80 * 2**20, "80.0 MiB"), (1.25 * 2**30, "1.25 GiB")],
+)
+def test_format_size_writes_what_parse_size_reads_back(nbytes, text):
+    from toast._validation import format_size, parse_size
+
+    assert format_size(nbytes) == text
+    assert parse_size(text.replace(" ", "")) == pytest.approx(nbytes, rel=0.01)

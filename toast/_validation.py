@@ -33,6 +33,7 @@ __all__ = [
     "Options",
     "Predicate",
     "check",
+    "format_size",
     "parse_size",
     "validate",
     "validate_params",
@@ -52,6 +53,17 @@ def parse_size(text: str | int) -> int:
     if not match:
         raise ValueError(f"not a size: {text!r} (e.g. 8GiB, 512MiB, 1000000)")
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def format_size(nbytes: float) -> str:
+    """Bytes for a person, in the units :func:`parse_size` reads: ``512 B``,
+    ``3.5 KiB``, ``80.0 MiB``, ``1.25 GiB``."""
+    if nbytes < 2**10:
+        return f"{nbytes:.0f} B"
+    for unit, scale in (("KiB", 2**10), ("MiB", 2**20)):
+        if nbytes < 1024 * scale:
+            return f"{nbytes / scale:,.1f} {unit}"
+    return f"{nbytes / 2**30:,.2f} GiB"
 
 
 class InvalidParameterError(ValueError, TypeError):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from toast._cachedir import LIMIT_VARIABLE, cache_limit, clear, entries, search_cache_dir
+from toast._validation import format_size
 from toast.cli.options import EXIT_STATUSES
 
 __all__ = ["add_parser", "run"]
@@ -30,14 +31,6 @@ def add_parser(sub: Any) -> None:
     )
 
 
-def _size(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    raise AssertionError("unreachable")
-
-
 def run(args: argparse.Namespace) -> int:
     root = Path(args.cache) if args.cache else search_cache_dir()
     if root.exists() and not root.is_dir():
@@ -45,13 +38,14 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "clear":
         removed = clear(root)
         total = sum(e.size for e in removed)
-        print(f"removed {len(removed)} entries ({_size(total)}) from {root}")
+        print(f"removed {len(removed)} entries ({format_size(total)}) from {root}")
         return 0
     limit = cache_limit()
     found = entries(root)
     total = sum(e.size for e in found)
-    print(f"{root}: {len(found)} entries, {_size(total)} of {_size(limit)} (${LIMIT_VARIABLE})")
+    held = f"{format_size(total)} of {format_size(limit)}"
+    print(f"{root}: {len(found)} entries, {held} (${LIMIT_VARIABLE})")
     for entry in reversed(found):  # most recently used first
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry.used))
-        print(f"  {used}  {_size(entry.size):>10}  {entry.path.name}")
+        print(f"  {used}  {format_size(entry.size):>10}  {entry.path.name}")
     return 0

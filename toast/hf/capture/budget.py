@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from toast._validation import parse_size  # here too: where the memory budget is read
+from toast._validation import format_size, parse_size  # here too: the budget is read here
 
 if TYPE_CHECKING:  # torch stays unimported: the CLI parses sizes before loading anything
     from toast.hf.capture.sequential import DiskModel
@@ -33,7 +33,6 @@ __all__ = [
     "BudgetError",
     "MemoryPlan",
     "available_memory",
-    "human_size",
     "memory_plan",
     "parse_size",
     "plan_checkpoint",
@@ -230,13 +229,6 @@ def _itemsize(dtype: object) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def human_size(nbytes: float) -> str:
-    """``1.50 GiB``, ``512 MiB``: bytes for a person."""
-    if nbytes >= 2**30:
-        return f"{nbytes / 2**30:.2f} GiB"
-    return f"{nbytes / 2**20:.0f} MiB"
-
-
 def say_plan(
     command: str,
     parts: list[tuple[str, int]],
@@ -248,12 +240,12 @@ def say_plan(
     or without ``progress``) and refuses, before any pass, when its parts
     exceed ``budget``, naming the least budget and ``fix``."""
     total = sum(n for _, n in parts)
-    line = " + ".join(f"{label} {human_size(n)}" for label, n in parts)
-    plan = f"memory plan: {line} = {human_size(total)} (max_memory {human_size(budget)})"
+    line = " + ".join(f"{label} {format_size(n)}" for label, n in parts)
+    plan = f"memory plan: {line} = {format_size(total)} (max_memory {format_size(budget)})"
     _log.info("%s: %s", command, plan)
     print(f"{command}: {plan}", file=sys.stderr)
     if total > budget:
         raise BudgetError(
-            f"{command}: {plan}: the block-by-block path needs at least {human_size(total)} "
+            f"{command}: {plan}: the block-by-block path needs at least {format_size(total)} "
             f"besides the interpreter; {fix}"
         )

@@ -22,20 +22,12 @@ import torch
 from torch import nn
 
 from toast._scratch import scratch_file, scratch_place
-from toast._validation import Interval, check
+from toast._validation import Interval, check, format_size
 from toast.hf.capture.states import Tokens, stream_states
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.blocks import BlockStack
 
 __all__ = ["RowSample", "capture_rows"]
-
-
-def _human(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if nbytes < 1024 or unit == "GiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    raise AssertionError("unreachable")
 
 
 class RowSample:
@@ -81,7 +73,7 @@ class RowSample:
         nbytes = self.capacity * self.num_states * self.dim * self.dtype.itemsize
         if verbose:
             print(
-                f"toast: disk-backed row buffer of {_human(nbytes)} ({self.capacity:,} rows x "
+                f"toast: disk-backed row buffer of {format_size(nbytes)} ({self.capacity:,} rows x "
                 f"{self.num_states} states x {self.dim} x {self.dtype.name}) in "
                 f"{scratch_place(directory)}",
                 file=sys.stderr,

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from toast._scratch import scratch_file, scratch_place
+from toast._validation import format_size
 from toast.hf.capture.states import calibration_inputs, rss_mib, without_kv_cache
 from toast.hf.data.calibration import Calibration
 from toast.hf.data.progress import progress_bar
@@ -62,10 +63,6 @@ OnState = Callable[[int, int, torch.Tensor, "torch.Tensor | None"], None]
 #: ``on_block(index, block)``, before a loaded block runs; returns a
 #: cleanup called after it has run on every batch (or None).
 OnBlock = Callable[[int, nn.Module], "Callable[[], None] | None"]
-
-
-def _human(nbytes: float) -> str:
-    return f"{nbytes / 2**20:,.1f} MiB" if nbytes < 2**30 else f"{nbytes / 2**30:,.2f} GiB"
 
 
 class DiskStates:
@@ -493,7 +490,7 @@ def _embed(
 def _announce(states: DiskStates, directory: str | os.PathLike | None) -> None:
     tokens = sum(s[0] * s[1] for s in states.shapes)
     print(
-        f"toast: activation buffer of 2 x {_human(states.nbytes)} ({tokens:,} tokens x "
+        f"toast: activation buffer of 2 x {format_size(states.nbytes)} ({tokens:,} tokens x "
         f"{states.shapes[0][-1]} x {str(states.dtype).removeprefix('torch.')}) in "
         f"{scratch_place(directory)}",
         file=sys.stderr,
