@@ -224,6 +224,50 @@ static toast_status gcv_error(const toast_moments *m, em_work *w, int i, int j,
     return TOAST_OK;
 }
 
+/* In-sample RSS of pair (i, j) on the factored Gram of i (all rows). With
+ * W solving (G + lambda I) W = C, <W, G W> = <W, C> - lambda |W|^2, so
+ *
+ *   RSS = T_yy - <W, C> - lambda |W|^2     (T_yy and C centered if affine)
+ *
+ * without the product G W that test_rss forms; with a Cholesky factor
+ * G = U^T U and no ridge, <W, C> = |U^-T C|^2: one triangular solve a
+ * target (d^3 flops, against 4 d^3 for solve_target + test_rss). T_yy is
+ * returned uncentered, as test_rss returns it. */
+static toast_status in_sample_rss(const toast_moments *m, em_work *w, int i,
+                                  int j, int affine, double n, double *rss,
+                                  double *tyy, toast_error *err)
+{
+    const int d = toast_moments_dim(m);
+    const size_t dd = (size_t)d * d;
+    toast_status st = trace_of_block(m, TOAST_SETS_ALL, 0, j, w->tmp, tyy,
+                                     err);
+    if (st == TOAST_OK)
+        st = toast_moments_cross(m, TOAST_SETS_ALL, 0, i, j, w->B, err);
+    if (st != TOAST_OK)
+        return st;
+    double t = *tyy, fit;
+    if (affine) {
+        toast_moments_sums(m, TOAST_SETS_ALL, 0, j, w->sy);
+        toast_center_cross(w->B, w->sx, w->sy, n, d);
+        for (int c = 0; c < d; c++)
+            t -= w->sy[c] * w->sy[c] / n;
+    }
+    if (w->f.method == TOAST_METHOD_CHOLESKY && w->f.ridge == 0.0) {
+        memcpy(w->W, w->B, dd * sizeof(double));
+        toast_dtrsm(TOAST_CblasRowMajor, TOAST_CblasLeft, TOAST_CblasUpper,
+                    TOAST_CblasTrans, TOAST_CblasNonUnit, d, d, 1.0, w->f.a,
+                    d, w->W, d);
+        fit = frob_dot(w->W, w->W, dd);
+    } else {
+        st = toast_factor_solve(&w->f, w->B, d, w->W, w->tmp, err);
+        if (st != TOAST_OK)
+            return st;
+        fit = frob_dot(w->W, w->B, dd) + w->f.ridge * frob_dot(w->W, w->W, dd);
+    }
+    *rss = t - fit > 0.0 ? t - fit : 0.0;
+    return TOAST_OK;
+}
+
 typedef struct {
     toast_poll_fn fn;
     void *ctx;
@@ -297,9 +341,13 @@ static toast_status linear_matrix(const toast_moments *m, int affine,
                     continue;
                 }
                 double r, t;
-                st = solve_target(m, &w, i, j, sel, k, affine, n, err);
-                if (st == TOAST_OK)
-                    st = test_rss(m, &w, i, j, test_sel, k, &r, &t, err);
+                if (est == TOAST_EST_IN_SAMPLE) {
+                    st = in_sample_rss(m, &w, i, j, affine, n, &r, &t, err);
+                } else {
+                    st = solve_target(m, &w, i, j, sel, k, affine, n, err);
+                    if (st == TOAST_OK)
+                        st = test_rss(m, &w, i, j, test_sel, k, &r, &t, err);
+                }
                 if (st == TOAST_OK) {
                     rss[i * S + j] += r;
                     tyy[i * S + j] += t;

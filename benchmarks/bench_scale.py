@@ -1,0 +1,255 @@
+"""Llama-3-8B's width and depth from disk within ``--max-memory 8GiB`` (issue 30).
+
+A random-weight Llama with Llama-3-8B's width and depth (hidden 4,096, 32
+blocks, 32 heads, 8 KV heads) and a narrow MLP (``--ffn``, 1,024 by default,
+so that a CPU forward stays affordable), bfloat16, SmolLM2's tokenizer and
+vocabulary, is generated shard by shard into ``--work`` once (kept for
+reruns; :func:`bench_max_memory.generate`). Each phase is then one CLI
+command, as a user would type it, in its own process::
+
+    toast compress CKPT --method replaceme --num-blocks 8 ... --max-memory 8GiB
+    toast compress CKPT --method toast --budget 2 ... --max-memory 8GiB
+    toast search CKPT --heldout 0.1 --max-measured 2 ... --max-memory 8GiB
+
+while :func:`_peak.run_polled` polls the anonymous resident memory of the
+process and its children and a thread polls the disk: the used bytes of the
+file system of the phase's ``TMPDIR`` (``statvfs``; the activation and row
+buffers are unlinked files, which ``du`` cannot see) above their level at
+the start, less what the output folder holds (its writing is not a buffer).
+Other work writing to the same file system would show in that figure: the
+load and the free space are recorded.
+
+The calibration is small so that 2 cores finish: ``--pack`` sequences of
+``--max-length`` tokens, ``--samples`` of them per phase (TOAST's error
+estimates need more token rows than the width, 4,096).
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_scale.py                        # every phase
+    .venv/bin/python benchmarks/bench_scale.py --phases replaceme     # one
+
+Writes ``benchmarks/results/scale.md`` and ``scale.json`` (phases measured
+before are kept when a run measures others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _machine import describe, machine  # noqa: E402
+from _peak import run_polled  # noqa: E402
+from bench_max_memory import generate, write_text  # noqa: E402
+
+#: hidden, intermediate (narrow), layers, heads, kv heads: Llama-3-8B's but the MLP
+WIDTH, LAYERS, HEADS, KV_HEADS = 4096, 32, 32, 8
+SHARDS = 8
+RESULTS = ROOT / "benchmarks" / "results"
+
+#: Each phase's command after ``toast`` and the checkpoint, without data and output.
+PHASES = {
+    "replaceme": ["compress", "--method", "replaceme", "--num-blocks", "8"],
+    "toast": ["compress", "--method", "toast", "--budget", "2"],
+    "search": ["search", "--heldout", "0.1", "--max-measured", "2", "--no-cache", "--no-latency"],
+}
+
+
+class DiskPoller:
+    """Peak bytes used on the file system of ``folder`` above the level at
+    the start, less what ``exclude`` holds, polled every ``interval`` s."""
+
+    def __init__(self, folder: Path, exclude: Path, interval: float = 0.5) -> None:
+        self.folder, self.exclude, self.interval = folder, exclude, interval
+        self.start = self._used()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _used(self) -> int:
+        st = os.statvfs(self.folder)
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def _excluded(self) -> int:
+        total = 0
+        for root, _, files in os.walk(self.exclude):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                except OSError:
+                    continue
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._used() - self.start - self._excluded())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> DiskPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+#: Lines of the CLI's log worth keeping: timings, buffers, the path chosen, results.
+_KEEP = re.compile(
+    r"sequential path|buffer|peak memory|took|\d s$|\d s[,;)]|error matrix|plan|"
+    r"removed|spans?|chosen|candidate|wrote|statistics|estimator|GiB",
+    re.IGNORECASE,
+)
+
+
+def _log_lines(log: Path) -> list[str]:
+    """The CLI's log without progress-bar redraws, lines kept by :data:`_KEEP`."""
+    text = log.read_text(errors="replace").replace("\r", "\n")
+    lines = [x.strip() for x in text.splitlines() if x.strip()]
+    kept = [x for x in lines if _KEEP.search(x) and "ETA" not in x]
+    return kept[-40:]
+
+
+def run_phase(phase: str, ckpt: Path, calib: Path, work: Path, args) -> dict:
+    """One phase's CLI command under the memory and disk pollers."""
+    out = work / f"out-{phase}"
+    shutil.rmtree(out, ignore_errors=True)
+    tmp = work / "tmp"
+    tmp.mkdir(exist_ok=True)
+    toast_cli = str(Path(sys.executable).with_name("toast"))
+    sub, *options = PHASES[phase]
+    cmd = [toast_cli, sub, str(ckpt), *options, "--data", str(calib), "--out", str(out)]
+    cmd += ["--max-memory", args.max_memory, "--max-length", str(args.max_length), "--pack"]
+    cmd += ["--max-samples", str(args.samples[phase]), "--no-progress"]
+    cmd += args.extra.get(phase, [])
+    env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": str(args.threads)}
+    log = work / f"{phase}.log"
+    load = os.getloadavg()
+    with DiskPoller(tmp, out) as disk:
+        polled = run_polled(cmd, log=log, env=env, timeout=args.timeout)
+    free = shutil.disk_usage(tmp).free
+    return {
+        "command": " ".join(["toast", *cmd[1:]]),
+        "returncode": polled.returncode,
+        "wall_s": round(polled.wall_s, 1),
+        "peak_rss_anon_mib": round(polled.peak_mib),
+        "peak_disk_mib": round(disk.peak / 2**20),
+        "output_mib": round(sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20)
+        if out.exists()
+        else 0,
+        "disk_free_gib": round(free / 2**30, 1),
+        "load_before": load,
+        "load_after": os.getloadavg(),
+        "log": _log_lines(log),
+        "timeline": [
+            (round(t, 1), round(m))
+            for t, m in polled.timeline[:: max(1, len(polled.timeline) // 200)]
+        ],
+    }
+
+
+def _phase_args(text: str) -> dict[str, list[str]]:
+    """``phase:--opt value,...;phase:...`` as {phase: [options]}."""
+    found: dict[str, list[str]] = {}
+    for part in filter(None, text.split(";")):
+        phase, _, options = part.partition(":")
+        found[phase.strip()] = options.split()
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", default="/tmp/toast-bench-scale")
+    parser.add_argument("--phases", default="replaceme,toast,search")
+    parser.add_argument("--ffn", type=int, default=1024, help="MLP width (narrow)")
+    parser.add_argument("--chars", type=int, default=40_000, help="calibration text")
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument(
+        "--samples",
+        default="replaceme=16,toast=48,search=16",
+        help="packed sequences per phase (--max-samples)",
+    )
+    parser.add_argument("--max-memory", default="8GiB")
+    parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of the phases")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per phase")
+    parser.add_argument(
+        "--extra", default="", help="more options per phase: 'toast:--estimator cv;search:...'"
+    )
+    args = parser.parse_args()
+    args.samples = {k: int(v) for k, v in (p.split("=") for p in args.samples.split(","))}
+    args.extra = _phase_args(args.extra)
+    work = Path(args.work)
+    ckpt = work / f"llama-w{WIDTH}-ffn{args.ffn}"
+    shape = (WIDTH, args.ffn, LAYERS, HEADS, KV_HEADS)
+    if not ckpt.exists():
+        start = time.perf_counter()
+        info = generate(ckpt, shape, SHARDS)
+        print(f"generated {info} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    calib = work / f"calib-{args.chars}.txt"
+    if not calib.exists():
+        write_text(calib, args.chars)
+    saved_path = RESULTS / "scale.json"
+    saved = json.loads(saved_path.read_text()) if saved_path.exists() else {"phases": {}}
+    load = os.getloadavg()
+    for phase in args.phases.split(","):
+        result = run_phase(phase, ckpt, calib, work, args)
+        saved["phases"][phase] = result
+        print(phase, {k: v for k, v in result.items() if k not in ("timeline", "log")}, flush=True)
+    saved.update(
+        checkpoint=_checkpoint(ckpt, shape),
+        settings={"max_length": args.max_length, "samples": args.samples, "chars": args.chars},
+        machine=machine(load),
+    )
+    saved_path.write_text(json.dumps(saved, indent=1))
+    (RESULTS / "scale.md").write_text(_markdown(saved))
+
+
+def _checkpoint(ckpt: Path, shape: tuple[int, ...]) -> dict:
+    config = json.loads((ckpt / "config.json").read_text())
+    return {
+        "shape": dict(zip(("hidden", "ffn", "layers", "heads", "kv_heads"), shape, strict=True)),
+        "vocab": config["vocab_size"],
+        "bytes": sum(f.stat().st_size for f in ckpt.glob("*.safetensors")),
+        "shards": len(list(ckpt.glob("*.safetensors"))),
+    }
+
+
+def _markdown(r: dict) -> str:
+    c, s = r["checkpoint"], r["settings"]
+    lines = [
+        "# Llama-3-8B's width and depth from disk within 8 GiB (`bench_scale.py`)",
+        "",
+        f"Random bf16 Llama, hidden {c['shape']['hidden']:,}, {c['shape']['layers']} blocks, "
+        f"{c['shape']['heads']} heads, {c['shape']['kv_heads']} KV heads, MLP "
+        f"{c['shape']['ffn']:,} (narrow), vocabulary {c['vocab']:,}: "
+        f"{c['bytes'] / 2**30:.2f} GiB in {c['shards']} shards. Calibration: packed "
+        f"sequences of {s['max_length']} tokens, per phase {s['samples']} sequences. "
+        "Peak RssAnon of the process and its children polled from outside every 0.2 s; "
+        "peak disk: the temporary folder's file system above its start, less the output.",
+        "",
+        "| phase | exit | wall | peak RssAnon | peak disk (buffers) | output |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, p in r["phases"].items():
+        lines.append(
+            f"| {name} | {p['returncode']} | {p['wall_s']:.0f} s | "
+            f"{p['peak_rss_anon_mib']:,} MiB | {p['peak_disk_mib']:,} MiB | "
+            f"{p['output_mib']:,} MiB |"
+        )
+    lines += ["", describe(r["machine"]), ""]
+    for name, p in r["phases"].items():
+        lines += [f"## {name}", "", f"`{p['command']}`", "", "```", *p["log"], "```", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
