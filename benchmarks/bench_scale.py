@@ -67,13 +67,18 @@ PHASES = {
 
 
 class DiskPoller:
-    """Peak bytes used on the file system of ``folder`` above the level at
-    the start, less what ``exclude`` holds, polled every ``interval`` s."""
+    """Peak disk a phase uses, polled every ``interval`` s in two ways:
+    ``buffers``, the files open under ``folder`` (the phase's ``TMPDIR``)
+    in any process, unlinked ones included (``/proc/*/fd``: ``du`` cannot
+    see a file with no name), and named files under it; ``filesystem``,
+    the used bytes of ``folder``'s file system above the start
+    (``statvfs``) less what ``exclude`` (the output folder) holds, which
+    also counts whatever else writes to that file system meanwhile."""
 
     def __init__(self, folder: Path, exclude: Path, interval: float = 0.5) -> None:
         self.folder, self.exclude, self.interval = folder, exclude, interval
         self.start = self._used()
-        self.peak = 0
+        self.buffers = self.filesystem = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -81,19 +86,30 @@ class DiskPoller:
         st = os.statvfs(self.folder)
         return (st.f_blocks - st.f_bfree) * st.f_frsize
 
-    def _excluded(self) -> int:
-        total = 0
-        for root, _, files in os.walk(self.exclude):
-            for name in files:
+    def _open_under(self) -> int:
+        prefix, seen, total = f"{self.folder}/", set(), 0
+        for fds in Path("/proc").glob("[0-9]*/fd"):
+            try:
+                entries = os.listdir(fds)
+            except OSError:
+                continue
+            for fd in entries:
                 try:
-                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                    if not os.readlink(fds / fd).startswith(prefix):
+                        continue
+                    st = os.stat(fds / fd)
                 except OSError:
                     continue
-        return total
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
+        return total + _allocated(self.folder)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self._used() - self.start - self._excluded())
+            self.buffers = max(self.buffers, self._open_under())
+            fs = self._used() - self.start - _allocated(self.exclude)
+            self.filesystem = max(self.filesystem, fs)
             self._stop.wait(self.interval)
 
     def __enter__(self) -> DiskPoller:
@@ -103,6 +119,18 @@ class DiskPoller:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _allocated(folder: Path) -> int:
+    """Bytes allocated to the named files under ``folder``."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
 
 
 #: Lines of the CLI's log worth keeping: timings, buffers, the path chosen, results.
@@ -125,7 +153,7 @@ def run_phase(phase: str, ckpt: Path, calib: Path, work: Path, args) -> dict:
     """One phase's CLI command under the memory and disk pollers."""
     out = work / f"out-{phase}"
     shutil.rmtree(out, ignore_errors=True)
-    tmp = work / "tmp"
+    tmp = work / f"tmp-{phase}"  # one per phase: phases may run at once
     tmp.mkdir(exist_ok=True)
     toast_cli = str(Path(sys.executable).with_name("toast"))
     sub, *options = PHASES[phase]
@@ -144,7 +172,8 @@ def run_phase(phase: str, ckpt: Path, calib: Path, work: Path, args) -> dict:
         "returncode": polled.returncode,
         "wall_s": round(polled.wall_s, 1),
         "peak_rss_anon_mib": round(polled.peak_mib),
-        "peak_disk_mib": round(disk.peak / 2**20),
+        "peak_buffers_mib": round(disk.buffers / 2**20),
+        "peak_filesystem_mib": round(disk.filesystem / 2**20),
         "output_mib": round(sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20)
         if out.exists()
         else 0,
@@ -243,15 +272,18 @@ def _markdown(r: dict) -> str:
         f"{c['bytes'] / 2**30:.2f} GiB in {c['shards']} shards. Calibration: packed "
         f"sequences of {s['max_length']} tokens, per phase {s['samples']} sequences. "
         "Peak RssAnon of the process and its children polled from outside every 0.2 s; "
-        "peak disk: the temporary folder's file system above its start, less the output.",
+        "peak buffers: the files open under the phase's TMPDIR (unlinked ones too, from "
+        "/proc/*/fd); file system peak: used bytes above the start less the output, which "
+        "counts other writers too.",
         "",
-        "| phase | exit | wall | peak RssAnon | peak disk (buffers) | output |",
-        "|---|---|---|---|---|---|",
+        "| phase | exit | wall | peak RssAnon | peak buffers | file system peak | output |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, p in r["phases"].items():
         lines.append(
             f"| {name} | {p['returncode']} | {p['wall_s']:.0f} s | "
-            f"{p['peak_rss_anon_mib']:,} MiB | {p['peak_disk_mib']:,} MiB | "
+            f"{p['peak_rss_anon_mib']:,} MiB | {p['peak_buffers_mib']:,} MiB | "
+            f"{p['peak_filesystem_mib']:,} MiB | "
             f"{p['output_mib']:,} MiB |"
         )
     lines += ["", describe(r["machine"]), ""]
