@@ -11,7 +11,7 @@ a user would type it, in its own process::
 
     toast compress CKPT --method replaceme --num-blocks 8 ... --max-memory 8GiB --path disk
     toast compress CKPT --method toast --budget 2 ... --max-memory 8GiB
-    toast search CKPT --heldout 0.1 --max-measured 2 ... --max-memory 8GiB
+    toast search CKPT --heldout 0.1 --target params=5% --max-blocks 2 ... --max-memory 8GiB
 
 while :func:`_peak.run_polled` polls the anonymous resident memory of the
 process and its children and a thread polls the disk: the used bytes of the
@@ -21,9 +21,11 @@ the start, less what the output folder holds (its writing is not a buffer).
 Other work writing to the same file system would show in that figure: the
 load and the free space are recorded.
 
-The calibration is small so that 2 cores finish: ``--pack`` sequences of
-``--max-length`` tokens, ``--samples`` of them per phase (TOAST's error
-estimates need more token rows than the width, 4,096).
+The calibration is small so that 2 cores finish: ``--samples`` packed
+sequences of ``--max-length`` tokens per compress phase, ``--samples``
+lines (one text each) for the search, which reads a text a line; TOAST's
+and the search's error estimates need more token rows than the width,
+4,096 (about 8,000 here).
 
 Usage::
 
@@ -62,7 +64,19 @@ RESULTS = ROOT / "benchmarks" / "results"
 PHASES = {
     "replaceme": ["compress", "--method", "replaceme", "--num-blocks", "8"],
     "toast": ["compress", "--method", "toast", "--budget", "2"],
-    "search": ["search", "--heldout", "0.1", "--max-measured", "2", "--no-cache", "--no-latency"],
+    "search": [
+        "search",
+        "--heldout",
+        "0.1",
+        "--target",
+        "params=5%",
+        "--max-blocks",
+        "2",
+        "--max-measured",
+        "2",
+        "--no-cache",
+        "--no-latency",
+    ],  # fmt: skip
 }
 
 
@@ -158,7 +172,8 @@ def run_phase(phase: str, ckpt: Path, calib: Path, work: Path, args) -> dict:
     toast_cli = str(Path(sys.executable).with_name("toast"))
     sub, *options = PHASES[phase]
     cmd = [toast_cli, sub, str(ckpt), *options, "--data", str(calib), "--out", str(out)]
-    cmd += ["--max-memory", args.max_memory, "--max-length", str(args.max_length), "--pack"]
+    cmd += ["--max-memory", args.max_memory, "--max-length", str(args.max_length)]
+    cmd += ["--pack"] if sub == "compress" else []  # toast search reads a text a line
     cmd += ["--max-samples", str(args.samples[phase]), "--path", args.path]
     cmd += args.extra.get(phase, [])
     env = {**os.environ, "TMPDIR": str(tmp), "OMP_NUM_THREADS": str(args.threads)}
@@ -206,8 +221,8 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument(
         "--samples",
-        default="replaceme=16,toast=48,search=16",
-        help="packed sequences per phase (--max-samples)",
+        default="replaceme=16,toast=64,search=480",
+        help="--max-samples per phase: packed sequences (compress), lines (search)",
     )
     parser.add_argument("--max-memory", default="8GiB")
     parser.add_argument(
@@ -235,13 +250,19 @@ def main() -> None:
     calib = work / f"calib-{args.chars}.txt"
     if not calib.exists():
         write_text(calib, args.chars)
+    load = os.getloadavg()
+    for phase in filter(None, args.phases.split(",")):
+        result = run_phase(phase, ckpt, calib, work, args)
+        print(phase, {k: v for k, v in result.items() if k not in ("timeline", "log")}, flush=True)
+        _save(phase, result, ckpt, shape, args, load)
+
+
+def _save(phase: str, result: dict, ckpt: Path, shape: tuple[int, ...], args, load) -> None:
+    """Adds ``phase`` to the results, read again now: another run may have
+    added its phases meanwhile."""
     saved_path = RESULTS / "scale.json"
     saved = json.loads(saved_path.read_text()) if saved_path.exists() else {"phases": {}}
-    load = os.getloadavg()
-    for phase in args.phases.split(","):
-        result = run_phase(phase, ckpt, calib, work, args)
-        saved["phases"][phase] = result
-        print(phase, {k: v for k, v in result.items() if k not in ("timeline", "log")}, flush=True)
+    saved["phases"][phase] = {**result, "samples": args.samples[phase]}
     saved.update(
         checkpoint=_checkpoint(ckpt, shape),
         settings={"max_length": args.max_length, "samples": args.samples, "chars": args.chars},
