@@ -149,7 +149,7 @@ def _allocated(folder: Path) -> int:
 
 #: Lines of the CLI's log worth keeping: timings, buffers, the path chosen, results.
 _KEEP = re.compile(
-    r"sequential path|buffer|peak memory|took|\d s$|\d s[,;)]|error matrix|plan|"
+    r"sequential path|buffer|peak memory|took|\ds$|\d s$|\d s[,;)]|error matrix|plan|"
     r"removed|spans?|chosen|candidate|wrote|statistics|estimator|GiB",
     re.IGNORECASE,
 )
@@ -161,6 +161,12 @@ def _log_lines(log: Path) -> list[str]:
     lines = [x.strip() for x in text.splitlines() if x.strip()]
     kept = [x for x in lines if _KEEP.search(x) and "ETA" not in x]
     return kept[-40:]
+
+
+def _tokens(log: Path) -> int:
+    """Calibration tokens, as the activation buffer's line says (0 if absent)."""
+    found = re.search(r"\(([\d,]+) tokens x", log.read_text(errors="replace"))
+    return int(found.group(1).replace(",", "")) if found else 0
 
 
 def run_phase(phase: str, ckpt: Path, calib: Path, work: Path, args) -> dict:
@@ -196,11 +202,53 @@ def run_phase(phase: str, ckpt: Path, calib: Path, work: Path, args) -> dict:
         "load_before": load,
         "load_after": os.getloadavg(),
         "log": _log_lines(log),
+        "tokens": _tokens(log),
         "timeline": [
             (round(t, 1), round(m))
             for t, m in polled.timeline[:: max(1, len(polled.timeline) // 200)]
         ],
     }
+
+
+#: Shapes the formulas are evaluated for: hidden, MLP, blocks, KV width, vocabulary.
+LLAMA3 = {
+    "Llama-3-8B": (4096, 14336, 32, 1024, 128256),
+    "Llama-3-70B": (8192, 28672, 80, 1024, 128256),
+}
+#: The interpreter, torch and transformers (toast.hf.capture.budget.SEQUENTIAL_ALLOWANCE).
+BASE_BYTES = 512 << 20
+
+
+def estimate(
+    shape: tuple[int, ...], tokens: int, phase: str, statistics: int | None = None
+) -> dict:
+    """Peak memory and buffer disk of ``phase`` on the sequential path, by
+    formula, for ``shape`` = (hidden d, MLP, blocks L, KV width, vocabulary
+    V) and ``tokens`` calibration tokens T (a bound, not a fit):
+
+    - memory = 0.5 GiB + 4 max(P_block, V d) (the heaviest of one block and
+      the embedding, widened to float32) + statistics: ReplaceMe 4 × 8 d²
+      (XᵀX, XᵀY, the solve's factor and result, float64); TOAST its
+      ``statistics_bytes`` (``auto``: 1 GiB, or one pair's errors when
+      wider); the search its shared bound (the same ``auto``) + 256 MiB of
+      rows a replay joins;
+    - disk = the activation buffer 2 × T d × 4, and ReplaceMe's L_start and
+      M of its cut (2 × T d × 4) or every state's rows, (L + 1) × T d × 4,
+      for TOAST and the search.
+    """
+    from toast.core.chunked import JOIN_BYTES, resolve_bound
+
+    d, ffn, layers, kv, vocab = shape
+    block = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d
+    held = 4 * max(block, vocab * d)
+    row = tokens * d * 4
+    if phase == "replaceme":
+        stats, disk = 4 * 8 * d * d, 4 * row
+    elif phase == "toast":
+        stats, disk = statistics or resolve_bound("auto", d, 0), (layers + 3) * row
+    else:
+        stats, disk = resolve_bound("auto", d, 0) + JOIN_BYTES, (layers + 3) * row
+    return {"memory": BASE_BYTES + held + stats, "disk": disk, "held": held, "statistics": stats}
 
 
 def _phase_args(text: str) -> dict[str, list[str]]:
@@ -237,7 +285,12 @@ def main() -> None:
     parser.add_argument(
         "--extra", default="", help="more options per phase: 'toast:--estimator cv;search:...'"
     )
+    parser.add_argument("--render", action="store_true", help="only rewrite scale.md")
     args = parser.parse_args()
+    if args.render:
+        saved = json.loads((RESULTS / "scale.json").read_text())
+        (RESULTS / "scale.md").write_text(_markdown(saved))
+        return
     args.samples = {k: int(v) for k, v in (p.split("=") for p in args.samples.split(","))}
     args.extra = _phase_args(args.extra)
     work = Path(args.work)
@@ -290,27 +343,68 @@ def _markdown(r: dict) -> str:
         f"Random bf16 Llama, hidden {c['shape']['hidden']:,}, {c['shape']['layers']} blocks, "
         f"{c['shape']['heads']} heads, {c['shape']['kv_heads']} KV heads, MLP "
         f"{c['shape']['ffn']:,} (narrow), vocabulary {c['vocab']:,}: "
-        f"{c['bytes'] / 2**30:.2f} GiB in {c['shards']} shards. Calibration: packed "
-        f"sequences of {s['max_length']} tokens, per phase {s['samples']} sequences. "
+        f"{c['bytes'] / 2**30:.2f} GiB in {c['shards']} shards. Calibration: up to "
+        f"{s['max_length']} tokens a sequence (`--max-samples` below: packed sequences for "
+        "compress, lines for the search). "
         "Peak RssAnon of the process and its children polled from outside every 0.2 s; "
         "peak buffers: the files open under the phase's TMPDIR (unlinked ones too, from "
         "/proc/*/fd); file system peak: used bytes above the start less the output, which "
         "counts other writers too.",
         "",
-        "| phase | exit | wall | peak RssAnon | peak buffers | file system peak | output |",
-        "|---|---|---|---|---|---|---|",
+        "| phase | samples | tokens | exit | wall | peak RssAnon | peak buffers "
+        "| file system peak | output |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, p in r["phases"].items():
         lines.append(
-            f"| {name} | {p['returncode']} | {p['wall_s']:.0f} s | "
+            f"| {name} | {p['samples']} | {p['tokens']:,} | {p['returncode']} | "
+            f"{p['wall_s']:.0f} s | "
             f"{p['peak_rss_anon_mib']:,} MiB | {p['peak_buffers_mib']:,} MiB | "
             f"{p['peak_filesystem_mib']:,} MiB | "
             f"{p['output_mib']:,} MiB |"
         )
-    lines += ["", describe(r["machine"]), ""]
+    lines += ["", describe(r["machine"]), "", *_formula_table(r)]
     for name, p in r["phases"].items():
         lines += [f"## {name}", "", f"`{p['command']}`", "", "```", *p["log"], "```", ""]
     return "\n".join(lines)
+
+
+def _formula_table(r: dict) -> list[str]:
+    """The formulas of :func:`estimate` against the measured peaks, then
+    evaluated for Llama-3-8B and 70B at this run's token counts."""
+    from toast.hf.capture.budget import parse_size
+
+    c = r["checkpoint"]["shape"]
+    ours = (c["hidden"], c["ffn"], c["layers"], c["hidden"] * c["kv_heads"] // c["heads"])
+    ours += (r["checkpoint"]["vocab"],)
+    lines = [
+        "## Formula against measured",
+        "",
+        "Sequential path (`estimate` in this script): memory = 0.5 GiB + 4 max(P_block, V d) "
+        "+ statistics (ReplaceMe 4 × 8 d²; TOAST `statistics_bytes`; the search its bound "
+        "+ 256 MiB); buffers = ReplaceMe 4 T d × 4 B, TOAST and the search (L + 3) T d × 4 B "
+        "(T tokens, L blocks).",
+        "",
+        "| model | phase | tokens | memory formula | measured RssAnon | buffers formula "
+        "| measured buffers |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, p in r["phases"].items():
+        given = re.search(r"--statistics-bytes (\S+)", p["command"])
+        stats = parse_size(given.group(1)) if given else None
+        e = estimate(ours, p["tokens"], name, stats)
+        lines.append(
+            f"| this checkpoint | {name} | {p['tokens']:,} | {e['memory'] / 2**30:.2f} GiB | "
+            f"{p['peak_rss_anon_mib'] / 1024:.2f} GiB | {e['disk'] / 2**30:.2f} GiB | "
+            f"{p.get('peak_buffers_mib', 0) / 1024:.2f} GiB |"
+        )
+        for model, shape in LLAMA3.items():
+            e = estimate(shape, p["tokens"], name, stats)
+            lines.append(
+                f"| {model} | {name} | {p['tokens']:,} | {e['memory'] / 2**30:.2f} GiB | — | "
+                f"{e['disk'] / 2**30:.2f} GiB | — |"
+            )
+    return [*lines, ""]
 
 
 if __name__ == "__main__":
