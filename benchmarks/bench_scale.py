@@ -150,7 +150,8 @@ def _allocated(folder: Path) -> int:
 #: Lines of the CLI's log worth keeping: timings, buffers, the path chosen, results.
 _KEEP = re.compile(
     r"sequential path|buffer|peak memory|took|\ds$|\d s$|\d s[,;)]|error matrix|plan|"
-    r"removed|spans?|chosen|candidate|wrote|statistics|estimator|GiB",
+    r"removed|spans?|chosen|candidate|wrote|statistics|estimator|GiB|keeping|Parameters|"
+    r"warning|\| \[|stopped|replaced|\*\*",
     re.IGNORECASE,
 )
 
@@ -233,8 +234,9 @@ def estimate(
       wider); the search its shared bound (the same ``auto``) + 256 MiB of
       rows a replay joins;
     - disk = the activation buffer 2 × T d × 4, and ReplaceMe's L_start and
-      M of its cut (2 × T d × 4) or every state's rows, (L + 1) × T d × 4,
-      for TOAST and the search.
+      M of its cut (2 × T d × 4) or, for TOAST and the search, every state's
+      rows twice, 2 (L + 1) × T d × 4: the block-by-block pass keeps them and
+      the bounded moments copy them into their own row buffer.
     """
     from toast.core.chunked import JOIN_BYTES, resolve_bound
 
@@ -245,9 +247,11 @@ def estimate(
     if phase == "replaceme":
         stats, disk = 4 * 8 * d * d, 4 * row
     elif phase == "toast":
-        stats, disk = statistics or resolve_bound("auto", d, 0), (layers + 3) * row
+        # a bound below one pair's needs is refused: the auto bound is the least
+        stats = max(statistics or 0, resolve_bound("auto", d, 0))
+        disk = (2 * layers + 4) * row
     else:
-        stats, disk = resolve_bound("auto", d, 0) + JOIN_BYTES, (layers + 3) * row
+        stats, disk = resolve_bound("auto", d, 0) + JOIN_BYTES, (2 * layers + 4) * row
     return {"memory": BASE_BYTES + held + stats, "disk": disk, "held": held, "statistics": stats}
 
 
@@ -352,8 +356,8 @@ def _markdown(r: dict) -> str:
         "counts other writers too.",
         "",
         "| phase | samples | tokens | exit | wall | peak RssAnon | peak buffers "
-        "| file system peak | output |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| file system peak | output | load before / after |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, p in r["phases"].items():
         lines.append(
@@ -361,11 +365,12 @@ def _markdown(r: dict) -> str:
             f"{p['wall_s']:.0f} s | "
             f"{p['peak_rss_anon_mib']:,} MiB | {p['peak_buffers_mib']:,} MiB | "
             f"{p['peak_filesystem_mib']:,} MiB | "
-            f"{p['output_mib']:,} MiB |"
+            f"{p['output_mib']:,} MiB | {p['load_before'][0]:.1f} / {p['load_after'][0]:.1f} |"
         )
     lines += ["", describe(r["machine"]), "", *_formula_table(r)]
     for name, p in r["phases"].items():
         lines += [f"## {name}", "", f"`{p['command']}`", "", "```", *p["log"], "```", ""]
+        lines += [p["note"], ""] if p.get("note") else []
     return "\n".join(lines)
 
 
@@ -382,8 +387,8 @@ def _formula_table(r: dict) -> list[str]:
         "",
         "Sequential path (`estimate` in this script): memory = 0.5 GiB + 4 max(P_block, V d) "
         "+ statistics (ReplaceMe 4 × 8 d²; TOAST `statistics_bytes`; the search its bound "
-        "+ 256 MiB); buffers = ReplaceMe 4 T d × 4 B, TOAST and the search (L + 3) T d × 4 B "
-        "(T tokens, L blocks).",
+        "+ 256 MiB); buffers = ReplaceMe 4 T d × 4 B, TOAST and the search (2 L + 4) T d × 4 B "
+        "(T tokens, L blocks: the states' rows wait twice).",
         "",
         "| model | phase | tokens | memory formula | measured RssAnon | buffers formula "
         "| measured buffers |",
