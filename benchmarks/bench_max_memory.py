@@ -45,10 +45,10 @@ SHAPE = (2048, 5632, 16, 16, 4)
 SHARDS = 4
 
 
-def _llama_config(vocab: int):
+def _llama_config(vocab: int, shape: tuple[int, int, int, int, int] = SHAPE):
     import transformers
 
-    d, ffn, layers, heads, kv = SHAPE
+    d, ffn, layers, heads, kv = shape
     return transformers.LlamaConfig(
         vocab_size=vocab,
         hidden_size=d,
@@ -63,9 +63,12 @@ def _llama_config(vocab: int):
     )
 
 
-def generate(folder: Path) -> dict:
-    """The checkpoint, shard by shard (never the whole model in memory),
-    with SmolLM2's tokenizer."""
+def generate(
+    folder: Path, shape: tuple[int, int, int, int, int] = SHAPE, shards: int = SHARDS
+) -> dict:
+    """The checkpoint of ``shape`` (hidden, intermediate, layers, heads, kv
+    heads), in ``shards`` shards written one by one (never the whole model
+    in memory), with SmolLM2's tokenizer and vocabulary."""
     import torch
     import transformers
     from safetensors.torch import save_file
@@ -74,7 +77,7 @@ def generate(folder: Path) -> dict:
     import toast.zoo
 
     tokenizer = toast.load_tokenizer(toast.zoo.smollm2_gguf())
-    config = _llama_config(len(tokenizer))
+    config = _llama_config(len(tokenizer), shape)
     with torch.device("meta"):
         shapes = {
             k: tuple(v.shape) for k, v in transformers.LlamaForCausalLM(config).state_dict().items()
@@ -82,12 +85,12 @@ def generate(folder: Path) -> dict:
     total = sum(2 * _numel(s) for s in shapes.values())
     groups: list[list[str]] = [[]]
     used = 0
-    for key, shape in shapes.items():
-        if groups[-1] and used + 2 * _numel(shape) > total / SHARDS + 1:
+    for key, size in shapes.items():
+        if groups[-1] and used + 2 * _numel(size) > total / shards + 1:
             groups.append([])
             used = 0
         groups[-1].append(key)
-        used += 2 * _numel(shape)
+        used += 2 * _numel(size)
     folder.mkdir(parents=True)
     generator = torch.Generator().manual_seed(0)
     weight_map = {}

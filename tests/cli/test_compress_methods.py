@@ -47,6 +47,13 @@ def test_every_option_a_command_line_can_give_is_a_flag(method, capsys):
         assert f"--{'no-' if negated else ''}{flag}" in shown, name
 
 
+@pytest.mark.parametrize(("given", "expected"), [("4GiB", 4 << 30), ("auto", "auto")])
+def test_statistics_bytes_takes_a_size_or_auto(given, expected):
+    argv = ["compress", "m", "--method", "toast", "--budget", "2", "--out", "o"]
+    parsed = _build_parser("toast").parse_args([*argv, "--statistics-bytes", given])
+    assert config_from_args(parsed).statistics_bytes == expected
+
+
 def test_toast_vit_from_the_command_line_gives_the_library_model(tmp_path):
     model = hf_models.build(hf_models.FAMILIES[0])  # a tiny ViT
     model.save_pretrained(tmp_path / "vit")

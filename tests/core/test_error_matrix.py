@@ -114,6 +114,21 @@ def test_in_sample_absolute_ridge(metric):
         assert_rel(E[i, j], in_sample_ref(X[i], X[j], metric == "affine", lam), 1e-7)
 
 
+@pytest.mark.parametrize("metric", ["linear", "affine"])
+def test_in_sample_on_a_singular_gram_equals_min_norm_residual(metric):
+    # a duplicated column makes every Gram singular: the core's eigen path
+    # (not the one-solve Cholesky shortcut) gives the in-sample error
+    X = make_states(4, 4, 300, 8, noise=0.3, mean=1.0)
+    X = [np.concatenate([x, x[:, :1]], axis=1) for x in X]
+    m = toast.Moments(4, 9, folds=0)
+    m.update(X)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the ill-conditioning warning is the point
+        E = toast.error_matrix(m, metric=metric, estimator="in_sample")
+    for i, j in upper_pairs(len(X)):
+        assert_rel(E[i, j], in_sample_ref(X[i], X[j], metric == "affine"), 1e-6, f"E[{i},{j}]")
+
+
 def test_in_sample_relative_ridge_linear():
     X, m = states_and_moments(seed=3)
     r = 0.05

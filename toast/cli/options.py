@@ -135,14 +135,22 @@ def add_config_arguments(
                 flag, dest=name, action="store_false" if default else "store_true", help=help_text
             )
             continue
+        shown = f" (default {default})" if default is not None else ""
+        if name.endswith("_bytes"):
+            # a size or its word ("auto"): _size checks both, where choices
+            # would refuse every size
+            parser.add_argument(
+                _flag(name), dest=name, type=_size, default=default, metavar="SIZE",
+                help=help_text + shown,
+            )  # fmt: skip
+            continue
         choices = next(
             (list(c.values) for c in constraints.get(name, []) if isinstance(c, Options)), None
         )
-        shown = f" (default {default})" if default is not None else ""
         parser.add_argument(
             _flag(name),
             dest=name,
-            type=_size if name.endswith("_bytes") else _value_type(field),
+            type=_value_type(field),
             default=default,
             choices=choices,
             help=help_text + shown,
