@@ -230,7 +230,7 @@ def test_each_familys_plan_saved_from_disk_gives_the_built_models_logits(checkpo
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5, msg=family)
 
 
-def test_a_max_memory_the_moments_alone_exceed_is_refused_before_any_pass(checkpoint, monkeypatch):
+def test_a_max_memory_below_the_plans_least_is_refused_before_any_pass(checkpoint, monkeypatch):
     search_module = importlib.import_module("toast.frontier.search")
 
     def no_loading(self, index):
@@ -243,21 +243,22 @@ def test_a_max_memory_the_moments_alone_exceed_is_refused_before_any_pass(checkp
     states, width = layout.num_blocks + 1, disk.model.config.hidden_size
     assert needed == 2 * states * (states + 1) // 2 * width * width * 8  # every pair, float64
     data, heldout = _data()
-    with pytest.raises(ValueError, match=r"moments alone exceed .* give max_memory at least"):
+    with pytest.raises(ValueError, match=r"memory plan: .* needs at least .* raise --max-memory"):
         toast.search(
             checkpoint, data, heldout, target=0.2, cache=False, progress=False,
             latency=False, max_memory="1KB",
         )  # fmt: skip  # below the model (the disk path) and below its moments
 
 
-def test_the_disk_search_says_what_its_moments_add(checkpoint, capsys):
+def test_the_disk_search_says_its_memory_plan_with_the_moments(checkpoint, capsys):
     data, heldout = _data()
     toast.search(
         checkpoint, data, heldout, target=0.2, cache=False, progress=False,
         latency=False, sequential=True,
     )  # fmt: skip
-    said = [line for line in capsys.readouterr().err.splitlines() if "moments" in line]
-    assert len(said) == 1 and said[0].startswith("toast search:") and "GiB in all" in said[0]
+    said = [line for line in capsys.readouterr().err.splitlines() if "memory plan" in line]
+    assert len(said) == 1 and said[0].startswith("toast search: memory plan: one block")
+    assert "moments of the shared pass" in said[0]
 
 
 def test_a_model_file_is_loaded_and_searched_in_memory(tmp_path, monkeypatch, capsys):
@@ -274,3 +275,22 @@ def test_a_model_file_is_loaded_and_searched_in_memory(tmp_path, monkeypatch, ca
     assert said == ["toast search: in-memory path (model.gguf is a file)"]
     with pytest.raises(ValueError, match="needs a checkpoint folder"):
         toast.search(file, data, heldout, sequential=True, progress=False, **common)
+
+
+def test_the_shared_pass_bound_follows_what_max_memory_leaves(checkpoint, monkeypatch):
+    # Width 4,096 needs several sources a replay to finish: the bound is
+    # what the budget leaves beside the block-by-block path's own parts.
+    search_module = importlib.import_module("toast.frontier.search")
+    from toast.core.chunked import JOIN_BYTES, pair_nbytes
+    from toast.hf.capture.budget import MemoryPlan, sequential_parts
+
+    disk = DiskModel.open(checkpoint)
+    layout = toast.methods.base.Layout(disk.stack)
+    methods = toast.methods.base.staged_methods()
+    own = sum(n for _, n in sequential_parts(disk))
+    width = disk.model.config.hidden_size
+    least = pair_nbytes(width, 0)
+    roomy = MemoryPlan(True, own + JOIN_BYTES + 10 * least, 0, 0)
+    assert search_module._plan_statistics(roomy, disk, layout, methods) == 10 * least
+    huge = MemoryPlan(True, 2**40, 0, 0)
+    assert search_module._plan_statistics(huge, disk, layout, methods) == 2**30  # "auto"

@@ -32,6 +32,7 @@ from toast.methods.base import (
     capture_shared,
     capture_shared_from_disk,
 )
+from toast.methods.stages import SHARED_BYTES
 
 __all__ = ["Calibrated", "calibrate", "calibrate_from_disk", "model_sizes"]
 
@@ -100,13 +101,14 @@ def calibrate_from_disk(
     calibration: Calibration,
     backend: str,
     max_blocks: int,
+    statistics_bytes: int | str = SHARED_BYTES,
 ) -> Calibrated:
     """:func:`calibrate` on the checkpoint ``disk``, block by block: the
-    same shared pass and each method's ``calibrate_from_disk`` (a method
-    without one is left out)."""
+    same shared pass (its moments bounded by ``statistics_bytes``) and each
+    method's ``calibrate_from_disk`` (a method without one is left out)."""
     needs = _needs(methods, layout)
     shared = (
-        capture_shared_from_disk(disk, data, calibration, backend, max_blocks)
+        capture_shared_from_disk(disk, data, calibration, backend, max_blocks, statistics_bytes)
         if needs.moments
         else None
     )

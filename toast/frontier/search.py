@@ -27,8 +27,8 @@ from typing import Any
 from torch import nn
 
 from toast._validation import Interval, Options, Predicate, check
-from toast.core.chunked import JOIN_BYTES, resolve_bound
-from toast.hf.capture.budget import MemoryPlan, plan_checkpoint
+from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound
+from toast.hf.capture.budget import MemoryPlan, plan_checkpoint, say_plan, sequential_parts
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
 from toast.hf.data.progress import progress_bar
@@ -87,6 +87,8 @@ class _Run:
     notes: list[str] = field(default_factory=list)
     #: seconds per phase (:attr:`SearchResult.timings`)
     timings: dict[str, float] = field(default_factory=dict)
+    #: the shared moments pass's bound (:attr:`_Opened.statistics_bytes`)
+    statistics_bytes: int | str = SHARED_BYTES
 
 
 def search(
@@ -246,6 +248,7 @@ def _prepare(
         tokenizer,
         opened.disk,
         notes,
+        statistics_bytes=opened.statistics_bytes,
     )
 
 
@@ -260,6 +263,9 @@ class _Opened:
     layout: Layout
     methods: list[Method]
     fingerprint: str
+    #: the shared moments pass's bound (:data:`toast.methods.stages.SHARED_BYTES`,
+    #: or what ``max_memory`` leaves from disk)
+    statistics_bytes: int | str = SHARED_BYTES
 
 
 def _open(
@@ -313,9 +319,9 @@ def _open(
             "model, or ask for params= or quality="
         )
     layout = Layout(disk.stack)
-    _check_statistics(plan, disk, layout, methods, max_memory)
+    bound = _plan_statistics(plan, disk, layout, methods)
     # the blocks were found with the skeleton; methods in memory only are left out later
-    return _Opened(disk.model, disk, layout, methods, fingerprint_files(model))
+    return _Opened(disk.model, disk, layout, methods, fingerprint_files(model), bound)
 
 
 #: The moments' peak as a multiple of their stored size: measured on
@@ -336,37 +342,33 @@ def statistics_bytes(disk: DiskModel, layout: Layout, methods: list[Method]) -> 
     width = getattr(disk.model.config, "hidden_size", None)
     if not isinstance(width, int):
         return 0
+    return min(_whole(disk, layout), resolve_bound(SHARED_BYTES, width, 0) + JOIN_BYTES)
+
+
+def _whole(disk: DiskModel, layout: Layout) -> int:
+    """The peak of whole moments of every pair of the block states."""
+    width = int(getattr(disk.model.config, "hidden_size", 0) or 0)
     states = layout.num_blocks + 1
-    whole = int(MOMENTS_PEAK_FACTOR * states * (states + 1) // 2 * width * width * 8)
-    return min(whole, resolve_bound(SHARED_BYTES, width, 0) + JOIN_BYTES)
+    return int(MOMENTS_PEAK_FACTOR * states * (states + 1) // 2 * width * width * 8)
 
 
-def _check_statistics(
-    plan: MemoryPlan,
-    disk: DiskModel,
-    layout: Layout,
-    methods: list[Method],
-    max_memory: int | str | None,
-) -> None:
-    """Says what the moments add to the weights' bound, and refuses before
-    any pass a ``max_memory`` the moments alone exceed (the weights' bound
-    holds whatever the budget, as for ``toast.compress``; the moments do
-    not shrink with it)."""
-    extra = statistics_bytes(disk, layout, methods)
-    if not extra:
-        return
-    total = plan.bound + extra
-    said = (
-        f"the moments of the {layout.num_blocks + 1} block states (within a bound) "
-        f"add about {extra / 2**30:.2f} GiB to the weights' bound: about "
-        f"{total / 2**30:.2f} GiB in all"
-    )
-    if max_memory is not None and extra > plan.budget:
-        raise ValueError(
-            f"{said}; the moments alone exceed max_memory={max_memory!r}: give max_memory "
-            f"at least {extra / 2**30:.2f} GiB"
-        )
-    print(f"toast search: {said}", file=sys.stderr)
+def _plan_statistics(
+    plan: MemoryPlan, disk: DiskModel, layout: Layout, methods: list[Method]
+) -> int | str:
+    """The shared moments pass's bound from what ``plan.budget`` leaves
+    beside the block-by-block path's own parts (never below one pair's
+    errors), said as ``toast compress`` says its plan, and the run refused
+    before any pass when even that does not fit (:func:`say_plan`)."""
+    parts = sequential_parts(disk)
+    width = getattr(disk.model.config, "hidden_size", None)
+    bound: int | str = SHARED_BYTES
+    if isinstance(width, int) and statistics_bytes(disk, layout, methods):
+        room = plan.budget - sum(n for _, n in parts) - JOIN_BYTES
+        wanted = resolve_bound(SHARED_BYTES, width, 0)
+        bound = max(min(wanted, room), pair_nbytes(width, 0)) if room < wanted else wanted
+        parts.append(("moments of the shared pass", min(bound + JOIN_BYTES, _whole(disk, layout))))
+    say_plan("toast search", parts, plan.budget)
+    return bound
 
 
 def _is_path(value: Any) -> bool:
@@ -398,7 +400,14 @@ def _calibrated(run: _Run, backend: str, max_blocks: int | None) -> tuple[Calibr
     limit = _max_blocks(run, max_blocks)
     if run.disk is not None:
         calibrated = calibrate_from_disk(
-            run.disk, run.data, run.layout, run.methods, run.calibration, backend, limit
+            run.disk,
+            run.data,
+            run.layout,
+            run.methods,
+            run.calibration,
+            backend,
+            limit,
+            run.statistics_bytes,
         )
     else:
         calibrated = calibrate(
