@@ -205,6 +205,8 @@ def main() -> None:
         found = json.loads((folder / "child.json").read_text())
         found["characters"] = len(calib.read_text())
     found.update(peaks=peaks, args=vars(args), machine=_machine.machine(load))
+    # the measurements first: a report that fails to render loses nothing
+    (RESULTS / "search_memory.json").write_text(json.dumps(found, indent=1))
     _write(found)
 
 
