@@ -290,7 +290,11 @@ def test_the_shared_pass_bound_follows_what_max_memory_leaves(checkpoint, monkey
     own = sum(n for _, n in sequential_parts(disk))
     width = disk.model.config.hidden_size
     least = pair_nbytes(width, 0)
-    roomy = MemoryPlan(True, own + JOIN_BYTES + 10 * least, 0, 0)
-    assert search_module._plan_statistics(roomy, disk, layout, methods) == 10 * least
+    whole = search_module._whole(disk, layout)  # every pair's moments at their peak
+    assert whole // 4 > least
+    half = MemoryPlan(True, own + JOIN_BYTES + whole // 2, 0, 0)
+    assert search_module._plan_statistics(half, disk, layout, methods) == whole // 4
+    starved = MemoryPlan(True, own + JOIN_BYTES + least, 0, 0)
+    assert search_module._plan_statistics(starved, disk, layout, methods) == least
     huge = MemoryPlan(True, 2**40, 0, 0)
-    assert search_module._plan_statistics(huge, disk, layout, methods) == 2**30  # "auto"
+    assert search_module._plan_statistics(huge, disk, layout, methods) == whole // 2

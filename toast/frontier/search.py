@@ -355,18 +355,21 @@ def _whole(disk: DiskModel, layout: Layout) -> int:
 def _plan_statistics(
     plan: MemoryPlan, disk: DiskModel, layout: Layout, methods: list[Method]
 ) -> int | str:
-    """The shared moments pass's bound from what ``plan.budget`` leaves
-    beside the block-by-block path's own parts (never below one pair's
-    errors), said as ``toast compress`` says its plan, and the run refused
-    before any pass when even that does not fit (:func:`say_plan`)."""
+    """The shared moments pass's bound: what ``plan.budget`` leaves beside
+    the block-by-block path's own parts and one replay's rows, over
+    :data:`MOMENTS_PEAK_FACTOR` (whole moments below the bound peak at that
+    multiple), at most what every pair needs and never below one pair's
+    errors; more room means more source states a replay, fewer replays. Said
+    as ``toast compress`` says its plan, and the run refused before any
+    pass when even the least does not fit (:func:`say_plan`)."""
     parts = sequential_parts(disk)
     width = getattr(disk.model.config, "hidden_size", None)
     bound: int | str = SHARED_BYTES
     if isinstance(width, int) and statistics_bytes(disk, layout, methods):
         room = plan.budget - sum(n for _, n in parts) - JOIN_BYTES
-        wanted = resolve_bound(SHARED_BYTES, width, 0)
-        bound = max(min(wanted, room), pair_nbytes(width, 0)) if room < wanted else wanted
-        parts.append(("moments of the shared pass", min(bound + JOIN_BYTES, _whole(disk, layout))))
+        whole = _whole(disk, layout)
+        bound = max(int(min(room, whole) // MOMENTS_PEAK_FACTOR), pair_nbytes(width, 0))
+        parts.append(("moments of the shared pass", min(2 * bound + JOIN_BYTES, whole)))
     say_plan("toast search", parts, plan.budget)
     return bound
 
