@@ -87,6 +87,15 @@ def test_pair_fits_equal_the_whole_moments_fits():
             np.testing.assert_allclose(b.bias, a.bias, rtol=1e-10, atol=1e-12)
 
 
+def test_pair_moments_keep_only_what_a_fit_reads():
+    # a search keeps one per span; the target's Gram would add half again at width 4,096
+    _, chunked = _both(_walk(), 5, "all")
+    kept = chunked.pair(2, 5)
+    np.testing.assert_allclose(kept.cross(0, 0), chunked.replay([2]).cross(0, 0), rtol=1e-12)
+    with pytest.raises(ValueError, match="not kept"):
+        kept.cross(1, 1)
+
+
 def test_traces_equal_the_diagonal_blocks():
     whole, chunked = _both(_walk(), 0, 1)
     expected = [np.trace(whole.cross(j, j)) for j in range(7)]
