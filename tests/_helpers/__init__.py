@@ -227,3 +227,45 @@ def run_fresh(script: str, *args, env: dict | None = None, timeout: int = 300) -
         timeout=timeout,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def peak_anon_mib(
+    cmd: list[str], env: dict | None = None, timeout: float = 600
+) -> tuple[int, float, str]:
+    """Runs ``cmd`` and polls its anonymous resident memory (``RssAnon`` of
+    ``/proc/PID/status``) from outside every 20 ms, as a user watching it
+    would (file-backed pages, such as a memory-mapped checkpoint, are not
+    the process's own); returns the exit status, the peak in MiB and what
+    it wrote to standard error."""
+    import subprocess
+    import threading
+    import time
+
+    def anon(pid: int) -> float:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+        return 0.0
+
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    said: list[str] = []
+    stream = proc.stderr
+    assert stream is not None
+    reader = threading.Thread(target=lambda: said.append(stream.read()))
+    reader.start()
+    peak, deadline = 0.0, time.monotonic() + timeout
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(f"{cmd[:3]} ran past {timeout} s")
+        try:
+            peak = max(peak, anon(proc.pid))
+        except OSError:  # it ended between the poll and the read
+            break
+        time.sleep(0.02)
+    proc.wait()
+    reader.join()
+    return proc.returncode, peak, said[0] if said else ""

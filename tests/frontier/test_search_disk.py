@@ -287,14 +287,15 @@ def test_the_shared_pass_bound_follows_what_max_memory_leaves(checkpoint, monkey
     disk = DiskModel.open(checkpoint)
     layout = toast.methods.base.Layout(disk.stack)
     methods = toast.methods.base.staged_methods()
-    own = sum(n for _, n in sequential_parts(disk))
+    batches, _ = _data()
+    own = sum(n for _, n in sequential_parts(disk, batches))
     width = disk.model.config.hidden_size
     least = pair_nbytes(width, 0)
     whole = search_module._whole(disk, layout)  # every pair's moments at their peak
     assert whole // 4 > least
     half = MemoryPlan(True, own + JOIN_BYTES + whole // 2, 0, 0)
-    assert search_module._plan_statistics(half, disk, layout, methods) == whole // 4
+    assert search_module._plan_statistics(half, disk, layout, methods, batches) == whole // 4
     starved = MemoryPlan(True, own + JOIN_BYTES + least, 0, 0)
-    assert search_module._plan_statistics(starved, disk, layout, methods) == least
+    assert search_module._plan_statistics(starved, disk, layout, methods, batches) == least
     huge = MemoryPlan(True, 2**40, 0, 0)
-    assert search_module._plan_statistics(huge, disk, layout, methods) == whole // 2
+    assert search_module._plan_statistics(huge, disk, layout, methods, batches) == whole // 2

@@ -40,11 +40,12 @@ def test_the_plan_is_printed_before_the_pass_with_every_part(source, tmp_path, c
 
 
 def test_a_budget_below_the_plans_least_is_refused_before_any_pass(source, tmp_path):
-    parts = sequential_parts(DiskModel.open(source))
+    data = R.text_loader()
+    parts = sequential_parts(DiskModel.open(source), data)
     least = sum(n for _, n in parts)
     with pytest.raises(BudgetError, match="needs at least .* raise --max-memory"):
         toast.compress(
-            source, R.text_loader(), method="toast", budget=1, output=tmp_path / "out",
+            source, data, method="toast", budget=1, output=tmp_path / "out",
             sequential=True, max_memory=least // 2, progress=False,
         )  # fmt: skip
     assert not (tmp_path / "out").exists()

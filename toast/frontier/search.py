@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from torch import nn
@@ -209,6 +210,10 @@ def _prepare(
     heldout = _heldout(data, heldout, text)
     if isinstance(heldout, tuple):
         data, heldout = heldout
+    if opened.disk is not None and opened.plan is not None:
+        opened.statistics_bytes = _plan_statistics(
+            opened.plan, opened.disk, opened.layout, opened.methods, chain(data, heldout)
+        )
     tokenizer = text.get("tokenizer") or getattr(data, "tokenizer", None)
     kind = "loaded" if opened.disk is None else "disk"
     objective.check(opened.model, next(iter(heldout)), kind, tokenizer)
@@ -266,6 +271,8 @@ class _Opened:
     #: the shared moments pass's bound (:data:`toast.methods.stages.SHARED_BYTES`,
     #: or what ``max_memory`` leaves from disk)
     statistics_bytes: int | str = SHARED_BYTES
+    #: the block-by-block path's budget, planned once the batches are known
+    plan: MemoryPlan | None = None
 
 
 def _open(
@@ -319,9 +326,8 @@ def _open(
             "model, or ask for params= or quality="
         )
     layout = Layout(disk.stack)
-    bound = _plan_statistics(plan, disk, layout, methods)
     # the blocks were found with the skeleton; methods in memory only are left out later
-    return _Opened(disk.model, disk, layout, methods, fingerprint_files(model), bound)
+    return _Opened(disk.model, disk, layout, methods, fingerprint_files(model), plan=plan)
 
 
 #: The moments' peak as a multiple of their stored size: measured on
@@ -353,16 +359,17 @@ def _whole(disk: DiskModel, layout: Layout) -> int:
 
 
 def _plan_statistics(
-    plan: MemoryPlan, disk: DiskModel, layout: Layout, methods: list[Method]
+    plan: MemoryPlan, disk: DiskModel, layout: Layout, methods: list[Method], batches: Iterable
 ) -> int | str:
     """The shared moments pass's bound: what ``plan.budget`` leaves beside
-    the block-by-block path's own parts and one replay's rows, over
+    the block-by-block path's own parts (with one forward on the largest
+    of ``batches``) and one replay's rows, over
     :data:`MOMENTS_PEAK_FACTOR` (whole moments below the bound peak at that
     multiple), at most what every pair needs and never below one pair's
     errors; more room means more source states a replay, fewer replays. Said
     as ``toast compress`` says its plan, and the run refused before any
     pass when even the least does not fit (:func:`say_plan`)."""
-    parts = sequential_parts(disk)
+    parts = sequential_parts(disk, batches)
     width = getattr(disk.model.config, "hidden_size", None)
     bound: int | str = SHARED_BYTES
     if isinstance(width, int) and statistics_bytes(disk, layout, methods):

@@ -27,7 +27,8 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,13 +83,14 @@ def compress_folder(
     progress = getattr(getattr(config, "calibration", None), "progress", True)
     disk = _disk_path(method, source, config, max_memory, sequential, progress)
     if disk is not None:
-        config = _within_memory(method, config, disk, max_memory)
+        batches, held = prepare_data(method, data, heldout, text)
+        seen = chain(*(b for b in (batches, held) if b is not None))
+        config = _within_memory(method, config, disk, max_memory, seen)
         if dtype is not None or device is not None:
             _say(
                 "the block-by-block path computes on the CPU (dtype: calibration.compute_dtype)",
                 True,
             )
-        batches, held = prepare_data(method, data, heldout, text)
         # heldout only when given: a method's disk run may not measure it
         keywords = {} if held is None else {"heldout": held}
         assert method.run_from_disk is not None  # _disk_path checked it
@@ -152,12 +154,15 @@ def _disk_path(
     return disk
 
 
-def _within_memory(method: Method, config: Any, disk: Any, max_memory: int | str | None) -> Any:
+def _within_memory(
+    method: Method, config: Any, disk: Any, max_memory: int | str | None, batches: Iterable
+) -> Any:
     """``config`` with the method's statistics fitted to what ``max_memory``
-    leaves beside the block-by-block path's own parts; the plan printed,
-    and the run refused before any pass when even the least does not fit."""
+    leaves beside the block-by-block path's own parts (with one forward on
+    the largest of ``batches``); the plan printed, and the run refused
+    before any pass when even the least does not fit."""
     budget = available_memory() if max_memory is None else parse_size(max_memory)
-    parts = sequential_parts(disk)
+    parts = sequential_parts(disk, batches)
     if method.within_memory is not None:
         width = int(getattr(disk.model.config, "hidden_size", 0) or 0)
         room = max(budget - sum(n for _, n in parts), 0)

@@ -138,13 +138,13 @@ def test_untied_input_embedding_is_never_loaded_for_the_heads_pass(tmp_path):
 
 
 def test_batches_cut_to_bound_the_logits_measure_what_whole_batches_do(tmp_path, monkeypatch):
-    import toast.hf.evaluate.from_disk as from_disk
+    import toast.hf.capture.budget as budget
 
     model, data, disk = _both("llama", tmp_path)
     expected = Evaluator(data, progress=False).measure(model)
     rows, tokens = data[0]["input_ids"].shape
     # room for one row's logits only: every batch goes to the head a row at a time
-    monkeypatch.setattr(from_disk, "LOGIT_BYTES", tokens * model.config.vocab_size * 4)
+    monkeypatch.setattr(budget, "LOGIT_BYTES", tokens * model.config.vocab_size * 4)
     calls = []
     handle = disk.model.lm_head.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[0]))
     try:

@@ -14,11 +14,13 @@ measures both paths.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,9 +35,13 @@ __all__ = [
     "BudgetError",
     "MemoryPlan",
     "available_memory",
+    "batch_shape",
+    "forward_bytes",
+    "logit_rows",
     "memory_plan",
     "parse_size",
     "plan_checkpoint",
+    "return_freed_memory",
     "say_plan",
     "sequential_parts",
 ]
@@ -91,8 +97,8 @@ class MemoryPlan:
         if self.sequential:
             return (
                 f"sequential path (block by block from disk): the model needs about "
-                f"{_gib(self.in_memory)} in memory, more than the budget of {_gib(self.budget)}; "
-                f"peak memory bound {_gib(self.bound)}"
+                f"{_gib(self.in_memory)} in memory, more than the budget of {_gib(self.budget)} "
+                "(its memory plan follows)"
             )
         return (
             f"in-memory path: the model needs about {_gib(self.in_memory)}, within the budget "
@@ -168,9 +174,33 @@ def plan_checkpoint(
         return _said(plan, progress, command), None
     if disk is not None:  # the bound from the largest block, now that the blocks are known
         plan = memory_plan(checkpoint, max_memory, block_bytes=disk.largest_block_bytes)
+        return_freed_memory()
     if sequential is not None:
         plan = dataclasses.replace(plan, sequential=sequential, asked=True)
     return _said(plan, progress, command), disk if plan.sequential else None
+
+
+#: Allocations from this size up get their own mapping, returned to the
+#: system when freed (glibc's ``M_MMAP_THRESHOLD``).
+MMAP_THRESHOLD = 1 << 20
+
+
+def return_freed_memory() -> bool:
+    """Makes glibc give every freed allocation of :data:`MMAP_THRESHOLD`
+    bytes or more back to the system (``mallopt``); returns whether it
+    could (False off glibc). By default glibc raises that threshold each
+    time a large buffer is freed, up to 32 MiB, so the freed weights and
+    activations of a block-by-block pass stay in its heap and its resident
+    memory drifts above its plan (measured on a 768-wide Llama under a
+    96 MiB plan: 128 MiB above the interpreter by default, 70 with this).
+    Process-wide, and set only once the block-by-block path is chosen."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_mmap_threshold = -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD))
 
 
 def _said(plan: MemoryPlan, progress: bool, command: str) -> MemoryPlan:
@@ -184,20 +214,36 @@ class BudgetError(ValueError):
     """A run's memory plan exceeds ``max_memory``: refused before any pass."""
 
 
-#: Bytes of logits one held-out forward holds at most, with their
-#: log-softmax and the fidelity scores (``toast.hf.evaluate.from_disk.LOGIT_BYTES``
-#: times three).
-LOGIT_ALLOWANCE = 3 * 64 * 2**20
+#: Bytes of logits a held-out forward holds at once: the evaluator cuts a
+#: batch into runs of rows whose logits stay within this (a row alone may
+#: be more), :func:`logit_rows`.
+LOGIT_BYTES = 64 * 2**20
+
+#: Bytes of logits one held-out forward holds at most when the batches are
+#: unknown, with their log-softmax and the fidelity scores
+#: (:data:`LOGIT_BYTES` times three).
+LOGIT_ALLOWANCE = 3 * LOGIT_BYTES
 
 
-def sequential_parts(disk: DiskModel) -> list[tuple[str, int]]:
+def logit_rows(rows: int, tokens: int, vocabulary: int) -> int:
+    """How many of a batch's ``rows`` (of ``tokens`` tokens) one run of the
+    held-out evaluator takes: as many as keep the logits within
+    :data:`LOGIT_BYTES`, at least one."""
+    per = max(1, LOGIT_BYTES // max(1, tokens * vocabulary * 4))
+    return min(per, rows)
+
+
+def sequential_parts(disk: DiskModel, batches: Iterable | None = None) -> list[tuple[str, int]]:
     """What the block-by-block path itself holds at its peak, by part: one
     block in the compute dtype with the largest tensor as read (a 16-bit
-    checkpoint is widened tensor by tensor), and the larger of the input
+    checkpoint is widened tensor by tensor); the larger of the input
     embedding (stage 0) and the head with one held-out forward's logits
-    (the held-out passes, which leave an untied embedding unloaded). Not
-    counted: the interpreter and its libraries (measured apart, stated in
-    ``docs/large-models.md``) and the method's statistics."""
+    (the held-out passes, which leave an untied embedding unloaded); and,
+    with ``batches``, one block's forward on the largest of them
+    (:func:`batch_shape`, :func:`forward_bytes`), whose logits then replace
+    the fixed :data:`LOGIT_ALLOWANCE`. Not counted: the interpreter and its
+    libraries (measured apart, stated in ``docs/large-models.md``) and the
+    method's statistics."""
     tensors = disk.checkpoint.tensors
     ratio = _itemsize(disk.dtype) / _itemsize(disk.checkpoint.dtype)
     block = int(disk.largest_block_bytes() * ratio)
@@ -206,7 +252,9 @@ def sequential_parts(disk: DiskModel) -> list[tuple[str, int]]:
         default=0,
     )
     parts = [("one block", block + largest)]
+    shape = None if batches is None else batch_shape(batches, disk.model.config)
     outside = []
+    vocabulary = 0
     for which in ("input", "output"):
         module = disk.embedding(which)
         weight = getattr(module, "weight", None)
@@ -215,11 +263,60 @@ def sequential_parts(disk: DiskModel) -> list[tuple[str, int]]:
             for size in weight.shape:
                 numel *= int(size)
             outside.append(numel * _itemsize(disk.dtype))
+            vocabulary = int(weight.shape[0])
+    logits = LOGIT_ALLOWANCE
+    if shape is not None and vocabulary:
+        rows, tokens = shape
+        logits = 3 * logit_rows(rows, tokens, vocabulary) * tokens * vocabulary * 4
     if len(outside) == 2:
-        parts.append(("embedding or head", max(outside[0], outside[1] + LOGIT_ALLOWANCE)))
+        parts.append(("embedding or head", max(outside[0], outside[1] + logits)))
     elif outside:
         parts.append(("embedding", outside[0]))
+    if shape is not None:
+        parts.append(("one batch's forward", forward_bytes(disk.model.config, *shape)))
     return parts
+
+
+def batch_shape(batches: Iterable, config: object) -> tuple[int, int] | None:
+    """The most rows and the most tokens a row of any batch has (token ids,
+    or an image's patches and its class token), read from the batches'
+    shapes; None when no batch says."""
+    rows = tokens = 0
+    for batch in batches:
+        found = _shape_of(batch, config)
+        if found is not None:
+            rows, tokens = max(rows, found[0]), max(tokens, found[1])
+    return (rows, tokens) if rows and tokens else None
+
+
+def _shape_of(batch: object, config: object) -> tuple[int, int] | None:
+    if not isinstance(batch, Mapping):
+        return None
+    ids = batch.get("input_ids")
+    if getattr(ids, "ndim", 0) == 2:
+        return int(ids.shape[0]), int(ids.shape[1])
+    pixels = batch.get("pixel_values")
+    patch = getattr(config, "patch_size", None)
+    if getattr(pixels, "ndim", 0) == 4 and isinstance(patch, int) and patch > 0:
+        b, _, h, w = (int(n) for n in pixels.shape)
+        return b, (h // patch) * (w // patch) + 1
+    return None
+
+
+def forward_bytes(config: object, rows: int, tokens: int) -> int:
+    """Bytes one block's forward holds at once on ``rows`` x ``tokens``
+    tokens in float32: the residual stream in and out, the normed input,
+    the attention's queries, keys, values and output, its scores and their
+    softmax (every head's ``tokens²``: the unfused attention's worst case),
+    and the MLP's gate, up and product."""
+    width = int(getattr(config, "hidden_size", 0) or 0)
+    heads = int(getattr(config, "num_attention_heads", 0) or 1)
+    kv = int(getattr(config, "num_key_value_heads", 0) or heads)
+    mlp = int(getattr(config, "intermediate_size", 0) or getattr(config, "n_inner", 0) or 4 * width)
+    head_dim = width // heads if heads else width
+    per_token = 4 * width + 2 * kv * head_dim + 3 * mlp
+    scores = 2 * heads * tokens * tokens
+    return 4 * rows * (tokens * per_token + scores)
 
 
 def _itemsize(dtype: object) -> int:
@@ -246,6 +343,6 @@ def say_plan(
     print(f"{command}: {plan}", file=sys.stderr)
     if total > budget:
         raise BudgetError(
-            f"{command}: {plan}: the block-by-block path needs at least {format_size(total)} "
+            f"{plan}: the block-by-block path needs at least {format_size(total)} "
             f"besides the interpreter; {fix}"
         )

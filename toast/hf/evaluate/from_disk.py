@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from toast.hf.capture.budget import logit_rows
 from toast.hf.capture.sequential import BlockEdits, DiskModel, Swept, sweep
 from toast.hf.data.calibration import Calibration
 from toast.hf.evaluate.fidelity import DEFAULT_TOP_K
@@ -92,10 +93,6 @@ class SequentialEvaluator(Evaluator):
                 disk.release()
 
 
-#: Bytes of one forward's logits at most (float32), where a batch can be split.
-LOGIT_BYTES = 64 * 2**20
-
-
 def _vocabulary(disk: DiskModel) -> int:
     weight = getattr(disk.embedding("output"), "weight", None)
     return int(weight.shape[0]) if isinstance(weight, torch.Tensor) else 0
@@ -103,7 +100,7 @@ def _vocabulary(disk: DiskModel) -> int:
 
 class _RowChunks:
     """The held-out batches, each cut into consecutive runs of rows whose
-    logits (tokens x vocabulary x 4 bytes) stay within :data:`LOGIT_BYTES`:
+    logits (tokens x vocabulary x 4 bytes) stay within :data:`toast.hf.capture.budget.LOGIT_BYTES`:
     a batch of 8 x 512 tokens of a 49k vocabulary would otherwise hold
     800 MB of logits, and as much again for their log-softmax. Rows are
     scored independently, so the metrics are the whole batches' (sums in
@@ -124,7 +121,7 @@ def _cut(batch: Any, vocabulary: int) -> Iterator[Any]:
         yield batch
         return
     rows, tokens = ids.shape
-    per = max(1, LOGIT_BYTES // max(1, tokens * vocabulary * 4))
+    per = logit_rows(rows, tokens, vocabulary)
     if per >= rows:
         yield batch
         return

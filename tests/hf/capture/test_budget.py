@@ -1,0 +1,72 @@
+"""The memory plan's batch-dependent parts: one block's forward and the
+held-out logits, read from the batches' shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from tests._helpers import run_fresh  # noqa: E402
+from toast.hf.capture.budget import batch_shape, logit_rows  # noqa: E402
+
+pytestmark = pytest.mark.hf
+
+_FORWARD = """
+import sys, gc, torch, transformers
+from toast.hf.capture.budget import forward_bytes
+rows, tokens = int(sys.argv[1]), int(sys.argv[2])
+cfg = transformers.LlamaConfig(
+    hidden_size=256, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=2,
+    num_hidden_layers=1, vocab_size=64,
+)
+torch.manual_seed(0)
+model = transformers.LlamaModel(cfg).eval()
+ids = torch.randint(0, 64, (rows, tokens))
+mask = torch.ones(rows, tokens, dtype=torch.long)
+mask[0, : tokens // 2] = 0  # padding: the attention cannot take its fused path
+with torch.no_grad():
+    states = model.embed_tokens(ids)
+    model(input_ids=ids[:1, :8])  # the allocator's first growth is not the forward's
+    gc.collect()
+    before = rss_mib()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    model(inputs_embeds=states, attention_mask=mask)
+    used = peak_mib() - before
+print(json.dumps({"used": used, "planned": forward_bytes(cfg, rows, tokens) / 2**20}))
+"""
+
+
+@pytest.mark.parametrize(("rows", "tokens"), [(8, 256), (1, 1024)])
+def test_a_blocks_forward_allocates_no_more_than_the_plan_says(rows, tokens):
+    found = run_fresh(_FORWARD, rows, tokens)
+    assert 0 < found["used"] <= found["planned"]
+
+
+def test_the_batch_shape_is_the_most_rows_and_tokens_of_any_batch():
+    batches = [
+        {"input_ids": torch.zeros(8, 20, dtype=torch.long)},
+        {"input_ids": torch.zeros(3, 64, dtype=torch.long)},
+    ]
+    assert batch_shape(batches, transformers.LlamaConfig()) == (8, 64)
+
+
+def test_an_images_tokens_are_its_patches_and_the_class_token():
+    config = transformers.ViTConfig(patch_size=16)
+    assert batch_shape([{"pixel_values": torch.zeros(4, 3, 224, 224)}], config) == (4, 197)
+
+
+def test_batches_without_shapes_give_no_batch_part():
+    assert batch_shape([[1, 2, 3]], transformers.LlamaConfig()) is None
+
+
+def test_logits_go_a_run_of_rows_within_the_bound_and_at_least_a_row():
+    from toast.hf.capture.budget import LOGIT_BYTES
+
+    vocabulary = 49_152
+    per = logit_rows(64, 128, vocabulary)
+    assert per * 128 * vocabulary * 4 <= LOGIT_BYTES < (per + 1) * 128 * vocabulary * 4
+    assert logit_rows(64, 8192, vocabulary) == 1  # one row alone is more than the bound
+    assert logit_rows(4, 16, 60) == 4  # a small vocabulary: the whole batch
