@@ -163,6 +163,10 @@ class Method:
     stages: Stages | None = None
     run_from_disk: Callable[..., Report] | None = None
     within_memory: WithinMemory | None = None
+    #: whether the statistics ``within_memory`` plans are formed after stage
+    #: 0 and freed before the held-out passes, so never beside the embedding
+    #: or the head, except the last part it returns (kept to the end)
+    statistics_apart: bool = False
 
 
 _REGISTRY: dict[str, Method] = {}

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from toast._scratch import hidden_sibling
 from toast.hf.capture.budget import (
+    OUTSIDE_LABELS,
     available_memory,
     parse_size,
     plan_checkpoint,
@@ -159,17 +160,25 @@ def _within_memory(
 ) -> Any:
     """``config`` with the method's statistics fitted to what ``max_memory``
     leaves beside the block-by-block path's own parts (with one forward on
-    the largest of ``batches``); the plan printed, and the run refused
-    before any pass when even the least does not fit."""
+    the largest of ``batches``; the embedding or head too, unless the
+    method's statistics are never beside them: :attr:`Method.statistics_apart`);
+    the plan printed, and the run refused before any pass when even the
+    least does not fit."""
     budget = available_memory() if max_memory is None else parse_size(max_memory)
     parts = sequential_parts(disk, batches)
+    apart: list[tuple[str, int]] = []
     if method.within_memory is not None:
         width = int(getattr(disk.model.config, "hidden_size", 0) or 0)
-        room = max(budget - sum(n for _, n in parts), 0)
+        held = [p for p in parts if method.statistics_apart and p[0] in OUTSIDE_LABELS]
+        room = max(budget - sum(n for p, n in parts if (p, n) not in held), 0)
         if width:
             config, statistics = method.within_memory(config, disk.num_blocks + 1, width, room)
-            parts += statistics
-    say_plan(_COMMAND, parts, budget)
+            if held and statistics:
+                # what is kept to the end sits beside the head; the rest never does
+                apart, parts = statistics[:-1], parts + statistics[-1:]
+            else:
+                parts += statistics
+    say_plan(_COMMAND, parts, budget, apart=apart)
     return config
 
 

@@ -64,7 +64,10 @@ _DISK_SCRIPT = """
     from toast.methods.replaceme.config import ReplaceMeConfig
     from toast.methods.replaceme.disk import profile_from_disk
 
+    from toast.hf.capture.budget import return_freed_memory
+
     torch.set_num_threads(1)
+    return_freed_memory()  # as the block-by-block path sets it (plan_checkpoint)
     samples = int(sys.argv[1])
     cfg = transformers.LlamaConfig(vocab_size=500, hidden_size=1024, intermediate_size=64,
                                    num_hidden_layers=3, num_attention_heads=8,

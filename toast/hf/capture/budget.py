@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from toast._validation import format_size, parse_size  # here too: the budget is read here
 
@@ -233,6 +233,10 @@ def logit_rows(rows: int, tokens: int, vocabulary: int) -> int:
     return min(per, rows)
 
 
+#: The labels of :func:`sequential_parts`'s part outside the blocks.
+OUTSIDE_LABELS = ("embedding or head", "embedding")
+
+
 def sequential_parts(disk: DiskModel, batches: Iterable | None = None) -> list[tuple[str, int]]:
     """What the block-by-block path itself holds at its peak, by part: one
     block in the compute dtype with the largest tensor as read (a 16-bit
@@ -269,9 +273,9 @@ def sequential_parts(disk: DiskModel, batches: Iterable | None = None) -> list[t
         rows, tokens = shape
         logits = 3 * logit_rows(rows, tokens, vocabulary) * tokens * vocabulary * 4
     if len(outside) == 2:
-        parts.append(("embedding or head", max(outside[0], outside[1] + logits)))
+        parts.append((OUTSIDE_LABELS[0], max(outside[0], outside[1] + logits)))
     elif outside:
-        parts.append(("embedding", outside[0]))
+        parts.append((OUTSIDE_LABELS[1], outside[0]))
     if shape is not None:
         parts.append(("one batch's forward", forward_bytes(disk.model.config, *shape)))
     return parts
@@ -292,10 +296,10 @@ def batch_shape(batches: Iterable, config: object) -> tuple[int, int] | None:
 def _shape_of(batch: object, config: object) -> tuple[int, int] | None:
     if not isinstance(batch, Mapping):
         return None
-    ids = batch.get("input_ids")
+    ids: Any = batch.get("input_ids")
     if getattr(ids, "ndim", 0) == 2:
         return int(ids.shape[0]), int(ids.shape[1])
-    pixels = batch.get("pixel_values")
+    pixels: Any = batch.get("pixel_values")
     patch = getattr(config, "patch_size", None)
     if getattr(pixels, "ndim", 0) == 4 and isinstance(patch, int) and patch > 0:
         b, _, h, w = (int(n) for n in pixels.shape)
@@ -331,14 +335,28 @@ def say_plan(
     parts: list[tuple[str, int]],
     budget: int,
     fix: str = "raise --max-memory (max_memory=)",
+    apart: list[tuple[str, int]] | None = None,
 ) -> None:
     """Prints the memory plan of a block-by-block run (``command: memory
     plan: part X + part Y = Z (max_memory B)``; said as the path is, with
     or without ``progress``) and refuses, before any pass, when its parts
-    exceed ``budget``, naming the least budget and ``fix``."""
-    total = sum(n for _, n in parts)
-    line = " + ".join(f"{label} {format_size(n)}" for label, n in parts)
-    plan = f"memory plan: {line} = {format_size(total)} (max_memory {format_size(budget)})"
+    exceed ``budget``, naming the least budget and ``fix``. ``apart`` are
+    parts that never sit beside the embedding or the head (formed after
+    stage 0, freed before the held-out passes): the plan counts the larger
+    of the two."""
+    outside = [p for p in parts if p[0] in OUTSIDE_LABELS] if apart else []
+    beside = [p for p in parts if p not in outside]
+    terms = [f"{label} {format_size(n)}" for label, n in beside]
+    total = sum(n for _, n in beside)
+    if apart:
+        either = [" + ".join(f"{label} {format_size(n)}" for label, n in group) or "nothing"
+                  for group in (outside, apart)]  # fmt: skip
+        terms.append(f"the larger of ({either[0]}) and ({either[1]})")
+        total += max(sum(n for _, n in outside), sum(n for _, n in apart))
+    plan = (
+        f"memory plan: {' + '.join(terms)} = {format_size(total)} "
+        f"(max_memory {format_size(budget)})"
+    )
     _log.info("%s: %s", command, plan)
     print(f"{command}: {plan}", file=sys.stderr)
     if total > budget:

@@ -32,16 +32,20 @@ def within_memory(
     config: ReplaceMeConfig, states: int, width: int, room: int
 ) -> tuple[ReplaceMeConfig, list[tuple[str, int]]]:
     """``config`` with ``cuts_at_once`` lowered so that the cuts fitted in
-    one pass fit ``room`` bytes (one at least), and what they take."""
+    one pass fit ``room`` bytes (one at least) beside the transforms fitted
+    so far, and what they take: the statistics of a pass (formed after
+    stage 0, freed before the held-out passes) and, last, the transforms
+    kept to the end (``d x d`` float64 each)."""
     cuts = _cuts_fitted(config)
     if cuts == 0:
         return config, []
     per_cut = PANELS_PER_CUT * width * width * 8
     solve = SOLVE_MATRICES * width * width * 8
+    kept = cuts * width * width * 8
     at_once = min(cuts, config.cuts_at_once or cuts)
-    fits = max(1, (room - solve) // per_cut)
+    fits = max(1, (room - solve - kept) // per_cut)
     if fits < at_once:
         at_once = int(fits)
         config = dataclasses.replace(config, cuts_at_once=at_once)
     label = f"statistics ({at_once} of {cuts} cut(s) a pass)"
-    return config, [(label, at_once * per_cut + solve)]
+    return config, [(label, at_once * per_cut + solve), (f"{cuts} transform(s) kept", kept)]

@@ -178,5 +178,6 @@ METHOD = register(
         stages=STAGES,
         run_from_disk=replaceme_from_disk,
         within_memory=within_memory,
+        statistics_apart=True,  # cuts open after stage 0; held-out passes keep transforms only
     )
 )
