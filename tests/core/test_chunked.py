@@ -96,6 +96,14 @@ def test_pair_moments_keep_only_what_a_fit_reads():
         kept.cross(1, 1)
 
 
+def test_each_replay_is_counted_with_the_total():
+    _, chunked = _both(_walk(), 0, 3, bound=pair_nbytes(5, 0))
+    calls = []
+    chunked.error_matrices([("linear", "gcv", 0.0)], on_replay=lambda *c: calls.append(c))
+    total = len(chunked.chunk(0))
+    assert total > 1 and calls == [(k, total) for k in range(1, total + 1)]
+
+
 def test_traces_equal_the_diagonal_blocks():
     whole, chunked = _both(_walk(), 0, 1)
     expected = [np.trace(whole.cross(j, j)) for j in range(7)]

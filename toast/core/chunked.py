@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -291,19 +291,25 @@ class ChunkedMoments:
             moments.update([self._files[s].read(start, stop) for s in (i, j)])
         return moments
 
-    def error_matrices(self, requests: Sequence[tuple[str, str, float]]) -> list[np.ndarray]:
+    def error_matrices(
+        self,
+        requests: Sequence[tuple[str, str, float]],
+        on_replay: Callable[[int, int], None] | None = None,
+    ) -> list[np.ndarray]:
         """``error_matrix(moments, metric, estimator, ridge)`` of the whole
         moments for each request, from one replay of every chunk
         (:meth:`chunk`; fold sets only when a request is held out, row
         statistics only when a row metric asks); NaN for pairs further
-        apart than the span. Each warning once."""
+        apart than the span. Each warning once. ``on_replay(done, total)``
+        is called after each replay (a wide model's take minutes each)."""
         S = self.num_states
         held_out = any(m in ("linear", "affine") and e == "cv" for m, e, _ in requests)
         row_stats = any(m not in ("linear", "affine", "cka") for m, _, _ in requests)
         folds = self.folds if held_out else 0
         tables = [np.full((S, S), np.nan) for _ in requests]
         seen: dict[str, warnings.WarningMessage] = {}
-        for states, sources in self.chunk(folds):
+        plan = self.chunk(folds)
+        for done, (states, sources) in enumerate(plan, 1):
             chunk = self.replay(states, sources=sources, row_stats=row_stats, folds=folds)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -313,6 +319,8 @@ class ChunkedMoments:
             for w in caught:
                 seen.setdefault(str(w.message), w)
             del chunk
+            if on_replay is not None:
+                on_replay(done, len(plan))
         for w in seen.values():
             warnings.warn(w.message, stacklevel=2)
         far = np.triu(np.ones((S, S), dtype=bool), self.span + 1)

@@ -36,6 +36,7 @@ import numpy as np
 from toast.core import Moments, error_matrix
 from toast.core.chunked import ChunkedMoments, PairMoments
 from toast.hf.data.calibration import Calibration
+from toast.hf.data.progress import progress_counter
 from toast.spans import plan_spans
 
 if TYPE_CHECKING:
@@ -146,13 +147,17 @@ class Shared:
     #: chunked moments form every shared metric's in one replay up front
     tables: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     traces: np.ndarray | None = field(default=None, repr=False)
+    #: whether forming the tables from rows on disk counts its replays
+    progress: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         moments = self.moments
         if isinstance(moments, ChunkedMoments) and not self.tables:
+            count = progress_counter("errors (rows on disk)", "replay", not self.progress)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # as in errors()
-                found = moments.error_matrices([(m, "gcv", 0.0) for m in SHARED_METRICS])
+                requests = [(m, "gcv", 0.0) for m in SHARED_METRICS]
+                found = moments.error_matrices(requests, on_replay=count)
             self.tables = dict(zip(SHARED_METRICS, found, strict=True))
             self.traces = moments.traces()
 
@@ -233,7 +238,7 @@ def capture_shared(
             statistics_bytes=statistics_bytes,
             **shared_pass(max_blocks),
         )
-    return Shared(moments, recorder, stack.path)
+    return Shared(moments, recorder, stack.path, progress=calibration.progress)
 
 
 def capture_shared_from_disk(
@@ -262,7 +267,7 @@ def capture_shared_from_disk(
             statistics_bytes=statistics_bytes,
             **shared_pass(max_blocks),
         )
-    return Shared(moments, recorder, stack.path)
+    return Shared(moments, recorder, stack.path, progress=calibration.progress)
 
 
 @dataclass

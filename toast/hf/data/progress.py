@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any, TextIO, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["LineProgress", "expected_samples", "progress_bar", "progress_iter"]
+__all__ = ["LineProgress", "expected_samples", "progress_bar", "progress_counter", "progress_iter"]
 
 
 class LineProgress:
@@ -94,6 +94,22 @@ def progress_iter(
             bar.update(1)
     finally:
         bar.close()
+
+
+def progress_counter(desc: str, unit: str, disable: bool) -> Callable[[int, int], None]:
+    """A ``(done, total)`` callback that counts on a :func:`progress_bar`
+    opened at the first call (when the total is known) and closed at the
+    last (``done == total``)."""
+    bars: list[Any] = []
+
+    def count(done: int, total: int) -> None:
+        if not bars:
+            bars.append(progress_bar(desc, total, unit, disable))
+        bars[0].update(1)
+        if done >= total:
+            bars.pop().close()
+
+    return count
 
 
 def expected_samples(

@@ -24,6 +24,7 @@ from toast.core.chunked import ChunkedMoments, PairMoments, pair_nbytes
 from toast.hf.capture.massive import MassiveRows
 from toast.hf.capture.states import Tokens, capture_moments
 from toast.hf.data.calibration import Calibration
+from toast.hf.data.progress import progress_counter
 from toast.hf.data.text import TEXT_OPTIONS, as_batches
 from toast.hf.model.blocks import BlockStack
 from toast.spans import Span, plan_spans
@@ -191,15 +192,21 @@ class Analysis:
 
 
 def _errors(
-    moments: Moments | ChunkedMoments, metric: str, estimator: Any, ridge: float
+    moments: Moments | ChunkedMoments,
+    metric: str,
+    estimator: Any,
+    ridge: float,
+    progress: bool = False,
 ) -> np.ndarray:
     """The error matrix, NaN for the spans longer than the moments' pairs
     reach whatever the metric (the row metrics alone could give them, but
     not from disk, so the plans would differ); a chunk of states at a time
-    from rows on disk (:class:`ChunkedMoments`, the same errors)."""
+    from rows on disk (:class:`ChunkedMoments`, the same errors; its
+    replays counted with ``progress``)."""
     if isinstance(moments, ChunkedMoments):
         estimator = within_bound(moments, metric, estimator)
-        return moments.error_matrices([(metric, estimator, ridge)])[0]
+        count = progress_counter("errors (rows on disk)", "replay", not progress)
+        return moments.error_matrices([(metric, estimator, ridge)], on_replay=count)[0]
     errors = error_matrix(moments, metric=metric, estimator=estimator, ridge=ridge)
     far = np.triu(np.ones(errors.shape, dtype=bool), moments.layout()["span"] + 1)
     errors[far] = np.nan
@@ -265,6 +272,7 @@ def analyze(
     check("metric", metric, Options(METRICS))
     text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
     recorder = MassiveRows() if massive_rows else None
+    cal = Calibration.from_options(calibration, **options)
     moments, stack = capture_moments(
         model,
         as_batches(loader, **text),
@@ -273,13 +281,13 @@ def analyze(
         pairs=pairs,
         precision=precision,
         backend=backend,
-        calibration=Calibration.from_options(calibration, **options),
+        calibration=cal,
         stack=stack,
         observe=recorder,
         statistics_bytes=statistics_bytes,
     )
     estimator = within_bound(moments, metric, estimator)
-    errors = _errors(moments, metric, estimator, ridge)
+    errors = _errors(moments, metric, estimator, ridge, cal.progress)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)
 
 
@@ -327,5 +335,5 @@ def analyze_from_disk(
         statistics_bytes=statistics_bytes,
     )
     estimator = within_bound(moments, metric, estimator)
-    errors = _errors(moments, metric, estimator, ridge)
+    errors = _errors(moments, metric, estimator, ridge, cal.progress)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)
