@@ -206,6 +206,17 @@ def test_analyze_accepts_a_toast_save_as_its_model(minilm_cli, tmp_path):
     assert (tmp_path / "a" / "spans.csv").is_file()
 
 
+def test_analyze_over_the_memory_budget_goes_block_by_block(local_llama, tmp_path, capsys):
+    args = ["analyze", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    out = tmp_path / "a"
+    assert main([*args, "--out", str(out), "--max-memory", "1KiB"]) == 2
+    said = capsys.readouterr().err
+    assert "sequential path" in said and "needs at least" in said and not out.exists()
+    assert main([*args, "--out", str(out), "--path", "disk", "--estimator", "gcv"]) == 0
+    assert "memory plan:" in capsys.readouterr().err
+    assert (out / "spans.csv").is_file()
+
+
 def _tensors(folder):
     from safetensors.torch import load_file
 

@@ -4,6 +4,7 @@ leaves; printed, and refused up front when even the least does not fit."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -82,3 +83,23 @@ def test_toast_statistics_bound_is_lowered_to_the_room_and_never_below_one_pair(
     assert starved.statistics_bytes == pair_nbytes(d, 0)  # the least, which the plan refuses
     small, parts = toast_within(ToastConfig(budget=2), 5, 32, room=2**30)
     assert small.statistics_bytes == "auto" and parts[0][0] == "moments"
+
+
+def test_analyze_of_a_folder_from_disk_plans_and_equals_the_loaded_model(source, capsys):
+    from toast.io.local import load_model
+
+    data = R.text_loader()
+    on_disk = toast.analyze(source, data, estimator="gcv", sequential=True, progress=False)
+    assert "memory plan:" in capsys.readouterr().err
+    loaded = toast.analyze(load_model(source), data, estimator="gcv", progress=False)
+    np.testing.assert_allclose(on_disk.errors, loaded.errors, rtol=1e-5, atol=1e-7)
+
+
+def test_analyze_of_a_folder_refuses_a_budget_below_its_plan_before_any_pass(source):
+    with pytest.raises(BudgetError, match="toast analyze|needs at least"):
+        toast.analyze(source, R.text_loader(), sequential=True, max_memory="1KiB", progress=False)
+
+
+def test_max_memory_is_refused_for_a_loaded_model():
+    with pytest.raises(ValueError, match="checkpoint folder"):
+        toast.analyze(R.decoder("llama"), R.text_loader(), max_memory="1GiB", progress=False)

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from toast._validation import Interval, check
+from toast._validation import Interval, check, parse_size
 from toast.cli.cache import add_parser as _add_cache
 from toast.cli.checks import (
     check_data_path,
@@ -56,9 +56,11 @@ from toast.cli.options import (
     EXIT_USAGE,
     add_calibration_arguments,
     add_config_arguments,
+    add_memory_arguments,
     add_output_arguments,
     calibration_from_args,
     config_values,
+    forced_path,
     quiet_libraries,
     report_warnings,
 )
@@ -127,6 +129,7 @@ def _add_analyze(sub: Any) -> None:
     add_output_arguments(p)
     p.add_argument("--batch-size", type=int, default=32, help="samples per batch (32)")
     add_config_arguments(p, method_config("toast"), _ANALYZE_FIELDS, _HELP)
+    add_memory_arguments(p, "analysed")
     add_calibration_arguments(p, max_samples=512, blocks_flag=True)
 
 
@@ -134,10 +137,12 @@ def _analyze(model: Any, batches: Any, args: argparse.Namespace, out: Path) -> s
     import toast
 
     analysis = toast.analyze(
-        model,
+        model,  # a folder: loaded, or analysed block by block as --max-memory allows
         batches,
         calibration=calibration_from_args(args),
         ridge=args.ridge or 0.0,
+        max_memory=args.max_memory,
+        sequential=forced_path(args),
         **config_values(args, ["tokens", "estimator", "metric"]),
     )
     analysis.heatmap().savefig(out / "heatmap.png", dpi=120, bbox_inches="tight")
@@ -166,14 +171,15 @@ def _run_analyze(args: argparse.Namespace) -> int:
     import warnings
 
     out = _check_local(args)
+    if args.max_memory is not None:
+        parse_size(args.max_memory)  # a bad size fails before anything loads
     quiet_libraries(progress=not args.no_progress, quiet=args.quiet)
-    from toast.io.local import load_batches, load_model
+    from toast.io.local import load_batches
 
-    model = load_model(args.model)
     batches = load_batches(args.model, args.data, batch_size=args.batch_size)
     with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
         warnings.simplefilter("always")
-        summary = _analyze(model, batches, args, stage)
+        summary = _analyze(Path(args.model), batches, args, stage)
     report_warnings(caught, quiet=args.quiet)
     print(summary)
     return 0

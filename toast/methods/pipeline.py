@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
     from toast.methods.base import Method, Report
 
-__all__ = ["compress_folder", "deferred"]
+__all__ = ["compress_folder", "deferred", "plan_folder"]
 
 _log = logging.getLogger(__name__)
 _COMMAND = "toast compress"
@@ -106,6 +106,28 @@ def compress_folder(
     return report
 
 
+def plan_folder(
+    method: Method,
+    folder: str | os.PathLike,
+    config: Any,
+    batches: Iterable,
+    max_memory: int | str | None,
+    sequential: bool | None,
+    command: str,
+) -> tuple[Any, Any]:
+    """The path ``method`` takes on the checkpoint in ``folder``, as
+    :func:`compress_folder` chooses it: ``(None, config)`` in memory, else
+    the checkpoint's structure and ``config`` with its statistics fitted to
+    ``max_memory`` beside one forward on the largest of ``batches`` (the
+    plan printed after ``command``; refused before any pass when even the
+    least does not fit)."""
+    progress = getattr(getattr(config, "calibration", None), "progress", True)
+    disk = _disk_path(method, Path(folder), config, max_memory, sequential, progress, command)
+    if disk is None:
+        return None, config
+    return disk, _within_memory(method, config, disk, max_memory, batches, command)
+
+
 def deferred(module: str, name: str) -> Callable[..., Any]:
     """The function ``module.name``, imported when first called: for a
     method whose disk run builds on the module that registers it (an import
@@ -126,6 +148,7 @@ def _disk_path(
     max_memory: int | str | None,
     sequential: bool | None,
     progress: bool,
+    command: str = _COMMAND,
 ) -> Any:
     """The checkpoint's structure when ``method`` runs block by block from
     disk; None for the in-memory path (the choice said either way)."""
@@ -135,12 +158,14 @@ def _disk_path(
                 f"method={method.name!r} has no block-by-block path (it needs the model in "
                 "memory): pass sequential=None or False"
             )
-        _say(f"in-memory path (method={method.name!r} runs in memory only)", progress)
+        _say(f"in-memory path (method={method.name!r} runs in memory only)", progress, command)
         return None
     if source.is_file():  # a GGUF file is dequantized as it loads: no tensors to stream
         if sequential:
             raise ValueError(f"sequential=True needs a checkpoint folder; {source} is a file")
-        _say(f"in-memory path ({source.name} is a file, not a checkpoint folder)", progress)
+        _say(
+            f"in-memory path ({source.name} is a file, not a checkpoint folder)", progress, command
+        )
         return None
     cal = getattr(config, "calibration", None)
     _, disk = plan_checkpoint(
@@ -150,13 +175,18 @@ def _disk_path(
         blocks=getattr(cal, "blocks", None),
         compute=getattr(cal, "compute_dtype", "auto"),
         progress=progress,
-        command=_COMMAND,
+        command=command,
     )
     return disk
 
 
 def _within_memory(
-    method: Method, config: Any, disk: Any, max_memory: int | str | None, batches: Iterable
+    method: Method,
+    config: Any,
+    disk: Any,
+    max_memory: int | str | None,
+    batches: Iterable,
+    command: str = _COMMAND,
 ) -> Any:
     """``config`` with the method's statistics fitted to what ``max_memory``
     leaves beside the block-by-block path's own parts (with one forward on
@@ -178,14 +208,14 @@ def _within_memory(
                 apart, parts = statistics[:-1], parts + statistics[-1:]
             else:
                 parts += statistics
-    say_plan(_COMMAND, parts, budget, apart=apart)
+    say_plan(command, parts, budget, apart=apart)
     return config
 
 
-def _say(reason: str, progress: bool) -> None:
-    _log.info("%s: %s", _COMMAND, reason)
+def _say(reason: str, progress: bool, command: str = _COMMAND) -> None:
+    _log.info("%s: %s", command, reason)
     if progress:
-        print(f"{_COMMAND}: {reason}", file=sys.stderr)
+        print(f"{command}: {reason}", file=sys.stderr)
 
 
 def _dtype(dtype: str | torch.dtype | None) -> Any:

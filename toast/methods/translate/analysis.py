@@ -9,6 +9,7 @@ output of block ``s`` predicts the output of block ``e``).
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Iterable
@@ -27,6 +28,7 @@ from toast.hf.data.calibration import Calibration
 from toast.hf.data.progress import progress_counter
 from toast.hf.data.text import TEXT_OPTIONS, as_batches
 from toast.hf.model.blocks import BlockStack
+from toast.methods.translate.config import ToastConfig
 from toast.spans import Span, plan_spans
 
 if TYPE_CHECKING:
@@ -232,7 +234,7 @@ def within_bound(moments: Moments | ChunkedMoments, metric: str, estimator: Any)
 
 
 def analyze(
-    model: nn.Module,
+    model: nn.Module | str | os.PathLike,
     loader: Any,
     *,
     metric: str = "linear",
@@ -247,9 +249,17 @@ def analyze(
     stack: BlockStack | None = None,
     massive_rows: bool = False,
     statistics_bytes: int | str | None = None,
+    max_memory: int | str | None = None,
+    sequential: bool | None = None,
     **options: Any,
 ) -> Analysis:
     """One pass of ``model`` over ``loader`` → the block error matrix.
+
+    ``model`` may be a checkpoint folder: loaded when it fits ``max_memory``
+    (default: the memory available now), else analysed block by block
+    (:func:`analyze_from_disk`) with the moments fitted to what the budget
+    leaves, as ``toast compress`` plans them (printed; refused up front when
+    even one pair's do not fit); ``sequential`` forces a path.
 
     Every metric of :func:`toast.error_matrix` is then available from
     :meth:`Analysis.error_matrix` without another pass. With ``estimator="cv"``
@@ -271,8 +281,16 @@ def analyze(
     """
     check("metric", metric, Options(METRICS))
     text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
-    recorder = MassiveRows() if massive_rows else None
     cal = Calibration.from_options(calibration, **options)
+    if isinstance(model, (str, os.PathLike)):
+        kw = dict(metric=metric, estimator=estimator, folds=folds, ridge=ridge, tokens=tokens,
+                  pairs=pairs, precision=precision, massive_rows=massive_rows)  # fmt: skip
+        batches = as_batches(loader, **text)
+        return _analyze_folder(model, batches, cal, statistics_bytes, max_memory, sequential, kw)
+    if max_memory is not None or sequential is not None:
+        raise ValueError("max_memory= and sequential= choose how a checkpoint folder is read: "
+                         "pass the folder, or leave them out for a loaded model")  # fmt: skip
+    recorder = MassiveRows() if massive_rows else None
     moments, stack = capture_moments(
         model,
         as_batches(loader, **text),
@@ -289,6 +307,40 @@ def analyze(
     estimator = within_bound(moments, metric, estimator)
     errors = _errors(moments, metric, estimator, ridge, cal.progress)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)
+
+
+def _analyze_folder(
+    folder: str | os.PathLike,
+    batches: Any,
+    cal: Calibration,
+    statistics_bytes: int | str | None,
+    max_memory: int | str | None,
+    sequential: bool | None,
+    kw: dict[str, Any],
+) -> Analysis:
+    """:func:`analyze` of a checkpoint folder, on the path its budget allows."""
+    from toast.io.local import load_model
+    from toast.methods.base import get_method
+    from toast.methods.pipeline import plan_folder
+
+    pairs = kw["pairs"]
+    config = ToastConfig(  # what its plan reads: the moments' folds, pairs and bound
+        max_error=math.inf,  # no plan: every pair the moments keep
+        max_span=1 if pairs == "consecutive" else None if pairs == "all" else pairs,
+        estimator=kw["estimator"],
+        folds=kw["folds"],
+        statistics_bytes="auto" if statistics_bytes is None else statistics_bytes,  # type: ignore[arg-type]
+        calibration=cal,
+    )
+    method = get_method("toast")
+    disk, config = plan_folder(
+        method, folder, config, batches, max_memory, sequential, "toast analyze"
+    )
+    if disk is None:
+        return analyze(load_model(folder), batches, calibration=cal, **kw,
+                       statistics_bytes=statistics_bytes)  # fmt: skip
+    return analyze_from_disk(disk, batches, calibration=cal, **kw,
+                             statistics_bytes=config.statistics_bytes)  # fmt: skip
 
 
 def analyze_from_disk(
