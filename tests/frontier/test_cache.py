@@ -27,3 +27,15 @@ def test_a_bad_limit_in_the_environment_fails_before_any_work(tmp_path, monkeypa
     with pytest.raises(ValueError, match="TOAST_CACHE_LIMIT"):
         SearchCache(tmp_path)
     assert SearchCache(None).root is None  # no cache: the limit is never read
+
+
+def test_a_cached_calibration_states_its_size_and_the_caches(tmp_path):
+    from toast._validation import format_size
+    from toast.frontier.calibrate import Calibrated
+
+    cache = SearchCache(tmp_path, limit="1GiB")
+    said = cache.save_calibrated("k", Calibrated(passes=1))
+    size = (tmp_path / "k" / "calibration.pkl").stat().st_size
+    assert f"calibration cached: {format_size(size)}" in said and "1.00 GiB limit" in said
+    assert cache.load_calibrated("k") == Calibrated(passes=1)
+    assert SearchCache(None).save_calibrated("k", Calibrated()) == ""

@@ -28,9 +28,9 @@ from typing import Any, BinaryIO
 import torch
 from torch import nn
 
-from toast._cachedir import cache_limit, evict, search_cache_dir, touch
+from toast._cachedir import cache_limit, entries, evict, search_cache_dir, touch
 from toast._scratch import owned_name
-from toast._validation import parse_size
+from toast._validation import format_size, parse_size
 
 from .calibrate import Calibrated
 
@@ -170,12 +170,21 @@ class SearchCache:
         self._used(file)
         return found if isinstance(found, Calibrated) else None
 
-    def save_calibrated(self, key: str, calibrated: Calibrated) -> None:
+    def save_calibrated(self, key: str, calibrated: Calibrated) -> str:
+        """Writes ``calibrated`` under ``key``; returns what was written,
+        as a line for the user ("" when nothing is kept)."""
         file = self._file(key, "calibration.pkl")
-        if file is not None:
-            # streamed: the moments are large (1.4 GB for SmolLM2), no second copy in memory
-            _write_atomic(file, lambda f: pickle.dump(calibrated, f, pickle.HIGHEST_PROTOCOL))
-            self._written(key)
+        if file is None or self.root is None:
+            return ""
+        # streamed: whole moments can be large, no second copy in memory
+        _write_atomic(file, lambda f: pickle.dump(calibrated, f, pickle.HIGHEST_PROTOCOL))
+        self._written(key)
+        held = sum(e.size for e in entries(self.root))
+        return (
+            f"calibration cached: {format_size(file.stat().st_size)} in {file.parent} (the "
+            f"cache holds {format_size(held)} of its {format_size(self.limit)} limit, least "
+            "recently used entries evicted first; toast cache list | clear)"
+        )
 
     def load_measurements(self, key: str) -> dict[str, dict[str, Any]]:
         file = self._file(key, "measurements.json")

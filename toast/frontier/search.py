@@ -423,7 +423,9 @@ def _calibrated(run: _Run, backend: str, max_blocks: int | None) -> tuple[Calibr
         calibrated = calibrate(
             run.model, run.data, run.layout, run.methods, run.calibration, backend, limit
         )
-    run.cache.save_calibrated(run.key, calibrated)
+    said = run.cache.save_calibrated(run.key, calibrated)
+    if said and run.calibration.progress:
+        print(f"toast search: {said}", file=sys.stderr)
     return calibrated, calibrated.passes
 
 
