@@ -6,6 +6,7 @@ import json
 import pytest
 
 import toast
+from toast._validation import format_size
 from toast.cli.main import main
 from toast.cli.options import EXIT_USAGE
 
@@ -82,6 +83,19 @@ def test_search_of_a_folder_from_disk_saves_the_memory_choice(local_llama, tmp_p
         expected = toast.load_pretrained(tmp_path / "memory" / "model")(input_ids=ids).logits
         got = toast.load_pretrained(tmp_path / "disk" / "model")(input_ids=ids).logits
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_search_from_disk_counts_its_held_out_sweeps_and_states_its_cache_entry(
+    local_llama, tmp_path, capsys
+):
+    argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--heldout", "0.25", "--target", "params=20%", "--max-measured", "2", "--no-latency"]
+    argv += ["--path", "disk", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "o")]
+    assert main(argv) == 0
+    said = capsys.readouterr().err
+    assert "held-out: original (sequential)" in said
+    entry = next((tmp_path / "cache").glob("*/calibration.pkl"))
+    assert f"calibration cached: {format_size(entry.stat().st_size)} in {entry.parent}" in said
 
 
 def test_search_refuses_a_max_memory_its_moments_exceed_before_any_pass(

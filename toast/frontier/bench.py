@@ -125,9 +125,11 @@ class DiskBench:
         calibrated: Calibrated,
         heldout: Iterable,
         metric: str | None,
+        progress: bool = False,
     ) -> None:
         self.disk, self.sizes, self.calibrated = disk, sizes, calibrated
-        self.evaluator = SequentialEvaluator(disk, heldout, metric, progress=False)  # type: ignore[arg-type]
+        # a sweep of every block from disk takes minutes on a wide model: counted with progress
+        self.evaluator = SequentialEvaluator(disk, heldout, metric, progress=progress)  # type: ignore[arg-type]
         self.reference = False
         #: seconds per phase, by ``"<label>: <phase>"`` (held-out passes only)
         self.timings: dict[str, float] = {}

@@ -515,7 +515,9 @@ class _Measurer:
         extra = run.objective.extra(run.tokenizer)
         self.bench: Bench
         if run.disk is not None:
-            self.bench = DiskBench(run.disk, sizes, calibrated, run.heldout, metric)
+            self.bench = DiskBench(
+                run.disk, sizes, calibrated, run.heldout, metric, run.calibration.progress
+            )
         else:
             # a latency target ranks by the timings: paired rounds for their
             # median; otherwise throughput is reported, one paired round each
