@@ -221,38 +221,63 @@ BASE_BYTES = 512 << 20
 
 
 def estimate(
-    shape: tuple[int, ...], tokens: int, phase: str, statistics: int | None = None
+    shape: tuple[int, ...],
+    tokens: int,
+    phase: str,
+    statistics: int | None = None,
+    batch: tuple[int, int] = (8, 128),
 ) -> dict:
     """Peak memory and buffer disk of ``phase`` on the sequential path, by
     formula, for ``shape`` = (hidden d, MLP, blocks L, KV width, vocabulary
-    V) and ``tokens`` calibration tokens T (a bound, not a fit):
+    V), ``tokens`` calibration tokens T and batches of ``batch`` (rows,
+    tokens), with the planner's own parts (a bound, not a fit):
 
-    - memory = 0.5 GiB + 4 max(P_block, V d) (the heaviest of one block and
-      the embedding, widened to float32) + statistics: ReplaceMe 4 × 8 d²
-      (XᵀX, XᵀY, the solve's factor and result, float64); TOAST its
-      ``statistics_bytes`` (``auto``: 1 GiB, or one pair's errors when
-      wider); the search its shared bound (the same ``auto``) + 256 MiB of
-      rows a replay joins;
+    - memory = 0.5 GiB (the interpreter and libraries, 0.28 GiB measured,
+      with room) + one float32 block + one batch's forward
+      (:func:`toast.hf.capture.budget.forward_bytes`) + the parts outside
+      the blocks and the statistics: ReplaceMe (4 candidate cuts at once)
+      its 4 transforms kept (8 d² each) + the larger of the head with its
+      logits and the pass's statistics (4 × 2 × 8 d² + a solve's 4 × 8 d²);
+      TOAST the head + its ``statistics_bytes`` (``auto``: 1 GiB, or one
+      pair's errors when wider) + 256 MiB of rows a replay joins; the
+      search the head + 2 × its shared bound + 256 MiB, the bound being
+      half of what 8 GiB leaves (``_plan_statistics``);
     - disk = the activation buffer 2 × T d × 4, and ReplaceMe's L_start and
-      M of its cut (2 × T d × 4) or, for TOAST and the search, every state's
-      rows twice, 2 (L + 1) × T d × 4: the block-by-block pass keeps them and
-      the bounded moments copy them into their own row buffer.
+      M of its 4 cuts (8 × T d × 4) or, for TOAST and the search, every
+      state's rows twice, 2 (L + 1) × T d × 4: the block-by-block pass keeps
+      them and the bounded moments copy them into their own row buffer.
     """
-    from toast.core.chunked import JOIN_BYTES, resolve_bound
+    from types import SimpleNamespace
+
+    from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound
+    from toast.hf.capture.budget import forward_bytes, logit_rows
 
     d, ffn, layers, kv, vocab = shape
-    block = 2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d
-    held = 4 * max(block, vocab * d)
+    heads = d // 128
+    config = SimpleNamespace(
+        hidden_size=d, intermediate_size=ffn, num_attention_heads=heads,
+        num_key_value_heads=kv // 128,
+    )  # fmt: skip
+    block = 4 * (2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d)
+    forward = forward_bytes(config, *batch)
+    rows, length = batch
+    logits = 3 * logit_rows(rows, length, vocab) * length * vocab * 4
+    outside = 4 * vocab * d + logits
     row = tokens * d * 4
     if phase == "replaceme":
-        stats, disk = 4 * 8 * d * d, 4 * row
-    elif phase == "toast":
-        # a bound below one pair's needs is refused: the auto bound is the least
-        stats = max(statistics or 0, resolve_bound("auto", d, 0))
-        disk = (2 * layers + 4) * row
+        kept, stats = 4 * 8 * d * d, 4 * 2 * 8 * d * d + 4 * 8 * d * d
+        memory = block + forward + kept + max(outside, stats)
+        disk = 10 * row
     else:
-        stats, disk = resolve_bound("auto", d, 0) + JOIN_BYTES, (2 * layers + 4) * row
-    return {"memory": BASE_BYTES + held + stats, "disk": disk, "held": held, "statistics": stats}
+        if phase == "toast":
+            # a bound below one pair's needs is refused: the auto bound is the least
+            stats = max(statistics or 0, resolve_bound("auto", d, 0)) + JOIN_BYTES
+        else:
+            room = (8 << 30) - block - forward - outside - JOIN_BYTES
+            stats = 2 * max(room // 2, pair_nbytes(d, 0)) + JOIN_BYTES
+        memory = block + forward + outside + stats
+        disk = (2 * layers + 4) * row
+    return {"memory": BASE_BYTES + memory, "disk": disk, "held": block, "statistics": stats}
 
 
 def _phase_args(text: str) -> dict[str, list[str]]:
@@ -385,10 +410,12 @@ def _formula_table(r: dict) -> list[str]:
     lines = [
         "## Formula against measured",
         "",
-        "Sequential path (`estimate` in this script): memory = 0.5 GiB + 4 max(P_block, V d) "
-        "+ statistics (ReplaceMe 4 × 8 d²; TOAST `statistics_bytes`; the search its bound "
-        "+ 256 MiB); buffers = ReplaceMe 4 T d × 4 B, TOAST and the search (2 L + 4) T d × 4 B "
-        "(T tokens, L blocks: the states' rows wait twice).",
+        "Sequential path (`estimate` in this script, the planner's parts): memory = 0.5 GiB "
+        "+ one float32 block + one batch's forward (8 × 128 tokens) + ReplaceMe: 4 transforms "
+        "(8 d² each) + max(head with logits, 12 × 8 d² of statistics); TOAST: head + "
+        "`statistics_bytes` + 256 MiB; the search: head + 2 × its bound + 256 MiB, the bound "
+        "half of what 8 GiB leaves. Buffers = ReplaceMe 10 T d × 4 B, TOAST and the search "
+        "(2 L + 4) T d × 4 B (T tokens, L blocks: the states' rows wait twice).",
         "",
         "| model | phase | tokens | memory formula | measured RssAnon | buffers formula "
         "| measured buffers |",
