@@ -197,7 +197,36 @@ def test_a_chunked_shared_pass_gives_the_whole_tables_plans_and_a_small_picklabl
     kept = stats["toast"].analysis.moments
     assert isinstance(kept, PairMoments)
     toast_spans = {s for p in found[1] if p.methods[0] == "toast" for s in p.spans}
-    assert toast_spans <= set(kept.pairs())
+    assert toast_spans <= set(kept.spans)
     for plan in found[1]:  # every plan applies from what the calibration kept
         if plan.methods[0] in ("toast", "remove"):
             _applied(model, layout, plan, stats)
+
+
+def test_span_moments_from_disk_are_kept_within_the_replays_memory_and_said(monkeypatch):
+    import toast.methods.stages as stages_module
+    from toast.core.chunked import ChunkedMoments, pair_nbytes
+
+    model, data = _llama(), _tokens()
+    available_methods()
+    toast_method = next(m for m in staged_methods() if m.name == "toast")
+    layout = find_layout(model)
+    calibration = toast.Calibration(progress=False)
+    sizes = Sizes(
+        toast.count_params(model), tuple(toast.count_params(b) for b in layout.stack.blocks)
+    )
+    bound = pair_nbytes(model.config.hidden_size, 0)
+    # as if a span's moments took the whole bound: room for two
+    monkeypatch.setattr(stages_module, "pair_moments_nbytes", lambda dim: bound)
+    shared = capture_shared(model, data, layout, calibration, "auto", 2, bound)
+    assert isinstance(shared.moments, ChunkedMoments)
+    stats = toast_method.stages.calibrate(model, data, layout, shared, calibration, 2)
+    shared.close()
+    kept = stats.analysis.moments.spans
+    assert len(kept) == 2 and "spans were kept" in stats.note
+    from toast.methods.stages import span_plans
+
+    exact = [next(span_plans(stats.errors[k], n)) for k in ("linear", "affine") for n in (1, 2)]
+    assert set(kept) == set(list(dict.fromkeys(s for plan in exact for s in plan))[:2])
+    plans = toast_method.stages.propose(stats, sizes, 2, macs_matter=True)
+    assert plans and all(set(p.spans) <= set(kept) for p in plans)

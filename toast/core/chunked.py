@@ -41,6 +41,7 @@ __all__ = [
     "chunk_sources",
     "chunk_targets",
     "formed_nbytes",
+    "pair_moments_nbytes",
     "pair_nbytes",
     "resolve_bound",
     "workspace_nbytes",
@@ -353,6 +354,12 @@ class ChunkedMoments:
         )
 
 
+def pair_moments_nbytes(dim: int) -> int:
+    """Bytes one span's kept moments hold (:meth:`ChunkedMoments.pair`:
+    the source's Gram and its cross block, with the sums)."""
+    return Moments.estimate_nbytes(2, dim, 0, "all") * 2 // 3
+
+
 class PairMoments:
     """The two-state moments of chosen pairs of states (a fit of ``j`` from
     ``i`` reads :meth:`pair` ``(i, j)`` at ``(0, 1)``), kept after a
@@ -368,7 +375,9 @@ class PairMoments:
     def nbytes(self) -> int:
         return sum(m.nbytes for m in self._pairs.values())
 
-    def pairs(self) -> list[tuple[int, int]]:
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        """The pairs of states ``(i, j)`` whose moments were kept."""
         return list(self._pairs)
 
     def pair(self, i: int, j: int) -> Moments:

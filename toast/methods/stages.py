@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from toast.core import Moments, error_matrix
-from toast.core.chunked import ChunkedMoments, PairMoments
+from toast.core.chunked import ChunkedMoments, PairMoments, pair_moments_nbytes
 from toast.hf.data.calibration import Calibration
 from toast.hf.data.progress import progress_counter
 from toast.spans import plan_spans
@@ -181,10 +181,15 @@ class Shared:
 
     def pairs(self, spans: Iterable[tuple[int, int]]) -> Moments | PairMoments:
         """What fits of ``spans`` read, kept beyond the pass: the whole
-        moments, or from rows on disk the two-state moments of those spans."""
-        if isinstance(self.moments, ChunkedMoments):
-            return PairMoments(self.moments, spans)
-        return self.moments
+        moments, or from rows on disk the two-state moments of as many of
+        ``spans``, in their order, as fit the memory the errors' replays
+        held (twice the bound: :meth:`ChunkedMoments.pair` forms ``2 d²``
+        doubles a span, 256 MiB at width 4,096, and a search's plans can
+        name a hundred spans); :attr:`PairMoments.spans` says which."""
+        if not isinstance(self.moments, ChunkedMoments):
+            return self.moments
+        room = max(2 * self.moments.bound // pair_moments_nbytes(self.moments.dim), 1)
+        return PairMoments(self.moments, list(dict.fromkeys(spans))[:room])
 
     def close(self) -> None:
         """Frees the rows on disk (the tables stay)."""

@@ -18,6 +18,7 @@ from torch import nn
 
 from toast.accounting import translator_params
 from toast.core import Translator
+from toast.core.chunked import PairMoments
 from toast.hf.capture.sequential import BlockEdits, DiskModel
 from toast.hf.data.calibration import Calibration
 from toast.hf.evaluate.from_disk import replaced
@@ -72,16 +73,26 @@ class ToastStages(BaseStages):
     ) -> ToastStats:
         assert shared is not None  # needs() asked for it
         errors = {kind: shared.errors(kind) for kind in TRANSLATORS}
-        # what the fits of every span its plans can hold read (not the rows on disk)
-        spans = {
-            span
+        # what the fits of every span its plans can hold read (not the rows on
+        # disk): the exact plans' spans first, then the alternatives', as many
+        # as the memory allows when the rows are on disk
+        plans = [
+            (k, plan)
             for kind in TRANSLATORS
             for n in range(1, max_blocks + 1)
-            for plan in span_plans(errors[kind], n)
-            for span in plan
-        }
+            for k, plan in enumerate(span_plans(errors[kind], n))
+        ]
+        spans = [span for k, plan in sorted(plans, key=lambda p: p[0] > 0) for span in plan]
+        kept = shared.pairs(spans)
+        note = ""
+        if isinstance(kept, PairMoments) and len(kept.spans) < len(set(spans)):
+            note = (
+                f"toast: the moments of {len(kept.spans)} of its {len(set(spans))} spans were "
+                "kept (each 2 d² doubles, within the memory the errors used); plans with the "
+                "others are not proposed: raise max_memory or lower max_blocks"
+            )
         analysis = Analysis(
-            shared.pairs(spans),
+            kept,
             errors["linear"],
             "linear",
             "gcv",
@@ -90,11 +101,12 @@ class ToastStages(BaseStages):
             0.0,
             shared.massive,
         )
-        return ToastStats(analysis=analysis, errors=errors)
+        return ToastStats(analysis=analysis, errors=errors, note=note)
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         assert isinstance(stats, ToastStats) and stats.analysis is not None
-        width = stats.analysis.moments.dim
+        moments = stats.analysis.moments
+        kept = set(moments.spans) if isinstance(moments, PairMoments) else None
         return [
             plan
             for kind in TRANSLATORS
@@ -105,9 +117,10 @@ class ToastStages(BaseStages):
                 kind,
                 sizes,
                 max_blocks,
-                added_per_span=translator_params(kind, width),
+                added_per_span=translator_params(kind, moments.dim),
                 extendable=kind == "affine",
             )
+            if kept is None or kept.issuperset(plan.spans)
         ]
 
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
