@@ -103,3 +103,14 @@ def test_analyze_of_a_folder_refuses_a_budget_below_its_plan_before_any_pass(sou
 def test_max_memory_is_refused_for_a_loaded_model():
     with pytest.raises(ValueError, match="checkpoint folder"):
         toast.analyze(R.decoder("llama"), R.text_loader(), max_memory="1GiB", progress=False)
+
+
+@pytest.mark.parametrize("method", ["replaceme", "toast"])
+def test_held_out_sweeps_from_disk_are_counted(source, tmp_path, capsys, method):
+    # 20 batches: enough to hold some out; each sweep reads every block from disk
+    size = {"num_blocks": 1} if method == "replaceme" else {"budget": 1}
+    toast.compress(
+        source, R.text_loader(n=80, batch_size=4), method=method, output=tmp_path / "out",
+        sequential=True, progress=True, **size,
+    )  # fmt: skip
+    assert "held-out: " in capsys.readouterr().err

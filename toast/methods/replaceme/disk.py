@@ -274,8 +274,9 @@ class DiskEstimation:
         (:func:`toast.hf.evaluate.check.check_against_plain`), measured block by
         block with the cuts made as the blocks load."""
         config = self.config
+        # each sweep reads every block from disk (minutes on a large model): counted
         evaluator = SequentialEvaluator(
-            self.disk, heldout, progress=False, buffer_dir=config.buffer_dir
+            self.disk, heldout, progress=config.calibration.progress, buffer_dir=config.buffer_dir
         )
 
         def apply(where: Sequence[Span], fits: Sequence[Any]) -> AbstractContextManager:

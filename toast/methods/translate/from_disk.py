@@ -137,7 +137,9 @@ def _check(
 ) -> list[RemovalCheck | None]:
     """Each translator against plain removal on the held-out batches
     (:func:`toast.hf.evaluate.check.check_against_plain`), block by block."""
-    evaluator = SequentialEvaluator(disk, heldout, progress=False, buffer_dir=buffer_dir)
+    # each sweep reads every block from disk (minutes on a large model): counted
+    progress = config.calibration.progress
+    evaluator = SequentialEvaluator(disk, heldout, progress=progress, buffer_dir=buffer_dir)
 
     def apply(where: Sequence[Span], fits: Sequence[Any]) -> AbstractContextManager:
         return evaluator.editing(translated_edits(disk, where, fits))
