@@ -283,6 +283,11 @@ def analyze(
     text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
     cal = Calibration.from_options(calibration, **options)
     if isinstance(model, (str, os.PathLike)):
+        if not os.path.exists(model):
+            raise TypeError(
+                f"model must be a torch.nn.Module or a checkpoint folder; {os.fspath(model)!r} "
+                "is neither (no such folder: models are read from local folders only)"
+            )
         kw = dict(metric=metric, estimator=estimator, folds=folds, ridge=ridge, tokens=tokens,
                   pairs=pairs, precision=precision, massive_rows=massive_rows)  # fmt: skip
         batches = as_batches(loader, **text)
