@@ -64,7 +64,7 @@ _DISK_SCRIPT = """
     from toast.methods.replaceme.config import ReplaceMeConfig
     from toast.methods.replaceme.disk import profile_from_disk
 
-    from toast.hf.capture.budget import return_freed_memory
+    from toast._malloc import return_freed_memory
 
     torch.set_num_threads(1)
     return_freed_memory()  # as the block-by-block path sets it (plan_checkpoint)

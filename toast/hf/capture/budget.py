@@ -14,8 +14,6 @@ measures both paths.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import dataclasses
 import logging
 import os
@@ -25,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from toast._malloc import return_freed_memory
 from toast._validation import format_size, parse_size  # here too: the budget is read here
 
 if TYPE_CHECKING:  # torch stays unimported: the CLI parses sizes before loading anything
@@ -41,7 +40,6 @@ __all__ = [
     "memory_plan",
     "parse_size",
     "plan_checkpoint",
-    "return_freed_memory",
     "say_plan",
     "sequential_parts",
 ]
@@ -178,29 +176,6 @@ def plan_checkpoint(
     if sequential is not None:
         plan = dataclasses.replace(plan, sequential=sequential, asked=True)
     return _said(plan, progress, command), disk if plan.sequential else None
-
-
-#: Allocations from this size up get their own mapping, returned to the
-#: system when freed (glibc's ``M_MMAP_THRESHOLD``).
-MMAP_THRESHOLD = 1 << 20
-
-
-def return_freed_memory() -> bool:
-    """Makes glibc give every freed allocation of :data:`MMAP_THRESHOLD`
-    bytes or more back to the system (``mallopt``); returns whether it
-    could (False off glibc). By default glibc raises that threshold each
-    time a large buffer is freed, up to 32 MiB, so the freed weights and
-    activations of a block-by-block pass stay in its heap and its resident
-    memory drifts above its plan (measured on a 768-wide Llama under a
-    96 MiB plan: 128 MiB above the interpreter by default, 70 with this).
-    Process-wide, and set only once the block-by-block path is chosen."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_mmap_threshold = -3  # <malloc.h>
-    return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD))
 
 
 def _said(plan: MemoryPlan, progress: bool, command: str) -> MemoryPlan:

@@ -27,7 +27,6 @@ order state 0 of every batch, state 1 of every batch, ...
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -37,6 +36,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from toast._malloc import trim_heap
 from toast._scratch import scratch_file, scratch_place
 from toast._validation import format_size
 from toast.hf.capture.states import calibration_inputs, rss_mib, without_kv_cache
@@ -363,7 +363,7 @@ class DiskModel:
         with self._without_blocks():
             self._outside(self._full)[0].to("meta")
         self._ready = False
-        _trim_heap()
+        trim_heap()
 
     def load_block(self, index: int) -> nn.Module:
         """Block ``index`` with its weights read from the checkpoint."""
@@ -374,7 +374,7 @@ class DiskModel:
     def unload_block(self, index: int) -> None:
         """Frees block ``index``'s weights (back to the meta device)."""
         self.stack.blocks[index].to("meta")
-        _trim_heap()
+        trim_heap()
 
 
 def _tie_head(model: nn.Module) -> None:
@@ -401,18 +401,6 @@ def _drop_absent(model: nn.Module, keep: str | None = None) -> None:
     for name in absent:
         parent_path, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent_path) if parent_path else model, leaf, None)
-
-
-def _trim_heap() -> None:
-    # glibc keeps freed blocks of the process heap for reuse; with one
-    # block's weights freed after another, the heap would grow towards the
-    # model's size in fragments. malloc_trim hands the free pages back.
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (musl): nothing to trim
-        pass
 
 
 class _Stop(Exception):
