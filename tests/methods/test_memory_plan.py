@@ -114,3 +114,18 @@ def test_held_out_sweeps_from_disk_are_counted(source, tmp_path, capsys, method)
         sequential=True, progress=True, **size,
     )  # fmt: skip
     assert "held-out: " in capsys.readouterr().err
+
+
+def test_analyze_of_a_folder_in_memory_passes_the_backend_on(source, monkeypatch):
+    import toast.methods.translate.analysis as analysis_module
+
+    seen = []
+    real = analysis_module.capture_moments
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["backend"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(analysis_module, "capture_moments", recording)
+    toast.analyze(source, R.text_loader(), backend="torch", sequential=False, progress=False)
+    assert seen == ["torch"]

@@ -291,7 +291,9 @@ def analyze(
         kw = dict(metric=metric, estimator=estimator, folds=folds, ridge=ridge, tokens=tokens,
                   pairs=pairs, precision=precision, massive_rows=massive_rows)  # fmt: skip
         batches = as_batches(loader, **text)
-        return _analyze_folder(model, batches, cal, statistics_bytes, max_memory, sequential, kw)
+        return _analyze_folder(
+            model, batches, cal, statistics_bytes, max_memory, sequential, backend, kw
+        )
     if max_memory is not None or sequential is not None:
         raise ValueError("max_memory= and sequential= choose how a checkpoint folder is read: "
                          "pass the folder, or leave them out for a loaded model")  # fmt: skip
@@ -321,9 +323,11 @@ def _analyze_folder(
     statistics_bytes: int | str | None,
     max_memory: int | str | None,
     sequential: bool | None,
+    backend: Any,
     kw: dict[str, Any],
 ) -> Analysis:
-    """:func:`analyze` of a checkpoint folder, on the path its budget allows."""
+    """:func:`analyze` of a checkpoint folder, on the path its budget allows
+    (``backend`` is the in-memory pass's; the block-by-block pass sums on the host)."""
     from toast.io.local import load_model
     from toast.methods.base import get_method
     from toast.methods.pipeline import plan_folder
@@ -342,7 +346,7 @@ def _analyze_folder(
         method, folder, config, batches, max_memory, sequential, "toast analyze"
     )
     if disk is None:
-        return analyze(load_model(folder), batches, calibration=cal, **kw,
+        return analyze(load_model(folder), batches, calibration=cal, backend=backend, **kw,
                        statistics_bytes=statistics_bytes)  # fmt: skip
     return analyze_from_disk(disk, batches, calibration=cal, **kw,
                              statistics_bytes=config.statistics_bytes)  # fmt: skip
