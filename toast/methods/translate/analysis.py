@@ -291,9 +291,8 @@ def analyze(
         kw = dict(metric=metric, estimator=estimator, folds=folds, ridge=ridge, tokens=tokens,
                   pairs=pairs, precision=precision, massive_rows=massive_rows)  # fmt: skip
         batches = as_batches(loader, **text)
-        return _analyze_folder(
-            model, batches, cal, statistics_bytes, max_memory, sequential, backend, kw
-        )
+        path = (max_memory, sequential, backend)  # how the folder is read
+        return _analyze_folder(model, batches, cal, statistics_bytes, *path, kw)
     if max_memory is not None or sequential is not None:
         raise ValueError("max_memory= and sequential= choose how a checkpoint folder is read: "
                          "pass the folder, or leave them out for a loaded model")  # fmt: skip
