@@ -2,6 +2,7 @@
 references: ``sum(p.numel())`` of instantiated tiny models and torch's
 ``FlopCounterMode`` (2 FLOPs per multiply-accumulate, eager attention)."""
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,7 +15,14 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import toast  # noqa: E402
 from toast import accounting  # noqa: E402
-from toast.translators import DiagonalMap, MLPTranslator, ResMLPTranslator  # noqa: E402
+from toast.core import Translator  # noqa: E402
+from toast.core.patch import PATCH_KINDS, linear_patch  # noqa: E402
+from toast.translators import (  # noqa: E402
+    DiagonalMap,
+    MLPTranslator,
+    ResMLPTranslator,
+    translator_module,
+)
 
 D = 32
 LAYERS = 4
@@ -156,6 +164,12 @@ def test_patched_model_with_a_linear_translator_matches_counter_and_prediction(f
     assert params == _numel(model)
 
 
+def _fitted(kind):
+    """A Hadamard-basis translator (a bias-free d × d linear) as toast builds it."""
+    weight = linear_patch(np.linspace(0.5, 1.5, D))
+    return translator_module(Translator(kind, weight, np.zeros(D), 1.0, D, "none"))
+
+
 def _translator(kind):
     torch.manual_seed(0)
     return {
@@ -164,6 +178,7 @@ def _translator(kind):
         "affine": lambda: nn.Linear(D, D),
         "diagonal": lambda: DiagonalMap(torch.ones(D), torch.zeros(D)),
         "mlp": lambda: MLPTranslator(D),
+        **{k: lambda k=k: _fitted(k) for k in PATCH_KINDS},
         "resmlp": lambda: ResMLPTranslator(D),
     }[kind]()
 

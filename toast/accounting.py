@@ -92,15 +92,37 @@ __all__ = [
     "translator_params",
 ]
 
-TranslatorKind = Literal["identity", "linear", "affine", "diagonal", "mlp", "resmlp"]
+TranslatorKind = Literal[
+    "identity",
+    "linear",
+    "affine",
+    "diagonal",
+    "mlp",
+    "resmlp",
+    "linearpatch",
+    "rotated_diagonal",
+    "patch_ridge",
+]
 Head = Literal["base", "none", "classifier"]
 
 #: Translator kinds a config-only prediction knows: ``identity`` (nothing),
 #: ``linear`` (``x W``), ``affine`` (``x W + b``), ``diagonal`` (per-feature
 #: scale and bias, :class:`toast.translators.DiagonalMap`), ``mlp``
 #: (:class:`toast.translators.MLPTranslator`, hidden ``d // 2``) and ``resmlp``
-#: (:class:`toast.translators.ResMLPTranslator`).
-TRANSLATOR_KINDS: tuple[str, ...] = ("identity", "linear", "affine", "diagonal", "mlp", "resmlp")
+#: (:class:`toast.translators.ResMLPTranslator`); ``linearpatch``,
+#: ``rotated_diagonal`` and ``patch_ridge`` (a dense ``d × d`` map in the
+#: Hadamard basis, no bias: :mod:`toast.core.patch`).
+TRANSLATOR_KINDS: tuple[str, ...] = (
+    "identity",
+    "linear",
+    "affine",
+    "diagonal",
+    "mlp",
+    "resmlp",
+    "linearpatch",
+    "rotated_diagonal",
+    "patch_ridge",
+)
 #: What :func:`macs` counts: ``"all"`` the matmuls (linear layers, patch
 #: embedding, attention products; analytic), ``"linear"`` the ``nn.Linear``
 #: layers alone (counted by hooks; ``toast.search``'s ``macs=`` target).
@@ -349,8 +371,9 @@ def _check_head(arch: _Arch, head: str) -> None:
 
 def translator_params(kind: TranslatorKind | str, dim: int) -> int:
     """Parameters of one translator of ``kind`` on ``dim`` features:
-    identity 0, linear ``d²``, affine ``d² + d``, diagonal ``2d``, MLP
-    ``2·d·(d//2) + d//2 + d``, Res-MLP ``2(d² + d) + 4d``."""
+    identity 0, linear ``d²`` (and the Hadamard-basis kinds), affine
+    ``d² + d``, diagonal ``2d``, MLP ``2·d·(d//2) + d//2 + d``, Res-MLP
+    ``2(d² + d) + 4d``."""
     _check_translator(kind)
     d = int(dim)
     hidden = max(1, d // 2)
@@ -361,6 +384,9 @@ def translator_params(kind: TranslatorKind | str, dim: int) -> int:
         "diagonal": 2 * d,
         "mlp": d * hidden + hidden + hidden * d + d,
         "resmlp": 2 * (d * d + d) + 4 * d,
+        "linearpatch": d * d,
+        "rotated_diagonal": d * d,
+        "patch_ridge": d * d,
     }[kind]
 
 
@@ -513,7 +539,7 @@ def _translator_counts(kind: str, d: int, n: int) -> Counts:
     hidden = max(1, d // 2)
     if kind in ("identity", "diagonal"):
         return Counts()
-    if kind in ("linear", "affine"):
+    if kind in ("linear", "affine", "linearpatch", "rotated_diagonal", "patch_ridge"):
         return Counts(dense=n * d * d)
     if kind == "mlp":
         return Counts(dense=2 * n * d * hidden)

@@ -20,7 +20,12 @@ from toast.methods.base import make_config  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
-SIZES = {"toast": {"budget": 1}, "replaceme": {"num_blocks": 1}, "remove": {"num_blocks": 1}}
+SIZES = {
+    "toast": {"budget": 1},
+    "replaceme": {"num_blocks": 1},
+    "remove": {"num_blocks": 1},
+    "linearpatch": {"num_blocks": 1},
+}
 
 
 @pytest.mark.parametrize("method", available_methods())

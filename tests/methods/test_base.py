@@ -11,8 +11,9 @@ from toast.methods.base import Method, Report, get_method, make_config, register
 from toast.methods.translate.config import ToastConfig
 
 
-def test_the_five_methods_are_registered():
-    assert available_methods() == ["remove", "replaceme", "toast", "toast-vit", "tome"]
+def test_every_method_is_registered():
+    expected = ["linearpatch", "remove", "replaceme", "toast", "toast-vit", "tome"]
+    assert available_methods() == expected
 
 
 def test_every_registered_method_has_stages_the_search_can_run():
@@ -23,7 +24,7 @@ def test_every_registered_method_has_stages_the_search_can_run():
 
 
 def test_an_unknown_method_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"method must be one of \['remove', 'replaceme', 'toast'"):
+    with pytest.raises(ValueError, match=r"method must be one of \['linearpatch', 'remove', 'replaceme'"):
         toast.compress(object(), [], method="prune")
 
 

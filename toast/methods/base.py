@@ -176,6 +176,10 @@ _REGISTRY: dict[str, Method] = {}
 #: here. The registering modules import torch; most configs do not, so the
 #: CLI builds a method's options and ``--help`` from the config alone.
 METHODS = {
+    "linearpatch": (
+        "toast.methods.linearpatch.method",
+        "toast.methods.linearpatch.config:LinearPatchConfig",
+    ),
     "remove": ("toast.methods.remove.method", "toast.methods.remove.config:RemoveConfig"),
     "replaceme": (
         "toast.methods.replaceme.method",

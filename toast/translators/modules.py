@@ -38,7 +38,14 @@ __all__ = [
 #: fitted as; its spec's ``kind`` is that name.
 FITTED_KIND = "toast_fitted_kind"
 #: Spec kinds that build an ``nn.Linear`` (a matrix, with or without a bias).
-LINEAR_KINDS = ("linear", "affine", "orthogonal")
+LINEAR_KINDS = (
+    "linear",
+    "affine",
+    "orthogonal",
+    "linearpatch",
+    "rotated_diagonal",
+    "patch_ridge",
+)
 
 
 class DiagonalMap(nn.Module):

@@ -82,6 +82,20 @@ class MassiveRows:
             return np.zeros(0, dtype=bool)
         return self.flags[:, j] & ~self.flags[:, i]
 
+    def plain_moments(
+        self, moments: Moments, i: int, j: int, target_sq: float
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """``XᵀX``, ``XᵀY`` and ``tr(YᵀY)`` (given uncorrected as ``target_sq``)
+        from state ``i`` to state ``j`` with the target of every row the span
+        would have to make massive replaced by its input, as
+        :meth:`plain_fit` fits them (unchanged when there is none)."""
+        gram, cross = moments.cross(i, i), moments.cross(i, j)
+        sel = self.created(i, j)
+        if not sel.any():
+            return gram, cross, target_sq
+        xi, xj = self.states[sel, i], self.states[sel, j]
+        return gram, cross + xi.T @ (xi - xj), target_sq + float((xi**2).sum() - (xj**2).sum())
+
     def plain_fit(
         self,
         moments: Moments,

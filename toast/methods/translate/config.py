@@ -18,7 +18,15 @@ __all__ = ["CLOSED_FORM", "STATISTICS_BYTES", "TRAINED", "ToastConfig"]
 #: (:func:`toast.core.chunked.resolve_bound`).
 STATISTICS_BYTES: int | Literal["auto"] = "auto"
 
-CLOSED_FORM = ("identity", "linear", "affine", "diagonal", "orthogonal")
+CLOSED_FORM = (
+    "identity",
+    "linear",
+    "affine",
+    "diagonal",
+    "orthogonal",
+    "rotated_diagonal",
+    "patch_ridge",
+)
 TRAINED = ("mlp", "resmlp")
 
 

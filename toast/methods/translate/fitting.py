@@ -7,11 +7,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Collection, Iterable
 
+import numpy as np
 from torch import nn
 
 from toast.core import IllConditionedWarning, Moments, Translator, fit_translator
 from toast.core.chunked import ChunkedMoments, PairMoments
 from toast.core.errors import explain_rank_deficiency
+from toast.core.patch import fit_patch
 from toast.core.solvers import gram_rank
 from toast.hf.capture.distributed import broadcast_module
 from toast.hf.capture.massive import MassiveRows
@@ -76,6 +78,8 @@ class Fitter:
                 FewRowsWarning,
                 stacklevel=5,
             )
+        if kind in ("rotated_diagonal", "patch_ridge"):
+            return self._patch(moments, i, j, massive)
         t = None
         if massive is not None and kind in ("linear", "affine"):
             t = massive.plain_fit(moments, i, j, kind == "affine", ridge or 0.0, relative)
@@ -89,6 +93,19 @@ class Fitter:
         if t.ill_conditioned and self._ill_conditioned is None:
             _, hint = gram_rank(moments, i, center=kind == "affine")
             self._ill_conditioned = explain_rank_deficiency(t.rank, moments.dim, moments.rows, hint)
+        return t
+
+    def _patch(self, moments: Moments, i: int, j: int, massive: MassiveRows | None) -> Translator:
+        """A Hadamard-basis fit (:mod:`toast.core.patch`), massive rows'
+        targets as plain removal leaves them when ``massive`` is given."""
+        target_sq = float(np.trace(moments.cross(j, j)))
+        if massive is None:
+            gram, cross = moments.cross(i, i), moments.cross(i, j)
+        else:
+            gram, cross, target_sq = massive.plain_moments(moments, i, j, target_sq)
+        t = fit_patch(self.config.translator, gram, cross, target_sq, moments.rows)
+        self.conditions.append(t.condition)
+        self.ranks.append(t.rank)
         return t
 
     def closed_forms(self, spans: list[Span], analysis: Analysis) -> list[Translator]:

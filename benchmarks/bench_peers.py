@@ -1,0 +1,260 @@
+"""toast against the strongest training-free depth pruning, side by side on
+a real LLM: SmolLM2-135M-Instruct (30 blocks) with 2, 4, 6 and 8 blocks
+removed.
+
+Rows, each peer as published (facts from the papers; settings noted where
+these cores force a smaller calibration):
+
+- UIDL (Gromov et al., arXiv 2403.17887): the window of smallest angular
+  distance on the last token, removed (no healing);
+- ShortGPT (arXiv 2403.03853): the blocks of lowest Block Influence
+  ``1 − cos(x_in, x_out)``, removed (any blocks, not a window);
+- SLEB (arXiv 2402.09025): greedily the block whose removal hurts
+  calibration perplexity least, removed, one at a time;
+- ReplaceMe (arXiv 2505.02819), LS and cosine with the paper's protocol
+  (:meth:`toast.methods.replaceme.ReplaceMeConfig.paper`);
+- LinearPatch (arXiv 2505.24680): the most similar window (cosine) and
+  ``H diag(d) Hᵀ`` in its place;
+
+then toast's defaults (``toast.compress(model, data, budget=n)``, TOAST;
+``toast.replaceme(model, data, num_blocks=n)``), toast's Hadamard-basis
+fits (``translator="patch_ridge"``) and ``toast.search``'s choice at the
+parameter count of ``n`` removed blocks. Columns: perplexity, mean KL to
+the original per token and top-1 agreement on a test split nobody selects
+on, parameters, and forward tokens/s relative to the original (interleaved
+rounds, median).
+
+Data as ``bench_fidelity.py``: stdlib docstring sentences packed into
+sequences of 256 tokens, 32 to calibrate (every method, the papers use 128
+× 2,048), 16 held out for the search's selection, 16 to test.
+
+Usage: ``python benchmarks/bench_peers.py [--sizes 2 4 6 8] [--rows ...]
+[--out benchmarks/results/peers.json]``; a row that fails is recorded
+with its error and the run goes on. Results are written after every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _machine  # noqa: E402
+
+import toast  # noqa: E402
+import toast.zoo  # noqa: E402
+from toast.hf.evaluate.quality import Evaluator  # noqa: E402
+from toast.methods.replaceme import ReplaceMeConfig  # noqa: E402
+
+SIZES = (2, 4, 6, 8)
+_COLUMNS = (
+    ("perplexity", "perplexity ↓", ".2f"),
+    ("kl", "KL ↓", ".4f"),
+    ("agreement", "top-1 ↑", ".4f"),
+)
+
+
+def _data() -> tuple[Any, Any, Any, Any]:
+    from toast.data import stdlib_sentences
+    from toast.hf.data.text import TextData
+
+    gguf = toast.zoo.smollm2_gguf()
+    model = toast.load_model(gguf).eval()
+    tokenizer = toast.load_tokenizer(gguf)
+    sentences = stdlib_sentences(limit=None)
+    half, quarter = len(sentences) // 2, len(sentences) // 4
+    options: dict[str, Any] = {"max_length": 256, "pack": True, "batch_size": 4}
+    calib = TextData(sentences[:half], tokenizer, num_samples=32, **options)
+    selection = TextData(sentences[half : half + quarter], tokenizer, num_samples=16, **options)
+    test = TextData(sentences[half + quarter :], tokenizer, num_samples=16, **options)
+    return model, calib, selection, test
+
+
+Row = Callable[[torch.nn.Module, Any, Any, int], tuple[torch.nn.Module, str]]
+
+
+def _what(report: Any) -> str:
+    """The blocks a report says were cut."""
+    spans = getattr(report, "spans", None) or []
+    return " ".join(f"[{s.start}:{s.stop}]" for s in spans)
+
+
+def _compress(method: str, **fixed: Any) -> Row:
+    """``toast.compress`` with ``method`` removing ``n`` blocks (``budget``
+    for TOAST, ``num_blocks`` otherwise) and ``fixed`` options."""
+    size = "budget" if method == "toast" else "num_blocks"
+
+    def row(model: torch.nn.Module, calib: Any, selection: Any, n: int):
+        out, report = toast.compress(
+            model, calib, method=method, progress=False, **{size: n}, **fixed
+        )
+        return out, _what(report)
+
+    return row
+
+
+def _replaceme_paper(**fields: Any) -> Row:
+    """ReplaceMe with the paper's protocol (and ``fields``)."""
+
+    def row(model: torch.nn.Module, calib: Any, selection: Any, n: int):
+        config = ReplaceMeConfig.paper(num_blocks=n, progress=False, **fields)
+        out, report = toast.compress(model, calib, method="replaceme", config=config)
+        return out, _what(report)
+
+    return row
+
+
+def _search(model: torch.nn.Module, calib: Any, selection: Any, n: int):
+    """``toast.search``'s measured choice at ``n`` blocks' parameters."""
+    block = sum(p.numel() for p in model.model.layers[0].parameters())
+    target = n * block / toast.count_params(model) - 1e-6
+    with tempfile.TemporaryDirectory() as cache:
+        result = toast.search(
+            model, calib, selection, target=target, cache=cache, latency=False, progress=False
+        )
+    return result.model, result.best.candidate.label
+
+
+#: Every row by name: peers as published first, then toast.
+ROWS: dict[str, Row] = {
+    "UIDL: angular window, removed": _replaceme_paper(objective="identity"),
+    "ShortGPT: Block Influence, removed": _compress("remove", selection="block_influence"),
+    "SLEB: measured greedy removal": _compress("remove", selection="sleb"),
+    "ReplaceMe LS (paper)": _replaceme_paper(),
+    "ReplaceMe cosine (paper)": _replaceme_paper(objective="cosine"),
+    "LinearPatch (paper)": _compress("linearpatch"),
+    "toast.compress default (TOAST)": _compress("toast"),
+    "TOAST, patch_ridge": _compress("toast", translator="patch_ridge"),
+    "toast.replaceme default": _compress("replaceme"),
+    "toast.search": _search,
+}
+
+
+def _tokens_per_second(model: torch.nn.Module, batches: list, rounds: int = 3) -> float:
+    """Forward tokens per second over ``batches`` (one warm-up, median)."""
+    tokens = sum(int(b["attention_mask"].sum()) for b in batches)
+    times = []
+    with torch.inference_mode():
+        for k in range(rounds + 1):
+            start = time.perf_counter()
+            for b in batches:
+                model(**b, use_cache=False)
+            if k:
+                times.append(time.perf_counter() - start)
+    return tokens / statistics.median(times)
+
+
+def _speed(model: torch.nn.Module, original: torch.nn.Module, batches: list) -> float:
+    """Tokens/s of ``model`` over the original's, interleaved rounds, median ratio."""
+    ratios = [
+        _tokens_per_second(model, batches, 1) / _tokens_per_second(original, batches, 1)
+        for _ in range(3)
+    ]
+    return statistics.median(ratios)
+
+
+def _measure_row(name: str, n: int, context: dict[str, Any]) -> dict[str, Any]:
+    model, calib, selection = context["model"], context["calib"], context["selection"]
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built, what = ROWS[name](copy.deepcopy(model), calib, selection, n)
+    seconds = time.perf_counter() - start
+    context["evaluator"].measure(built, f"{name} n={n}")
+    return {
+        "row": name,
+        "blocks": n,
+        "what": what,
+        "params": toast.count_params(built),
+        "seconds": seconds,
+        "speed": _speed(built, model, context["speed_batches"]),
+        **{k: context["evaluator"].last[k] for k, _, _ in _COLUMNS},
+    }
+
+
+def run(sizes: list[int], rows: list[str], out: Path) -> dict[str, Any]:
+    model, calib, selection, test = _data()
+    evaluator = Evaluator(test, progress=False)
+    evaluator.measure(model, "original")
+    context = {
+        "model": model,
+        "calib": calib,
+        "selection": selection,
+        "evaluator": evaluator,
+        "speed_batches": list(test)[:2],
+    }
+    record: dict[str, Any] = {
+        "machine": _machine.machine(os.getloadavg()),
+        "original": {
+            "params": toast.count_params(model),
+            **{k: evaluator.last[k] for k, _, _ in _COLUMNS},
+        },
+        "rows": [],
+    }
+    for n in sizes:
+        for name in rows:
+            print(f"== {name}, {n} blocks", flush=True)
+            try:
+                found = _measure_row(name, n, context)
+            except Exception as exc:  # a row's failure is a result too
+                traceback.print_exc()
+                found = {"row": name, "blocks": n, "error": f"{type(exc).__name__}: {exc}"}
+            print(found, flush=True)
+            record["rows"].append(found)
+            out.write_text(json.dumps(record, indent=1, default=str))
+    return record
+
+
+def _table(record: dict[str, Any]) -> str:
+    head = "| blocks | method | cut | params | " + " | ".join(c for _, c, _ in _COLUMNS)
+    lines = [head + " | tokens/s × |", "|---:|---|---|---:|" + "---:|" * (len(_COLUMNS) + 1)]
+    o = record["original"]
+    cells = " | ".join(f"{o[k]:{spec}}" for k, _, spec in _COLUMNS)
+    lines.append(f"| 0 | original | | {o['params']:,} | {cells} | 1.00 |")
+    for r in record["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['blocks']} | {r['row']} | {r['error']} | | | | | |")
+            continue
+        cells = " | ".join(f"{r[k]:{spec}}" for k, _, spec in _COLUMNS)
+        lines.append(
+            f"| {r['blocks']} | {r['row']} | {r['what']} | {r['params']:,} | {cells} | "
+            f"{r['speed']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--out", default="benchmarks/results/peers.json")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = run(args.sizes, args.rows, out)
+    text = (
+        "# SmolLM2-135M-Instruct: toast against the training-free depth-pruning peers\n\n"
+        "Test split: 16 × 256 tokens no method selected on. KL: mean KL(original ‖ model) "
+        "per token; tokens/s ×: forward throughput over the original's (median of 3 "
+        "interleaved rounds).\n\n"
+        f"{_table(record)}\n\n{_machine.describe(record['machine'])}\n"
+    )
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
