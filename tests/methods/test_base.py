@@ -12,7 +12,7 @@ from toast.methods.translate.config import ToastConfig
 
 
 def test_the_five_methods_are_registered():
-    assert available_methods() == ["remove", "replaceme", "toast", "toast-vit", "tome"]
+    assert available_methods() == ["remove", "replaceme", "sublayer", "toast", "toast-vit", "tome"]
 
 
 def test_every_registered_method_has_stages_the_search_can_run():
@@ -23,7 +23,7 @@ def test_every_registered_method_has_stages_the_search_can_run():
 
 
 def test_an_unknown_method_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"method must be one of \['remove', 'replaceme', 'toast'"):
+    with pytest.raises(ValueError, match=r"method must be one of \['remove', 'replaceme', 'sublayer', 'toast'"):
         toast.compress(object(), [], method="prune")
 
 
