@@ -97,7 +97,7 @@ def test_every_plan_applied_has_exactly_its_stated_parameters(make, data):
     batches = data()
     layout, stats, plans = _every_plan(model, batches)
     families = {p.family for p in plans}
-    expected = {"plain", "toast", "replaceme"}
+    expected = {"plain", "toast", "replaceme", "sublayer", "linearpatch"}
     if make is _vit:
         expected |= {"toast-vit", "plain+toast-vit", "toast+toast-vit"}
         expected |= {"tome", "plain+tome", "toast+tome", "toast-vit+tome"}
@@ -117,7 +117,10 @@ def test_every_plan_applied_has_exactly_its_stated_parameters(make, data):
 def test_plans_of_a_size_remove_that_many_blocks_and_predict_finitely():
     _, _, plans = _every_plan(_llama(), _tokens(), max_blocks=3)
     for plan in plans:
-        assert 1 <= plan.blocks_removed <= 3
+        if plan.sublayers is None:
+            assert 1 <= plan.blocks_removed <= 3
+        else:  # sub-layer plans remove no block: up to two sub-layers a block
+            assert plan.blocks_removed == 0 and 1 <= len(plan.sublayers) <= 6
         assert plan.predicted_error == plan.predicted_error  # not NaN
         assert all(a >= 1 for a, _ in plan.spans)  # the papers keep block 0
 

@@ -77,8 +77,8 @@ def _with_toast(directory: Path, dtype: Any) -> Any:
         from toast import load_pretrained
     except ImportError:
         raise ImportError(
-            f"{directory} uses a run-time change (Token Channel Selection, token merging) "
-            "that needs toast: "
+            f"{directory} uses a change only toast rebuilds (Token Channel Selection, "
+            "token merging, removed sub-layers) that needs toast: "
             "pip install toast, then load it with toast.load_pretrained or this call"
         ) from None
     return load_pretrained(directory, dtype=dtype if isinstance(dtype, torch.dtype) else None)

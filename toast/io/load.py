@@ -182,8 +182,8 @@ def _check_patches(patches: Any, file: Path) -> None:
 
 
 def _apply_patches(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
-    """Rebuilds the linears and sets the attributes the patches list (the
-    weights load afterwards)."""
+    """Rebuilds the linears, sets the attributes and runs the ``prepare``
+    step the patches list (the weights load afterwards)."""
     dtype = getattr(torch, plan["dtype"])
     for position, entry in enumerate(plan.get("patches", [])):
         try:
@@ -196,6 +196,9 @@ def _apply_patches(model: nn.Module, plan: dict[str, Any], file: Path) -> None:
                 setattr(holder, attr, new)
             for item in entry.get("attributes", []):
                 setattr(model.get_submodule(item["module"]), item["name"], item["value"])
+            patch = patch_named(entry["type"])
+            if patch is not None and patch.prepare is not None:
+                patch.prepare(model, entry.get("state"))
         except (AttributeError, ValueError) as exc:
             raise CorruptedSaveError(f"{file}: patches[{position}]: {exc}") from None
 

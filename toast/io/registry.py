@@ -109,13 +109,18 @@ class ModelPatch:
     set), ``"state"`` (JSON for ``finish``) and ``"needs_toast"`` (whether
     outputs depend on ``finish``, which only toast can run).
     ``check(state)`` raises ``ValueError`` for a malformed state;
-    ``finish(model, state)`` re-applies it once the weights are loaded.
+    ``finish(model, state)`` re-applies it once the weights are loaded;
+    ``prepare(model, state)``, when given, changes the rebuilt model's
+    modules before the weights load (a method that removes modules, such as
+    sub-layer pruning, so that the strict load finds exactly the saved
+    tensors).
     """
 
     type: str
     describe: Callable[[nn.Module], dict[str, Any] | None]
     check: Callable[[Any], None]
     finish: Callable[[nn.Module, Any], None]
+    prepare: Callable[[nn.Module, Any], None] | None = None
 
 
 _PATCHES: dict[str, ModelPatch] = {}

@@ -190,6 +190,10 @@ METHODS = {
         "toast.methods.heads.compress",
         "toast.methods.heads.config:ToastVitConfig",
     ),
+    "sublayer": (
+        "toast.methods.sublayer.method",
+        "toast.methods.sublayer.config:SublayerConfig",
+    ),
     "tome": ("toast.methods.merge.method", "toast.methods.merge.config:TomeConfig"),
 }
 

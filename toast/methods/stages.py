@@ -327,7 +327,10 @@ class Plan:
     as a share of the original's (that saving; token merging's fewer tokens);
     ``extendable``: whether another method may extend it; ``merge``: token
     merging's ``r`` in every block (None: no merging; keys, labels and
-    dicts name it only when set, so plans without it keep their keys).
+    dicts name it only when set, so plans without it keep their keys);
+    ``sublayers``: the ``(block, kind)`` sub-layers removed, ``kind``
+    ``"attention"`` or ``"mlp"`` (None: none; named only when set, as
+    ``merge``).
     """
 
     methods: tuple[str, ...]
@@ -342,6 +345,7 @@ class Plan:
     unseen_share: float = 0.0
     extendable: bool = False
     merge: int | None = None
+    sublayers: tuple[tuple[int, str], ...] | None = None
 
     @property
     def key(self) -> str:
@@ -349,7 +353,13 @@ class Plan:
         spans = ",".join(f"{a}-{b}" for a, b in self.spans)
         rho = "" if self.head_sparsity is None else f"{self.head_sparsity:g}"
         key = f"{self.family}|{self.translator or ''}|{spans}|{rho}|{self.schedule or ''}"
-        return key if self.merge is None else f"{key}|r{self.merge}"
+        key = key if self.merge is None else f"{key}|r{self.merge}"
+        return key if self.sublayers is None else f"{key}|sub{self._sublayer_text(',')}"
+
+    def _sublayer_text(self, sep: str) -> str:
+        """The removed sub-layers as ``attn3`` / ``mlp5``, joined by ``sep``."""
+        short = {"attention": "attn"}
+        return sep.join(f"{short.get(k, k)}{b}" for b, k in self.sublayers or ())
 
     @property
     def blocks_removed(self) -> int:
@@ -368,10 +378,14 @@ class Plan:
             parts.append(f"TCS {self.schedule}")
         if self.merge is not None:
             parts.append(f"ToMe r={self.merge}")
+        if self.sublayers is not None:
+            parts.append(f"remove sub-layers {self._sublayer_text(' ')}")
         return f"{self.family}: " + ", ".join(parts)
 
     def to_dict(self) -> dict:
-        merge = {} if self.merge is None else {"merge": self.merge}
+        extra: dict[str, Any] = {} if self.merge is None else {"merge": self.merge}
+        if self.sublayers is not None:
+            extra["sublayers"] = [[b, k] for b, k in self.sublayers]
         return {
             "key": self.key,
             "methods": list(self.methods),
@@ -383,7 +397,7 @@ class Plan:
             "schedule": self.schedule,
             "params": self.params_after,
             "predicted": self.predicted_error,
-            **merge,
+            **extra,
         }
 
 
