@@ -366,10 +366,23 @@ class PairMoments:
     :class:`ChunkedMoments` buffer is gone: what a closed-form fit of those
     spans needs, small and picklable (``3 d²`` doubles a pair)."""
 
-    def __init__(self, chunked: ChunkedMoments, pairs: Iterable[tuple[int, int]]) -> None:
+    def __init__(
+        self,
+        chunked: ChunkedMoments,
+        pairs: Iterable[tuple[int, int]],
+        traces: np.ndarray | None = None,
+    ) -> None:
         self.num_states, self.dim, self.rows = chunked.num_states, chunked.dim, chunked.rows
         self.folds = 0
         self._pairs = {(int(i), int(j)): chunked.pair(i, j) for i, j in sorted(set(pairs))}
+        self._traces = traces
+
+    def traces(self) -> np.ndarray:
+        """``tr(X_jᵀ X_j)`` of every state, when the buffer's were given
+        (what a fit that scores its own residuals reads)."""
+        if self._traces is None:
+            raise ValueError("these pair moments were kept without the states' traces")
+        return self._traces
 
     @property
     def nbytes(self) -> int:

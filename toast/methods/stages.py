@@ -189,7 +189,7 @@ class Shared:
         if not isinstance(self.moments, ChunkedMoments):
             return self.moments
         room = max(2 * self.moments.bound // pair_moments_nbytes(self.moments.dim), 1)
-        return PairMoments(self.moments, list(dict.fromkeys(spans))[:room])
+        return PairMoments(self.moments, list(dict.fromkeys(spans))[:room], self.state_traces())
 
     def close(self) -> None:
         """Frees the rows on disk (the tables stay)."""

@@ -88,3 +88,16 @@ def test_a_bound_below_one_pair_without_folds_is_refused_naming_the_least():
 def test_bad_statistics_bytes_is_refused(bad):
     with pytest.raises((ValueError, TypeError), match="statistics_bytes"):
         ToastConfig(budget=2, statistics_bytes=bad)
+
+
+@pytest.mark.parametrize("translator", ["patch_ridge", "rotated_diagonal"])
+def test_hadamard_basis_fits_from_rows_on_disk_equal_the_in_memory_fits(translator):
+    data = R.text_loader()
+    options = dict(OPTIONS, translator=translator)
+    a = toast.compress(R.decoder("llama"), data, method="toast", max_span=10, **options)[0]
+    b, report = toast.compress(
+        R.decoder("llama"), data, method="toast", statistics_bytes=LEAST, **options
+    )
+    assert isinstance(report.analysis.moments, ChunkedMoments)
+    for key, value in _weights(a).items():
+        torch.testing.assert_close(_weights(b)[key], value, rtol=1e-5, atol=1e-6)

@@ -63,11 +63,18 @@ class Fitter:
             warnings.warn(self._ill_conditioned, IllConditionedWarning, stacklevel=3)
 
     def closed_form(
-        self, moments: Moments, i: int, j: int, massive: MassiveRows | None = None
+        self,
+        moments: Moments,
+        i: int,
+        j: int,
+        massive: MassiveRows | None = None,
+        target_sq: float | None = None,
     ) -> Translator:
         """The closed-form translator of ``blocks[i:j]`` from the moments, with
         the massive-row correction when ``massive`` is given (a relative ridge
-        and a warning when there are too few rows)."""
+        and a warning when there are too few rows); ``target_sq``:
+        ``tr(X_jᵀ X_j)`` when the moments do not hold that block (the
+        Hadamard-basis fits score their residuals with it)."""
         kind, ridge, relative = self.config.translator, self.config.ridge, False
         if ridge is None and kind in ("linear", "affine") and moments.rows <= moments.dim:
             ridge, relative = FEW_ROWS_RIDGE, True
@@ -79,7 +86,7 @@ class Fitter:
                 stacklevel=5,
             )
         if kind in ("rotated_diagonal", "patch_ridge"):
-            return self._patch(moments, i, j, massive)
+            return self._patch(moments, i, j, massive, target_sq)
         t = None
         if massive is not None and kind in ("linear", "affine"):
             t = massive.plain_fit(moments, i, j, kind == "affine", ridge or 0.0, relative)
@@ -95,10 +102,18 @@ class Fitter:
             self._ill_conditioned = explain_rank_deficiency(t.rank, moments.dim, moments.rows, hint)
         return t
 
-    def _patch(self, moments: Moments, i: int, j: int, massive: MassiveRows | None) -> Translator:
+    def _patch(
+        self,
+        moments: Moments,
+        i: int,
+        j: int,
+        massive: MassiveRows | None,
+        target_sq: float | None,
+    ) -> Translator:
         """A Hadamard-basis fit (:mod:`toast.core.patch`), massive rows'
         targets as plain removal leaves them when ``massive`` is given."""
-        target_sq = float(np.trace(moments.cross(j, j)))
+        if target_sq is None:
+            target_sq = float(np.trace(moments.cross(j, j)))
         if massive is None:
             gram, cross = moments.cross(i, i), moments.cross(i, j)
         else:
@@ -116,9 +131,16 @@ class Fitter:
         if not isinstance(moments, (ChunkedMoments, PairMoments)):
             return [self.closed_form(moments, s.start, s.stop, massive) for s in spans]
         # rows on disk: each span's fit from the moments of its two states
+        # (and, for the fits that score residuals, the target's trace)
+        patch = self.config.translator in ("rotated_diagonal", "patch_ridge")
+        traces = moments.traces() if patch else None
         return [
             self.closed_form(
-                moments.pair(s.start, s.stop), 0, 1, massive and massive.of(s.start, s.stop)
+                moments.pair(s.start, s.stop),
+                0,
+                1,
+                massive and massive.of(s.start, s.stop),
+                None if traces is None else float(traces[s.stop]),
             )
             for s in spans
         ]
