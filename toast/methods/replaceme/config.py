@@ -48,7 +48,7 @@ DISTANCES = ("angular", "cosine", "l2")
 ADJACENT = ("merge", "forbid")
 OBJECTIVES = ("ls", "cosine", "identity")
 STRUCTURES = ("full", "diagonal", "orthogonal")
-PLACEMENTS = ("fold", "mlp", "block")
+PLACEMENTS = ("auto", "fold", "mlp", "block")
 LOSSES = ("approximate", "exact")
 SOLVERS = ("adam", "lbfgs")
 PENALTIES = ("l1", "l2")
@@ -131,7 +131,21 @@ class ReplaceMeConfig:
     **Placement**: ``"fold"`` into the down-projection of block ``s − 1``
     (a standard checkpoint); ``"mlp"``: an explicit module after it
     (``d²`` extra parameters); ``"block"``: the paper's A.9 separate
-    transform on the residual stream. ``fit="independent"`` estimates every
+    transform on the residual stream. ``"auto"`` (default) never refuses a
+    supported family: where the MLP output enters the residual stream
+    through the down-projection it is ``"fold"`` (as the paper; nothing
+    else is tried), and where a norm follows the down-projection (Gemma
+    2/3, OLMo-2: a full T does not fold there) it fits the placements that
+    are exact there, in this order: a diagonal T folded into that norm's
+    weight (a standard checkpoint), the asked ``structure`` kept as an
+    ``"mlp"`` module, and as a ``"block"``; each goes through the whole
+    cut choice and held-out check below, and the one whose model measured
+    best on the held-out batches is kept (the first on ties). Without
+    held-out batches (``check_fraction=0``, too few batches, sequential
+    fits) the first, the diagonal fold, is kept. From disk only the
+    diagonal fold is fitted (the written checkpoint must be standard). The
+    report says which was chosen and why (``placement_note``,
+    ``placements``). ``fit="independent"`` estimates every
     cut in one pass on the original model; ``"sequential"`` each on the
     model with the previous cuts applied (one pass per cut). ``check``
     verifies on the first batch that each fold target's output moves
@@ -184,7 +198,7 @@ class ReplaceMeConfig:
     penalty: Literal["l1", "l2"] | None = None
     penalty_weight: float = 0.0
     init: Literal["identity", "ls"] = "ls"
-    placement: Literal["fold", "mlp", "block"] = "fold"
+    placement: Literal["auto", "fold", "mlp", "block"] = "auto"
     fit: Literal["independent", "sequential"] = "independent"
     check_fraction: float = 0.1
     fallback: bool = True

@@ -15,6 +15,7 @@ import numpy as np
 
 from toast.hf.evaluate.check import check_lines
 from toast.methods.base import Report
+from toast.methods.replaceme.auto import PlacementTrial
 from toast.methods.replaceme.check import RemovalCheck
 from toast.methods.replaceme.params import compression_ratio
 from toast.methods.replaceme.profile import DistanceProfile
@@ -28,7 +29,7 @@ _OBJECTIVES = {
     "identity": "identity (UIDL: plain removal)",
 }
 _PLACEMENTS = {
-    "fold": "folded into the down-projection",
+    "fold": "folded into the down-projection (a diagonal T into a norm after it)",
     "mlp": "kept as a separate d×d module after the down-projection",
     "block": "as a separate d×d block on the residual stream (A.9)",
 }
@@ -51,7 +52,10 @@ class ReplaceMeReport(Report):
     ``checks`` holds each cut's held-out comparison with plain removal (None
     where nothing was fitted), ``check_note`` why there is none;
     ``candidates`` every window the held-out batches chose the cut from
-    (empty when the distance alone chose).
+    (empty when the distance alone chose). ``placement_note`` says why
+    ``placement="auto"`` chose the placement it did ("" where the
+    transform folds as asked), ``placements`` what each exact placement
+    measured on the held-out batches (empty when none was measured).
     """
 
     objective: str
@@ -75,6 +79,8 @@ class ReplaceMeReport(Report):
     checks: list[RemovalCheck | None] = field(default_factory=list)
     check_note: str = ""
     candidates: list[RemovalCheck] = field(default_factory=list)
+    placement_note: str = ""
+    placements: list[PlacementTrial] = field(default_factory=list)
 
     @property
     def eq10_ratio(self) -> float:
@@ -116,7 +122,7 @@ class ReplaceMeReport(Report):
                 f"Cosine rows: {self.rows_kept:,} kept of {self.rows:,} in a "
                 f"{self.buffer_bytes / 2**20:,.1f} MiB disk buffer."
             )
-        lines += self._check_lines()
+        lines += self._check_lines() + self._placement_lines()
         return "\n".join(lines) + self.quality_markdown()
 
     def _candidate_line(self, check: RemovalCheck) -> str:
@@ -124,6 +130,15 @@ class ReplaceMeReport(Report):
             return check.measured()
         has = "the fit" if check.used == "fitted" else "plain removal"
         return f"**{check.measured()}: the cut, with {has}**"
+
+    def _placement_lines(self) -> list[str]:
+        if not self.placement_note:
+            return []
+        return [
+            "",
+            f"Placement (auto): {self.placement_note}.",
+            *(f"- {t.describe()}" for t in self.placements),
+        ]
 
     def _check_lines(self) -> list[str]:
         if self.candidates:
