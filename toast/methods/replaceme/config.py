@@ -37,6 +37,7 @@ __all__ = [
     "OBJECTIVES",
     "PAPER",
     "PLACEMENTS",
+    "SELECTIONS",
     "STRUCTURES",
     "ReplaceMeConfig",
 ]
@@ -55,6 +56,7 @@ PENALTIES = ("l1", "l2")
 INITS = ("identity", "ls")
 #: The paper's protocol (see :meth:`ReplaceMeConfig.paper`).
 PAPER: dict[str, Any] = {
+    "selection": "distance",
     "massive_rows": "fit",
     "candidates": 1,
     "check_fraction": 0.0,
@@ -75,6 +77,10 @@ PAPER: dict[str, Any] = {
 #: what plain removal gives them (target M), so T leaves them as plain
 #: removal would and fits every other row.
 MASSIVE = ("fit", "exclude", "plain")
+#: How the cuts are chosen (see :class:`ReplaceMeConfig`, **Selection**;
+#: the scoring of the rules beyond the distance is in
+#: :mod:`toast.methods.selection`).
+SELECTIONS = ("distance", "block_influence", "sleb", "predicted", "measured")
 FITS = ("independent", "sequential")
 
 
@@ -96,6 +102,36 @@ class ReplaceMeConfig:
     merge into one cut or are forbidden (see
     :meth:`toast.methods.replaceme.DistanceProfile.select`). Or explicit
     ``spans=[(start, stop), ...]`` and no profile.
+
+    **Selection** (``selection``, each usable with every objective):
+
+    - ``"measured"`` (default; today's behaviour, unchanged): the
+      ``candidates`` windows of smallest ``distance`` are each fitted and
+      measured on the held-out batches and the best becomes the cut (see
+      "Cut chosen by measurement" below); with ``candidates=1``, several
+      cuts, plain removal or no held-out batch it is ``"distance"``.
+    - ``"distance"``: the window(s) of smallest ``distance`` alone (the
+      paper's Eq. 4; ``candidates`` is not used).
+    - ``"block_influence"``: ShortGPT (arXiv 2403.03853): the
+      ``num_blocks`` blocks of lowest ``BI_i = 1 − mean cos(x_i, x_{i+1})``
+      over every non-pad token, anywhere from ``min_start`` on; each
+      maximal run of consecutive chosen blocks is one cut with its own
+      transform (``num_cuts`` must stay 1: the runs decide).
+    - ``"sleb"``: SLEB (arXiv 2402.09025): ``num_blocks`` times, the block
+      whose removal from the model pruned so far gives the lowest
+      calibration perplexity (output cosine for a model without an LM
+      head), measured by skipping blocks with hooks (the model is untouched
+      until the surgery); one forward of the calibration batches per
+      remaining block per step. Runs become cuts as above.
+    - ``"predicted"``: the window(s) whose least-squares transform has the
+      smallest predicted error (toast's linear span error from one pass
+      capturing the moments of the block states,
+      :func:`toast.methods.selection.predicted_errors`).
+
+    The rules other than ``"distance"`` and ``"measured"`` are in memory
+    only (:mod:`toast.methods.selection`); each cut's ``Span.error`` holds
+    the rule's score (summed block influence, the perplexity after the
+    last SLEB step, the predicted error).
 
     **Transform**, per cut ``blocks[s:e]``, T with ``M T + Y ≈ L_e`` where
     ``M`` is the MLP output of block ``s − 1`` and ``Y`` its attention
@@ -180,6 +216,7 @@ class ReplaceMeConfig:
     num_blocks: int | None = None
     objective: Literal["ls", "cosine", "identity"] = "ls"
     num_cuts: int = 1
+    selection: Literal["distance", "block_influence", "sleb", "predicted", "measured"] = "measured"
     adjacent: Literal["merge", "forbid"] = "merge"
     spans: Sequence[tuple[int, int]] | None = None
     distance: Literal["angular", "cosine", "l2"] = "angular"
@@ -217,6 +254,7 @@ class ReplaceMeConfig:
         "num_blocks": [Interval(int, 1, None), None],
         "objective": [Options(OBJECTIVES)],
         "num_cuts": [Interval(int, 1, None)],
+        "selection": [Options(SELECTIONS)],
         "adjacent": [Options(ADJACENT)],
         "spans": [Predicate(lambda v: isinstance(v, Sequence), "a list of (start, stop)"), None],
         "distance": [Options(DISTANCES)],
@@ -258,6 +296,11 @@ class ReplaceMeConfig:
         if self.objective == "cosine" and self.structure == "orthogonal":
             raise ValueError(
                 "structure='orthogonal' is a least-squares variant; use objective='ls'"
+            )
+        if self.selection in ("block_influence", "sleb") and self.num_cuts != 1:
+            raise ValueError(
+                f"selection={self.selection!r} chooses blocks one by one and makes each run of "
+                "consecutive ones a cut: leave num_cuts=1"
             )
         if self.spans is None and self.num_blocks is not None and self.num_blocks % self.num_cuts:
             raise ValueError(

@@ -487,6 +487,11 @@ def _fit(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) -> _Chosen:
 
 
 def _check_supported(config: ReplaceMeConfig, output: str | os.PathLike | None) -> None:
+    if config.spans is None and config.selection not in ("distance", "measured"):
+        raise ValueError(
+            f"selection={config.selection!r} is in memory only; from disk the cut is chosen "
+            "by selection='measured' or 'distance' (or give spans=)"
+        )
     if fits_sequentially(config):
         raise ValueError(
             "fit='sequential' re-runs the model with earlier cuts applied, which the "
@@ -531,4 +536,5 @@ def _report(disk: DiskModel, config: ReplaceMeConfig, chosen: _Chosen) -> Replac
         check_note=chosen.note,
         candidates=chosen.candidates,
         placement_note=chosen.placement_note,
+        selection=config.selection,
     )

@@ -163,6 +163,7 @@ def _report(
         candidates=chosen.candidates,
         placement_note=chosen.note,
         placements=chosen.trials,
+        selection=config.selection,
     )
 
 

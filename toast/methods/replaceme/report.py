@@ -34,6 +34,13 @@ _PLACEMENTS = {
     "block": "as a separate d×d block on the residual stream (A.9)",
 }
 
+#: The column naming each cut's score, by selection (else the distance).
+_SCORES = {
+    "block_influence": "block influence (ShortGPT)",
+    "sleb": "perplexity after SLEB",
+    "predicted": "predicted LS error",
+}
+
 
 def _number(value: float, spec: str) -> str:
     return "—" if value != value else format(value, spec)  # NaN: nothing was measured
@@ -56,6 +63,8 @@ class ReplaceMeReport(Report):
     ``placement="auto"`` chose the placement it did ("" where the
     transform folds as asked), ``placements`` what each exact placement
     measured on the held-out batches (empty when none was measured).
+    ``selection`` is the rule that chose the cuts (the score each
+    ``Span.error`` holds: see :class:`~toast.methods.replaceme.ReplaceMeConfig`).
     """
 
     objective: str
@@ -81,6 +90,7 @@ class ReplaceMeReport(Report):
     candidates: list[RemovalCheck] = field(default_factory=list)
     placement_note: str = ""
     placements: list[PlacementTrial] = field(default_factory=list)
+    selection: str = "measured"
 
     @property
     def eq10_ratio(self) -> float:
@@ -108,7 +118,7 @@ class ReplaceMeReport(Report):
             f"{self.blocks_before} blocks removed in {len(self.spans)} cut(s) {what_fit}.",
             "",
             "| cut (toast) | paper i*→i*+n | reference (start, end) | "
-            f"{self.metric} distance | LS condition | cosine objective |",
+            f"{self._score_name()} | LS condition | cosine objective |",
             "|---|---|---|---:|---:|---|",
             *(self._cut_line(k) for k in range(len(self.spans))),
             "",
@@ -130,6 +140,10 @@ class ReplaceMeReport(Report):
             return check.measured()
         has = "the fit" if check.used == "fitted" else "plain removal"
         return f"**{check.measured()}: the cut, with {has}**"
+
+    def _score_name(self) -> str:
+        """What ``Span.error`` holds, by the selection that chose the cuts."""
+        return _SCORES.get(self.selection, f"{self.metric} distance")
 
     def _placement_lines(self) -> list[str]:
         if not self.placement_note:
