@@ -175,8 +175,9 @@ class ReplaceMeConfig:
     are exact there, in this order: a diagonal T folded into that norm's
     weight (a standard checkpoint), the asked ``structure`` kept as an
     ``"mlp"`` module, and as a ``"block"``; each goes through the whole
-    cut choice and held-out check below, and the one whose model measured
-    best on the held-out batches is kept (the first on ties). Without
+    cut choice and held-out check below (three times the estimation passes
+    and held-out evaluations of one placement), and the one whose model
+    measured best on the held-out batches is kept (the first on ties). Without
     held-out batches (``check_fraction=0``, too few batches, sequential
     fits) the first, the diagonal fold, is kept. From disk only the
     diagonal fold is fitted (the written checkpoint must be standard). The
@@ -187,8 +188,8 @@ class ReplaceMeConfig:
     verifies on the first batch that each fold target's output moves
     exactly with its MLP output. ``calibration`` bounds every pass.
 
-    **Cut chosen by measurement**: for one cut (``num_cuts=1``, no
-    ``spans``) and a fitted objective, the ``candidates`` windows of
+    **Cut chosen by measurement** (``selection="measured"``): for one cut
+    (``num_cuts=1``, no ``spans``) and a fitted objective, the ``candidates`` windows of
     smallest distance are all fitted in the one estimation pass and each is
     measured on the held-out batches (below); the cut is the one that
     measured best, fitted or plainly removed. The distance on the last
@@ -203,7 +204,11 @@ class ReplaceMeConfig:
     (perplexity, or output cosine), the report says which measured better,
     and with ``fallback`` a cut whose fit lost is removed plainly
     (:mod:`toast.methods.replaceme.check`; in-memory, independent fits);
-    a cut whose fit won is fitted again on every batch (one more pass).
+    a cut whose fit won is fitted again on every batch (one more pass) and,
+    with ``fallback``, measured once more (two more held-out evaluations):
+    a refit that lost to plain removal there keeps the transform that won,
+    so the model never measures worse than plain removal of its cuts on
+    the held-out batches.
     ``check_fraction=0`` is the paper's protocol: every batch fits.
 
     **Memory**: ``cuts_at_once`` fits at most that many cuts (candidates
