@@ -536,5 +536,5 @@ def _report(disk: DiskModel, config: ReplaceMeConfig, chosen: _Chosen) -> Replac
         check_note=chosen.note,
         candidates=chosen.candidates,
         placement_note=chosen.placement_note,
-        selection=config.selection,
+        selection=config.selection if config.spans is None else "spans",
     )

@@ -163,7 +163,7 @@ def _report(
         candidates=chosen.candidates,
         placement_note=chosen.note,
         placements=chosen.trials,
-        selection=config.selection,
+        selection=config.selection if config.spans is None else "spans",
     )
 
 

@@ -63,7 +63,8 @@ class ReplaceMeReport(Report):
     ``placement="auto"`` chose the placement it did ("" where the
     transform folds as asked), ``placements`` what each exact placement
     measured on the held-out batches (empty when none was measured).
-    ``selection`` is the rule that chose the cuts (the score each
+    ``selection`` is the rule that chose the cuts (``"spans"`` when they
+    were given; the score each
     ``Span.error`` holds: see :class:`~toast.methods.replaceme.ReplaceMeConfig`).
     """
 
