@@ -85,6 +85,10 @@ _HELP = {
     "precision": "products of the LS statistics (mixed: float32, faster, less exact)",
     "init": "cosine: start from",
     "candidates": "windows measured on held-out batches to choose the cut",
+    "selection": "how the blocks to remove are chosen (block_influence: ShortGPT's; sleb: "
+    "SLEB's greedy measured removal)",
+    "placement": "where the transform goes (auto: folded where exact, else the exact "
+    "placement measured best on held-out batches)",
     "loss": "cosine objective",
     "solver": "cosine solver",
     "lr": "learning rate",

@@ -113,7 +113,7 @@ def compress(
       available now, on ``device`` in ``dtype`` when given), and compressed
       block by block from disk otherwise, without ever being loaded, for a
       method that has that path (``"toast"``: closed-form translators,
-      ``fit="independent"``; ``"replaceme"``: ``placement="fold"``);
+      ``fit="independent"``; ``"replaceme"``: cuts chosen by distance);
       ``sequential=True``/``False`` forces a path. The log says which path
       and why. In memory, the output is a toast save where plain
       ``transformers`` could not rebuild the model (load it with

@@ -106,10 +106,17 @@ def test_gemma3_sliding_window_layers_from_disk_give_the_in_memory_cut_and_trans
 
 
 def test_unfoldable_block_is_refused_from_disk_as_in_memory(tmp_path):
+    # asked for explicitly: the default (placement="auto") folds a diagonal T
     _gemma3().save_pretrained(tmp_path / "source")
     with pytest.raises(NotFoldableError, match="structure=.diagonal."):
         replaceme_from_disk(
-            tmp_path / "source", R.text_loader(), tmp_path / "out", num_blocks=2, progress=False
+            tmp_path / "source",
+            R.text_loader(),
+            tmp_path / "out",
+            num_blocks=2,
+            placement="fold",
+            structure="full",
+            progress=False,
         )
     assert not (tmp_path / "out").exists()
 

@@ -73,7 +73,8 @@ _DISK_SCRIPT = """
                                    num_hidden_layers=3, num_attention_heads=8,
                                    num_key_value_heads=2, max_position_embeddings=64)
     torch.manual_seed(0)
-    folder = tempfile.mkdtemp()
+    scratch = tempfile.TemporaryDirectory()  # removed at exit: nothing left in /tmp
+    folder = scratch.name
     transformers.LlamaForCausalLM(cfg).save_pretrained(folder)
 
     def batches(n):

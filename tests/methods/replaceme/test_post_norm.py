@@ -29,10 +29,13 @@ FAMILIES = sorted(R.POST_NORM_DECODERS)
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_a_full_transform_is_refused_before_the_estimation_naming_what_is_exact(name):
+    # asked for explicitly: the default (placement="auto") chooses an exact one
     model = R.decoder(name)
     before = copy.deepcopy(model.state_dict())
     with pytest.raises(NotFoldableError, match="structure='diagonal'.*placement='mlp'"):
-        replaceme(model, R.text_loader(), spans=[SPAN], progress=False)
+        replaceme(
+            model, R.text_loader(), spans=[SPAN], placement="fold", structure="full", progress=False
+        )
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 

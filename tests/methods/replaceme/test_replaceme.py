@@ -604,7 +604,7 @@ def test_post_norm_blocks_are_refused_for_folding(case):
         ({"num_blocks": 2, "min_start": 5}, r"min_start must be an int in \[1, 4\]; got 5"),
         ({"num_blocks": 2, "objective": "mse"}, "objective must be one of 'ls', 'cosine'"),
         ({"num_blocks": 2, "structure": "orthogonal", "objective": "cosine"}, "least-squares"),
-        ({"num_blocks": 2, "placement": "inline"}, "placement must be one of 'fold'"),
+        ({"num_blocks": 2, "placement": "inline"}, "placement must be one of 'auto', 'fold'"),
         ({"num_blocks": 2, "distance": "kl"}, "distance must be one of 'angular'"),
         ({"num_blocks": 2, "ridge": -1.0}, r"ridge must be a number in \[0, inf\); got -1.0"),
         ({"spans": [(0, 2)]}, "starts at block 0"),

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.hf.data.calibration import BACKENDS, Calibration
 
-__all__ = ["RemoveConfig"]
+__all__ = ["RemoveConfig", "SELECTIONS"]
+
+#: How plain removal chooses its blocks (see :class:`RemoveConfig`).
+SELECTIONS = ("error", "block_influence", "sleb")
 
 
 @dataclass(frozen=True)
@@ -19,17 +22,30 @@ class RemoveConfig:
     state, from one pass over the calibration data; block 0 is kept, as
     the papers keep it), or explicit ``spans`` (no data needed).
     ``backend`` is the pass's (see :func:`toast.hf.capture_moments`),
-    ``calibration`` bounds it."""
+    ``calibration`` bounds it.
+
+    ``selection`` is how ``num_blocks`` blocks are chosen from the data:
+    ``"error"`` (default, unchanged): the best plan by identity-span error;
+    ``"block_influence"``: ShortGPT (arXiv 2403.03853), the blocks of
+    lowest ``BI_i = 1 − mean cos(x_i, x_{i+1})`` over non-pad tokens;
+    ``"sleb"``: SLEB (arXiv 2402.09025), ``num_blocks`` greedy steps each
+    removing the block whose removal gives the lowest calibration
+    perplexity of the model pruned so far (one forward of the data per
+    remaining block per step). Both choose blocks anywhere from block 1
+    on; each run of consecutive ones is one span. The scoring is
+    :mod:`toast.methods.selection`'s (shared with ReplaceMe)."""
 
     num_blocks: int | None = None
     spans: Sequence[tuple[int, int]] | None = None
     backend: str = "auto"
+    selection: Literal["error", "block_influence", "sleb"] = "error"
     calibration: Calibration = field(default_factory=Calibration)
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "num_blocks": [Interval(int, 1, None), None],
         "spans": [Predicate(lambda v: isinstance(v, Sequence), "a list of (start, stop)"), None],
         "backend": [Options(BACKENDS)],
+        "selection": [Options(SELECTIONS)],
         "calibration": [Calibration],
     }
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from toast.hf.model.blocks import find_blocks
+from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.params import count_params
 from toast.methods.base import (
     BeforeSurgery,
@@ -24,15 +24,21 @@ from toast.methods.base import (
 )
 from toast.methods.remove.config import RemoveConfig
 from toast.methods.remove.stages import STAGES, RemoveStats
+from toast.methods.selection import block_influence, lowest_blocks, runs, sleb, span_scores
 from toast.spans import Span, validate_spans
 
 __all__ = ["METHOD", "RemoveReport", "remove"]
 
 
+#: The column naming each span's score, by selection.
+_SCORES = {"block_influence": "block influence (ShortGPT)", "sleb": "perplexity after SLEB"}
+
+
 @dataclass
 class RemoveReport(Report):
-    """What plain removal did: the spans deleted, with their identity-span
-    error when they were chosen from the data (NaN when given)."""
+    """What plain removal did: the spans deleted, with the score that chose
+    them (``selection``: identity-span error by default, summed block
+    influence, SLEB's perplexity; NaN when given)."""
 
     method: str
     spans: list[Span]
@@ -40,12 +46,14 @@ class RemoveReport(Report):
     blocks_after: int
     params_before: int
     params_after: int
+    selection: str = "error"
 
     def to_markdown(self) -> str:
+        score = _SCORES.get(self.selection, "identity error")
         lines = [
             f"**{self.method}**: {self.blocks_removed} of {self.blocks_before} blocks removed.",
             "",
-            "| blocks | paper (s→e) | identity error |",
+            f"| blocks | paper (s→e) | {score} |",
             "|---|---|---:|",
             *(f"| [{s.start}:{s.stop}] | {s.paper} | {s.error:.4g} |" for s in self.spans),
             "",
@@ -69,12 +77,33 @@ def _plan(
         raise ValueError("method='remove' with num_blocks= needs calibration data (or spans=)")
     if n >= layout.num_blocks:
         raise ValueError(f"num_blocks={n} leaves no block of {layout.num_blocks}; remove fewer")
+    if config.selection != "error":
+        spans, scores = _by_rule(model, data, config, layout.stack, n)
+        plan = Plan(
+            ("remove",), "plain", spans, "identity", None, sizes.after_spans(spans), math.nan
+        )
+        return plan, RemoveStats(scores=scores)
     shared = capture_shared(model, data, layout, config.calibration, config.backend)
     stats = STAGES.calibrate(model, data, layout, shared, config.calibration, n)
     plans = [p for p in STAGES.propose(stats, sizes, n, False) if p.blocks_removed == n]
     if not plans:
         raise ValueError(f"no plan removes {n} blocks with finite error; remove fewer")
     return min(plans, key=lambda p: (p.predicted_error, p.key)), stats
+
+
+def _by_rule(
+    model: nn.Module, data: Iterable, config: RemoveConfig, stack: BlockStack, n: int
+) -> tuple[tuple[tuple[int, int], ...], dict[tuple[int, int], float]]:
+    """The spans ``config.selection`` chooses (runs of the chosen blocks) and
+    each one's score: summed block influence, or the perplexity SLEB
+    measured after its last step."""
+    if config.selection == "block_influence":
+        influence = block_influence(model, data, config.calibration, stack)
+        spans = runs(lowest_blocks(influence, n))
+        return tuple(spans), dict(zip(spans, span_scores(influence, spans), strict=True))
+    found = sleb(model, data, stack, n, progress=config.calibration.progress)
+    spans = runs(found.blocks)
+    return tuple(spans), {span: found.scores[-1] for span in spans}
 
 
 def remove(
@@ -88,8 +117,7 @@ def remove(
     layout = Layout(find_blocks(model, config.calibration.blocks))
     sizes = Sizes(count_params(model), tuple(count_params(b) for b in layout.stack.blocks))
     plan, stats = _plan(model, data, config, layout, sizes)
-    errors = stats.errors if stats.errors.size else None
-    spans = [Span(a, b, math.nan if errors is None else float(errors[a, b])) for a, b in plan.spans]
+    spans = [Span(a, b, _score(stats, a, b)) for a, b in plan.spans]
     if before_surgery is not None:
         before_surgery(spans, layout.stack)
     STAGES.apply(model, plan, stats, layout)
@@ -100,8 +128,17 @@ def remove(
         blocks_after=sizes.num_blocks - plan.blocks_removed,
         params_before=sizes.params,
         params_after=count_params(model),
+        selection=config.selection if config.spans is None else "spans",
     )
     return model, report
+
+
+def _score(stats: RemoveStats, a: int, b: int) -> float:
+    """The score that chose span ``(a, b)``: a rule's, else its
+    identity-span error (NaN for given spans)."""
+    if (a, b) in stats.scores:
+        return stats.scores[(a, b)]
+    return float(stats.errors[a, b]) if stats.errors.size else math.nan
 
 
 METHOD = register(

@@ -34,9 +34,11 @@ __all__ = ["STAGES", "RemoveStages", "RemoveStats", "identity_errors"]
 
 @dataclass
 class RemoveStats(Stats):
-    """``errors[i, j]``: ``‖Y − X‖_F / ‖Y‖_F`` from state ``i`` to state ``j``."""
+    """``errors[i, j]``: ``‖Y − X‖_F / ‖Y‖_F`` from state ``i`` to state ``j``;
+    ``scores``: each span's score when a selection rule chose it instead."""
 
     errors: np.ndarray = field(default_factory=lambda: np.empty((0, 0)), repr=False)
+    scores: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
 def identity_errors(shared: Shared) -> np.ndarray:

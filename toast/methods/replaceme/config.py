@@ -37,6 +37,7 @@ __all__ = [
     "OBJECTIVES",
     "PAPER",
     "PLACEMENTS",
+    "SELECTIONS",
     "STRUCTURES",
     "ReplaceMeConfig",
 ]
@@ -48,13 +49,14 @@ DISTANCES = ("angular", "cosine", "l2")
 ADJACENT = ("merge", "forbid")
 OBJECTIVES = ("ls", "cosine", "identity")
 STRUCTURES = ("full", "diagonal", "orthogonal")
-PLACEMENTS = ("fold", "mlp", "block")
+PLACEMENTS = ("auto", "fold", "mlp", "block")
 LOSSES = ("approximate", "exact")
 SOLVERS = ("adam", "lbfgs")
 PENALTIES = ("l1", "l2")
 INITS = ("identity", "ls")
 #: The paper's protocol (see :meth:`ReplaceMeConfig.paper`).
 PAPER: dict[str, Any] = {
+    "selection": "distance",
     "massive_rows": "fit",
     "candidates": 1,
     "check_fraction": 0.0,
@@ -75,6 +77,10 @@ PAPER: dict[str, Any] = {
 #: what plain removal gives them (target M), so T leaves them as plain
 #: removal would and fits every other row.
 MASSIVE = ("fit", "exclude", "plain")
+#: How the cuts are chosen (see :class:`ReplaceMeConfig`, **Selection**;
+#: the scoring of the rules beyond the distance is in
+#: :mod:`toast.methods.selection`).
+SELECTIONS = ("distance", "block_influence", "sleb", "predicted", "measured")
 FITS = ("independent", "sequential")
 
 
@@ -96,6 +102,36 @@ class ReplaceMeConfig:
     merge into one cut or are forbidden (see
     :meth:`toast.methods.replaceme.DistanceProfile.select`). Or explicit
     ``spans=[(start, stop), ...]`` and no profile.
+
+    **Selection** (``selection``, each usable with every objective):
+
+    - ``"measured"`` (default; today's behaviour, unchanged): the
+      ``candidates`` windows of smallest ``distance`` are each fitted and
+      measured on the held-out batches and the best becomes the cut (see
+      "Cut chosen by measurement" below); with ``candidates=1``, several
+      cuts, plain removal or no held-out batch it is ``"distance"``.
+    - ``"distance"``: the window(s) of smallest ``distance`` alone (the
+      paper's Eq. 4; ``candidates`` is not used).
+    - ``"block_influence"``: ShortGPT (arXiv 2403.03853): the
+      ``num_blocks`` blocks of lowest ``BI_i = 1 − mean cos(x_i, x_{i+1})``
+      over every non-pad token, anywhere from ``min_start`` on; each
+      maximal run of consecutive chosen blocks is one cut with its own
+      transform (``num_cuts`` must stay 1: the runs decide).
+    - ``"sleb"``: SLEB (arXiv 2402.09025): ``num_blocks`` times, the block
+      whose removal from the model pruned so far gives the lowest
+      calibration perplexity (output cosine for a model without an LM
+      head), measured by skipping blocks with hooks (the model is untouched
+      until the surgery); one forward of the calibration batches per
+      remaining block per step. Runs become cuts as above.
+    - ``"predicted"``: the window(s) whose least-squares transform has the
+      smallest predicted error (toast's linear span error from one pass
+      capturing the moments of the block states,
+      :func:`toast.methods.selection.predicted_errors`).
+
+    The rules other than ``"distance"`` and ``"measured"`` are in memory
+    only (:mod:`toast.methods.selection`); each cut's ``Span.error`` holds
+    the rule's score (summed block influence, the perplexity after the
+    last SLEB step, the predicted error).
 
     **Transform**, per cut ``blocks[s:e]``, T with ``M T + Y ≈ L_e`` where
     ``M`` is the MLP output of block ``s − 1`` and ``Y`` its attention
@@ -131,14 +167,29 @@ class ReplaceMeConfig:
     **Placement**: ``"fold"`` into the down-projection of block ``s − 1``
     (a standard checkpoint); ``"mlp"``: an explicit module after it
     (``d²`` extra parameters); ``"block"``: the paper's A.9 separate
-    transform on the residual stream. ``fit="independent"`` estimates every
+    transform on the residual stream. ``"auto"`` (default) never refuses a
+    supported family: where the MLP output enters the residual stream
+    through the down-projection it is ``"fold"`` (as the paper; nothing
+    else is tried), and where a norm follows the down-projection (Gemma
+    2/3, OLMo-2: a full T does not fold there) it fits the placements that
+    are exact there, in this order: a diagonal T folded into that norm's
+    weight (a standard checkpoint), the asked ``structure`` kept as an
+    ``"mlp"`` module, and as a ``"block"``; each goes through the whole
+    cut choice and held-out check below (three times the estimation passes
+    and held-out evaluations of one placement), and the one whose model
+    measured best on the held-out batches is kept (the first on ties). Without
+    held-out batches (``check_fraction=0``, too few batches, sequential
+    fits) the first, the diagonal fold, is kept. From disk only the
+    diagonal fold is fitted (the written checkpoint must be standard). The
+    report says which was chosen and why (``placement_note``,
+    ``placements``). ``fit="independent"`` estimates every
     cut in one pass on the original model; ``"sequential"`` each on the
     model with the previous cuts applied (one pass per cut). ``check``
     verifies on the first batch that each fold target's output moves
     exactly with its MLP output. ``calibration`` bounds every pass.
 
-    **Cut chosen by measurement**: for one cut (``num_cuts=1``, no
-    ``spans``) and a fitted objective, the ``candidates`` windows of
+    **Cut chosen by measurement** (``selection="measured"``): for one cut
+    (``num_cuts=1``, no ``spans``) and a fitted objective, the ``candidates`` windows of
     smallest distance are all fitted in the one estimation pass and each is
     measured on the held-out batches (below); the cut is the one that
     measured best, fitted or plainly removed. The distance on the last
@@ -153,7 +204,11 @@ class ReplaceMeConfig:
     (perplexity, or output cosine), the report says which measured better,
     and with ``fallback`` a cut whose fit lost is removed plainly
     (:mod:`toast.methods.replaceme.check`; in-memory, independent fits);
-    a cut whose fit won is fitted again on every batch (one more pass).
+    a cut whose fit won is fitted again on every batch (one more pass) and,
+    with ``fallback``, measured once more (two more held-out evaluations):
+    a refit that lost to plain removal there keeps the transform that won,
+    so the model never measures worse than plain removal of its cuts on
+    the held-out batches.
     ``check_fraction=0`` is the paper's protocol: every batch fits.
 
     **Memory**: ``cuts_at_once`` fits at most that many cuts (candidates
@@ -166,6 +221,7 @@ class ReplaceMeConfig:
     num_blocks: int | None = None
     objective: Literal["ls", "cosine", "identity"] = "ls"
     num_cuts: int = 1
+    selection: Literal["distance", "block_influence", "sleb", "predicted", "measured"] = "measured"
     adjacent: Literal["merge", "forbid"] = "merge"
     spans: Sequence[tuple[int, int]] | None = None
     distance: Literal["angular", "cosine", "l2"] = "angular"
@@ -184,7 +240,7 @@ class ReplaceMeConfig:
     penalty: Literal["l1", "l2"] | None = None
     penalty_weight: float = 0.0
     init: Literal["identity", "ls"] = "ls"
-    placement: Literal["fold", "mlp", "block"] = "fold"
+    placement: Literal["auto", "fold", "mlp", "block"] = "auto"
     fit: Literal["independent", "sequential"] = "independent"
     check_fraction: float = 0.1
     fallback: bool = True
@@ -203,6 +259,7 @@ class ReplaceMeConfig:
         "num_blocks": [Interval(int, 1, None), None],
         "objective": [Options(OBJECTIVES)],
         "num_cuts": [Interval(int, 1, None)],
+        "selection": [Options(SELECTIONS)],
         "adjacent": [Options(ADJACENT)],
         "spans": [Predicate(lambda v: isinstance(v, Sequence), "a list of (start, stop)"), None],
         "distance": [Options(DISTANCES)],
@@ -244,6 +301,11 @@ class ReplaceMeConfig:
         if self.objective == "cosine" and self.structure == "orthogonal":
             raise ValueError(
                 "structure='orthogonal' is a least-squares variant; use objective='ls'"
+            )
+        if self.selection in ("block_influence", "sleb") and self.num_cuts != 1:
+            raise ValueError(
+                f"selection={self.selection!r} chooses blocks one by one and makes each run of "
+                "consecutive ones a cut: leave num_cuts=1"
             )
         if self.spans is None and self.num_blocks is not None and self.num_blocks % self.num_cuts:
             raise ValueError(

@@ -15,10 +15,23 @@ from torch import nn
 
 from toast.hf.model.blocks import BlockStack
 from toast.methods.replaceme.config import ReplaceMeConfig
-from toast.methods.replaceme.profile import DistanceProfile, check_selection, profile_distances
+from toast.methods.replaceme.profile import (
+    DistanceProfile,
+    check_selection,
+    profile_distances,
+    select_windows,
+)
+from toast.methods.selection import (
+    block_influence,
+    lowest_blocks,
+    predicted_errors,
+    runs,
+    sleb,
+    span_scores,
+)
 from toast.spans import Span, validate_spans
 
-__all__ = ["candidate_cuts", "check_spans", "choose_cuts"]
+__all__ = ["candidate_cuts", "check_spans", "choose_cuts", "rule_cuts"]
 
 
 def check_spans(
@@ -61,6 +74,8 @@ def choose_cuts(
     assert num_blocks is not None  # ReplaceMeConfig requires it without spans
     # Checked before the profile pass, so that a bad request fails at once.
     check_selection(num_blocks, config.num_cuts, config.min_start, total)
+    if config.selection not in ("distance", "measured"):
+        return rule_cuts(model, data, config, stack), None
     tokens, padding = config.distance_tokens, config.include_padding
     profile = profile_distances(
         model,
@@ -98,13 +113,41 @@ def select_cuts(profile: DistanceProfile, config: ReplaceMeConfig, total: int) -
     return chosen
 
 
+def rule_cuts(
+    model: nn.Module, data: Iterable, config: ReplaceMeConfig, stack: BlockStack
+) -> list[Span]:
+    """The cuts of ``config.selection`` beyond the distance (see
+    :mod:`toast.methods.selection`), checked; each ``Span.error`` is the
+    rule's score of the cut."""
+    n, cal, start = config.num_blocks, config.calibration, config.min_start
+    assert n is not None  # ReplaceMeConfig requires it without spans
+    if config.selection == "predicted":
+        table = predicted_errors(model, data, stack, cal, config.backend, n // config.num_cuts)
+        chosen = select_windows(
+            table, n, config.num_cuts, min_start=start, adjacent=config.adjacent
+        )
+    elif config.selection == "block_influence":
+        scores = block_influence(model, data, cal, stack, config.include_padding)
+        where = runs(lowest_blocks(scores, n, start))
+        chosen = [
+            Span(a, b, e) for (a, b), e in zip(where, span_scores(scores, where), strict=True)
+        ]
+    else:  # "sleb"
+        found = sleb(model, data, stack, n, start, progress=cal.progress)
+        chosen = [Span(a, b, found.scores[-1]) for a, b in runs(found.blocks)]
+    check_spans([(s.start, s.stop) for s in chosen], stack.num_blocks, config.placement)
+    return chosen
+
+
 def candidate_cuts(profile: DistanceProfile | None, config: ReplaceMeConfig) -> list[Span]:
     """The windows the held-out batches choose the cut from: the
     ``config.candidates`` of smallest distance, for one chosen cut of a
-    fitted objective; empty when the distance alone chooses (explicit
-    spans, several cuts, plain removal, ``candidates=1``)."""
+    fitted objective with ``selection="measured"``; empty when the rule
+    alone chooses (another selection, explicit spans, several cuts, plain
+    removal, ``candidates=1``)."""
     if (
-        profile is None
+        config.selection != "measured"
+        or profile is None
         or config.candidates < 2
         or config.num_cuts != 1
         or config.objective == "identity"

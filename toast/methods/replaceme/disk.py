@@ -51,6 +51,7 @@ from toast.hf.data.text import as_batches
 from toast.hf.evaluate.check import CheckSplit, RemovalCheck, check_against_plain
 from toast.hf.evaluate.from_disk import SequentialEvaluator, measure_from_disk, removal, replaced
 from toast.io.pruned import write_pruned_checkpoint
+from toast.methods.replaceme.auto import placement_options, resolved
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import candidate_cuts, explicit_cuts, select_cuts
 from toast.methods.replaceme.estimate import (
@@ -256,6 +257,9 @@ class DiskEstimation:
     def on(self, data: Iterable, expected_rows: int | None) -> DiskEstimation:
         return dataclasses.replace(self, data=data, expected_rows=expected_rows)
 
+    def configured(self, config: ReplaceMeConfig) -> DiskEstimation:
+        return dataclasses.replace(self, config=config)
+
     def fit(
         self, spans: Sequence[Span], starts: Sequence[np.ndarray | None] | None = None
     ) -> tuple[list[Fitted], int]:
@@ -406,7 +410,9 @@ def replaceme_from_disk(
     quality of the original, plain removal and the pruned model to the
     report (``report.quality``), measured block by block.
     With ``output``, the pruned checkpoint is written there (a new folder;
-    ``placement="fold"`` only). Only one block's weights and the calibration
+    ``placement="fold"`` or ``"auto"``, which here keeps the diagonal T
+    folded into the norm after the MLP where one follows it: from disk the
+    other exact placements are not measured). Only one block's weights and the calibration
     states are ever in memory; the states wait between blocks in a
     temporary directory under ``buffer_dir``, removed on every exit. An
     interrupted run (Ctrl-C included) leaves neither temporary files nor a
@@ -425,6 +431,7 @@ def replaceme_from_disk(
         raise FileExistsError(f"{output} exists; the pruned checkpoint goes to a new folder")
     disk = DiskModel.open(folder, config.calibration.blocks, config.calibration.compute_dtype)
     chosen = _fit(disk, data, config)
+    config = chosen.config  # the placement used
     transforms = [f.transform for f in chosen.fitted]
     report = _report(disk, config, chosen)
     if measured is not None:
@@ -454,6 +461,8 @@ class _Chosen:
     checks: list[RemovalCheck | None]
     candidates: list[RemovalCheck]
     note: str
+    config: ReplaceMeConfig
+    placement_note: str = ""
 
 
 def _fit(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) -> _Chosen:
@@ -463,22 +472,32 @@ def _fit(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) -> _Chosen:
     spans, profile = _choose(disk, split.fit, config)
     note = check_note(config, split, len(spans))
     pool = [] if note else candidate_cuts(profile, config)
-    check_cuts(disk.stack, pool or spans, config.structure, config.placement, config.objective)
+    options, why = placement_options(disk.stack.blocks, pool or spans, config)
+    placement, structure = options[0]  # from disk: the diagonal fold where a norm follows
+    said = f"{why}; from disk the diagonal T is folded into it (exact, a standard checkpoint)"
+    config = resolved(config, options[0])
+    check_cuts(disk.stack, pool or spans, structure, placement, config.objective)
     if config.objective == "identity":
-        return _Chosen(spans, [Fitted(None) for _ in spans], 0, profile, [], [], note)
+        return _Chosen(spans, [Fitted(None) for _ in spans], 0, profile, [], [], note, config)
     expected = profile.token_rows if profile is not None else None
     estimation = DiskEstimation(disk, split.fit, config, expected)
     spans, fitted, rows, checks, measured = fit_checked(estimation, spans, pool, split, note)
-    return _Chosen(spans, fitted, rows, profile, checks, measured, note)
+    placement_note = said if len(options) > 1 else ""
+    return _Chosen(spans, fitted, rows, profile, checks, measured, note, config, placement_note)
 
 
 def _check_supported(config: ReplaceMeConfig, output: str | os.PathLike | None) -> None:
+    if config.spans is None and config.selection not in ("distance", "measured"):
+        raise ValueError(
+            f"selection={config.selection!r} is in memory only; from disk the cut is chosen "
+            "by selection='measured' or 'distance' (or give spans=)"
+        )
     if fits_sequentially(config):
         raise ValueError(
             "fit='sequential' re-runs the model with earlier cuts applied, which the "
             "from-disk path does not do; use fit='independent' (the default)"
         )
-    if output is not None and config.placement != "fold":
+    if output is not None and config.placement not in ("fold", "auto"):
         raise ValueError(
             f"placement={config.placement!r} needs modules a standard checkpoint does not "
             "have; the from-disk writer folds T into the down-projection: use placement='fold'"
@@ -516,4 +535,6 @@ def _report(disk: DiskModel, config: ReplaceMeConfig, chosen: _Chosen) -> Replac
         checks=chosen.checks,
         check_note=chosen.note,
         candidates=chosen.candidates,
+        placement_note=chosen.placement_note,
+        selection=config.selection if config.spans is None else "spans",
     )

@@ -18,7 +18,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -49,6 +49,7 @@ __all__ = [
     "fit_checked",
     "fits_sequentially",
     "flat_rows",
+    "refit_won",
     "solve_cut",
 ]
 
@@ -269,6 +270,10 @@ class Estimation:
         """The same estimation on other calibration data."""
         return dataclasses.replace(self, data=data, expected_rows=expected_rows)
 
+    def configured(self, config: ReplaceMeConfig) -> Estimation:
+        """The same estimation with other options (a placement ``"auto"`` tries)."""
+        return dataclasses.replace(self, config=config)
+
     def check(
         self,
         spans: Sequence[Span],
@@ -360,6 +365,8 @@ class Fits(Protocol):
 
     def on(self, data: Iterable, expected_rows: int | None) -> Fits: ...
 
+    def configured(self, config: ReplaceMeConfig) -> Fits: ...
+
     def check(
         self,
         spans: Sequence[Span],
@@ -388,14 +395,22 @@ def check_note(config: ReplaceMeConfig, split: CheckSplit, cuts: int) -> str:
 
 
 def fit_checked(
-    estimation: Fits, spans: list[Span], pool: list[Span], split: CheckSplit, note: str
+    estimation: Fits,
+    spans: list[Span],
+    pool: list[Span],
+    split: CheckSplit,
+    note: str,
+    refit: bool = True,
 ) -> tuple[list[Span], list[Fitted], int, list[RemovalCheck | None], list[RemovalCheck]]:
     """The cuts fitted in one pass and, unless ``note`` says why not,
     measured against plain removal on the held-out batches (a fit that
     lost is dropped with ``fallback``) and the winners fitted again on
-    every batch. With candidate windows (``pool``), each is fitted and
-    measured alone and the best becomes the cut. Returns the cuts, their
-    fits, the rows used, the checks and every candidate's measurement."""
+    every batch (with ``refit``; else left as fitted on the fit part, for
+    a caller that compares several of these runs and refits the winner
+    with :func:`refit_won`). With candidate windows (``pool``), each is
+    fitted and measured alone and the best becomes the cut. Returns the
+    cuts, their fits, the rows used, the checks and every candidate's
+    measurement."""
     fitted, rows = _fit_at_most(estimation, pool or spans, estimation.config.cuts_at_once)
     if note:
         return spans, fitted, rows, [], []
@@ -406,11 +421,14 @@ def fit_checked(
         for f, c in zip(fitted, measured, strict=True)
     ]
     if not pool:
-        fitted, rows = _refit(estimation, spans, kept, split.data, rows)
-        return spans, fitted, rows, measured, []
+        if refit:
+            kept, rows = refit_won(estimation, spans, kept, split, rows)
+        return spans, kept, rows, measured, []
     candidates = [c for c in measured if c is not None]  # every candidate has a fit
     k = best_candidate(candidates)
-    fitted, rows = _refit(estimation, [pool[k]], [kept[k]], split.data, rows)
+    fitted = [kept[k]]
+    if refit:
+        fitted, rows = refit_won(estimation, [pool[k]], fitted, split, rows)
     return [pool[k]], fitted, rows, [measured[k]], candidates
 
 
@@ -429,12 +447,18 @@ def _fit_at_most(
     return fitted, rows
 
 
-def _refit(
-    estimation: Fits, spans: Sequence[Span], fitted: list[Fitted], data: Any, rows: int
+def refit_won(
+    estimation: Fits, spans: Sequence[Span], fitted: list[Fitted], split: CheckSplit, rows: int
 ) -> tuple[list[Fitted], int]:
     """The cuts whose fit won the held-out check fitted again on every
     calibration batch (one more pass): the check chose the method, the
-    held-out batch need not be lost to it."""
+    held-out batch need not be lost to it. With ``fallback`` the refitted
+    transforms are measured on the held-out batches once more (the other
+    cuts as refitted) and a cut whose refit lost to plain removal keeps the
+    transform that won the check: fitting on more rows moves T, and
+    measured on tiny models it could then lose by 0.02% perplexity, so
+    without this the model could end worse than plain removal on the very
+    batches that chose the fit."""
     won = [k for k, f in enumerate(fitted) if f.transform is not None]
     if not won:
         return fitted, rows
@@ -444,7 +468,14 @@ def _refit(
     # the cosine objective goes on from where the checked fit stopped
     cosine = estimation.config.objective == "cosine"
     starts = [fitted[k].transform for k in won] if cosine else None
-    again, rows = estimation.on(data, expected).fit([spans[k] for k in won], starts)
+    again, used = estimation.on(split.data, expected).fit([spans[k] for k in won], starts)
+    refitted = list(fitted)
     for k, f in zip(won, again, strict=True):
-        fitted[k] = f
-    return fitted, rows
+        refitted[k] = f
+    if not estimation.config.fallback:
+        return refitted, used
+    transforms = [f.transform for f in refitted]
+    measured = estimation.check(spans, transforms, split.check, alone=False)
+    lost = {k for k in won if (c := measured[k]) is not None and c.used != "fitted"}
+    kept = [fitted[k] if k in lost else f for k, f in enumerate(refitted)]
+    return kept, rows if len(lost) == len(won) else used

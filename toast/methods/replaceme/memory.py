@@ -23,7 +23,7 @@ def _cuts_fitted(config: ReplaceMeConfig) -> int:
         return 0
     if config.spans is not None:
         return len(config.spans)
-    if config.num_cuts == 1 and config.candidates > 1:
+    if config.selection == "measured" and config.num_cuts == 1 and config.candidates > 1:
         return config.candidates
     return config.num_cuts
 

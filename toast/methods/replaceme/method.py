@@ -30,19 +30,21 @@ from torch import nn
 from toast.hf.model.blocks import find_blocks
 from toast.hf.model.params import count_params
 from toast.methods.base import BeforeSurgery, Method, register
-from toast.methods.replaceme.check import CheckSplit, RemovalCheck
+from toast.methods.replaceme.auto import (
+    AutoResult,
+    first_because,
+    fit_placements,
+    placement_options,
+    resolved,
+)
+from toast.methods.replaceme.check import CheckSplit
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import candidate_cuts, choose_cuts
 from toast.methods.replaceme.disk import replaceme_from_disk
-from toast.methods.replaceme.estimate import (
-    Estimation,
-    Fitted,
-    check_note,
-    fit_checked,
-    fits_sequentially,
-)
+from toast.methods.replaceme.estimate import Estimation, Fitted, check_note, fits_sequentially
 from toast.methods.replaceme.fold import apply_cuts, check_cuts
 from toast.methods.replaceme.memory import within_memory
+from toast.methods.replaceme.profile import DistanceProfile
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.methods.replaceme.stages import STAGES
 from toast.methods.runner import run_method, split_text_options
@@ -100,46 +102,69 @@ def _replaceme(
     spans, profile = choose_cuts(model, split.fit, config, stack)
     note = check_note(config, split, len(spans))
     pool = [] if note else candidate_cuts(profile, config)
-    check_cuts(stack, pool or spans, config.structure, config.placement, config.objective)
+    options, why = placement_options(stack.blocks, pool or spans, config)
+    for placement, structure in options:
+        check_cuts(stack, pool or spans, structure, placement, config.objective)
     expected_rows = profile.token_rows if profile is not None else None
-    estimation = Estimation(model, split.fit, config, stack, expected_rows)
-    checks: list[RemovalCheck | None] = []
-    measured: list[RemovalCheck] = []
+    first = resolved(config, options[0])
+    estimation = Estimation(model, split.fit, first, stack, expected_rows)
     fitting = config.objective != "identity"
     sequential = fitting and config.fit == "sequential" and len(spans) > 1
-    if not fitting:
-        fitted, rows = [Fitted(None) for _ in spans], 0
-    elif not sequential:
-        spans, fitted, rows, checks, measured = fit_checked(estimation, spans, pool, split, note)
-    if before_surgery is not None:
-        before_surgery(spans, stack)
-    if sequential:
-        fitted, rows = _fit_sequentially(estimation, spans)
+    if not fitting or sequential:
+        said = first_because(why, *options[0], note) if len(options) > 1 else ""
+        chosen = AutoResult(estimation, spans, [Fitted(None) for _ in spans], 0, [], [], said)
     else:
-        _apply(estimation, spans, fitted)
-    report = ReplaceMeReport(
+        chosen = fit_placements(estimation, options, why, spans, pool, split, note)
+    assert isinstance(chosen.estimation, Estimation)
+    estimation = chosen.estimation
+    if before_surgery is not None:
+        before_surgery(chosen.spans, stack)
+    if sequential:
+        chosen.fitted, chosen.rows = _fit_sequentially(estimation, chosen.spans)
+    else:
+        _apply(estimation, chosen.spans, chosen.fitted)
+    counts = (blocks_before, find_blocks(model, stack).num_blocks)
+    report = _report(estimation.config, chosen, profile, counts, params_before, model, note)
+    return model, report
+
+
+def _report(
+    config: ReplaceMeConfig,
+    chosen: AutoResult,
+    profile: DistanceProfile | None,
+    blocks: tuple[int, int],
+    params_before: int,
+    model: nn.Module,
+    note: str,
+) -> ReplaceMeReport:
+    """The report of an in-memory run (``config`` with the placement used;
+    ``note``: why nothing was checked on held-out batches)."""
+    fitted = chosen.fitted
+    return ReplaceMeReport(
         objective=config.objective,
         structure=config.structure,
         placement=config.placement,
         metric=config.distance,
-        spans=spans,
+        spans=chosen.spans,
         transforms=[f.transform for f in fitted],
         conditions=[f.condition for f in fitted],
         objectives=[f.objective for f in fitted],
-        blocks_before=blocks_before,
-        blocks_after=find_blocks(model, stack).num_blocks,
+        blocks_before=blocks[0],
+        blocks_after=blocks[1],
         params_before=params_before,
         params_after=count_params(model),
-        rows=rows,
+        rows=chosen.rows,
         profile=profile,
         buffer_bytes=sum(f.buffer_bytes for f in fitted),
         rows_kept=sum(f.rows_kept for f in fitted),
         fit=config.fit,
-        checks=checks,
+        checks=chosen.checks,
         check_note=note,
-        candidates=measured,
+        candidates=chosen.candidates,
+        placement_note=chosen.note,
+        placements=chosen.trials,
+        selection=config.selection if config.spans is None else "spans",
     )
-    return model, report
 
 
 def _apply(estimation: Estimation, spans: Sequence[Span], fitted: Sequence[Fitted]) -> None:

@@ -34,7 +34,13 @@ from toast.methods.replaceme.config import ADJACENT, DISTANCES
 from toast.methods.replaceme.hooks import no_kv_cache
 from toast.spans import Span
 
-__all__ = ["DistanceProfile", "ProfileRows", "check_selection", "profile_distances"]
+__all__ = [
+    "DistanceProfile",
+    "ProfileRows",
+    "check_selection",
+    "profile_distances",
+    "select_windows",
+]
 
 # Bytes of float64 row-pair scratch per chunk of the distance pass.
 _PROFILE_CHUNK_BYTES = 64 * 2**20
@@ -128,32 +134,9 @@ class DistanceProfile:
         transform goes into the block before the cut). Returns spans sorted
         by position, each with the distance between its end states.
         """
-        total = self.num_blocks
-        window = check_selection(num_blocks, num_cuts, min_start, total)
-        check("adjacent", adjacent, Options(ADJACENT))
-        d = self.windows(window, metric)
-        order = sorted(range(min_start, total - window + 1), key=lambda s: (d[s], s))
-        chosen: list[int] = []
-        gap = 1 if adjacent == "forbid" else 0
-        for s in order:
-            if len(chosen) == num_cuts:
-                break
-            if all(s + window + gap <= c or c + window + gap <= s for c in chosen):
-                chosen.append(s)
-        if len(chosen) < num_cuts:
-            raise ValueError(
-                f"cannot place {num_cuts} non-overlapping windows of {window} blocks"
-                f"{' with a kept block between them' if adjacent == 'forbid' else ''} in "
-                f"blocks {min_start}..{total - 1}; ask for fewer cuts or a lower min_start"
-            )
-        spans: list[tuple[int, int]] = []
-        for s in sorted(chosen):
-            if spans and spans[-1][1] == s:  # adjacent: "merge" (forbid never gets here)
-                spans[-1] = (spans[-1][0], s + window)
-            else:
-                spans.append((s, s + window))
-        m = self.matrix(metric)
-        return [Span(a, b, float(m[a, b])) for a, b in spans]
+        return select_windows(
+            self.matrix(metric), num_blocks, num_cuts, min_start=min_start, adjacent=adjacent
+        )
 
     def to_csv(self, path: str | os.PathLike, window: int, metric: str = "angular") -> None:
         """Writes the reference code's ``layer_distances.csv`` (columns
@@ -202,6 +185,46 @@ class DistanceProfile:
             ax.legend(loc="best", fontsize=8)
         fig.tight_layout()
         return fig
+
+
+def select_windows(
+    matrix: np.ndarray,
+    num_blocks: int,
+    num_cuts: int = 1,
+    *,
+    min_start: int = 1,
+    adjacent: Literal["merge", "forbid"] = "merge",
+) -> list[Span]:
+    """:meth:`DistanceProfile.select` on any ``(L + 1, L + 1)`` table of
+    span scores (``matrix[s, e]`` for removing ``blocks[s:e]``, lower is
+    better): a distance, or a predicted error. NaN entries are never
+    chosen."""
+    total = matrix.shape[0] - 1
+    window = check_selection(num_blocks, num_cuts, min_start, total)
+    check("adjacent", adjacent, Options(ADJACENT))
+    d = np.array([matrix[s, s + window] for s in range(total - window + 1)])
+    starts = [s for s in range(min_start, total - window + 1) if np.isfinite(d[s])]
+    order = sorted(starts, key=lambda s: (d[s], s))
+    chosen: list[int] = []
+    gap = 1 if adjacent == "forbid" else 0
+    for s in order:
+        if len(chosen) == num_cuts:
+            break
+        if all(s + window + gap <= c or c + window + gap <= s for c in chosen):
+            chosen.append(s)
+    if len(chosen) < num_cuts:
+        raise ValueError(
+            f"cannot place {num_cuts} non-overlapping windows of {window} blocks"
+            f"{' with a kept block between them' if adjacent == 'forbid' else ''} in "
+            f"blocks {min_start}..{total - 1}; ask for fewer cuts or a lower min_start"
+        )
+    spans: list[tuple[int, int]] = []
+    for s in sorted(chosen):
+        if spans and spans[-1][1] == s:  # adjacent: "merge" (forbid never gets here)
+            spans[-1] = (spans[-1][0], s + window)
+        else:
+            spans.append((s, s + window))
+    return [Span(a, b, float(matrix[a, b])) for a, b in spans]
 
 
 class _PairDistances:

@@ -15,6 +15,7 @@ import numpy as np
 
 from toast.hf.evaluate.check import check_lines
 from toast.methods.base import Report
+from toast.methods.replaceme.auto import PlacementTrial
 from toast.methods.replaceme.check import RemovalCheck
 from toast.methods.replaceme.params import compression_ratio
 from toast.methods.replaceme.profile import DistanceProfile
@@ -28,9 +29,16 @@ _OBJECTIVES = {
     "identity": "identity (UIDL: plain removal)",
 }
 _PLACEMENTS = {
-    "fold": "folded into the down-projection",
+    "fold": "folded into the down-projection (a diagonal T into a norm after it)",
     "mlp": "kept as a separate d×d module after the down-projection",
     "block": "as a separate d×d block on the residual stream (A.9)",
+}
+
+#: The column naming each cut's score, by selection (else the distance).
+_SCORES = {
+    "block_influence": "block influence (ShortGPT)",
+    "sleb": "perplexity after SLEB",
+    "predicted": "predicted LS error",
 }
 
 
@@ -51,7 +59,13 @@ class ReplaceMeReport(Report):
     ``checks`` holds each cut's held-out comparison with plain removal (None
     where nothing was fitted), ``check_note`` why there is none;
     ``candidates`` every window the held-out batches chose the cut from
-    (empty when the distance alone chose).
+    (empty when the distance alone chose). ``placement_note`` says why
+    ``placement="auto"`` chose the placement it did ("" where the
+    transform folds as asked), ``placements`` what each exact placement
+    measured on the held-out batches (empty when none was measured).
+    ``selection`` is the rule that chose the cuts (``"spans"`` when they
+    were given; the score each
+    ``Span.error`` holds: see :class:`~toast.methods.replaceme.ReplaceMeConfig`).
     """
 
     objective: str
@@ -75,6 +89,9 @@ class ReplaceMeReport(Report):
     checks: list[RemovalCheck | None] = field(default_factory=list)
     check_note: str = ""
     candidates: list[RemovalCheck] = field(default_factory=list)
+    placement_note: str = ""
+    placements: list[PlacementTrial] = field(default_factory=list)
+    selection: str = "measured"
 
     @property
     def eq10_ratio(self) -> float:
@@ -102,7 +119,7 @@ class ReplaceMeReport(Report):
             f"{self.blocks_before} blocks removed in {len(self.spans)} cut(s) {what_fit}.",
             "",
             "| cut (toast) | paper i*→i*+n | reference (start, end) | "
-            f"{self.metric} distance | LS condition | cosine objective |",
+            f"{self._score_name()} | LS condition | cosine objective |",
             "|---|---|---|---:|---:|---|",
             *(self._cut_line(k) for k in range(len(self.spans))),
             "",
@@ -116,7 +133,7 @@ class ReplaceMeReport(Report):
                 f"Cosine rows: {self.rows_kept:,} kept of {self.rows:,} in a "
                 f"{self.buffer_bytes / 2**20:,.1f} MiB disk buffer."
             )
-        lines += self._check_lines()
+        lines += self._check_lines() + self._placement_lines()
         return "\n".join(lines) + self.quality_markdown()
 
     def _candidate_line(self, check: RemovalCheck) -> str:
@@ -124,6 +141,19 @@ class ReplaceMeReport(Report):
             return check.measured()
         has = "the fit" if check.used == "fitted" else "plain removal"
         return f"**{check.measured()}: the cut, with {has}**"
+
+    def _score_name(self) -> str:
+        """What ``Span.error`` holds, by the selection that chose the cuts."""
+        return _SCORES.get(self.selection, f"{self.metric} distance")
+
+    def _placement_lines(self) -> list[str]:
+        if not self.placement_note:
+            return []
+        return [
+            "",
+            f"Placement (auto): {self.placement_note}.",
+            *(f"- {t.describe()}" for t in self.placements),
+        ]
 
     def _check_lines(self) -> list[str]:
         if self.candidates:

@@ -57,9 +57,13 @@ def _cuts(errors: np.ndarray, max_blocks: int) -> list[tuple[int, int]]:
 def _config(cuts: list[tuple[int, int]], calibration: Calibration | None = None) -> ReplaceMeConfig:
     """ReplaceMe's defaults for ``cuts`` (massive rows fitted as plain
     removal leaves them; no held-out gate: the search measures every plan)."""
+    # placement "fold", full T: what apply() and edits() make (the search
+    # leaves ReplaceMe out where it does not fold)
     if calibration is None:
-        return ReplaceMeConfig(spans=cuts, check_fraction=0.0)
-    return ReplaceMeConfig(spans=cuts, check_fraction=0.0, calibration=calibration)
+        return ReplaceMeConfig(spans=cuts, check_fraction=0.0, placement="fold")
+    return ReplaceMeConfig(
+        spans=cuts, check_fraction=0.0, placement="fold", calibration=calibration
+    )
 
 
 def _estimate(

@@ -1,0 +1,118 @@
+"""``placement="auto"`` (the default): ReplaceMe never refuses a supported
+family. Where the full T folds (no norm after the MLP) nothing changes;
+where a norm follows the MLP (Gemma 2/3, OLMo-2) the exact placements are
+fitted and the one measuring best on the held-out batches is kept, and the
+model is never worse there than plain removal of the same cut."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import toast  # noqa: E402
+from tests._helpers import replaceme_models as R  # noqa: E402
+from toast.hf.evaluate.check import CheckSplit  # noqa: E402
+from toast.hf.model.surgery import remove_blocks  # noqa: E402
+from toast.methods.replaceme import replaceme  # noqa: E402
+from toast.methods.replaceme.disk import replaceme_from_disk  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+FAMILIES = sorted(R.DECODERS) + sorted(R.POST_NORM_DECODERS)
+#: 10 batches: the default check_fraction=0.1 holds the last one out
+HELD_DATA = 80
+
+
+def _loss(model: torch.nn.Module, batches: list[dict]) -> float:
+    """Mean next-token NLL over non-pad targets, computed here from logits."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            logits = model(**batch, use_cache=False).logits[:, :-1].double()
+            target = batch["input_ids"][:, 1:]
+            keep = batch["attention_mask"][:, 1:].bool()
+            nll = torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2), target, reduction="none"
+            )
+            total += float(nll[keep].sum())
+            count += int(keep.sum())
+    return total / count
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_default_never_refuses_and_is_never_worse_than_plain_removal_held_out(name):
+    model, data = R.decoder(name), R.text_loader(HELD_DATA)
+    original = copy.deepcopy(model)
+    pruned, report = replaceme(model, data, num_blocks=1, progress=False)
+    plain = remove_blocks(copy.deepcopy(original), [(s.start, s.stop) for s in report.spans])
+    held = list(CheckSplit(data, 0.1).check)
+    assert len(held) == 1
+    assert _loss(pruned, held) <= _loss(plain, held) + 1e-9
+    if name in R.POST_NORM_DECODERS:
+        assert "post_feedforward_layernorm" in report.placement_note
+        assert [(t.placement, t.structure) for t in report.placements] == [
+            ("fold", "diagonal"),
+            ("mlp", "full"),
+            ("block", "full"),
+        ]
+        chosen = (report.placement, report.structure)
+        assert chosen in [(t.placement, t.structure) for t in report.placements]
+        assert "Placement (auto)" in report.to_markdown()
+    else:
+        assert (report.placement, report.structure) == ("fold", "full")
+        assert report.placement_note == "" and report.placements == []
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_compress_with_only_num_blocks_runs_on_every_family(name):
+    model, report = toast.compress(
+        R.decoder(name), R.text_loader(), method="replaceme", num_blocks=1, progress=False
+    )
+    assert report.blocks_after == R.LAYERS - 1
+    if name in R.POST_NORM_DECODERS:
+        # 6 batches: none held out, so the first exact placement, said so
+        assert (report.placement, report.structure) == ("fold", "diagonal")
+        assert "first exact one" in report.placement_note
+        assert "check_fraction" in report.placement_note or "batches" in report.placement_note
+
+
+def test_auto_equals_fold_where_the_full_transform_folds():
+    data = R.text_loader(HELD_DATA)
+    _, auto = replaceme(R.decoder("llama"), data, num_blocks=1, progress=False)
+    _, fold = replaceme(R.decoder("llama"), data, num_blocks=1, placement="fold", progress=False)
+    assert auto.spans == fold.spans
+    np.testing.assert_array_equal(auto.transforms[0], fold.transforms[0])
+
+
+def test_auto_measures_nothing_without_held_out_batches_and_folds_a_diagonal_t():
+    _, report = replaceme(
+        R.decoder("olmo2"), R.text_loader(HELD_DATA), num_blocks=1, check_fraction=0.0
+    )
+    assert (report.placement, report.structure) == ("fold", "diagonal")
+    assert report.placements == []
+    assert "check_fraction=0" in report.placement_note
+
+
+def test_from_disk_auto_folds_a_diagonal_t_into_the_norm_and_says_so(tmp_path):
+    R.decoder("gemma3").save_pretrained(tmp_path / "source")
+    report = toast.compress(
+        tmp_path / "source",
+        R.text_loader(HELD_DATA),
+        method="replaceme",
+        num_blocks=1,
+        output=tmp_path / "out",
+        sequential=True,
+        progress=False,
+    )
+    assert (report.placement, report.structure) == ("fold", "diagonal")
+    assert "from disk" in report.placement_note
+    assert (tmp_path / "out" / "model.safetensors").exists()
+    direct = replaceme_from_disk(
+        tmp_path / "source", R.text_loader(HELD_DATA), num_blocks=1, progress=False
+    )
+    assert direct.spans == report.spans
