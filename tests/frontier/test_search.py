@@ -118,7 +118,8 @@ def test_saved_folder_holds_report_plot_and_json(searched, tmp_path):
 
 def test_cached_second_call_makes_no_calibration_pass(searched):
     model, data, heldout, cache, first = searched
-    assert first.calibration_passes == 2  # the analysis and ReplaceMe's transforms
+    # the shared analysis; ReplaceMe's transforms, sub-layer scores, LinearPatch's statistics
+    assert first.calibration_passes == 4
     forwards = _calibration_forwards(model)
     again = toast.search(model, data, heldout, target=0.3, cache=cache, progress=False)
     assert again.calibration_passes == 0
@@ -243,7 +244,7 @@ def test_unreadable_cache_entry_is_recomputed_not_trusted(tmp_path):
     (entry,) = tmp_path.glob("*/calibration.pkl")
     entry.write_bytes(b"not a pickle")
     again = toast.search(model, data, heldout, **options)
-    assert again.calibration_passes == 2
+    assert again.calibration_passes == 4
 
 
 @pytest.mark.parametrize(
@@ -332,3 +333,22 @@ def test_candidates_are_timed_in_three_paired_rounds_only_for_a_latency_target(s
         model, data, heldout, target="latency=10%", cache=False, progress=False, max_measured=2
     )
     assert rounds(timed) == {3}
+
+
+def test_methods_limits_the_search_to_the_named_methods():
+    model = tiny_llama()
+    data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
+    options = {"max_measured": 2, "cache": False, "latency": False, "progress": False}
+    result = toast.search(model, data, heldout, methods=["remove"], **options)
+    assert {m.candidate.family for m in result.measured} == {"plain"}
+    assert result.calibration_passes == 1  # the shared pass only
+
+
+@pytest.mark.parametrize(
+    ("methods", "error"), [(["prune"], ValueError), ([], ValueError), ("remove", TypeError)]
+)
+def test_methods_that_name_no_staged_method_are_refused_with_the_names(methods, error):
+    model = tiny_llama()
+    data = token_batches(2, CALIBRATION_LENGTH, 1)
+    with pytest.raises(error, match="linearpatch"):
+        toast.search(model, data, data, methods=methods, cache=False, progress=False)

@@ -20,7 +20,7 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -109,6 +109,7 @@ def search(
     sequential: bool | None = None,
     objective: str | None = None,
     task_options: dict[str, Any] | None = None,
+    methods: Sequence[str] | None = None,
     **options: Any,
 ) -> SearchResult:
     """Finds the best compression of ``model`` for ``target``, measured.
@@ -150,6 +151,8 @@ def search(
 
     ``objective``: what the front, target and choice follow (``"kl"``,
     ``"task:replaceme"``...; :class:`toast.frontier.objective.Objective`).
+    ``methods``: the registered methods whose plans are searched (default
+    every one with stages; each costs its own calibration pass, if any).
     """
     check("max_measured", max_measured, Interval(int, 1, None))
     check("backend", backend, Options(BACKENDS))
@@ -157,6 +160,7 @@ def search(
     aim.check_tasks()  # a task whose data is missing fails before any work
     # where the model lives travels with the options, as the backend does
     options.update(backend=backend, max_memory=max_memory, sequential=sequential, objective=aim)
+    options["methods"] = _check_methods(methods)
     begin = time.perf_counter()
     run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
     run.timings["preparation"] = time.perf_counter() - begin  # loading a model file included
@@ -199,6 +203,7 @@ def _prepare(
     backend = options.pop("backend")
     max_memory, sequential = options.pop("max_memory"), options.pop("sequential")
     objective: Objective = options.pop("objective")
+    wanted: tuple[str, ...] | None = options.pop("methods")
     objective.check_target(goal.kind)
     check("sequential", sequential, bool, None)
     text, rest = split_text_options(options)
@@ -206,6 +211,8 @@ def _prepare(
     if data is None:
         raise ValueError("search needs calibration data (a loader of batches, or raw text)")
     opened = _open(model, goal, max_memory, sequential, calibration)
+    if wanted is not None:
+        opened.methods = [m for m in opened.methods if m.name in wanted]
     data = as_batches(data, **text)
     heldout = _heldout(data, heldout, text)
     if isinstance(heldout, tuple):
@@ -255,6 +262,19 @@ def _prepare(
         notes,
         statistics_bytes=opened.statistics_bytes,
     )
+
+
+def _check_methods(methods: Sequence[str] | None) -> tuple[str, ...] | None:
+    """``methods`` as a tuple of registered staged methods' names (None: all)."""
+    if methods is None:
+        return None
+    names = [m.name for m in staged_methods()]
+    if isinstance(methods, str) or not all(isinstance(m, str) for m in methods):
+        raise TypeError(f"methods must be a list of method names from {names}; got {methods!r}")
+    unknown = sorted(set(methods) - set(names))
+    if unknown or not methods:
+        raise ValueError(f"methods must name some of {names}; got {list(methods)!r}")
+    return tuple(methods)
 
 
 @dataclass
