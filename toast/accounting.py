@@ -71,7 +71,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from toast._validation import Interval, Options, check
 from toast.spans import validate_spans
@@ -92,37 +92,15 @@ __all__ = [
     "translator_params",
 ]
 
-TranslatorKind = Literal[
-    "identity",
-    "linear",
-    "affine",
-    "diagonal",
-    "mlp",
-    "resmlp",
-    "linearpatch",
-    "rotated_diagonal",
-    "patch_ridge",
-]
+TranslatorKind = Literal["identity", "linear", "affine", "diagonal", "mlp", "resmlp"]
 Head = Literal["base", "none", "classifier"]
 
-#: Translator kinds a config-only prediction knows: ``identity`` (nothing),
-#: ``linear`` (``x W``), ``affine`` (``x W + b``), ``diagonal`` (per-feature
-#: scale and bias, :class:`toast.translators.DiagonalMap`), ``mlp``
-#: (:class:`toast.translators.MLPTranslator`, hidden ``d // 2``) and ``resmlp``
-#: (:class:`toast.translators.ResMLPTranslator`); ``linearpatch``,
-#: ``rotated_diagonal`` and ``patch_ridge`` (a dense ``d × d`` map in the
-#: Hadamard basis, no bias: :mod:`toast.core.patch`).
-TRANSLATOR_KINDS: tuple[str, ...] = (
-    "identity",
-    "linear",
-    "affine",
-    "diagonal",
-    "mlp",
-    "resmlp",
-    "linearpatch",
-    "rotated_diagonal",
-    "patch_ridge",
-)
+#: Translator kinds a config-only prediction knows: ``identity``, ``linear``
+#: (``x W``), ``affine`` (``x W + b``), ``diagonal`` (:class:`toast.translators.DiagonalMap`),
+#: ``mlp``, ``resmlp`` (:mod:`toast.translators`), and the ``d × d`` maps of
+#: :mod:`toast.core.patch` in the Hadamard basis (no bias).
+_HADAMARD_KINDS = ("linearpatch", "rotated_diagonal", "patch_ridge")
+TRANSLATOR_KINDS: tuple[str, ...] = (*get_args(TranslatorKind), *_HADAMARD_KINDS)
 #: What :func:`macs` counts: ``"all"`` the matmuls (linear layers, patch
 #: embedding, attention products; analytic), ``"linear"`` the ``nn.Linear``
 #: layers alone (counted by hooks; ``toast.search``'s ``macs=`` target).
@@ -384,9 +362,7 @@ def translator_params(kind: TranslatorKind | str, dim: int) -> int:
         "diagonal": 2 * d,
         "mlp": d * hidden + hidden + hidden * d + d,
         "resmlp": 2 * (d * d + d) + 4 * d,
-        "linearpatch": d * d,
-        "rotated_diagonal": d * d,
-        "patch_ridge": d * d,
+        **dict.fromkeys(_HADAMARD_KINDS, d * d),
     }[kind]
 
 
@@ -539,7 +515,7 @@ def _translator_counts(kind: str, d: int, n: int) -> Counts:
     hidden = max(1, d // 2)
     if kind in ("identity", "diagonal"):
         return Counts()
-    if kind in ("linear", "affine", "linearpatch", "rotated_diagonal", "patch_ridge"):
+    if kind in ("linear", "affine", *_HADAMARD_KINDS):
         return Counts(dense=n * d * d)
     if kind == "mlp":
         return Counts(dense=2 * n * d * hidden)

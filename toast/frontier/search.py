@@ -145,14 +145,12 @@ def search(
     default the memory available), else searched block by block from disk,
     never loaded (``sequential`` forces a path; the choice is said once, as
     for :func:`toast.compress`): methods that need the model in memory
-    (ToaSt) are left out, nothing is timed (``latency=`` and ``macs=``
-    targets are refused) and :meth:`SearchResult.save` writes the chosen
-    model from the checkpoint.
-
-    ``objective``: what the front, target and choice follow (``"kl"``,
-    ``"task:replaceme"``...; :class:`toast.frontier.objective.Objective`).
-    ``methods``: the registered methods whose plans are searched (default
-    every one with stages; each costs its own calibration pass, if any).
+    (ToaSt, LinearPatch, sub-layers) are left out, nothing is timed
+    (``latency=``, ``macs=`` targets refused) and :meth:`SearchResult.save`
+    writes the chosen model from the checkpoint. ``objective``: what the
+    front, target and choice follow (``"kl"``, ``"task:replaceme"``...;
+    :class:`toast.frontier.objective.Objective`). ``methods``: the methods
+    searched (default every staged one).
     """
     check("max_measured", max_measured, Interval(int, 1, None))
     check("backend", backend, Options(BACKENDS))
