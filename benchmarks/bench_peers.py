@@ -60,6 +60,7 @@ from toast.hf.evaluate.quality import Evaluator  # noqa: E402
 from toast.methods.replaceme import ReplaceMeConfig  # noqa: E402
 
 SIZES = (2, 4, 6, 8)
+SIZES_ASKED: list[int] = list(SIZES)
 _COLUMNS = (
     ("perplexity", "perplexity ↓", ".2f"),
     ("kl", "KL ↓", ".4f"),
@@ -117,6 +118,24 @@ def _replaceme_paper(**fields: Any) -> Row:
     return row
 
 
+_SLEB_ORDER: list[int] = []
+
+
+def _sleb(model: torch.nn.Module, calib: Any, selection: Any, n: int):
+    """SLEB's greedy removal: its choices do not depend on how many follow,
+    so the order is measured once, up to the largest size asked, and each
+    size removes its prefix (the same blocks ``selection="sleb"`` gives)."""
+    from toast.hf.model.blocks import find_blocks
+    from toast.methods.selection import runs, sleb
+
+    if len(_SLEB_ORDER) < n:
+        stack = find_blocks(model)
+        _SLEB_ORDER[:] = sleb(model, calib, stack, max(SIZES_ASKED)).order
+    spans = runs(_SLEB_ORDER[:n])
+    out, report = toast.compress(model, calib, method="remove", spans=spans, progress=False)
+    return out, _what(report) + f" (order {_SLEB_ORDER[:n]})"
+
+
 def _search(model: torch.nn.Module, calib: Any, selection: Any, n: int):
     """``toast.search``'s measured choice at ``n`` blocks' parameters."""
     block = sum(p.numel() for p in model.model.layers[0].parameters())
@@ -132,7 +151,7 @@ def _search(model: torch.nn.Module, calib: Any, selection: Any, n: int):
 ROWS: dict[str, Row] = {
     "UIDL: angular window, removed": _replaceme_paper(objective="identity"),
     "ShortGPT: Block Influence, removed": _compress("remove", selection="block_influence"),
-    "SLEB: measured greedy removal": _compress("remove", selection="sleb"),
+    "SLEB: measured greedy removal": _sleb,
     "ReplaceMe LS (paper)": _replaceme_paper(),
     "ReplaceMe cosine (paper)": _replaceme_paper(objective="cosine"),
     "LinearPatch (paper)": _compress("linearpatch"),
@@ -242,6 +261,7 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--out", default="benchmarks/results/peers.json")
     args = parser.parse_args()
+    SIZES_ASKED[:] = args.sizes
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     record = run(args.sizes, args.rows, out)
