@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+import toast  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
 from toast.hf.data.calibration import Calibration  # noqa: E402
 from toast.hf.model.blocks import find_blocks  # noqa: E402
@@ -187,3 +188,25 @@ def test_rules_beyond_the_distance_are_refused_from_disk_before_any_pass(tmp_pat
     R.decoder("llama").save_pretrained(tmp_path / "source")
     with pytest.raises(ValueError, match="in memory only"):
         replaceme_from_disk(tmp_path / "source", R.text_loader(), num_blocks=1, selection="sleb")
+
+
+def test_measured_selection_also_measures_the_windows_of_smallest_predicted_error():
+    from toast.hf.evaluate.check import CheckSplit
+
+    model, data = R.decoder("llama"), R.text_loader(80)  # 10 batches: one held out
+    fit = list(CheckSplit(data, 0.1).fit)
+    table = toast.analyze(copy.deepcopy(model), fit, metric="linear", estimator="gcv").errors
+    predicted = {(a, a + 1) for a in sorted(range(1, R.LAYERS), key=lambda a: table[a, a + 1])[:2]}
+
+    def measured(**options):
+        _, report = replaceme(copy.deepcopy(model), data, num_blocks=1, candidates=2, **options)
+        return {(c.span.start, c.span.stop) for c in report.candidates}
+
+    by_distance = measured(predicted_candidates=0, progress=False)
+    assert len(by_distance) == 2 and not predicted <= by_distance  # the test can fail
+    assert measured(progress=False) == by_distance | predicted
+
+
+def test_the_papers_protocol_measures_no_predicted_window():
+    config = ReplaceMeConfig.paper(num_blocks=2)
+    assert config.predicted_candidates == 0 and config.candidates == 1

@@ -59,6 +59,7 @@ PAPER: dict[str, Any] = {
     "selection": "distance",
     "massive_rows": "fit",
     "candidates": 1,
+    "predicted_candidates": 0,
     "check_fraction": 0.0,
     "solver": "adam",
     "lr": 1e-4,
@@ -105,11 +106,13 @@ class ReplaceMeConfig:
 
     **Selection** (``selection``, each usable with every objective):
 
-    - ``"measured"`` (default; today's behaviour, unchanged): the
-      ``candidates`` windows of smallest ``distance`` are each fitted and
-      measured on the held-out batches and the best becomes the cut (see
-      "Cut chosen by measurement" below); with ``candidates=1``, several
-      cuts, plain removal or no held-out batch it is ``"distance"``.
+    - ``"measured"`` (default): the ``candidates`` windows of smallest
+      ``distance`` and the ``predicted_candidates`` windows of smallest
+      predicted least-squares error (``"predicted"`` below; one more pass)
+      are each fitted and measured on the held-out batches and the best
+      becomes the cut (see "Cut chosen by measurement" below); with
+      ``candidates=1``, several cuts, plain removal or no held-out batch it
+      is ``"distance"``.
     - ``"distance"``: the window(s) of smallest ``distance`` alone (the
       paper's Eq. 4; ``candidates`` is not used).
     - ``"block_influence"``: ShortGPT (arXiv 2403.03853): the
@@ -190,12 +193,17 @@ class ReplaceMeConfig:
 
     **Cut chosen by measurement** (``selection="measured"``): for one cut
     (``num_cuts=1``, no ``spans``) and a fitted objective, the ``candidates`` windows of
-    smallest distance are all fitted in the one estimation pass and each is
-    measured on the held-out batches (below); the cut is the one that
-    measured best, fitted or plainly removed. The distance on the last
-    token cannot see what a window costs the other tokens (an attention
-    sink the window would have to create); the held-out loss does.
-    ``candidates=1`` lets the distance alone choose (the paper).
+    smallest distance and the ``predicted_candidates`` of smallest predicted
+    LS error (in memory; from disk the distance's only) are all fitted in
+    the one estimation pass and each is measured on the held-out batches
+    (below); the cut is the one that measured best, fitted or plainly
+    removed. The distance on the last token cannot see what a window costs
+    the other tokens (an attention sink the window would have to create),
+    nor how well a linear map can stand in for it; the held-out loss and
+    the predicted error do (on SmolLM2 at 2 of 30 blocks the distance's
+    windows measured 40.7 against 35.1 for the predicted one,
+    ``benchmarks/bench_peers.py``). ``candidates=1`` lets the distance
+    alone choose (the paper).
 
     **Held-out check**: one calibration batch in every ``round(1 /
     check_fraction)`` (the last of each group; none with ``check_fraction=0`` or fewer
@@ -245,6 +253,7 @@ class ReplaceMeConfig:
     check_fraction: float = 0.1
     fallback: bool = True
     candidates: int = 4
+    predicted_candidates: int = 2
     cuts_at_once: int | None = None
     include_padding: bool = False
     max_buffer_bytes: int = 8 * 2**30
@@ -283,6 +292,7 @@ class ReplaceMeConfig:
         "check_fraction": [Interval(float, 0, 0.5, closed="both")],
         "fallback": [bool],
         "candidates": [Interval(int, 1, None)],
+        "predicted_candidates": [Interval(int, 0, None)],
         "cuts_at_once": [Interval(int, 1, None), None],
         "include_padding": [bool],
         "max_buffer_bytes": [Interval(int, 1, None)],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 from torch import nn
 
 from toast.hf.model.blocks import BlockStack
@@ -85,7 +86,36 @@ def choose_cuts(
         calibration=config.calibration,
         stack=stack,
     )
+    if _measures_candidates(config) and config.predicted_candidates:
+        profile.predicted = predicted_windows(model, data, config, stack)
     return select_cuts(profile, config, total), profile
+
+
+def predicted_windows(
+    model: nn.Module, data: Iterable, config: ReplaceMeConfig, stack: BlockStack
+) -> list[Span]:
+    """The ``config.predicted_candidates`` windows of ``num_blocks`` blocks
+    of smallest predicted least-squares error (one moments pass), none
+    starting before ``min_start``."""
+    n = config.num_blocks
+    assert n is not None  # ReplaceMeConfig requires it without spans
+    table = predicted_errors(model, data, stack, config.calibration, config.backend, n)
+    starts = range(config.min_start, stack.num_blocks - n + 1)
+    found = [Span(a, a + n, float(table[a, a + n])) for a in starts if np.isfinite(table[a, a + n])]
+    found.sort(key=lambda s: (s.error, s.start))
+    return found[: config.predicted_candidates]
+
+
+def _measures_candidates(config: ReplaceMeConfig) -> bool:
+    """Whether the cut is chosen among candidates measured on held-out batches."""
+    return (
+        config.selection == "measured"
+        and config.check_fraction > 0
+        and config.fit == "independent"
+        and config.candidates >= 2
+        and config.num_cuts == 1
+        and config.objective != "identity"
+    )
 
 
 def explicit_cuts(config: ReplaceMeConfig, total: int) -> list[Span]:
@@ -141,19 +171,16 @@ def rule_cuts(
 
 def candidate_cuts(profile: DistanceProfile | None, config: ReplaceMeConfig) -> list[Span]:
     """The windows the held-out batches choose the cut from: the
-    ``config.candidates`` of smallest distance, for one chosen cut of a
+    ``config.candidates`` of smallest distance, then the profile's windows
+    of smallest predicted error not among them, for one chosen cut of a
     fitted objective with ``selection="measured"``; empty when the rule
     alone chooses (another selection, explicit spans, several cuts, plain
     removal, ``candidates=1``)."""
-    if (
-        config.selection != "measured"
-        or profile is None
-        or config.candidates < 2
-        or config.num_cuts != 1
-        or config.objective == "identity"
-    ):
+    if profile is None or not _measures_candidates(config):
         return []
     assert config.num_blocks is not None  # ReplaceMeConfig requires it without spans
-    return profile.ranked(
+    closest = profile.ranked(
         config.num_blocks, config.candidates, metric=config.distance, min_start=config.min_start
     )
+    seen = {(s.start, s.stop) for s in closest}
+    return closest + [s for s in profile.predicted if (s.start, s.stop) not in seen]

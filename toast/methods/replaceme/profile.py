@@ -81,6 +81,10 @@ class DistanceProfile:
     rows: int
     block_path: str
     token_rows: int = 0
+    #: windows of smallest predicted least-squares error (``Span.error``
+    #: that error), measured beside the distance's when the cut is chosen
+    #: by measurement; empty when not asked for
+    predicted: list[Span] = field(default_factory=list)
 
     def matrix(self, metric: str = "angular") -> np.ndarray:
         """The ``(L + 1, L + 1)`` matrix of one metric."""

@@ -160,7 +160,8 @@ class ReplaceMeReport(Report):
             return [
                 "",
                 f"Cut chosen on held-out batches among the {len(self.candidates)} windows of "
-                "smallest distance, each fitted and measured against its plain removal:",
+                "smallest distance or predicted error, each fitted and measured against its "
+                "plain removal:",
                 *(f"- {self._candidate_line(c)}" for c in self.candidates),
             ]
         return check_lines(self.checks, self.check_note)
