@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import statistics
 import sys
@@ -120,6 +121,8 @@ def _replaceme_paper(**fields: Any) -> Row:
 
 
 _SLEB_ORDER: list[int] = []
+#: (blocks, family) → the best selection-split perplexity the search measured, its label
+SEARCH_BEST: dict[tuple[int, str], tuple[float, str]] = {}
 
 
 def _sleb(model: torch.nn.Module, calib: Any, selection: Any, n: int):
@@ -149,6 +152,11 @@ def _search(model: torch.nn.Module, calib: Any, selection: Any, n: int):
         result = toast.search(
             model, calib, selection, target=target, cache=cache, latency=False, progress=False
         )
+    # what each family's best measured candidate scored on the selection split
+    for m in result.measured:
+        family, quality = m.candidate.family, m.measurement.quality
+        if quality < SEARCH_BEST.get((n, family), (math.inf, ""))[0]:
+            SEARCH_BEST[(n, family)] = (quality, m.candidate.label)
     return result.model, result.best.candidate.label
 
 
@@ -202,6 +210,9 @@ def _measure_row(name: str, n: int, context: dict[str, Any]) -> dict[str, Any]:
         built, what = ROWS[name](copy.deepcopy(model), calib, selection, n)
     seconds = time.perf_counter() - start
     context["evaluator"].measure(built, f"{name} n={n}")
+    measured = {k: context["evaluator"].last[k] for k, _, _ in _COLUMNS}
+    # the split the search selects on, for comparing with the search's own candidates
+    selection_ppl = context["selection_evaluator"].measure(built, f"{name} n={n}")
     return {
         "row": name,
         "blocks": n,
@@ -209,7 +220,13 @@ def _measure_row(name: str, n: int, context: dict[str, Any]) -> dict[str, Any]:
         "params": toast.count_params(built),
         "seconds": seconds,
         "speed": _speed(built, model, context["speed_batches"]),
-        **{k: context["evaluator"].last[k] for k, _, _ in _COLUMNS},
+        **measured,
+        "selection_perplexity": selection_ppl,
+        "search_best": {
+            family: {"perplexity": q, "label": label}
+            for (size, family), (q, label) in SEARCH_BEST.items()
+            if size == n and name == "toast.search"
+        },
     }
 
 
@@ -217,11 +234,14 @@ def run(sizes: list[int], rows: list[str], out: Path, append: bool = False) -> d
     model, calib, selection, test = _data()
     evaluator = Evaluator(test, progress=False)
     evaluator.measure(model, "original")
+    selection_evaluator = Evaluator(selection, progress=False)
+    selection_evaluator.measure(model, "original")
     context = {
         "model": model,
         "calib": calib,
         "selection": selection,
         "evaluator": evaluator,
+        "selection_evaluator": selection_evaluator,
         "speed_batches": list(test)[:2],
     }
     record: dict[str, Any] = {
