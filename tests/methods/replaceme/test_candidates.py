@@ -26,7 +26,8 @@ def _run(model, calib, **options):
 
 def test_the_candidates_are_the_windows_of_smallest_distance():
     model, calib = R.decoder("llama"), R.text_loader(96)
-    _, report = _run(model, calib, candidates=3)
+    # the predicted-error windows joining them: tests/methods/replaceme/test_selection.py
+    _, report = _run(model, calib, candidates=3, predicted_candidates=0)
     profile = profile_distances(model, CheckSplit(calib, 0.1).fit, progress=False)
     ranked = profile.ranked(2, 3)
     assert [(c.span.start, c.span.stop) for c in report.candidates] == [

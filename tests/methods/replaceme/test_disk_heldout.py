@@ -81,8 +81,14 @@ def test_heldout_check_from_disk_keeps_what_the_in_memory_check_keeps(fallback, 
 
 
 def test_candidate_cuts_from_disk_choose_the_in_memory_cut(tmp_path):
+    # from disk the candidates are the distance's only (no moments pass for predicted ones)
     on_disk, in_memory = _both(
-        R.decoder("llama"), R.text_loader(96), tmp_path, num_blocks=2, candidates=3
+        R.decoder("llama"),
+        R.text_loader(96),
+        tmp_path,
+        num_blocks=2,
+        candidates=3,
+        predicted_candidates=0,
     )
     assert len(in_memory.candidates) == 3  # the check chose among several windows
     assert on_disk.spans == in_memory.spans
