@@ -120,6 +120,22 @@ def _replaceme_paper(**fields: Any) -> Row:
     return row
 
 
+def _sublayers(model: torch.nn.Module, calib: Any, selection: Any, n: int):
+    """Sub-layer pruning of at least ``n`` blocks' parameters: the fewest MLP
+    sub-layers (the larger part of a block) that remove as many, chosen by
+    score (toast's ``method="sublayer"``, FinerCut-style)."""
+    layer = model.model.layers[0]
+    block = sum(p.numel() for p in layer.parameters())
+    mlp = sum(p.numel() for p in layer.mlp.parameters())
+    mlp += sum(p.numel() for p in layer.post_attention_layernorm.parameters())
+    k = math.ceil(n * block / mlp)
+    out, report = toast.compress(
+        model, calib, method="sublayer", num_sublayers=k, kind="mlp", progress=False
+    )
+    removed = " ".join(f"{r.kind}@{r.block}" for r in report.removed)
+    return out, f"{k} MLPs: {removed}"
+
+
 _SLEB_ORDER: list[int] = []
 #: (blocks, family) → the best selection-split perplexity the search measured, its label
 SEARCH_BEST: dict[tuple[int, str], tuple[float, str]] = {}
@@ -171,6 +187,7 @@ ROWS: dict[str, Row] = {
     "toast.replaceme default": _compress("replaceme"),
     "toast.compress default (TOAST)": _compress("toast"),
     "TOAST, patch_ridge": _compress("toast", translator="patch_ridge"),
+    "sub-layer pruning: MLPs by score": _sublayers,
     "toast.search": _search,
 }
 #: The order rows are measured in: SLEB's greedy order (its 212 passes) last.
@@ -290,6 +307,35 @@ def _table(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def summary(record: dict[str, Any]) -> str:
+    """One line per method: test perplexity at every size measured, and KL
+    and top-1 agreement at the largest (the README's table)."""
+    rows = [r for r in record["rows"] if "error" not in r]
+    sizes = sorted({r["blocks"] for r in rows})
+    last = sizes[-1]
+    head = " | ".join(f"{n} blocks" for n in sizes)
+    lines = [
+        f"| perplexity ↓ (blocks removed of 30) | {head} | KL @{last} ↓ | top-1 @{last} ↑ |",
+        "|---|" + "---:|" * (len(sizes) + 2),
+    ]
+    o = record["original"]
+    lines.append(f"| original | {o['perplexity']:.2f} |" + " |" * (len(sizes) + 1))
+    for name in ROWS:
+        got = {r["blocks"]: r for r in rows if r["row"] == name}
+        if not got:
+            continue
+        best = {n: min(r["perplexity"] for r in rows if r["blocks"] == n) for n in sizes}
+        cells = []
+        for n in sizes:
+            r = got.get(n)
+            text = "—" if r is None else f"{r['perplexity']:.2f}"
+            cells.append(f"**{text}**" if r is not None and r["perplexity"] == best[n] else text)
+        end = got.get(last)
+        tail = "— | —" if end is None else f"{end['kl']:.3f} | {100 * end['agreement']:.1f}%"
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {tail} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
@@ -298,16 +344,23 @@ def main() -> None:
     parser.add_argument(
         "--append", action="store_true", help="keep the rows an earlier --out measured"
     )
+    parser.add_argument(
+        "--tables", action="store_true", help="only write the tables of an earlier --out"
+    )
     args = parser.parse_args()
     SIZES_ASKED[:] = args.sizes
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = run(args.sizes, args.rows, out, args.append)
+    if args.tables:
+        record = json.loads(out.read_text())
+    else:
+        record = run(args.sizes, args.rows, out, args.append)
     text = (
         "# SmolLM2-135M-Instruct: toast against the training-free depth-pruning peers\n\n"
         "Test split: 16 × 256 tokens no method selected on. KL: mean KL(original ‖ model) "
         "per token; tokens/s ×: forward throughput over the original's (median of 3 "
         "interleaved rounds).\n\n"
+        f"## Summary\n\n{summary(record)}\n\n## Every row\n\n"
         f"{_table(record)}\n\n{_machine.describe(record['machine'])}\n"
     )
     out.with_suffix(".md").write_text(text)
