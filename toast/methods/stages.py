@@ -113,8 +113,9 @@ class Needs:
 #: (:func:`toast.core.chunked.resolve_bound`).
 SHARED_BYTES: int | str = "auto"
 
-#: The metrics the methods read from the shared pass (GCV, no ridge).
-SHARED_METRICS = ("linear", "affine", "mse")
+#: The metrics the methods read from the shared pass (linear ones by GCV, no ridge;
+#: "cosine", mean 1 − cos per row, is ShortGPT's Block Influence between adjacent states).
+SHARED_METRICS = ("linear", "affine", "mse", "cosine")
 
 
 def _gcv_errors(moments: Moments, metric: str) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -48,3 +49,23 @@ def test_the_default_is_the_identity_span_error_and_bad_rules_name_the_options()
     assert RemoveConfig(num_blocks=1).selection == "error"
     with pytest.raises(ValueError, match="selection must be one of 'error', 'block_influence'"):
         RemoveConfig(num_blocks=1, selection="distance")
+
+
+def test_search_stages_propose_shortgpt_plans_from_the_shared_passs_block_influence():
+    from toast.hf.data.calibration import Calibration
+    from toast.hf.model.params import count_params
+    from toast.methods.base import Sizes, capture_shared, find_layout
+    from toast.methods.remove.stages import STAGES
+
+    model, data = R.decoder("llama"), R.text_loader()
+    layout = find_layout(model)
+    calibration = Calibration(progress=False)
+    shared = capture_shared(model, data, layout, calibration, "auto")
+    stats = STAGES.calibrate(model, data, layout, shared, calibration, 3)
+    hooked = block_influence(model, data, calibration, layout.stack)
+    np.testing.assert_allclose(stats.influence, hooked, rtol=1e-6)
+    sizes = Sizes(count_params(model), tuple(count_params(b) for b in layout.stack.blocks))
+    plans = [p for p in STAGES.propose(stats, sizes, 3, False) if p.family == "shortgpt"]
+    assert [p.spans for p in plans] == [
+        tuple(runs(lowest_blocks(hooked, n, 1))) for n in range(1, 4)
+    ]

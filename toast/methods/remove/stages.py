@@ -18,6 +18,7 @@ from toast.hf.data.calibration import Calibration
 from toast.hf.evaluate.from_disk import removal
 from toast.hf.model.surgery import remove_blocks
 from toast.io.pruned import write_pruned_checkpoint
+from toast.methods.selection import lowest_blocks, runs
 from toast.methods.stages import (
     BaseStages,
     Layout,
@@ -38,6 +39,9 @@ class RemoveStats(Stats):
     ``scores``: each span's score when a selection rule chose it instead."""
 
     errors: np.ndarray = field(default_factory=lambda: np.empty((0, 0)), repr=False)
+    #: ShortGPT's Block Influence of every block, ``1 − mean cos(x_b, x_{b+1})``
+    #: over every token (the shared pass's cosine metric)
+    influence: np.ndarray | None = field(default=None, repr=False)
     scores: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
@@ -65,13 +69,16 @@ class RemoveStages(BaseStages):
         max_blocks: int,
     ) -> RemoveStats:
         assert shared is not None  # needs() asked for it
-        return RemoveStats(errors=identity_errors(shared))
+        cosine = shared.errors("cosine")
+        influence = np.array([cosine[b, b + 1] for b in range(cosine.shape[0] - 1)])
+        return RemoveStats(errors=identity_errors(shared), influence=influence)
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         assert isinstance(stats, RemoveStats)
-        return span_family_plans(
+        plans = span_family_plans(
             "remove", "plain", stats.errors, "identity", sizes, max_blocks, extendable=True
         )
+        return plans + _influence_plans(stats.influence, sizes, max_blocks)
 
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
         remove_blocks(model, list(plan.spans), blocks=layout.stack)
@@ -99,6 +106,22 @@ class RemoveStages(BaseStages):
         return write_pruned_checkpoint(
             disk.checkpoint, output, renames, kept=kept, total=disk.num_blocks, progress=False
         )
+
+
+def _influence_plans(influence: np.ndarray | None, sizes: Sizes, max_blocks: int) -> list[Plan]:
+    """ShortGPT's plans (family ``"shortgpt"``): the ``n`` blocks of lowest
+    Block Influence, block 0 kept, each run of them one span; predicted:
+    their summed influence."""
+    if influence is None:
+        return []
+    plans = []
+    for n in range(1, min(max_blocks, len(influence) - 1) + 1):
+        blocks = lowest_blocks(influence, n, 1)
+        spans = tuple(runs(blocks))
+        predicted = float(sum(influence[b] for b in blocks))
+        params = sizes.after_spans(spans)
+        plans.append(Plan(("remove",), "shortgpt", spans, "identity", None, params, predicted))
+    return plans
 
 
 STAGES = RemoveStages()
