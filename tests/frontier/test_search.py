@@ -340,7 +340,7 @@ def test_methods_limits_the_search_to_the_named_methods():
     data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
     options = {"max_measured": 2, "cache": False, "latency": False, "progress": False}
     result = toast.search(model, data, heldout, methods=["remove"], **options)
-    assert {m.candidate.family for m in result.measured} == {"plain"}
+    assert {m.candidate.family for m in result.measured} <= {"plain", "shortgpt"}  # remove's
     assert result.calibration_passes == 1  # the shared pass only
 
 
