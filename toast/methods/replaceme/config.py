@@ -110,9 +110,10 @@ class ReplaceMeConfig:
       ``distance`` and the ``predicted_candidates`` windows of smallest
       predicted least-squares error (``"predicted"`` below; one more pass)
       are each fitted and measured on the held-out batches and the best
-      becomes the cut (see "Cut chosen by measurement" below); with
-      ``candidates=1``, several cuts, plain removal or no held-out batch it
-      is ``"distance"``.
+      becomes the cut (see "Cut chosen by measurement" below); without a
+      held-out batch (fewer than ``1 / check_fraction`` batches) the
+      window of smallest predicted error; with ``candidates=1``, several
+      cuts, plain removal or ``check_fraction=0`` it is ``"distance"``.
     - ``"distance"``: the window(s) of smallest ``distance`` alone (the
       paper's Eq. 4; ``candidates`` is not used).
     - ``"block_influence"``: ShortGPT (arXiv 2403.03853): the

@@ -39,7 +39,7 @@ from toast.methods.replaceme.auto import (
 )
 from toast.methods.replaceme.check import CheckSplit
 from toast.methods.replaceme.config import ReplaceMeConfig
-from toast.methods.replaceme.cuts import candidate_cuts, choose_cuts
+from toast.methods.replaceme.cuts import candidate_cuts, choose_cuts, unmeasured_cut
 from toast.methods.replaceme.disk import replaceme_from_disk
 from toast.methods.replaceme.estimate import Estimation, Fitted, check_note, fits_sequentially
 from toast.methods.replaceme.fold import apply_cuts, check_cuts
@@ -101,6 +101,7 @@ def _replaceme(
     split = CheckSplit(data, 0.0 if fits_sequentially(config) else config.check_fraction)
     spans, profile = choose_cuts(model, split.fit, config, stack)
     note = check_note(config, split, len(spans))
+    spans, note = unmeasured_cut(spans, profile, config, note)
     pool = [] if note else candidate_cuts(profile, config)
     options, why = placement_options(stack.blocks, pool or spans, config)
     for placement, structure in options:
