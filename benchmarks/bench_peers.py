@@ -277,7 +277,9 @@ def run(sizes: list[int], rows: list[str], out: Path, append: bool = False) -> d
         "rows": [],
     }
     if append and out.exists():  # keep an earlier run's measured rows; measure the rest
-        record["rows"] = [r for r in json.loads(out.read_text())["rows"] if "error" not in r]
+        earlier = json.loads(out.read_text())
+        record["rows"] = [r for r in earlier["rows"] if "error" not in r]
+        _SLEB_ORDER[:] = earlier.get("sleb_order", [])
     done = {(r["row"], r["blocks"]) for r in record["rows"]}
     for n in sizes:
         for name in rows:
@@ -291,6 +293,7 @@ def run(sizes: list[int], rows: list[str], out: Path, append: bool = False) -> d
                 found = {"row": name, "blocks": n, "error": f"{type(exc).__name__}: {exc}"}
             print(found, flush=True)
             record["rows"].append(found)
+            record["sleb_order"] = list(_SLEB_ORDER)
             out.write_text(json.dumps(record, indent=1, default=str))
     return record
 
