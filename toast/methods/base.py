@@ -163,6 +163,10 @@ class Method:
     stages: Stages | None = None
     run_from_disk: Callable[..., Report] | None = None
     within_memory: WithinMemory | None = None
+    #: ``config`` as a checkpoint folder runs it on either path (what only the
+    #: in-memory path can do left out), so that the path memory chooses never
+    #: changes the result; None: the same config runs on both
+    on_either_path: Callable[[Any], Any] | None = None
     #: whether the statistics ``within_memory`` plans are formed after stage
     #: 0 and freed before the held-out passes, so never beside the embedding
     #: or the head, except the last part it returns (kept to the end)

@@ -81,6 +81,8 @@ def compress_folder(
     source, target = Path(folder), Path(output)
     if target.exists():
         raise FileExistsError(f"{target} exists; the compressed model goes to a new folder")
+    if method.on_either_path is not None:  # the path memory chooses never changes the result
+        config = method.on_either_path(config)
     progress = getattr(getattr(config, "calibration", None), "progress", True)
     disk = _disk_path(method, source, config, max_memory, sequential, progress)
     if disk is not None:

@@ -424,7 +424,7 @@ def test_the_chosen_cut_is_the_window_of_smallest_distance():
     profile = profile_distances(model, loader, progress=False)
     w = profile.windows(2)
     best = int(np.argmin(w[1:])) + 1  # windows start at block 1 at the earliest
-    _, report = _compress(model, loader, num_blocks=2)
+    _, report = _compress(model, loader, num_blocks=2, predicted_candidates=0)
     assert (report.spans[0].start, report.spans[0].stop) == (best, best + 2)
     assert report.spans[0].error == pytest.approx(w[best])
     assert report.spans[0].paper == f"{best - 1}→{best + 1}"

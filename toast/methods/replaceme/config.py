@@ -40,6 +40,7 @@ __all__ = [
     "SELECTIONS",
     "STRUCTURES",
     "ReplaceMeConfig",
+    "distance_candidates_only",
 ]
 
 #: Distances between two states, averaged over rows: ``"angular"`` =
@@ -364,3 +365,12 @@ class ReplaceMeConfig:
             merged.get("calibration"), **calibration_options
         )
         return cls(**merged)
+
+
+def distance_candidates_only(config: ReplaceMeConfig) -> ReplaceMeConfig:
+    """``config`` without the predicted-error candidates (a moments pass the
+    block-by-block path does not make): what a checkpoint folder runs with,
+    in memory or from disk alike, so both paths cut the same blocks."""
+    if config.predicted_candidates == 0:
+        return config
+    return dataclasses.replace(config, predicted_candidates=0)

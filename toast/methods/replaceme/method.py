@@ -38,7 +38,7 @@ from toast.methods.replaceme.auto import (
     resolved,
 )
 from toast.methods.replaceme.check import CheckSplit
-from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.methods.replaceme.config import ReplaceMeConfig, distance_candidates_only
 from toast.methods.replaceme.cuts import candidate_cuts, choose_cuts, unmeasured_cut
 from toast.methods.replaceme.disk import replaceme_from_disk
 from toast.methods.replaceme.estimate import Estimation, Fitted, check_note, fits_sequentially
@@ -205,5 +205,6 @@ METHOD = register(
         run_from_disk=replaceme_from_disk,
         within_memory=within_memory,
         statistics_apart=True,  # cuts open after stage 0; held-out passes keep transforms only
+        on_either_path=distance_candidates_only,
     )
 )
