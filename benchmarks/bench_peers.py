@@ -357,6 +357,9 @@ def main() -> None:
     parser.add_argument(
         "--tables", action="store_true", help="only write the tables of an earlier --out"
     )
+    parser.add_argument(
+        "--readme", help="put the summary between <!-- peers --> markers of this file"
+    )
     args = parser.parse_args()
     SIZES_ASKED[:] = args.sizes
     out = Path(args.out)
@@ -375,6 +378,11 @@ def main() -> None:
     )
     out.with_suffix(".md").write_text(text)
     print(text)
+    if args.readme:
+        readme = Path(args.readme)
+        head, rest = readme.read_text().split("<!-- peers -->\n", 1)
+        tail = rest.split("<!-- /peers -->", 1)[1]
+        readme.write_text(f"{head}<!-- peers -->\n{summary(record)}\n<!-- /peers -->{tail}")
 
 
 if __name__ == "__main__":

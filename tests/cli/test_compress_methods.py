@@ -25,6 +25,7 @@ SIZES = {
     "replaceme": {"num_blocks": 1},
     "remove": {"num_blocks": 1},
     "linearpatch": {"num_blocks": 1},
+    "sublayer": {"num_sublayers": 1},
 }
 
 

@@ -67,6 +67,8 @@ def test_search_of_a_folder_from_disk_saves_the_memory_choice(local_llama, tmp_p
     argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
     argv += ["--heldout", "0.25", "--target", "params=20%", "--max-measured", "3"]
     argv += ["--no-latency", "--no-progress", "--no-cache"]
+    # the methods with a block-by-block path (LinearPatch and sub-layers run in memory only)
+    argv += ["--methods", "remove", "replaceme", "toast"]
     assert main([*argv, "--path", "memory", "--out", str(tmp_path / "memory")]) == 0
     capsys.readouterr()
     assert main([*argv, "--path", "disk", "--out", str(tmp_path / "disk")]) == 0

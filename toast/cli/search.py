@@ -68,6 +68,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-cache", action="store_true", help="keep nothing between calls")
     p.add_argument("--batch-size", type=int, default=8, help="samples per batch (8)")
     p.add_argument("--max-length", type=int, default=256, help="tokens per text sample (256)")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        metavar="METHOD",
+        help="search these methods only (default every one: toast compress --method's list)",
+    )
     add_memory_arguments(p, "the chosen model written")
     add_output_arguments(p)
     add_calibration_arguments(p, max_samples=256, blocks_flag=True)
@@ -140,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
             max_memory=args.max_memory,
             sequential=forced_path(args),
             objective=args.objective,
+            methods=args.methods,
         )
         result.save(stage)
     report_warnings(caught, quiet=args.quiet)
