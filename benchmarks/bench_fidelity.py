@@ -52,7 +52,7 @@ _COLUMNS = (
 )
 
 
-def _data() -> tuple[Any, Any, Any, Any, Any]:
+def data() -> tuple[Any, Any, Any, Any, Any]:
     from toast.data import stdlib_sentences
     from toast.hf.data.text import TextData
 
@@ -123,7 +123,7 @@ def _front(result: Any) -> list[dict[str, Any]]:
 
 
 def run() -> dict[str, Any]:
-    model, _, calib, selection, test = _data()
+    model, _, calib, selection, test = data()
     with tempfile.TemporaryDirectory() as cache:
         by_ppl, first = _search(model, calib, selection, cache, "perplexity")
         by_kl, second = _search(model, calib, selection, cache, "kl")

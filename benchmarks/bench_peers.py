@@ -58,6 +58,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _machine  # noqa: E402
+import bench_fidelity  # noqa: E402
 
 import toast  # noqa: E402
 import toast.zoo  # noqa: E402
@@ -75,18 +76,8 @@ _COLUMNS = (
 
 
 def _data() -> tuple[Any, Any, Any, Any]:
-    from toast.data import stdlib_sentences
-    from toast.hf.data.text import TextData
-
-    gguf = toast.zoo.smollm2_gguf()
-    model = toast.load_model(gguf).eval()
-    tokenizer = toast.load_tokenizer(gguf)
-    sentences = stdlib_sentences(limit=None)
-    half, quarter = len(sentences) // 2, len(sentences) // 4
-    options: dict[str, Any] = {"max_length": 256, "pack": True, "batch_size": 4}
-    calib = TextData(sentences[:half], tokenizer, num_samples=32, **options)
-    selection = TextData(sentences[half : half + quarter], tokenizer, num_samples=16, **options)
-    test = TextData(sentences[half + quarter :], tokenizer, num_samples=16, **options)
+    """The model and bench_fidelity.py's calibration, selection and test splits."""
+    model, _, calib, selection, test = bench_fidelity.data()
     return model, calib, selection, test
 
 

@@ -197,3 +197,18 @@ def logit_distance(model, original, batches) -> float:
         num += float((got - want)[real].pow(2).sum())
         den += float(want[real].pow(2).sum())
     return (num / den) ** 0.5
+
+
+def next_token_loss(model: nn.Module, batches: list[dict]) -> float:
+    """Mean next-token NLL over non-pad targets, computed from the logits in
+    float64 (an independent measure of held-out quality)."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in batches:
+            logits = model(**batch, use_cache=False).logits[:, :-1].double()
+            keep = batch["attention_mask"][:, 1:].bool()
+            nll = torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none"
+            )
+            total, count = total + float(nll[keep].sum()), count + int(keep.sum())
+    return total / count

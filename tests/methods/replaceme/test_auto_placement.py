@@ -28,22 +28,6 @@ FAMILIES = sorted(R.DECODERS) + sorted(R.POST_NORM_DECODERS)
 HELD_DATA = 80
 
 
-def _loss(model: torch.nn.Module, batches: list[dict]) -> float:
-    """Mean next-token NLL over non-pad targets, computed here from logits."""
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for batch in batches:
-            logits = model(**batch, use_cache=False).logits[:, :-1].double()
-            target = batch["input_ids"][:, 1:]
-            keep = batch["attention_mask"][:, 1:].bool()
-            nll = torch.nn.functional.cross_entropy(
-                logits.transpose(1, 2), target, reduction="none"
-            )
-            total += float(nll[keep].sum())
-            count += int(keep.sum())
-    return total / count
-
-
 @pytest.mark.parametrize("name", FAMILIES)
 def test_the_default_never_refuses_and_is_never_worse_than_plain_removal_held_out(name):
     model, data = R.decoder(name), R.text_loader(HELD_DATA)
@@ -52,7 +36,7 @@ def test_the_default_never_refuses_and_is_never_worse_than_plain_removal_held_ou
     plain = remove_blocks(copy.deepcopy(original), [(s.start, s.stop) for s in report.spans])
     held = list(CheckSplit(data, 0.1).check)
     assert len(held) == 1
-    assert _loss(pruned, held) <= _loss(plain, held) + 1e-9
+    assert R.next_token_loss(pruned, held) <= R.next_token_loss(plain, held) + 1e-9
     if name in R.POST_NORM_DECODERS:
         assert "post_feedforward_layernorm" in report.placement_note
         assert [(t.placement, t.structure) for t in report.placements] == [

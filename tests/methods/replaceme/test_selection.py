@@ -66,20 +66,6 @@ def _hooked_influence(model: torch.nn.Module, data: list[dict]) -> np.ndarray:
     return np.array(scores)
 
 
-def _loss(model: torch.nn.Module, data: list[dict]) -> float:
-    """Mean next-token NLL over non-pad targets."""
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for batch in data:
-            logits = model(**batch, use_cache=False).logits[:, :-1].double()
-            keep = batch["attention_mask"][:, 1:].bool()
-            nll = torch.nn.functional.cross_entropy(
-                logits.transpose(1, 2), batch["input_ids"][:, 1:], reduction="none"
-            )
-            total, count = total + float(nll[keep].sum()), count + int(keep.sum())
-    return total / count
-
-
 def test_block_influence_equals_cosines_taken_by_forward_hooks():
     model, data = R.decoder("llama"), R.text_loader()
     expected = _hooked_influence(model, data)
@@ -109,7 +95,7 @@ def test_sleb_first_choice_equals_brute_force_over_deep_copies():
     model, data = R.decoder("llama"), R.text_loader()
     before = copy.deepcopy(model.state_dict())
     losses = {
-        b: _loss(remove_blocks(copy.deepcopy(model), [(b, b + 1)]), data)
+        b: R.next_token_loss(remove_blocks(copy.deepcopy(model), [(b, b + 1)]), data)
         for b in range(1, R.LAYERS)
     }
     brute = min(losses, key=lambda b: (losses[b], b))
@@ -128,7 +114,7 @@ def test_sleb_second_step_is_measured_on_the_model_pruned_by_the_first():
     found = sleb(model, data, find_blocks(model), 2)
     first = found.order[0]
     pruned = {
-        b: _loss(remove_blocks(copy.deepcopy(model), runs([first, b])), data)
+        b: R.next_token_loss(remove_blocks(copy.deepcopy(model), runs([first, b])), data)
         for b in range(1, R.LAYERS)
         if b != first
     }
