@@ -18,8 +18,11 @@ these cores force a smaller calibration):
 
 then toast's defaults (``toast.compress(model, data, budget=n)``, TOAST;
 ``toast.replaceme(model, data, num_blocks=n)``), toast's Hadamard-basis
-fits (``translator="patch_ridge"``) and ``toast.search``'s choice at the
-parameter count of ``n`` removed blocks. Columns: perplexity, mean KL to
+fits (``translator="patch_ridge"``; LinearPatch's form fitted by least
+squares at ReplaceMe's default cut and folded, ``structure="rotated_diagonal"``)
+and ``toast.search``'s choice at the
+parameter count of toast's default (``n`` blocks removed, its translator
+added: compared at equal size). Columns: perplexity, mean KL to
 the original per token and top-1 agreement on a test split nobody selects
 on, parameters, and forward tokens/s relative to the original (one batch
 of 4 × 256 tokens, 3 interleaved rounds, median). ReplaceMe's default and
@@ -132,6 +135,9 @@ def _sublayers(model: torch.nn.Module, calib: Any, selection: Any, n: int):
 
 
 _SLEB_ORDER: list[int] = []
+#: blocks → parameters of toast.compress's default (the search's target)
+DEFAULT_PARAMS: dict[int, int] = {}
+DEFAULT_ROW = "toast.compress default (TOAST)"
 #: (blocks, family) → the best selection-split perplexity the search measured, its label
 SEARCH_BEST: dict[tuple[int, str], tuple[float, str]] = {}
 
@@ -156,9 +162,16 @@ def _sleb(model: torch.nn.Module, calib: Any, selection: Any, n: int):
 
 
 def _search(model: torch.nn.Module, calib: Any, selection: Any, n: int):
-    """``toast.search``'s measured choice at ``n`` blocks' parameters."""
-    block = sum(p.numel() for p in model.model.layers[0].parameters())
-    target = n * block / toast.count_params(model) - 1e-6
+    """``toast.search``'s measured choice at the parameter count of toast's
+    default at ``n`` blocks (``n`` blocks removed and the translator added:
+    the search is compared with the default at equal size), or at ``n``
+    blocks' parameters when the default has not been measured."""
+    total = toast.count_params(model)
+    if n in DEFAULT_PARAMS:
+        target = (total - DEFAULT_PARAMS[n]) / total - 1e-9
+    else:
+        block = sum(p.numel() for p in model.model.layers[0].parameters())
+        target = n * block / total - 1e-6
     with tempfile.TemporaryDirectory() as cache:
         result = toast.search(
             model, calib, selection, target=target, cache=cache, latency=False, progress=False
@@ -182,6 +195,7 @@ ROWS: dict[str, Row] = {
     "toast.replaceme default": _compress("replaceme"),
     "toast.compress default (TOAST)": _compress("toast"),
     "TOAST, patch_ridge": _compress("toast", translator="patch_ridge"),
+    "ReplaceMe cut, LinearPatch form folded": _compress("replaceme", structure="rotated_diagonal"),
     "sub-layer pruning: MLPs by score": _sublayers,
     "toast.search": _search,
 }
@@ -221,6 +235,8 @@ def _measure_row(name: str, n: int, context: dict[str, Any]) -> dict[str, Any]:
         warnings.simplefilter("ignore")
         built, what = ROWS[name](copy.deepcopy(model), calib, selection, n)
     seconds = time.perf_counter() - start
+    if name == DEFAULT_ROW:
+        DEFAULT_PARAMS[n] = toast.count_params(built)
     context["evaluator"].measure(built, f"{name} n={n}")
     measured = {k: context["evaluator"].last[k] for k, _, _ in _COLUMNS}
     # the split the search selects on, for comparing ReplaceMe's default cut with the
@@ -245,7 +261,9 @@ def _measure_row(name: str, n: int, context: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(sizes: list[int], rows: list[str], out: Path, append: bool = False) -> dict[str, Any]:
+def run(
+    sizes: list[int], rows: list[str], out: Path, append: bool = False, redo: bool = False
+) -> dict[str, Any]:
     model, calib, selection, test = _data()
     evaluator = Evaluator(test, progress=False)
     evaluator.measure(model, "original")
@@ -271,6 +289,11 @@ def run(sizes: list[int], rows: list[str], out: Path, append: bool = False) -> d
         earlier = json.loads(out.read_text())
         record["rows"] = [r for r in earlier["rows"] if "error" not in r]
         _SLEB_ORDER[:] = earlier.get("sleb_order", [])
+        for r in record["rows"]:
+            if r["row"] == DEFAULT_ROW:
+                DEFAULT_PARAMS[r["blocks"]] = r["params"]
+        if redo:  # measure the asked rows again
+            record["rows"] = [r for r in record["rows"] if r["row"] not in rows]
     done = {(r["row"], r["blocks"]) for r in record["rows"]}
     for n in sizes:
         for name in rows:
@@ -346,6 +369,9 @@ def main() -> None:
         "--append", action="store_true", help="keep the rows an earlier --out measured"
     )
     parser.add_argument(
+        "--redo", action="store_true", help="with --append, measure the --rows again"
+    )
+    parser.add_argument(
         "--tables", action="store_true", help="only write the tables of an earlier --out"
     )
     parser.add_argument(
@@ -358,7 +384,7 @@ def main() -> None:
     if args.tables:
         record = json.loads(out.read_text())
     else:
-        record = run(args.sizes, args.rows, out, args.append)
+        record = run(args.sizes, args.rows, out, args.append, args.redo)
     text = (
         "# SmolLM2-135M-Instruct: toast against the training-free depth-pruning peers\n\n"
         "Test split: 16 × 256 tokens no method selected on. KL: mean KL(original ‖ model) "

@@ -151,6 +151,17 @@ def test_cosine_objective_from_disk_equals_in_memory(tmp_path):
     assert _rel(report.transforms[0], expected.transforms[0]) <= 1e-6
 
 
+@pytest.mark.parametrize("structure", ["rotated_diagonal", "patch_ridge"])
+def test_linearpatch_form_from_disk_equals_in_memory(structure, tmp_path):
+    data = R.text_loader()
+    report, expected, _, written, saved = _run_both(
+        R.decoder("llama"), data, tmp_path, num_blocks=2, structure=structure
+    )
+    assert report.spans == expected.spans
+    assert _rel(report.transforms[0], expected.transforms[0]) <= 1e-6
+    _assert_same_tensors(written, saved)
+
+
 def test_prenorm_encoder_from_disk_gives_the_in_memory_cut_and_transform(tmp_path):
     model, data = R.encoder("vit"), R.image_loader()
     report, expected, pruned, written, saved = _run_both(model, data, tmp_path, num_blocks=2)

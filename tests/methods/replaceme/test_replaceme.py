@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 import pytest
+from scipy import linalg as scipy_linalg
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -19,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 import toast  # noqa: E402
 from tests._helpers import assert_rel, rel_err  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
+from toast.core.patch import fit_patch  # noqa: E402
 from toast.hf.model.blocks import find_blocks  # noqa: E402
 from toast.methods.replaceme import (  # noqa: E402
     DistanceProfile,
@@ -147,7 +149,14 @@ def _capture(model, loader, blocks, down_of, include_padding=False):
 
 
 @pytest.mark.parametrize(
-    ("structure", "ridge"), [("full", 0.0), ("full", 0.3), ("diagonal", 0.0), ("orthogonal", 0.0)]
+    ("structure", "ridge"),
+    [
+        ("full", 0.0),
+        ("full", 0.3),
+        ("diagonal", 0.0),
+        ("orthogonal", 0.0),
+        ("rotated_diagonal", 0.0),
+    ],
 )
 def test_ls_transform_equals_numpy_on_the_same_rows(structure, ridge):
     loader = R.text_loader()
@@ -158,12 +167,33 @@ def test_ls_transform_equals_numpy_on_the_same_rows(structure, ridge):
         expected = np.linalg.solve(m.T @ m + ridge * np.eye(32), m.T @ target)
     elif structure == "diagonal":  # Eq. 13
         expected = np.diag((m * target).sum(0) / (m * m).sum(0))
-    else:  # Procrustes: U Vᵀ of SVD(Mᵀ(L − Y))
+    elif structure == "orthogonal":  # Procrustes: U Vᵀ of SVD(Mᵀ(L − Y))
         u, _, vt = np.linalg.svd(m.T @ target)
         expected = u @ vt
+    else:  # LinearPatch's form H diag(d) Hᵀ, d the LS scale of each rotated channel
+        h = scipy_linalg.hadamard(32) / math.sqrt(32)
+        mh, th = m @ h, target @ h
+        expected = h @ np.diag((mh * th).sum(0) / (mh * mh).sum(0)) @ h.T
     _, report = _compress(model, loader, spans=[SPAN], structure=structure, ridge=ridge)
     assert report.rows == m.shape[0]
     assert_rel(report.transforms[0], expected, 1e-8, structure)
+
+
+def test_patch_ridge_is_the_core_fit_on_the_cut_rows_and_beats_its_prior():
+    loader = R.text_loader()
+    model = R.decoder("llama")
+    rows = _capture(model, loader, [1, 3], down_of=1)
+    m, target = rows["M"], rows["L3"] - rows["L1"] + rows["M"]
+    gram, cross, rss = m.T @ m, m.T @ target, float((target**2).sum())
+    expected = fit_patch("patch_ridge", gram, cross, rss, m.shape[0]).weight
+    _, report = _compress(model, loader, spans=[SPAN], structure="patch_ridge")
+    assert_rel(report.transforms[0], expected, 1e-8)
+    _, prior = _compress(copy.deepcopy(model), loader, spans=[SPAN], structure="rotated_diagonal")
+
+    def residual(t):
+        return float(((m @ t - target) ** 2).sum())
+
+    assert residual(report.transforms[0]) <= residual(prior.transforms[0]) * (1 + 1e-9)
 
 
 def test_include_padding_fits_on_every_position_as_the_reference_does():

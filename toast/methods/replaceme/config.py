@@ -49,7 +49,9 @@ __all__ = [
 DISTANCES = ("angular", "cosine", "l2")
 ADJACENT = ("merge", "forbid")
 OBJECTIVES = ("ls", "cosine", "identity")
-STRUCTURES = ("full", "diagonal", "orthogonal")
+STRUCTURES = ("full", "diagonal", "orthogonal", "rotated_diagonal", "patch_ridge")
+#: Structures fitted in closed form only (no cosine objective)
+LS_STRUCTURES = ("orthogonal", "rotated_diagonal", "patch_ridge")
 PLACEMENTS = ("auto", "fold", "mlp", "block")
 LOSSES = ("approximate", "exact")
 SOLVERS = ("adam", "lbfgs")
@@ -151,7 +153,16 @@ class ReplaceMeConfig:
       ``massive_rows`` says what it does with the few rows whose massive
       activation only the removed blocks create (see :data:`MASSIVE`);
       ``structure="diagonal"`` (Eq. 13) or ``"orthogonal"`` (Procrustes) for
-      the Table 6 variants.
+      the Table 6 variants; ``"rotated_diagonal"``: LinearPatch's form
+      ``H diag(d) Hᵀ`` (arXiv 2505.24680, ``H`` a Hadamard matrix of the
+      width, :func:`toast.core.hadamard.hadamard`) with ``d`` the least-squares
+      scale of each rotated channel, and ``"patch_ridge"``: least squares
+      shrunk towards that form, ``λ`` by generalised cross-validation
+      (:func:`toast.core.patch.fit_patch`). Both are full ``d × d`` maps, so
+      they fold where ``"full"`` does. LinearPatch's own scale (a ratio of
+      rotated magnitudes of the whole hidden state, ``method="linearpatch"``)
+      is not defined on the MLP output a cut's T acts on; the least-squares
+      scale of the same form is.
     - ``objective="cosine"``: :func:`toast.methods.replaceme.fit_cosine` on
       rows kept in a disk-backed buffer of at most ``max_buffer_bytes``
       (``buffer_dtype``, under ``buffer_dir``; reservoir-sampled beyond
@@ -237,7 +248,7 @@ class ReplaceMeConfig:
     distance: Literal["angular", "cosine", "l2"] = "angular"
     distance_tokens: Tokens = "last"
     min_start: int = 1
-    structure: Literal["full", "diagonal", "orthogonal"] = "full"
+    structure: Literal["full", "diagonal", "orthogonal", "rotated_diagonal", "patch_ridge"] = "full"
     ridge: float = 0.0
     massive_rows: Literal["fit", "exclude", "plain"] = "plain"
     loss: Literal["approximate", "exact"] = "exact"
@@ -310,9 +321,9 @@ class ReplaceMeConfig:
         validate_fields(self, self._parameter_constraints)
         if self.spans is None and self.num_blocks is None:
             raise ValueError("give num_blocks=<blocks to remove> (or spans=[(start, stop), ...])")
-        if self.objective == "cosine" and self.structure == "orthogonal":
+        if self.objective == "cosine" and self.structure in LS_STRUCTURES:
             raise ValueError(
-                "structure='orthogonal' is a least-squares variant; use objective='ls'"
+                f"structure={self.structure!r} is a least-squares variant; use objective='ls'"
             )
         if self.selection in ("block_influence", "sleb") and self.num_cuts != 1:
             raise ValueError(

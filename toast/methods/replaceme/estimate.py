@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from toast.core import Moments, fit_translator
+from toast.core.patch import fit_patch
 from toast.hf.capture.massive import massive
 from toast.hf.capture.rows import RowSample
 from toast.hf.capture.states import ForwardError, stream_states, uses_torch
@@ -65,6 +66,8 @@ _COSINE_OPTIONS = {
     "penalty_weight": "penalty_weight",
 }
 _STRUCTURE_KIND = {"full": "linear", "diagonal": "diagonal", "orthogonal": "orthogonal"}
+#: LinearPatch's form fitted by least squares (:mod:`toast.core.patch`)
+_PATCH_STRUCTURES = ("rotated_diagonal", "patch_ridge")
 
 
 @dataclass
@@ -75,6 +78,8 @@ class Cut:
     moments: Moments | TorchMoments | None = None
     sample: RowSample | None = None
     rows: int = 0
+    #: ``‖L − Y‖²`` of the rows the moments hold (what the patch fits score with)
+    target_sq: float = 0.0
 
     @property
     def kept(self) -> int:
@@ -182,7 +187,7 @@ class Estimator:
         else:
             a, target = lk, ls
         if cut.moments is not None:
-            self._add_moments(cut.moments, a, target.double())
+            self._add_moments(cut, a, target.double())
         if cut.sample is not None:
             if self.config.buffer_states == 3 and m is not None:  # exact loss: M, Y, L_{k+n}
                 cut.sample.add([m, lk.double() - m.double(), ls])
@@ -190,11 +195,11 @@ class Estimator:
                 cut.sample.add([a, target])
         cut.rows += int(a.shape[0])
 
-    def _add_moments(
-        self, moments: Moments | TorchMoments, a: torch.Tensor, target: torch.Tensor
-    ) -> None:
-        """``(a, target)`` into the LS moments, without the massive-activation
+    def _add_moments(self, cut: Cut, a: torch.Tensor, target: torch.Tensor) -> None:
+        """``(a, target)`` into ``cut``'s LS moments, without the massive-activation
         rows with ``massive_rows="exclude"``."""
+        moments = cut.moments
+        assert moments is not None
         if self.config.massive_rows != "fit" and target.shape[0]:
             created = massive(target) & ~massive(a)
             if self.config.massive_rows == "exclude":
@@ -203,6 +208,7 @@ class Estimator:
                 target = torch.where(created[:, None], a, target)
         # in the products' working type, the core reads the rows in place
         work = torch.float32 if self.config.precision == "mixed" else torch.float64
+        cut.target_sq += float(torch.sum(target * target))
         a, target = a.to(work), target.to(work)
         if isinstance(moments, TorchMoments):
             moments.update([a, target])
@@ -221,8 +227,15 @@ def solve_cut(
         moments = cut.moments
         if isinstance(moments, TorchMoments):
             moments = moments.to_moments()
-        kind = _STRUCTURE_KIND[config.structure]
-        t = fit_translator(moments, 0, 1, kind=kind, ridge=float(config.ridge))
+        if config.structure in _PATCH_STRUCTURES:
+            # the states are (M, L − Y): the form's fit reads MᵀM, Mᵀ(L − Y), ‖L − Y‖²
+            gram, cross = moments.cross(0, 0), moments.cross(0, 1)
+            if config.ridge:
+                gram = gram + float(config.ridge) * np.eye(gram.shape[0])
+            t = fit_patch(config.structure, gram, cross, cut.target_sq, moments.rows)
+        else:
+            kind = _STRUCTURE_KIND[config.structure]
+            t = fit_translator(moments, 0, 1, kind=kind, ridge=float(config.ridge))
         ls, cond = t.weight, t.condition
     if cut.sample is None:
         return Fitted(ls, cond)
