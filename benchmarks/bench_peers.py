@@ -19,7 +19,8 @@ these cores force a smaller calibration):
 then toast's defaults (``toast.compress(model, data, budget=n)``, TOAST;
 ``toast.replaceme(model, data, num_blocks=n)``), toast's Hadamard-basis
 fits (``translator="patch_ridge"``; LinearPatch's form fitted by least
-squares at ReplaceMe's default cut and folded, ``structure="rotated_diagonal"``)
+squares at ReplaceMe's default cut and folded, ``structure="rotated_diagonal"``,
+and least squares shrunk towards it, ``"patch_ridge"``)
 and ``toast.search``'s choice at the
 parameter count of toast's default (``n`` blocks removed, its translator
 added: compared at equal size). Columns: perplexity, mean KL to
@@ -196,6 +197,7 @@ ROWS: dict[str, Row] = {
     "toast.compress default (TOAST)": _compress("toast"),
     "TOAST, patch_ridge": _compress("toast", translator="patch_ridge"),
     "ReplaceMe cut, LinearPatch form folded": _compress("replaceme", structure="rotated_diagonal"),
+    "ReplaceMe cut, patch_ridge folded": _compress("replaceme", structure="patch_ridge"),
     "sub-layer pruning: MLPs by score": _sublayers,
     "toast.search": _search,
 }
