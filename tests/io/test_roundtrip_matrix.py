@@ -108,8 +108,30 @@ def _toast_vit_heads(name: str) -> torch.nn.Module:
     return toast.compress(_vision(name), method="toast-vit", head_sparsity=0.5, progress=False)[0]
 
 
+def _linearpatch(name: str) -> torch.nn.Module:
+    model, data = R.decoder(name), R.text_loader()
+    return toast.compress(model, data, method="linearpatch", num_blocks=2, progress=False)[0]
+
+
+def _toast_patch(name: str) -> torch.nn.Module:
+    """TOAST with the Hadamard-basis fit (stored as its own translator kind)."""
+    model, data = R.decoder(name), R.text_loader()
+    return toast.compress(model, data, budget=2, translator="patch_ridge", progress=False)[0]
+
+
+def _sublayer(name: str) -> torch.nn.Module:
+    if name in R.ENCODERS:
+        model, data = R.encoder(name), R.image_loader()
+    else:
+        model, data = R.decoder(name), R.text_loader()
+    return toast.compress(model, data, method="sublayer", num_sublayers=2, progress=False)[0]
+
+
 _METHODS = {
     "toast": _toast,
+    "linearpatch": _linearpatch,
+    "toast (patch_ridge)": _toast_patch,
+    "sublayer": _sublayer,
     "replaceme": _replaceme,
     "toast-vit": _toast_vit,
     "toast-vit (heads)": _toast_vit_heads,
@@ -158,6 +180,9 @@ CASES = (
     + [("replaceme", n) for n in ("llama", "qwen2", "gpt2", "opt", "vit", "clip_vision")]
     + [("toast-vit", n) for n in ("vit", "deit", "dinov2", "vit_mae", "swin")]
     + [("toast-vit (heads)", n) for n in ("deit", "swin")]
+    + [("linearpatch", n) for n in ("llama", "gpt2")]
+    + [("toast (patch_ridge)", "llama")]
+    + [("sublayer", n) for n in ("llama", "gpt2", "vit")]
 )
 SAVES = ("toast.save_pretrained", "model.save_pretrained", "toast compress --out")
 _CLI_FAMILIES = ("vit", "deit", "dinov2", "clip_vision")
@@ -167,7 +192,7 @@ def _routes():
     for method, name in CASES:
         for save in SAVES:
             if save != "toast compress --out" or (method == "toast" and name in _CLI_FAMILIES):
-                tag = method.replace(" (heads)", "-heads")
+                tag = method.replace(" (heads)", "-heads").replace(" (patch_ridge)", "-patch")
                 yield pytest.param(method, name, save, id=f"{tag}-{name}-{save.split()[0]}")
 
 
@@ -201,3 +226,11 @@ def test_every_load_of_every_save_gives_identical_outputs(
         results[load] = "identical" if same else "DIFFERENT"
         roundtrip_record(method, name, save, load, results[load])
     assert results == dict.fromkeys(results, "identical")
+
+
+def test_the_saved_loader_knows_every_linear_translator_kind():
+    # toast_modeling.py runs without toast, so it keeps its own list
+    from toast.io import hub_model
+    from toast.translators.modules import LINEAR_KINDS
+
+    assert hub_model.LINEAR_KINDS == LINEAR_KINDS

@@ -42,6 +42,16 @@ READS_FORMAT_VERSIONS = (1, 2)
 _MODULE_RE = re.compile(r"transformers(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PATH_RE = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+#: Translator kinds stored as one ``nn.Linear`` (this file runs without toast,
+#: so the list is ``toast.translators.modules.LINEAR_KINDS``, kept equal by a test)
+LINEAR_KINDS = (
+    "linear",
+    "affine",
+    "orthogonal",
+    "linearpatch",
+    "rotated_diagonal",
+    "patch_ridge",
+)
 
 
 class ToastConfig(PretrainedConfig):
@@ -130,7 +140,7 @@ def _translator(spec: dict[str, Any]) -> nn.Module:
         return _MLP(int(spec["dim"]), int(spec["hidden"]))
     if kind == "resmlp":
         return _ResMLP(int(spec["dim"]), float(spec["dropout"]))
-    if kind in ("linear", "affine", "orthogonal"):
+    if kind in LINEAR_KINDS:
         return nn.Linear(int(spec["in_features"]), int(spec["out_features"]), bool(spec["bias"]))
     raise ValueError(f"unknown translator kind {kind!r}")
 
