@@ -45,8 +45,10 @@ class ToastConfig:
     errors are formed a chunk of states at a time, the same errors; see
     docs/large-models.md). Fitting:
     ``translator`` (closed form: identity, linear, affine, diagonal,
-    orthogonal; trained: mlp, resmlp with ``max_rows``, ``train_steps``,
-    ``lr``), ``ridge``, ``fit``
+    orthogonal, and LinearPatch's Hadamard form fitted by least squares,
+    rotated_diagonal, or least squares shrunk towards it, patch_ridge, see
+    :mod:`toast.core.patch`; trained: mlp, resmlp with ``max_rows``,
+    ``train_steps``, ``lr``), ``ridge``, ``fit``
     (``"independent"``: every span on the original model's activations, the
     papers' protocol; ``"sequential"``: each span on the partially
     compressed model). ``calibration`` bounds every pass over the data.
