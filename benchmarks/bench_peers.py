@@ -28,7 +28,8 @@ the original per token and top-1 agreement on a test split nobody selects
 on, parameters, and forward tokens/s relative to the original (one batch
 of 4 × 256 tokens, 3 interleaved rounds, median). ReplaceMe's default and
 the search are also measured on the search's selection split, where the
-search measured its own ReplaceMe cuts.
+search measured its own ReplaceMe cuts, and so is toast's default (the
+split the search chooses on).
 
 Data as ``bench_fidelity.py``: stdlib docstring sentences packed into
 sequences of 256 tokens, 32 to calibrate (every method, the papers use 128
@@ -244,7 +245,7 @@ def _measure_row(name: str, n: int, context: dict[str, Any]) -> dict[str, Any]:
     # the split the search selects on, for comparing ReplaceMe's default cut with the
     # search's best ReplaceMe cut (the other rows skip it: these cores are the limit)
     selection_ppl = math.nan
-    if name in ("toast.replaceme default", "toast.search"):
+    if name in ("toast.replaceme default", DEFAULT_ROW, "toast.search"):
         selection_ppl = context["selection_evaluator"].measure(built, f"{name} n={n}")
     return {
         "row": name,
@@ -333,6 +334,34 @@ def _table(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _selection(rows: dict[str, dict[str, Any]], name: str) -> str:
+    value = rows.get(name, {}).get("selection_perplexity", math.nan)
+    return "—" if value is None or math.isnan(value) else f"{value:.2f}"
+
+
+def selection_table(record: dict[str, Any]) -> str:
+    """The split the search chooses on: toast's defaults against the
+    search's choice and its best ReplaceMe cut (must-holds 2 and 4)."""
+    rows = [r for r in record["rows"] if "error" not in r]
+    lines = [
+        "| blocks | toast.compress default | toast.search's choice | toast.replaceme default "
+        "| search's best ReplaceMe cut |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for n in sorted({r["blocks"] for r in rows}):
+        got = {r["row"]: r for r in rows if r["blocks"] == n}
+        search = got.get("toast.search", {})
+        best = search.get("search_best", {}).get("replaceme")
+
+        lines.append(
+            f"| {n} | {_selection(got, DEFAULT_ROW)} | {_selection(got, 'toast.search')} "
+            f"({search.get('what', '—')}) | {_selection(got, 'toast.replaceme default')} | "
+            + ("—" if best is None else f"{best['perplexity']:.2f} ({best['label']})")
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def summary(record: dict[str, Any]) -> str:
     """One line per method: test perplexity at every size measured, and KL
     and top-1 agreement at the largest (the README's table)."""
@@ -392,7 +421,10 @@ def main() -> None:
         "Test split: 16 × 256 tokens no method selected on. KL: mean KL(original ‖ model) "
         "per token; tokens/s ×: forward throughput over the original's (median of 3 "
         "interleaved rounds).\n\n"
-        f"## Summary\n\n{summary(record)}\n\n## Every row\n\n"
+        f"## Summary\n\n{summary(record)}\n\n"
+        "## On the search's selection split\n\nPerplexity on the 16 × 256 tokens "
+        "`toast.search` chooses on (and the search's own measurements).\n\n"
+        f"{selection_table(record)}\n\n## Every row\n\n"
         f"{_table(record)}\n\n{_machine.describe(record['machine'])}\n"
     )
     out.with_suffix(".md").write_text(text)
