@@ -43,8 +43,13 @@ from toast.translators.block import translator_module
 
 __all__ = ["STAGES", "ToastStages", "ToastStats"]
 
-#: The closed-form translators a search compares (the papers' best two).
-TRANSLATORS = ("linear", "affine")
+#: The closed-form translators a search compares (the papers' best two, and
+#: least squares shrunk towards LinearPatch's form), each with the shared
+#: error table that predicts it: a patch_ridge fit's GCV error is at most the
+#: linear fit's (λ = 0 is on its grid), so the linear table bounds it and its
+#: plans rank ahead of the linear plans they tie with.
+TRANSLATORS = ("patch_ridge", "linear", "affine")
+_PREDICTED_BY = {"patch_ridge": "linear", "linear": "linear", "affine": "affine"}
 
 
 @dataclass
@@ -72,7 +77,7 @@ class ToastStages(BaseStages):
         max_blocks: int,
     ) -> ToastStats:
         assert shared is not None  # needs() asked for it
-        errors = {kind: shared.errors(kind) for kind in TRANSLATORS}
+        errors = {kind: shared.errors(_PREDICTED_BY[kind]) for kind in TRANSLATORS}
         # what the fits of every span its plans can hold read (not the rows on
         # disk): the exact plans' spans first, then the alternatives', as many
         # as the memory allows when the rows are on disk
