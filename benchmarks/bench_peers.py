@@ -384,7 +384,8 @@ def summary(record: dict[str, Any]) -> str:
         for n in sizes:
             r = got.get(n)
             text = "—" if r is None else f"{r['perplexity']:.2f}"
-            cells.append(f"**{text}**" if r is not None and r["perplexity"] == best[n] else text)
+            tie = r is not None and text == f"{best[n]:.2f}"  # the best as printed
+            cells.append(f"**{text}**" if tie else text)
         end = got.get(last)
         tail = "— | —" if end is None else f"{end['kl']:.3f} | {100 * end['agreement']:.1f}%"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {tail} |")
