@@ -352,7 +352,6 @@ def selection_table(record: dict[str, Any]) -> str:
         got = {r["row"]: r for r in rows if r["blocks"] == n}
         search = got.get("toast.search", {})
         best = search.get("search_best", {}).get("replaceme")
-
         lines.append(
             f"| {n} | {_selection(got, DEFAULT_ROW)} | {_selection(got, 'toast.search')} "
             f"({search.get('what', '—')}) | {_selection(got, 'toast.replaceme default')} | "
