@@ -49,6 +49,8 @@ def test_a_mac_search_measures_merging_alone_and_combined_at_the_analytic_macs(t
         data,
         heldout,
         target="macs=20%",
+        # merging and the methods it combines with; every plan of theirs measured
+        methods=["remove", "toast-vit", "tome"],
         max_measured=200,
         cache=tmp_path,
         latency=False,
