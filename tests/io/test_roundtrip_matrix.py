@@ -87,11 +87,15 @@ def _toast(name: str) -> torch.nn.Module:
     return toast.compress(model, data, budget=1, progress=False)[0]
 
 
-def _replaceme(name: str) -> torch.nn.Module:
+def _tiny(name: str) -> tuple[torch.nn.Module, list]:
+    """The tiny encoder or decoder ``name`` and data it eats."""
     if name in R.ENCODERS:
-        model, data = R.encoder(name), R.image_loader()
-    else:
-        model, data = R.decoder(name), R.text_loader()
+        return R.encoder(name), R.image_loader()
+    return R.decoder(name), R.text_loader()
+
+
+def _replaceme(name: str) -> torch.nn.Module:
+    model, data = _tiny(name)
     return toast.compress(model, data, method="replaceme", num_blocks=2, progress=False)[0]
 
 
@@ -109,21 +113,18 @@ def _toast_vit_heads(name: str) -> torch.nn.Module:
 
 
 def _linearpatch(name: str) -> torch.nn.Module:
-    model, data = R.decoder(name), R.text_loader()
+    model, data = _tiny(name)
     return toast.compress(model, data, method="linearpatch", num_blocks=2, progress=False)[0]
 
 
 def _toast_patch(name: str) -> torch.nn.Module:
     """TOAST with the Hadamard-basis fit (stored as its own translator kind)."""
-    model, data = R.decoder(name), R.text_loader()
+    model, data = _tiny(name)
     return toast.compress(model, data, budget=2, translator="patch_ridge", progress=False)[0]
 
 
 def _sublayer(name: str) -> torch.nn.Module:
-    if name in R.ENCODERS:
-        model, data = R.encoder(name), R.image_loader()
-    else:
-        model, data = R.decoder(name), R.text_loader()
+    model, data = _tiny(name)
     return toast.compress(model, data, method="sublayer", num_sublayers=2, progress=False)[0]
 
 
