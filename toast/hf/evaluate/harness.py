@@ -191,6 +191,9 @@ class TaskReport:
         if ref is not None:
             average += f" {100 * ref.average:.2f} | **{self.retained:.1f}** |"
         lines += [average, "", _settings_line(self.settings)]
+        data = self.settings.get("data") or {}
+        if data:
+            lines.append("Data: " + "; ".join(f"{task}: {where}" for task, where in data.items()))
         return "\n".join(lines)
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -250,6 +253,7 @@ def evaluate_tasks(
     overrides the tasks' own number of examples in the prompt."""
     units = resolve_tasks(tasks)
     settings = _settings(limit, num_fewshot, batch_size)
+    settings["data"] = {unit.name: unit.source for unit in units}
     if reference is not None and not isinstance(reference, TaskReport):
         reference = _reference_report(reference, tokenizer, units, settings, progress, cache)
     report = _measure(model, tokenizer, units, settings, progress, "model")

