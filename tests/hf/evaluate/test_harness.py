@@ -16,34 +16,12 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("lm_eval")
 
 import toast  # noqa: E402
-from tests.hf.evaluate.conftest import tiny_llama  # noqa: E402
+from tests.hf.evaluate.conftest import by_hand, tiny_llama  # noqa: E402
 from toast.hf.evaluate.harness import TaskReport, task_accuracy, weights_digest  # noqa: E402
 from toast.hf.evaluate.tasks import resolve_tasks  # noqa: E402
 from toast.hf.model.surgery import remove_blocks  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
-
-
-def _by_hand(model, tokenizer, rows) -> tuple[float, float]:
-    """acc and acc_norm as the harness defines them for multiple choice:
-    the choice with the highest summed log-likelihood of its tokens after the
-    context and a space (acc), or per character of the choice (acc_norm)."""
-    acc = norm = 0
-    for row in rows:
-        context = tokenizer(row["context"])["input_ids"]
-        scores = []
-        for choice in row["choices"]:
-            whole = tokenizer(row["context"] + " " + choice)["input_ids"]
-            with torch.no_grad():
-                logits = model(torch.tensor([whole[:-1]])).logits[0].double()
-            logp = torch.log_softmax(logits, -1)
-            positions = range(len(context) - 1, len(whole) - 1)
-            scores.append(sum(float(logp[p, whole[p + 1]]) for p in positions))
-        lengths = [len(choice) for choice in row["choices"]]
-        acc += max(range(len(scores)), key=scores.__getitem__) == row["label"]
-        normed = [s / n for s, n in zip(scores, lengths, strict=True)]
-        norm += max(range(len(scores)), key=normed.__getitem__) == row["label"]
-    return acc / len(rows), norm / len(rows)
 
 
 def _rows(local_task) -> list[dict]:
@@ -55,7 +33,7 @@ def test_accuracy_on_a_local_task_equals_a_direct_log_likelihood_comparison(
     llama, tokenizer, local_task, tmp_path
 ):
     report = toast.evaluate(llama, local_task, tokenizer, progress=False, cache=tmp_path)
-    acc, acc_norm = _by_hand(llama, tokenizer, _rows(local_task))
+    acc, acc_norm = by_hand(llama, tokenizer, _rows(local_task))
     metrics = report.metrics["continuation"]
     assert metrics["acc"] == pytest.approx(acc) and metrics["acc_norm"] == pytest.approx(acc_norm)
     assert report.headline == {"continuation": "acc_norm"}
@@ -156,7 +134,8 @@ def test_the_markdown_table_shows_each_task_the_average_and_the_retained_share(
     assert row[1].strip() == "continuation" and row[2].strip() == "acc_norm"
     assert float(row[3]) == pytest.approx(100 * report.accuracy["continuation"], abs=0.005)
     assert "**average**" in table[3] and f"{report.retained:.1f}" in table[3]
-    assert "limit 6 documents per task" in table[-1]
+    assert "limit 6 documents per task" in table[-2]
+    assert table[-1] == f"Data: continuation: {local_task.resolve()}"
 
 
 def test_a_reference_report_measured_otherwise_is_refused(llama, tokenizer, local_task, tmp_path):

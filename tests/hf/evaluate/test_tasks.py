@@ -71,16 +71,28 @@ def test_a_preset_expands_to_its_tasks_when_their_data_is_cached(empty_datasets_
 
 
 @pytest.mark.parametrize("request_", ["hellaswag", "sleb", ["piqa"]])
-def test_a_task_whose_dataset_is_not_on_the_machine_fails_naming_it_and_the_download(
-    empty_datasets_cache, request_
+def test_a_task_whose_data_is_neither_cached_nor_installed_fails_naming_the_install(
+    empty_datasets_cache, request_, monkeypatch
 ):
+    from toast.hf.evaluate import offline
+
+    monkeypatch.setattr(offline, "data_root", lambda: None)
     with pytest.raises(TaskUnavailableError) as caught:
         resolve_tasks(request_)
     message = str(caught.value)
     assert "\n" not in message
     task = {"hellaswag": "hellaswag", "sleb": "piqa"}.get(str(request_), "piqa")
-    assert f"task {task} needs the dataset {DATASETS[task][0]}" in message
-    assert f"TaskManager().load(['{task}'])" in message
+    assert message.startswith(f"task {task} needs its data, which is not on this machine")
+    assert offline.INSTALL in message
+
+
+def test_a_task_with_no_offline_copy_fails_naming_the_download(empty_datasets_cache):
+    with pytest.raises(TaskUnavailableError) as caught:
+        resolve_tasks("wsc273")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"task wsc273 needs the dataset {DATASETS['wsc273'][0]}" in message
+    assert "TaskManager().load(['wsc273'])" in message
 
 
 def test_the_cache_check_wants_the_named_config(empty_datasets_cache):
