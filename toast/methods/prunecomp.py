@@ -117,9 +117,7 @@ class _Accumulator:
             ]
         )
         self.cosines = cos if self.cosines is None else self.cosines + cos
-        per_state = [
-            (s.abs() * valid[..., None]).sum(dim=1)[keep] / counts[keep, None] for s in x
-        ]
+        per_state = [(s.abs() * valid[..., None]).sum(dim=1)[keep] / counts[keep, None] for s in x]
         self.magnitudes.append(torch.stack(per_state, dim=1).numpy())
         self.rows += int(valid.sum())
         return self.rows
