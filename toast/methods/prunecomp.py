@@ -150,14 +150,19 @@ def resolve_fold(model: nn.Module, fold: Fold) -> Literal["before", "after"]:
     is the LM head's matrix too (tied), then after it."""
     if fold != "auto":
         return fold
-    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embedding, head = _embedding(model, "input"), _embedding(model, "output")
     tied = (
         embedding is not None
         and head is not None
         and getattr(head, "weight", None) is getattr(embedding, "weight", False)
     )
     return "after" if tied or embedding is None else "before"
+
+
+def _embedding(model: nn.Module, side: str) -> nn.Module | None:
+    """The model's input or output embedding (None when it names none)."""
+    get = getattr(model, f"get_{side}_embeddings", None)
+    return get() if callable(get) else None
 
 
 def _writers(block: nn.Module) -> list[nn.Module]:
@@ -190,7 +195,7 @@ def fold_scale(
     writers of blocks ``< cut`` by ``scale``; ``"after"`` multiplies the
     residual writers of blocks ``>= cut`` by ``1 / scale``."""
     if fold == "before":
-        embedding = model.get_input_embeddings()
+        embedding = _embedding(model, "input")
         if embedding is None:
             raise ValueError(f"{type(model).__name__} has no input embedding to fold into")
         _scale_module(embedding, scale)

@@ -128,21 +128,22 @@ class ToastStages(BaseStages):
         assert isinstance(stats, ToastStats) and stats.analysis is not None
         moments = stats.analysis.moments
         kept = set(moments.spans) if isinstance(moments, PairMoments) else None
-        ghosted = [
-            Plan(
-                ("toast",),
-                GHOSTED,
-                (window,),
-                GHOSTED,
-                None,
-                sizes.after_spans((window,), translator_params("linear", moments.dim)),
-                float(stats.cosine[window]),
-            )
-            for window in (
-                [] if stats.cosine is None else _ghosted_windows(stats.cosine, max_blocks)
-            )
-            if kept is None or window in kept
-        ]
+        ghosted: list[Plan] = []
+        cosine = stats.cosine if stats.cosine is not None else np.full((1, 1), np.nan)
+        for window in _ghosted_windows(cosine, max_blocks):
+            if kept is None or window in kept:
+                added = translator_params("linear", moments.dim)
+                ghosted.append(
+                    Plan(
+                        ("toast",),
+                        GHOSTED,
+                        (window,),
+                        GHOSTED,
+                        None,
+                        sizes.after_spans((window,), added),
+                        float(cosine[window]),
+                    )
+                )
         return ghosted + [
             plan
             for kind in TRANSLATORS
