@@ -15,6 +15,13 @@ these cores force a smaller calibration):
   (:meth:`toast.methods.replaceme.ReplaceMeConfig.paper`);
 - LinearPatch (arXiv 2505.24680): the most similar window (cosine) and
   ``H diag(d) Hᵀ`` in its place;
+- Ghosted Layers (arXiv 2605.15491): LLM-Streamline's window (highest mean
+  token cosine between its input and output) replaced by ``h ↦ h W``,
+  ``W = I + (XᵀX + εI)⁻¹ Xᵀ(Y − X)``, ε = 1e-6, float64
+  (:meth:`toast.methods.translate.config.ToastConfig.ghosted`);
+- Prune&Comp (arXiv 2507.18212): iteratively the block of lowest Block
+  Influence removed and the magnitude gap it leaves folded into weights as
+  a scalar (:func:`toast.methods.prunecomp.prune_and_comp`);
 
 then toast's defaults (``toast.compress(model, data, budget=n)``, TOAST;
 ``toast.replaceme(model, data, num_blocks=n)``), toast's Hadamard-basis
@@ -67,8 +74,11 @@ import bench_fidelity  # noqa: E402
 
 import toast  # noqa: E402
 import toast.zoo  # noqa: E402
+from toast.hf.data.calibration import Calibration  # noqa: E402
 from toast.hf.evaluate.quality import Evaluator  # noqa: E402
+from toast.methods.prunecomp import prune_and_comp  # noqa: E402
 from toast.methods.replaceme import ReplaceMeConfig  # noqa: E402
+from toast.methods.translate.config import ToastConfig  # noqa: E402
 
 SIZES = (2, 4, 6, 8)
 SIZES_ASKED: list[int] = list(SIZES)
@@ -118,6 +128,22 @@ def _replaceme_paper(**fields: Any) -> Row:
         return out, _what(report)
 
     return row
+
+
+def _ghosted(model: torch.nn.Module, calib: Any, selection: Any, n: int):
+    """Ghosted Layers as published: LLM-Streamline's cosine window, ``W = I +
+    M`` fitted by ε-ridge least squares in float64, every row, no bias."""
+    config = ToastConfig.ghosted(n, progress=False)
+    out, report = toast.compress(model, calib, method="toast", config=config)
+    return out, _what(report)
+
+
+def _prunecomp(model: torch.nn.Module, calib: Any, selection: Any, n: int):
+    """Prune&Comp as published: ``n`` rounds of lowest Block Influence removed
+    and its magnitude gap folded (``n`` passes over the calibration data)."""
+    out, result = prune_and_comp(model, calib, n, Calibration(progress=False))
+    scales = " ".join(f"{a:.3f}" for a in result.scales)
+    return out, f"removed {result.removed} (in order), α {scales}, folded {result.fold}"
 
 
 def _sublayers(model: torch.nn.Module, calib: Any, selection: Any, n: int):
@@ -194,6 +220,8 @@ ROWS: dict[str, Row] = {
     "ReplaceMe LS (paper)": _replaceme_paper(),
     "ReplaceMe cosine (paper)": _replaceme_paper(objective="cosine"),
     "LinearPatch (paper)": _compress("linearpatch"),
+    "Ghosted Layers (paper)": _ghosted,
+    "Prune&Comp (paper)": _prunecomp,
     "toast.replaceme default": _compress("replaceme"),
     "toast.compress default (TOAST)": _compress("toast"),
     "TOAST, patch_ridge": _compress("toast", translator="patch_ridge"),

@@ -97,7 +97,7 @@ def test_every_plan_applied_has_exactly_its_stated_parameters(make, data):
     batches = data()
     layout, stats, plans = _every_plan(model, batches)
     families = {p.family for p in plans}
-    expected = {"plain", "shortgpt", "toast", "replaceme", "sublayer", "linearpatch"}
+    expected = {"plain", "shortgpt", "toast", "ghosted", "replaceme", "sublayer", "linearpatch"}
     if make is _vit:
         expected |= {"toast-vit", "plain+toast-vit", "toast+toast-vit"}
         expected |= {"tome", "plain+tome", "toast+tome", "toast-vit+tome"}

@@ -62,6 +62,7 @@ __all__ = [
     "Stages",
     "Stats",
     "best_windows",
+    "inner_windows",
     "capture_shared",
     "capture_shared_from_disk",
     "span_error",
@@ -515,6 +516,17 @@ def best_windows(table: np.ndarray, n: int) -> list[tuple[int, int]]:
     windows = [(a, a + n) for a in range(1, table.shape[0] - n) if np.isfinite(table[a, a + n])]
     windows.sort(key=lambda s: table[s])
     return windows[:ALTERNATIVES]
+
+
+def inner_windows(table: np.ndarray, n: int, first: int = 1) -> list[tuple[int, int]]:
+    """Every single span of ``n`` blocks with a finite error in ``table``
+    that starts at block ``first`` or later and ends before the last block
+    (LLM-Streamline's and LinearPatch's range: the state after the last block
+    is never a window's output), lowest error first, the earlier on ties."""
+    last = table.shape[0] - 1  # states 0..L
+    windows = [(a, a + n) for a in range(first, last - n) if np.isfinite(table[a, a + n])]
+    windows.sort(key=lambda s: (float(table[s]), s[0]))
+    return windows
 
 
 def span_plans(table: np.ndarray, n: int) -> Iterator[tuple[tuple[int, int], ...]]:

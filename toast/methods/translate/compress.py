@@ -16,6 +16,7 @@ from toast.hf.model.params import count_params
 from toast.hf.model.surgery import replace_spans
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.pipeline import deferred
+from toast.methods.stages import inner_windows
 from toast.methods.translate.analysis import Analysis, analyze
 from toast.methods.translate.check import check_translators
 from toast.methods.translate.config import ToastConfig
@@ -137,6 +138,16 @@ def choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
     if config.spans is not None:
         chosen = validate_spans(config.spans, analysis.num_blocks)
         return [Span(a, b, float(analysis.errors[a, b])) for a, b in chosen]
+    if config.single_window:
+        assert budget is not None  # the config checks it
+        windows = inner_windows(analysis.errors, budget, 0 if config.include_first_block else 1)
+        if not windows:
+            raise ValueError(
+                f"no window of {budget} blocks starts at block 1 and ends before the last of "
+                f"{analysis.num_blocks} (single_window=True)"
+            )
+        a, b = windows[0]
+        return [Span(a, b, float(analysis.errors[a, b]))]
     spans = analysis.plan(
         max_blocks=budget,
         max_error=config.max_error,

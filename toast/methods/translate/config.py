@@ -10,7 +10,7 @@ from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.core import METRICS, Pairs
 from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens
 
-__all__ = ["CLOSED_FORM", "STATISTICS_BYTES", "TRAINED", "ToastConfig"]
+__all__ = ["CLOSED_FORM", "GHOSTED", "GHOSTED_RIDGE", "STATISTICS_BYTES", "TRAINED", "ToastConfig"]
 
 #: The analysis's moments above this many bytes keep the rows on disk
 #: instead and form the errors a chunk of states at a time (the same errors):
@@ -28,6 +28,25 @@ CLOSED_FORM = (
     "patch_ridge",
 )
 TRAINED = ("mlp", "resmlp")
+
+#: Ghosted Layers' ε (arXiv 2605.15491): ``(XᵀX + εI) M = Xᵀ(Y − X)`` on sums of
+#: float64 products, ``W = I + M``.
+GHOSTED_RIDGE = 1e-6
+
+#: Ghosted Layers as published, as TOAST options (:meth:`ToastConfig.ghosted`):
+#: LLM-Streamline's window (the one of highest mean cosine between its input and
+#: output states), a linear map without bias shrunk by ε towards the identity,
+#: every row fitted as it is, every calibration batch fitting.
+GHOSTED: dict[str, Any] = {
+    "single_window": True,
+    "metric": "cosine",
+    "estimator": "gcv",  # the cosine needs no folds: none are kept
+    "translator": "linear",
+    "ridge": GHOSTED_RIDGE,
+    "ridge_target": "identity",
+    "massive_rows": "fit",
+    "check_fraction": 0.0,
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +80,20 @@ class ToastConfig:
     translator lost is replaced by the identity (plain removal).
     ``check_fraction=0`` is the papers' protocol: every batch is analysed.
 
+    One window: ``single_window=True`` with ``budget=n`` plans a single
+    span of ``n`` blocks, the one of lowest error under ``metric`` among
+    those starting at block 1 (0 with ``include_first_block``) and ending
+    before the last block (LLM-Streamline's and LinearPatch's range); with
+    ``metric="cosine"`` that is LLM-Streamline's rule, the window whose
+    input and output states have the highest cosine per token, averaged
+    over every token (ties: the earlier window).
+
+    Ridge target: ``ridge_target="identity"`` (``translator="linear"``
+    only) shrinks the map towards the identity instead of zero: ``W = I +
+    M`` with ``(XᵀX + λI) M = Xᵀ(Y − X)``, i.e. ``min ‖XW − Y‖² + λ‖W −
+    I‖²`` (Ghosted Layers' operator, with ``λ = ridge`` on the float64 sums;
+    see :meth:`ghosted`). At ``ridge=0`` both targets give the same fit.
+
     Massive activations: with ``massive_rows="plain"`` (default) a linear or
     affine translator of a span that would have to create a row's massive
     activation (an attention sink: norm above 20× the batch median in the
@@ -89,6 +122,8 @@ class ToastConfig:
     check_fraction: float = 0.1
     fallback: bool = True
     massive_rows: Literal["fit", "plain"] = "plain"
+    single_window: bool = False
+    ridge_target: Literal["zero", "identity"] = "zero"
     statistics_bytes: int | Literal["auto"] = STATISTICS_BYTES
     calibration: Calibration = field(default_factory=Calibration)
 
@@ -112,6 +147,8 @@ class ToastConfig:
         "check_fraction": [Interval(float, 0, 0.5, closed="both")],
         "fallback": [bool],
         "massive_rows": [Options(("fit", "plain"))],
+        "single_window": [bool],
+        "ridge_target": [Options(("zero", "identity"))],
         "statistics_bytes": [Interval(int, 1, None), Options(("auto",))],
         "calibration": [Calibration],
     }
@@ -124,12 +161,40 @@ class ToastConfig:
             raise ValueError(
                 "give budget=<blocks to remove>, max_error=..., or both (or spans=...)"
             )
+        if self.single_window and (self.budget is None or self.max_error is not None):
+            raise ValueError("single_window=True plans one window of budget=<blocks> blocks")
+        if self.single_window and METRICS[self.metric] != "lower":
+            raise ValueError(
+                f"single_window=True needs a metric where lower means redundant, not "
+                f"{self.metric!r}"
+            )
+        if self.ridge_target == "identity" and self.translator != "linear":
+            raise ValueError(
+                "ridge_target='identity' shrinks a linear map towards the identity: it needs "
+                f"translator='linear', not {self.translator!r}"
+            )
         longest = max((stop - start for start, stop in self.spans or ()), default=0)
         if self.max_span is not None and longest > self.max_span:
             raise ValueError(
                 f"spans= has a span of {longest} blocks, longer than max_span={self.max_span}; "
                 "raise max_span or leave it None"
             )
+
+    @classmethod
+    def ghosted(cls, budget: int, **options: Any) -> ToastConfig:
+        """Ghosted Layers (Yun et al., arXiv 2605.15491) as published
+        (:data:`GHOSTED`), removing ``budget`` blocks, with ``options``
+        (fields, and calibration options such as ``progress``) on top: the
+        LLM-Streamline window, replaced by ``h ↦ h W``, ``W = I + (XᵀX +
+        εI)⁻¹ Xᵀ(Y − X)`` (ε = 1e-6, float64), ``X`` and ``Y`` the
+        original model's states entering and leaving the window, every token.
+        """
+        calibration_options, own = Calibration.split(options)
+        merged: dict[str, Any] = {**GHOSTED, "budget": budget, **own}
+        merged["calibration"] = Calibration.from_options(
+            merged.get("calibration"), **calibration_options
+        )
+        return cls(**merged)
 
     @property
     def pairs(self) -> Pairs:

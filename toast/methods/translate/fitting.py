@@ -14,7 +14,7 @@ from toast.core import IllConditionedWarning, Moments, Translator, fit_translato
 from toast.core.chunked import ChunkedMoments, PairMoments
 from toast.core.errors import explain_rank_deficiency
 from toast.core.patch import fit_patch
-from toast.core.solvers import gram_rank
+from toast.core.solvers import gram_rank, solve_gram
 from toast.hf.capture.distributed import broadcast_module
 from toast.hf.capture.massive import MassiveRows
 from toast.hf.capture.rows import RowSample, capture_rows
@@ -87,6 +87,8 @@ class Fitter:
             )
         if kind in ("rotated_diagonal", "patch_ridge"):
             return self._patch(moments, i, j, massive, target_sq)
+        if self.config.ridge_target == "identity":
+            return self._towards_identity(moments, i, j, massive, ridge or 0.0, relative)
         t = None
         if massive is not None and kind in ("linear", "affine"):
             t = massive.plain_fit(moments, i, j, kind == "affine", ridge or 0.0, relative)
@@ -100,6 +102,34 @@ class Fitter:
         if t.ill_conditioned and self._ill_conditioned is None:
             _, hint = gram_rank(moments, i, center=kind == "affine")
             self._ill_conditioned = explain_rank_deficiency(t.rank, moments.dim, moments.rows, hint)
+        return t
+
+    def _towards_identity(
+        self,
+        moments: Moments,
+        i: int,
+        j: int,
+        massive: MassiveRows | None,
+        ridge: float,
+        relative: bool,
+    ) -> Translator:
+        """The linear map shrunk towards the identity (``ridge_target=
+        "identity"``, Ghosted Layers' operator): ``W = I + M``, ``(XᵀX + λI)
+        M = XᵀY − XᵀX`` from the float64 sums, solved by the core's policy
+        (Cholesky, else an eigendecomposition pseudo-inverse); ``λ`` relative
+        to the mean diagonal of ``XᵀX`` when ``relative``."""
+        if massive is None:
+            gram, cross = moments.cross(i, i), moments.cross(i, j)
+        else:
+            target_sq = float(np.trace(moments.cross(j, j)))
+            gram, cross, _ = massive.plain_moments(moments, i, j, target_sq)
+        gram = np.asarray(gram, dtype=np.float64)
+        lam = ridge * float(np.mean(np.diag(gram))) if relative else ridge
+        step, condition, rank, method = solve_gram(gram, np.asarray(cross) - gram, lam)
+        weight = np.eye(gram.shape[0]) + step
+        t = Translator("linear", weight, np.zeros(gram.shape[0]), condition, rank, method)
+        self.conditions.append(t.condition)
+        self.ranks.append(t.rank)
         return t
 
     def _patch(

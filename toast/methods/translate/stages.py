@@ -1,11 +1,14 @@
 """TOAST's stages: its analysis built from the shared pass (no pass of its
-own), linear and affine translator plans over planned spans, and the
+own), linear and affine translator plans over planned spans, Ghosted
+Layers' plans (family ``"ghosted"``: LLM-Streamline's cosine windows, each
+replaced by ``W = I + M`` fitted by ε-ridge least squares, no bias), and the
 closed-form translators fitted from the moments when a plan is applied
 (on disk: standing in for their spans as the blocks load, and written
 in toast's format without loading the model)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import warnings
@@ -25,6 +28,7 @@ from toast.hf.evaluate.from_disk import replaced
 from toast.hf.model.surgery import replace_spans
 from toast.io.from_disk import save_translated_from_disk
 from toast.methods.stages import (
+    ALTERNATIVES,
     BaseStages,
     Layout,
     Needs,
@@ -32,11 +36,12 @@ from toast.methods.stages import (
     Shared,
     Sizes,
     Stats,
+    inner_windows,
     span_family_plans,
     span_plans,
 )
 from toast.methods.translate.analysis import Analysis
-from toast.methods.translate.config import ToastConfig
+from toast.methods.translate.config import GHOSTED_RIDGE, ToastConfig
 from toast.methods.translate.fitting import Fitter
 from toast.spans import Span
 from toast.translators.block import translator_module
@@ -50,6 +55,8 @@ __all__ = ["STAGES", "ToastStages", "ToastStats"]
 #: (benchmarks/bench_translators.py); the linear error table predicts it.
 TRANSLATORS = ("patch_ridge", "affine")
 _PREDICTED_BY = {"patch_ridge": "linear", "affine": "affine"}
+#: Ghosted Layers' plans: their family and translator label.
+GHOSTED = "ghosted"
 
 
 @dataclass
@@ -59,6 +66,13 @@ class ToastStats(Stats):
 
     analysis: Analysis | None = field(default=None, repr=False)
     errors: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    #: mean 1 − token cosine of every pair of states (LLM-Streamline's windows)
+    cosine: np.ndarray | None = field(default=None, repr=False)
+
+
+def _ghosted_windows(cosine: np.ndarray, max_blocks: int) -> list[tuple[int, int]]:
+    """LLM-Streamline's best windows of every size up to ``max_blocks``."""
+    return [w for n in range(1, max_blocks + 1) for w in inner_windows(cosine, n)[:ALTERNATIVES]]
 
 
 class ToastStages(BaseStages):
@@ -88,6 +102,8 @@ class ToastStages(BaseStages):
             for k, plan in enumerate(span_plans(errors[kind], n))
         ]
         spans = [span for k, plan in sorted(plans, key=lambda p: p[0] > 0) for span in plan]
+        cosine = shared.errors("cosine")
+        spans += _ghosted_windows(cosine, max_blocks)
         kept = shared.pairs(spans)
         note = ""
         if isinstance(kept, PairMoments) and len(kept.spans) < len(set(spans)):
@@ -106,13 +122,29 @@ class ToastStages(BaseStages):
             0.0,
             shared.massive,
         )
-        return ToastStats(analysis=analysis, errors=errors, note=note)
+        return ToastStats(analysis=analysis, errors=errors, note=note, cosine=cosine)
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         assert isinstance(stats, ToastStats) and stats.analysis is not None
         moments = stats.analysis.moments
         kept = set(moments.spans) if isinstance(moments, PairMoments) else None
-        return [
+        ghosted: list[Plan] = []
+        cosine = stats.cosine if stats.cosine is not None else np.full((1, 1), np.nan)
+        for window in _ghosted_windows(cosine, max_blocks):
+            if kept is None or window in kept:
+                added = translator_params("linear", moments.dim)
+                ghosted.append(
+                    Plan(
+                        ("toast",),
+                        GHOSTED,
+                        (window,),
+                        GHOSTED,
+                        None,
+                        sizes.after_spans((window,), added),
+                        float(cosine[window]),
+                    )
+                )
+        return ghosted + [
             plan
             for kind in TRANSLATORS
             for plan in span_family_plans(
@@ -161,12 +193,23 @@ def _translators(plan: Plan, stats: Stats) -> list[Translator]:
     """The plan's closed-form translators, fitted from the analysis's moments."""
     assert isinstance(stats, ToastStats) and stats.analysis is not None
     translator = plan.translator or "affine"
-    config = ToastConfig(spans=list(plan.spans), translator=translator)
+    analysis = stats.analysis
+    if translator == GHOSTED:  # every row fitted as it is: no massive-row correction
+        config = ToastConfig(
+            spans=list(plan.spans),
+            translator="linear",
+            ridge=GHOSTED_RIDGE,
+            ridge_target="identity",
+            massive_rows="fit",
+        )
+        analysis = dataclasses.replace(analysis, massive=None)
+    else:
+        config = ToastConfig(spans=list(plan.spans), translator=translator)
     spans = [Span(a, b, math.nan) for a, b in plan.spans]
     with warnings.catch_warnings():
         # a search measures every plan; a poorly conditioned fit just measures badly
         warnings.simplefilter("ignore")
-        return Fitter(config).closed_forms(spans, stats.analysis)
+        return Fitter(config).closed_forms(spans, analysis)
 
 
 STAGES = ToastStages()
