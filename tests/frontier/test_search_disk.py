@@ -107,7 +107,8 @@ def test_saved_disk_model_gives_the_in_memory_saved_models_logits(both):
 
 
 def test_every_family_of_the_disk_search_matches_memory(checkpoint):
-    """Every family measured (plain, ShortGPT, TOAST, ReplaceMe), not only the chosen one."""
+    """Every family measured (plain, ShortGPT, TOAST, its Ghosted Layers plans, ReplaceMe),
+    not only the chosen one."""
     data, heldout = _data()
     common = {"target": 0.2, "latency": False, "cache": False, "progress": False}
     common["methods"] = DISK_METHODS
@@ -115,7 +116,7 @@ def test_every_family_of_the_disk_search_matches_memory(checkpoint):
     memory = toast.search(model, data, heldout, max_measured=40, **common)
     disk = toast.search(checkpoint, data, heldout, max_measured=40, sequential=True, **common)
     families = {m.candidate.family for m in disk.measured}
-    assert families == {"plain", "shortgpt", "toast", "replaceme"}
+    assert families == {"plain", "shortgpt", "toast", "ghosted", "replaceme"}
     worst = max(
         abs(d.measurement.quality - m.measurement.quality) / m.measurement.quality
         for d, m in zip(disk.measured, memory.measured, strict=True)
