@@ -389,22 +389,46 @@ def selection_table(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def summary(record: dict[str, Any]) -> str:
-    """One line per method: test perplexity at every size measured, and KL
-    and top-1 agreement at the largest (the README's table)."""
+def retained_accuracy(path: Path) -> tuple[int, dict[str, float]]:
+    """From ``bench_accuracy.py``'s results: the largest size it measured and
+    each row's retained share of the original's average accuracy there (%)."""
+    from toast.hf.evaluate.harness import TaskReport
+
+    record = json.loads(path.read_text())
+    original = TaskReport.from_dict(record["original"]["report"]).average
+    rows = [r for r in record["rows"] if "error" not in r]
+    last = max(r["blocks"] for r in rows)
+    return last, {
+        r["row"]: 100 * TaskReport.from_dict(r["report"]).average / original
+        for r in rows
+        if r["blocks"] == last
+    }
+
+
+def summary(record: dict[str, Any], accuracy: tuple[int, dict[str, float]] | None = None) -> str:
+    """One line per method: test perplexity at every size measured, KL and
+    top-1 agreement at the largest, and with ``accuracy`` (see
+    :func:`retained_accuracy`) the accuracy retained (the README's table)."""
     rows = [r for r in record["rows"] if "error" not in r]
     sizes = sorted({r["blocks"] for r in rows})
     last = sizes[-1]
     head = " | ".join(f"{n} blocks" for n in sizes)
+    extra = "" if accuracy is None else f" retained acc. @{accuracy[0]} ↑ |"
     lines = [
-        f"| perplexity ↓ (blocks removed of 30) | {head} | KL @{last} ↓ | top-1 @{last} ↑ |",
-        "|---|" + "---:|" * (len(sizes) + 2),
+        f"| perplexity ↓ (blocks removed of 30) | {head} | KL @{last} ↓ | top-1 @{last} ↑ |"
+        + extra,
+        "|---|" + "---:|" * (len(sizes) + 2 + (accuracy is not None)),
     ]
     o = record["original"]
-    lines.append(f"| original | {o['perplexity']:.2f} |" + " |" * (len(sizes) + 1))
+    lines.append(
+        f"| original | {o['perplexity']:.2f} |"
+        + " |" * (len(sizes) + 1)
+        + ("" if accuracy is None else " 100.0 |")
+    )
     for name in ROWS:
         got = {r["blocks"]: r for r in rows if r["row"] == name}
-        if not got:
+        kept = None if accuracy is None else accuracy[1].get(name)
+        if not got and kept is None:
             continue
         best = {n: min(r["perplexity"] for r in rows if r["blocks"] == n) for n in sizes}
         cells = []
@@ -415,6 +439,8 @@ def summary(record: dict[str, Any]) -> str:
             cells.append(f"**{text}**" if tie else text)
         end = got.get(last)
         tail = "— | —" if end is None else f"{end['kl']:.3f} | {100 * end['agreement']:.1f}%"
+        if accuracy is not None:
+            tail += " | —" if kept is None else f" | {kept:.1f}"
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {tail} |")
     return "\n".join(lines)
 
@@ -461,7 +487,9 @@ def main() -> None:
         readme = Path(args.readme)
         head, rest = readme.read_text().split("<!-- peers -->\n", 1)
         tail = rest.split("<!-- /peers -->", 1)[1]
-        readme.write_text(f"{head}<!-- peers -->\n{summary(record)}\n<!-- /peers -->{tail}")
+        accuracy = Path(args.out).with_name("accuracy.json")
+        kept = retained_accuracy(accuracy) if accuracy.exists() else None
+        readme.write_text(f"{head}<!-- peers -->\n{summary(record, kept)}\n<!-- /peers -->{tail}")
 
 
 if __name__ == "__main__":
