@@ -184,11 +184,18 @@ def _pct(value: float | None) -> str:
     return "—" if value is None or math.isnan(value) else f"{100 * value:.1f}"
 
 
-def _no_boolq(report: TaskReport) -> str:
+def _no_boolq(report: TaskReport, default: TaskReport | None = None) -> str:
     """The average over the tasks but BoolQ, where a 0.1B model answers below
-    the majority class and drifting towards "yes" scores (see docs/measuring.md)."""
-    values = [v for task, v in report.accuracy.items() if task != "boolq"]
-    return _pct(sum(values) / len(values))
+    the majority class and drifting towards "yes" scores (see docs/measuring.md);
+    with ``default``, the difference to its and the paired standard error."""
+    tasks = [task for task in report.accuracy if task != "boolq"]
+    mine = sum(report.accuracy[t] for t in tasks) / len(tasks)
+    if default is None or default.documents == report.documents:
+        return _pct(mine)
+    theirs = sum(default.accuracy[t] for t in tasks) / len(tasks)
+    se = report.paired_stderr(default, tasks)
+    spread = "" if se is None else f" ± {100 * se:.1f}"
+    return f"{_pct(mine)} ({100 * (mine - theirs):+.1f}{spread})"
 
 
 def _cells(entry: dict[str, Any]) -> tuple[TaskReport, str]:
@@ -203,8 +210,8 @@ def table(record: dict[str, Any]) -> str:
     original, cells = _cells(record["original"])
     head = " | ".join(SHORT[t] for t in TASKS)
     lines = [
-        f"| blocks | method | {head} | avg | retained % | Δ vs default ± SE | avg w/o BoolQ | "
-        "LAMBADA acc | LAMBADA ppl |",
+        f"| blocks | method | {head} | avg | retained % | Δ vs default ± SE | "
+        "avg w/o BoolQ (Δ ± SE) | LAMBADA acc | LAMBADA ppl |",
         "|---:|---|" + "---:|" * (len(TASKS) + 6),
         f"| 0 | original | {cells} | {_pct(original.average)} | 100.0 | | {_no_boolq(original)} | "
         f"{_pct(record['original']['lambada_acc'])} | "
@@ -226,7 +233,8 @@ def table(record: dict[str, Any]) -> str:
             retained = 100 * report.average / original.average
             lines.append(
                 f"| {n} | {name} | {cells} | {_pct(report.average)} | {retained:.1f} | {delta} | "
-                f"{_no_boolq(report)} | {_pct(r['lambada_acc'])} | {r['lambada_perplexity']:.1f} |"
+                f"{_no_boolq(report, default)} | {_pct(r['lambada_acc'])} | "
+                f"{r['lambada_perplexity']:.1f} |"
             )
     for r in record["rows"]:
         if "error" in r:

@@ -126,14 +126,16 @@ class TaskReport:
         theirs = self.reference.accuracy
         return {task: _percent(value, theirs[task]) for task, value in self.accuracy.items()}
 
-    def paired_stderr(self, other: TaskReport) -> float | None:
+    def paired_stderr(self, other: TaskReport, tasks: Iterable[str] | None = None) -> float | None:
         """The standard error of ``self.average - other.average`` when both
         scored the same documents: per task, the sample variance of the
         per-document differences over its count; the average's is their sum
-        over the squared number of tasks. None when a task's documents are
-        missing or differ in number."""
+        over the squared number of tasks. ``tasks``: of the average over
+        these tasks only. None when a task's documents are missing or differ
+        in number."""
+        names = list(self.headline if tasks is None else tasks)
         total = 0.0
-        for task in self.headline:
+        for task in names:
             mine, theirs = self.documents.get(task), other.documents.get(task)
             if not mine or not theirs or len(mine) != len(theirs) or len(mine) < 2:
                 return None
@@ -141,7 +143,7 @@ class TaskReport:
             mean = sum(diffs) / len(diffs)
             variance = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
             total += variance / len(diffs)
-        return math.sqrt(total) / len(self.headline)
+        return math.sqrt(total) / len(names)
 
     def with_reference(self, reference: TaskReport) -> TaskReport:
         """This report against ``reference``, which must cover its tasks
