@@ -212,3 +212,37 @@ def next_token_loss(model: nn.Module, batches: list[dict]) -> float:
             )
             total, count = total + float(nll[keep].sum()), count + int(keep.sum())
     return total / count
+
+
+def per_sample_states(model: nn.Module, batches: list[dict]) -> list[list]:
+    """Per sample (non-pad tokens only), every state before the final norm,
+    as float64 NumPy arrays: the hidden states the papers' definitions use."""
+    found = []
+    with torch.no_grad():
+        for batch in batches:
+            hidden = model(**batch, output_hidden_states=True, use_cache=False).hidden_states
+            states = [h.double().numpy() for h in hidden[:-1]]
+            mask = batch["attention_mask"].bool().numpy()
+            found.extend([h[s][mask[s]] for h in states] for s in range(mask.shape[0]))
+    return found
+
+
+def window_with_hook(model: nn.Module, window: tuple[int, int], matrix) -> nn.Module:
+    """A copy of the decoder with ``window`` dropped and ``h ↦ h M`` applied
+    to the output of the block before it by a forward hook (the placement
+    LinearPatch and Ghosted Layers describe), for comparing a folded model."""
+    model = copy.deepcopy(model)
+    layers = model.model.layers
+    m = torch.as_tensor(matrix, dtype=torch.float32)
+
+    def hook(module, args, output):
+        if isinstance(output, tuple):
+            return (output[0] @ m, *output[1:])
+        return output @ m
+
+    layers[window[0] - 1].register_forward_hook(hook)
+    model.model.layers = nn.ModuleList(
+        [b for k, b in enumerate(layers) if not window[0] <= k < window[1]]
+    )
+    model.config.num_hidden_layers = len(model.model.layers)
+    return model

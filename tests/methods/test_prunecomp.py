@@ -12,7 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from tests._helpers.replaceme_models import decoder, outputs, text_loader  # noqa: E402
+from tests._helpers.replaceme_models import (  # noqa: E402
+    decoder,
+    outputs,
+    per_sample_states,
+    text_loader,
+)
 from toast.hf.data.calibration import Calibration  # noqa: E402
 from toast.hf.model.blocks import find_blocks  # noqa: E402
 from toast.hf.model.surgery import remove_blocks  # noqa: E402
@@ -40,21 +45,9 @@ def _llama(tied: bool = False, seed: int = 0):
     return transformers.LlamaForCausalLM(config).eval()
 
 
-def _per_sample_states(model, batches):
-    """Per sample, every state before the final norm (non-pad tokens, float64)."""
-    found = []
-    with torch.no_grad():
-        for batch in batches:
-            hidden = model(**batch, output_hidden_states=True, use_cache=False).hidden_states
-            states = [h.double().numpy() for h in hidden[:-1]]
-            mask = batch["attention_mask"].bool().numpy()
-            found.extend([h[s][mask[s]] for h in states] for s in range(mask.shape[0]))
-    return found
-
-
 def _by_hand(model, batches):
     """Block Influence of every block, the block of lowest BI, and its α."""
-    samples = _per_sample_states(model, batches)
+    samples = per_sample_states(model, batches)
 
     def cos(a, b):
         return np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))

@@ -13,26 +13,20 @@ import scipy.linalg
 torch = pytest.importorskip("torch")
 
 import toast  # noqa: E402
-from tests._helpers.replaceme_models import LAYERS, decoder, outputs, text_loader  # noqa: E402
+from tests._helpers.replaceme_models import (  # noqa: E402
+    LAYERS,
+    decoder,
+    outputs,
+    per_sample_states,
+    text_loader,
+    window_with_hook,
+)
 from toast.methods.linearpatch.method import linearpatch  # noqa: E402
-
-
-def _states(model, batches):
-    """Per sample (non-pad tokens only), every state before the final norm."""
-    found = []
-    with torch.no_grad():
-        for batch in batches:
-            hidden = model(**batch, output_hidden_states=True, use_cache=False).hidden_states
-            states = [h.double().numpy() for h in hidden[:-1]]
-            mask = batch["attention_mask"].bool().numpy()
-            for s in range(mask.shape[0]):
-                found.append([h[s][mask[s]] for h in states])
-    return found
 
 
 def _reference(model, batches, n):
     """The paper's selection and scale, in NumPy, from the hidden states."""
-    samples = _states(model, batches)
+    samples = per_sample_states(model, batches)
     width = samples[0][0].shape[1]
     h = scipy.linalg.hadamard(width) / np.sqrt(width)  # width 32: Sylvester's matrix
 
@@ -49,26 +43,6 @@ def _reference(model, batches, n):
     return (start, start + n), h @ np.diag(d) @ h.T, d
 
 
-def _patched_reference(model, window, patch):
-    """The model with the window dropped and ``x P`` applied to the output
-    of the block before it, as a forward hook (the paper's placement)."""
-    model = copy.deepcopy(model)
-    layers = model.model.layers
-    p = torch.as_tensor(patch, dtype=torch.float32)
-
-    def hook(module, args, output):
-        if isinstance(output, tuple):
-            return (output[0] @ p, *output[1:])
-        return output @ p
-
-    layers[window[0] - 1].register_forward_hook(hook)
-    model.model.layers = torch.nn.ModuleList(
-        [b for k, b in enumerate(layers) if not window[0] <= k < window[1]]
-    )
-    model.config.num_hidden_layers = len(model.model.layers)
-    return model
-
-
 @pytest.mark.parametrize("n", [1, 2])
 def test_linearpatch_equals_the_numpy_reference_from_the_paper(n):
     model, batches = decoder("llama"), text_loader()
@@ -79,7 +53,7 @@ def test_linearpatch_equals_the_numpy_reference_from_the_paper(n):
     inserted = pruned.model.layers[window[0]]
     weight = next(m for m in inserted.modules() if isinstance(m, torch.nn.Linear)).weight
     np.testing.assert_allclose(weight.detach().double().numpy().T, patch, atol=1e-6)
-    reference = _patched_reference(model, window, patch)
+    reference = window_with_hook(model, window, patch)
     for batch in batches[:2]:
         torch.testing.assert_close(
             outputs(pruned, batch), outputs(reference, batch), atol=1e-5, rtol=1e-5
@@ -98,7 +72,7 @@ def test_params_drop_by_the_window_and_add_d_squared():
 
 def test_without_rotation_the_patch_is_the_raw_channel_scale():
     model, batches = decoder("llama"), text_loader()
-    samples = _states(model, batches)
+    samples = per_sample_states(model, batches)
     d = np.mean([np.abs(x[3]).mean(0) / np.abs(x[2]).mean(0) for x in samples], axis=0)
     _, report = linearpatch(model, batches, spans=[(2, 3)], rotate=False)
     np.testing.assert_allclose(report.scales[0], d, rtol=1e-6)

@@ -13,19 +13,21 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import toast  # noqa: E402
-from tests._helpers.replaceme_models import LAYERS, decoder, outputs, text_loader  # noqa: E402
+from tests._helpers.replaceme_models import (  # noqa: E402
+    LAYERS,
+    decoder,
+    outputs,
+    per_sample_states,
+    text_loader,
+    window_with_hook,
+)
 from toast.methods.translate.config import GHOSTED_RIDGE, ToastConfig  # noqa: E402
 
 
 def _states(model, batches):
     """Every state before the final norm, non-pad tokens stacked (float64)."""
-    found: list[list[np.ndarray]] = []
-    with torch.no_grad():
-        for batch in batches:
-            hidden = model(**batch, output_hidden_states=True, use_cache=False).hidden_states
-            mask = batch["attention_mask"].bool().numpy()
-            found.append([h.double().numpy()[mask] for h in hidden[:-1]])
-    return [np.concatenate([b[k] for b in found]) for k in range(len(found[0]))]
+    samples = per_sample_states(model, batches)
+    return [np.concatenate([x[k] for x in samples]) for k in range(len(samples[0]))]
 
 
 def _streamline_window(states, n):
@@ -45,26 +47,6 @@ def _ghosted_operator(x, y, eps=GHOSTED_RIDGE):
     return np.eye(d) + np.linalg.solve(x.T @ x + eps * np.eye(d), x.T @ (y - x))
 
 
-def _hooked_reference(model, window, weight):
-    """The window dropped and ``h ↦ h W`` on the output of the block before
-    it (the paper's placement, a forward hook)."""
-    model = copy.deepcopy(model)
-    layers = model.model.layers
-    w = torch.as_tensor(weight, dtype=torch.float32)
-
-    def hook(module, args, output):
-        if isinstance(output, tuple):
-            return (output[0] @ w, *output[1:])
-        return output @ w
-
-    layers[window[0] - 1].register_forward_hook(hook)
-    model.model.layers = torch.nn.ModuleList(
-        [b for k, b in enumerate(layers) if not window[0] <= k < window[1]]
-    )
-    model.config.num_hidden_layers = len(model.model.layers)
-    return model
-
-
 @pytest.mark.parametrize("n", [1, 2])
 def test_ghosted_equals_the_numpy_reference(n):
     model, batches = decoder("llama"), text_loader()
@@ -79,7 +61,7 @@ def test_ghosted_equals_the_numpy_reference(n):
     assert linear.bias is None or not linear.bias.detach().any()
     got = linear.weight.detach().double().numpy().T
     np.testing.assert_allclose(got, w, atol=2e-6 * np.abs(w).max())
-    reference = _hooked_reference(model, window, w)
+    reference = window_with_hook(model, window, w)
     for batch in batches[:2]:
         torch.testing.assert_close(
             outputs(pruned, batch), outputs(reference, batch), atol=1e-5, rtol=1e-5
