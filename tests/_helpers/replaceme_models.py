@@ -212,3 +212,11 @@ def next_token_loss(model: nn.Module, batches: list[dict]) -> float:
             )
             total, count = total + float(nll[keep].sum()), count + int(keep.sum())
     return total / count
+
+
+def translator_blocks(report) -> int:
+    """The linear blocks a ReplaceMe run kept in place of its cuts: one per
+    fitted cut with ``placement="block"`` (a cut removed plainly keeps none)."""
+    if report.placement != "block":
+        return 0
+    return sum(t is not None for t in report.transforms)
