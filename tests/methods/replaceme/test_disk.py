@@ -67,6 +67,8 @@ def _run_both(model, data, tmp_path, shard: str | None = None, **params):
     written = tmp_path / "written"
     # the in-memory path's predicted-error candidates are not made from disk
     params.setdefault("predicted_candidates", 0)
+    # every batch fits: in memory no block placement is measured against the fold
+    params.setdefault("check_fraction", 0.0)
     report = replaceme_from_disk(source, data, written, progress=False, **params)
     pruned, expected = replaceme(model, data, progress=False, **params)
     saved = tmp_path / "saved"

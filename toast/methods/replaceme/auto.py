@@ -1,5 +1,13 @@
 """``placement="auto"``: where ReplaceMe's transform goes when the caller
-does not say, chosen so that no supported family is refused.
+does not say, chosen so that no supported family is refused and the
+default is never worse on the held-out batches than the block placement
+of its cut.
+
+Where T folds (the MLP output enters the residual stream through the
+down-projection, or T is diagonal), the fold and the ``"block"`` placement
+(the paper's A.9: T on the whole residual state, a linear block in place
+of the cut) are both fitted and measured, the better kept (the fold on
+ties and without held-out batches; only the fold from disk).
 
 Shopkhoev et al., "ReplaceMe" (arXiv 2505.02819), §3, fold T into the
 down-projection of the block before the cut. That is exact only where the
