@@ -140,7 +140,10 @@ def markdown(results: dict) -> str:
     for label in labels:
         rec = results[label]
         lines += [f"## {label}", "", f"Original: perplexity {rec['original']:.2f}.", ""]
-        lines += ["| blocks removed | row | perplexity ↓ | cut / spans | seconds |", "|---|---|---|---|---|"]
+        lines += [
+            "| blocks removed | row | perplexity ↓ | cut / spans | seconds |",
+            "|---|---|---|---|---|",
+        ]
         notes = []
         for n, rows in rec["blocks"].items():
             for key, name in ROWS:

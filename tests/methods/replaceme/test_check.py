@@ -95,7 +95,12 @@ def test_a_cosine_fit_that_won_goes_on_from_its_transform_on_every_batch(monkeyp
     monkeypatch.setattr(estimate, "fit_cosine", recorded)
     model, data = R.decoder("llama"), R.text_loader()
     _, report = replaceme(
-        model, data, spans=[SPAN], objective="cosine", check_fraction=0.25, fallback=False,
+        model,
+        data,
+        spans=[SPAN],
+        objective="cosine",
+        check_fraction=0.25,
+        fallback=False,
         placement="fold",
     )
     (first, second) = calls

@@ -53,9 +53,7 @@ def test_with_eight_batches_both_defaults_report_their_check():
 @pytest.mark.parametrize("name", FAMILIES)
 def test_the_default_is_never_worse_than_the_block_placement_of_its_cut(name):
     original, calib = R.decoder(name), _calibration()
-    default, report = replaceme(
-        copy.deepcopy(original), calib, num_blocks=REMOVED, progress=False
-    )
+    default, report = replaceme(copy.deepcopy(original), calib, num_blocks=REMOVED, progress=False)
     cut = [(s.start, s.stop) for s in report.spans]
     # the transform kept as a separate linear block after the same cut
     block, _ = replaceme(copy.deepcopy(original), calib, spans=cut, placement="block")

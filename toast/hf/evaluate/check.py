@@ -142,8 +142,9 @@ def take_rows(batch: Any, part: slice, n: int) -> Any:
         return batch[part] if batch.ndim > 0 and batch.shape[0] == n else batch
     if isinstance(batch, Mapping):
         items = {k: take_rows(v, part, n) for k, v in batch.items()}
-        try:
-            return type(batch)(items)
+        try:  # the batch's own mapping type (a BatchEncoding) where it rebuilds so
+            kind: Any = type(batch)
+            return kind(items)
         except TypeError:
             return items
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple

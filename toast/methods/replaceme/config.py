@@ -232,9 +232,10 @@ class ReplaceMeConfig:
     at least 2 but fewer than one group; the last sequences of a single
     batch of two or more; none with ``check_fraction=0``, and none, with a
     warning, for one batch of one sequence: see
-    :class:`toast.hf.evaluate.check.CheckSplit`) is kept out of the cut choice and the fit; each fitted cut is
-    then measured there against plain removal of the same blocks
-    (perplexity, or output cosine), the report says which measured better,
+    :class:`toast.hf.evaluate.check.CheckSplit`) is kept out of the cut
+    choice and the fit; each fitted cut is then measured there against
+    plain removal of the same blocks (perplexity, or output cosine), the
+    report says which measured better,
     and with ``fallback`` a cut whose fit lost is removed plainly
     (:mod:`toast.methods.replaceme.check`; in-memory, independent fits);
     a cut whose fit won is fitted again on every batch (one more pass) and,
