@@ -40,6 +40,8 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# this checkout's package, not whichever one the environment installed
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import _machine  # noqa: E402
 
 import toast  # noqa: E402
@@ -78,14 +80,15 @@ def _compress(model: torch.nn.Module, calib: Any, **options: Any) -> tuple[Any, 
     return built, report, time.perf_counter() - start
 
 
-def run(label: str) -> dict:
+def run(label: str, blocks: tuple[int, ...] = BLOCKS, out: Path | None = None) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     load = os.getloadavg()
     model, calib, test = data()
     evaluator = Evaluator(test, progress=False)
     record: dict[str, Any] = {"original": evaluator.measure(model, "original"), "blocks": {}}
-    for n in BLOCKS:
+    assert toast.__file__.startswith(str(Path(__file__).resolve().parent.parent))
+    for n in blocks:
         rows: dict[str, Any] = {}
         built, report, seconds = _compress(model, calib, method="replaceme", num_blocks=n)
         cut = [(s.start, s.stop) for s in report.spans]
@@ -118,6 +121,8 @@ def run(label: str) -> dict:
         del built
         record["blocks"][str(n)] = rows
         print(n, json.dumps(rows, indent=1), flush=True)
+        if out is not None:  # what is measured so far, should the run be stopped
+            _write(out, label, {**record, "machine": _machine.machine(load)})
     record["machine"] = _machine.machine(load)
     return record
 
@@ -166,17 +171,23 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _write(out: Path, label: str, record: dict) -> dict:
+    results = json.loads(out.read_text()) if out.exists() else {}
+    results[label] = record
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(results))
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--label", default="after")
+    parser.add_argument("--blocks", type=int, nargs="+", default=list(BLOCKS))
     parser.add_argument("--out", type=Path, default=RESULTS / "few_batches.json")
     args = parser.parse_args()
-    results = json.loads(args.out.read_text()) if args.out.exists() else {}
-    results[args.label] = run(args.label)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(results))
-    print(markdown(results))
+    record = run(args.label, tuple(args.blocks), args.out)
+    print(markdown(_write(args.out, args.label, record)))
 
 
 if __name__ == "__main__":
