@@ -246,3 +246,11 @@ def window_with_hook(model: nn.Module, window: tuple[int, int], matrix) -> nn.Mo
     )
     model.config.num_hidden_layers = len(model.model.layers)
     return model
+
+
+def translator_blocks(report) -> int:
+    """The linear blocks a ReplaceMe run kept in place of its cuts: one per
+    fitted cut with ``placement="block"`` (a cut removed plainly keeps none)."""
+    if report.placement != "block":
+        return 0
+    return sum(t is not None for t in report.transforms)

@@ -70,7 +70,8 @@ _HELP = {
     "minimum-norm solution)",
     "include_first_block": "block 0 may be removed too (the papers always keep it)",
     "check_fraction": (
-        "fraction of calibration batches held out to check each fit against plain removal"
+        "fraction of calibration batches held out to check each fit against plain removal "
+        "(at least the last batch when there are 2 or more; 0: none, the papers' protocol)"
     ),
     "fallback": "keep a fit even where plain removal measures better on held-out batches",
     "massive_rows": "rows whose massive activation (attention sinks) the removed blocks would "

@@ -244,7 +244,9 @@ def _save(model: nn.Module, source: Path, target: Path, report: Report) -> None:
         folder = None if source.is_file() else source
         markdown = report.to_markdown()
         # the block list the method found, looked up by its path rather than searched again
-        blocks = getattr(getattr(report, "analysis", None), "block_path", None)
+        # (TOAST's analysis or ReplaceMe's distance profile holds it)
+        found = getattr(report, "analysis", None) or getattr(report, "profile", None)
+        blocks = getattr(found, "block_path", None)
         save_pretrained(
             model, target, blocks=blocks, source=folder, tokenizer=tokenizer, report=markdown
         )

@@ -1,8 +1,9 @@
 """``placement="auto"`` (the default): ReplaceMe never refuses a supported
-family. Where the full T folds (no norm after the MLP) nothing changes;
-where a norm follows the MLP (Gemma 2/3, OLMo-2) the exact placements are
-fitted and the one measuring best on the held-out batches is kept, and the
-model is never worse there than plain removal of the same cut."""
+family. Where the full T folds (no norm after the MLP) the fold and the
+block placement are fitted; where a norm follows the MLP (Gemma 2/3,
+OLMo-2) the exact placements are; the one measuring best on the held-out
+batches is kept, and the model is never worse there than plain removal of
+the same cut."""
 
 from __future__ import annotations
 
@@ -48,8 +49,12 @@ def test_the_default_never_refuses_and_is_never_worse_than_plain_removal_held_ou
         assert chosen in [(t.placement, t.structure) for t in report.placements]
         assert "Placement (auto)" in report.to_markdown()
     else:
-        assert (report.placement, report.structure) == ("fold", "full")
-        assert report.placement_note == "" and report.placements == []
+        assert [(t.placement, t.structure) for t in report.placements] == [
+            ("fold", "full"),
+            ("block", "full"),
+        ]
+        assert (report.placement, report.structure) in [("fold", "full"), ("block", "full")]
+        assert "block placement" in report.placement_note
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -57,19 +62,19 @@ def test_compress_with_only_num_blocks_runs_on_every_family(name):
     model, report = toast.compress(
         R.decoder(name), R.text_loader(), method="replaceme", num_blocks=1, progress=False
     )
-    assert report.blocks_after == R.LAYERS - 1
-    if name in R.POST_NORM_DECODERS:
-        # 6 batches: none held out, so the first exact placement, said so
-        assert (report.placement, report.structure) == ("fold", "diagonal")
-        assert "first exact one" in report.placement_note
-        assert "check_fraction" in report.placement_note or "batches" in report.placement_note
+    assert report.blocks_after == R.LAYERS - 1 + R.translator_blocks(report)
+    # 6 batches, fewer than a group of 10: the last one held out, the placements measured
+    assert report.check_note == "" and len(report.checks) == 1
+    assert "measured on held-out batches" in report.placement_note
 
 
-def test_auto_equals_fold_where_the_full_transform_folds():
+def test_auto_equals_fold_where_the_full_transform_folds_and_nothing_is_measured():
     data = R.text_loader(HELD_DATA)
-    _, auto = replaceme(R.decoder("llama"), data, num_blocks=1, progress=False)
-    _, fold = replaceme(R.decoder("llama"), data, num_blocks=1, placement="fold", progress=False)
-    assert auto.spans == fold.spans
+    options = {"num_blocks": 1, "check_fraction": 0.0, "progress": False}
+    _, auto = replaceme(R.decoder("llama"), data, **options)
+    _, fold = replaceme(R.decoder("llama"), data, placement="fold", **options)
+    assert auto.spans == fold.spans and auto.placement == "fold"
+    assert auto.placement_note == "" and auto.placements == []
     np.testing.assert_array_equal(auto.transforms[0], fold.transforms[0])
 
 

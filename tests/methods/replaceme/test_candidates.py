@@ -57,7 +57,8 @@ def test_each_candidate_measures_what_a_run_with_that_cut_alone_measures():
     model, calib = R.with_sink(), R.text_loader(96)
     _, report = _run(model, calib, candidates=3)
     for c in report.candidates:
-        _, alone = _run(model, calib, spans=[(c.span.start, c.span.stop)])
+        cut = [(c.span.start, c.span.stop)]
+        _, alone = _run(model, calib, spans=cut, placement=report.placement)
         (check,) = alone.checks
         assert check.fitted == pytest.approx(c.fitted, rel=1e-5)
         assert check.plain == pytest.approx(c.plain, rel=1e-6)

@@ -69,10 +69,18 @@ def test_a_fit_that_loses_on_held_out_batches_is_replaced_by_plain_removal(monke
             assert torch.equal(R.outputs(pruned, batch), R.outputs(plain, batch))
 
 
-def test_too_few_batches_to_hold_one_out_are_said_so():
+def test_fewer_batches_than_a_group_hold_the_last_one_out():
+    # 6 batches, check_fraction=0.1: the old rule held out none
     _, report = replaceme(R.decoder("llama"), R.text_loader(), spans=[SPAN])
-    assert report.checks == [] and "fewer than 10 calibration batches" in report.check_note
-    assert "Held-out check: none (fewer than 10" in report.to_markdown()
+    assert len(report.checks) == 1 and report.check_note == ""
+    assert "Held-out check against plain removal" in report.to_markdown()
+
+
+def test_nothing_to_hold_out_is_said_loudly():
+    with pytest.warns(UserWarning, match="fewer than 2 sequences"):
+        _, report = replaceme(R.decoder("llama"), R.text_loader(1, 1), spans=[SPAN])
+    assert report.checks == [] and "nothing to hold out" in report.check_note
+    assert "Held-out check: none (one calibration batch" in report.to_markdown()
 
 
 def test_a_cosine_fit_that_won_goes_on_from_its_transform_on_every_batch(monkeypatch):
@@ -87,7 +95,13 @@ def test_a_cosine_fit_that_won_goes_on_from_its_transform_on_every_batch(monkeyp
     monkeypatch.setattr(estimate, "fit_cosine", recorded)
     model, data = R.decoder("llama"), R.text_loader()
     _, report = replaceme(
-        model, data, spans=[SPAN], objective="cosine", check_fraction=0.25, fallback=False
+        model,
+        data,
+        spans=[SPAN],
+        objective="cosine",
+        check_fraction=0.25,
+        fallback=False,
+        placement="fold",
     )
     (first, second) = calls
     np.testing.assert_array_equal(second[0], first[1])  # starts where the checked fit ended

@@ -53,7 +53,10 @@ def test_heldout_quality_from_disk_equals_in_memory(placement, tmp_path):
 def test_heldout_quality_of_an_encoder_from_disk_equals_in_memory(tmp_path):
     model = R.encoder("vit")
     data, heldout = R.image_loader(), R.image_loader(16, seed=1)
-    on_disk, in_memory = _both(model, data, tmp_path, num_blocks=1, heldout=heldout)
+    # from disk the fold only: in memory too
+    on_disk, in_memory = _both(
+        model, data, tmp_path, num_blocks=1, heldout=heldout, placement="fold"
+    )
     assert on_disk.quality.metric == "cosine"
     _same_quality(on_disk.quality, in_memory.quality)
 
@@ -89,6 +92,7 @@ def test_candidate_cuts_from_disk_choose_the_in_memory_cut(tmp_path):
         num_blocks=2,
         candidates=3,
         predicted_candidates=0,
+        placement="fold",  # from disk the fold only: in memory too
     )
     assert len(in_memory.candidates) == 3  # the check chose among several windows
     assert on_disk.spans == in_memory.spans

@@ -50,4 +50,11 @@ def test_offloaded_model_gives_the_plain_models_profile_and_transform(tmp_path):
 
 def test_folding_into_an_offloaded_weight_names_the_from_disk_writer(tmp_path):
     with pytest.raises(ValueError, match="toast.compress\\(folder"):
-        replaceme(_offloaded(tmp_path), R.text_loader(), num_blocks=2, progress=False)
+        replaceme(
+            _offloaded(tmp_path),
+            R.text_loader(),
+            num_blocks=2,
+            placement="fold",
+            check_fraction=0.0,  # every batch fits: no fallback to plain removal
+            progress=False,
+        )

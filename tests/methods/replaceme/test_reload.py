@@ -63,7 +63,9 @@ def test_saved_checkpoints_reload_in_a_fresh_process_without_toast(tmp_path):
     batch = loader[0]
     expected = {}
     for name in FAMILIES:
-        model, report = replaceme(R.decoder(name), loader, num_blocks=2, progress=False)
+        # folded: a standard checkpoint (the block placement saves with toast.save_pretrained)
+        options = {"num_blocks": 2, "placement": "fold", "progress": False}
+        model, report = replaceme(R.decoder(name), loader, **options)
         folder = tmp_path / name
         model.save_pretrained(folder)
         np.savez(folder / "batch.npz", **{k: v.numpy() for k, v in batch.items()})

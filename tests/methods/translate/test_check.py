@@ -82,10 +82,18 @@ def test_a_translator_that_loses_on_held_out_batches_becomes_plain_removal(monke
             assert torch.equal(R.outputs(pruned, batch), R.outputs(plain, batch))
 
 
-def test_no_check_without_held_out_batches_is_said_so():
+def test_fewer_batches_than_a_group_hold_the_last_one_out():
+    # 6 batches, check_fraction=0.1: the old rule held out none
     _, report = _compress(R.decoder("llama"), R.text_loader())
-    assert report.checks == [] and "fewer than 10 calibration batches" in report.check_note
-    assert "Held-out check: none (fewer than 10" in report.to_markdown()
+    assert len(report.checks) == 1 and report.check_note == ""
+    assert "Held-out check against plain removal" in report.to_markdown()
+
+
+def test_nothing_to_hold_out_is_said_loudly():
+    with pytest.warns(UserWarning, match="fewer than 2 sequences"):
+        _, report = _compress(R.decoder("llama"), R.text_loader(1, 1))
+    assert report.checks == [] and "nothing to hold out" in report.check_note
+    assert "Held-out check: none (one calibration batch" in report.to_markdown()
 
 
 def test_sequential_fits_are_not_checked_and_hold_nothing_out():

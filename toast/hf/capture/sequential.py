@@ -273,6 +273,7 @@ class DiskModel:
                 if buffer is not None:
                     sub._buffers[name] = torch.empty_like(buffer, device="cpu")
             if transient and init is not None:
+                _writable(sub)
                 init(sub)
         for name, key in keys.items():
             _set_tensor(module, name, self._widened(self.checkpoint.read(key)))
@@ -674,3 +675,18 @@ class _Run:
             if cleanup is not None:
                 cleanup()
             self.disk.unload_block(index)
+
+
+def _writable(module: nn.Module) -> None:
+    """``module``'s own tensors made writable by ``_init_weights`` outside
+    inference mode: one loaded while a held-out measurement ran (in
+    inference mode) is an inference tensor, which an in-place write outside
+    it refuses; a copy is not (the checkpoint's values are loaded after)."""
+    if torch.is_inference_mode_enabled():
+        return
+    for name, param in list(module._parameters.items()):
+        if param is not None and param.is_inference():
+            module._parameters[name] = nn.Parameter(param.clone(), param.requires_grad)
+    for name, buffer in list(module._buffers.items()):
+        if buffer is not None and buffer.is_inference():
+            module._buffers[name] = buffer.clone()

@@ -13,11 +13,14 @@ with the fit applied by hooks, before anything in the model changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import torch
 from torch import nn
 
 from toast.hf.evaluate.quality import Evaluator, quality_metric
@@ -40,21 +43,67 @@ Applier = Callable[[Sequence[Span], Sequence[Any]], AbstractContextManager]
 
 
 class CheckSplit:
-    """``data`` split by batch: one batch in every ``round(1 / fraction)``
-    (the last of each group) is held out. Re-iterable when ``data`` is."""
+    """``data`` split by batch into a fit part and a held-out part; each
+    batch goes to exactly one of them, the same way on every iteration
+    (re-iterable when ``data`` is; no ``len`` needed).
+
+    With ``fraction > 0``, one batch in every ``round(1 / fraction)`` (at
+    least 2; the last of each group) is held out. Data with at least two
+    batches but fewer than one group hold out their last batch all the same
+    (a one-batch look-ahead finds it), so that the defaults measure what
+    they choose whenever the data allow: with ``check_fraction=0.1`` and 8
+    batches the old rule held out none, and every measured choice fell back
+    to an unmeasured prediction. A single batch of at least two sequences
+    is split by sequence: its last ``max(1, n // round(1 / fraction))``
+    sequences are held out. A single batch of one sequence holds nothing
+    out (:func:`unchecked_because` says so and warns). ``fraction=0``
+    (the papers' protocols) holds nothing out."""
 
     def __init__(self, data: Iterable, fraction: float) -> None:
         self.data = data
         self.every = max(2, round(1 / fraction)) if fraction > 0 else 0
 
-    def _part(self, held: bool) -> Iterator[Any]:
+    def _labelled(self) -> Iterator[tuple[bool, Any]]:
+        """Every batch (or part of the only batch) with whether it is held out."""
+        if self.every == 0:
+            for batch in self.data:
+                yield False, batch
+            return
+        index, pending, seen = -1, None, False
         for index, batch in enumerate(self.data):
-            is_held = self.every > 0 and index % self.every == self.every - 1
+            if seen:  # ``pending`` is not the last batch
+                yield self._in_group(index - 1), pending
+            pending, seen = batch, True
+        if not seen:
+            return
+        if index == 0:
+            yield from self._split_only(pending)
+        elif index + 1 < self.every:  # fewer than one group: the last one
+            yield True, pending
+        else:
+            yield self._in_group(index), pending
+
+    def _in_group(self, index: int) -> bool:
+        return index % self.every == self.every - 1
+
+    def _split_only(self, batch: Any) -> Iterator[tuple[bool, Any]]:
+        """The only batch: its last sequences held out when it has two or more."""
+        n = leading_rows(batch)
+        if n < 2:
+            yield False, batch
+            return
+        held = max(1, n // self.every)
+        yield False, take_rows(batch, slice(0, n - held), n)
+        yield True, take_rows(batch, slice(n - held, n), n)
+
+    def _part(self, held: bool) -> Iterator[Any]:
+        for is_held, batch in self._labelled():
             if is_held == held:
                 yield batch
 
     def has_check(self) -> bool:
-        """Whether any batch is held out (the data has at least ``every``)."""
+        """Whether anything is held out (at least two batches, or one batch
+        of at least two sequences, and ``fraction > 0``)."""
         return next(iter(self.check), None) is not None
 
     @property
@@ -66,6 +115,43 @@ class CheckSplit:
     def check(self) -> Iterable:
         """The held-out batches."""
         return _Part(self, held=True)
+
+
+def leading_rows(batch: Any) -> int:
+    """The number of sequences (samples) of ``batch``: the leading dimension
+    of its first tensor or array (0 when it has none)."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return int(batch.shape[0]) if batch.ndim > 0 else 0
+    if isinstance(batch, Mapping):
+        values = list(batch.values())
+    elif isinstance(batch, (list, tuple)):
+        values = list(batch)
+    else:
+        return 0
+    for value in values:
+        n = leading_rows(value)
+        if n:
+            return n
+    return 0
+
+
+def take_rows(batch: Any, part: slice, n: int) -> Any:
+    """``batch`` with only the rows ``part`` of each tensor or array whose
+    leading dimension is ``n`` (the batch's); everything else as it is."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return batch[part] if batch.ndim > 0 and batch.shape[0] == n else batch
+    if isinstance(batch, Mapping):
+        items = {k: take_rows(v, part, n) for k, v in batch.items()}
+        try:  # the batch's own mapping type (a BatchEncoding) where it rebuilds so
+            kind: Any = type(batch)
+            return kind(items)
+        except TypeError:
+            return items
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(take_rows(v, part, n) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(take_rows(v, part, n) for v in batch)
+    return batch
 
 
 @dataclass(frozen=True)
@@ -180,13 +266,24 @@ def best_candidate(checks: Sequence[RemovalCheck]) -> int:
 
 
 def unchecked_because(split: CheckSplit, sequential: bool) -> str:
-    """Why fits are not checked on held-out batches ("" when they are)."""
+    """Why fits are not checked on held-out batches ("" when they are);
+    warns when the data are too few to hold anything out (one batch of one
+    sequence), since every measured choice then falls back to a prediction."""
     if sequential:
         return "none (sequential fits are not checked; every batch fits)"
     if split.every == 0:
         return "none (check_fraction=0: every batch fits, as in the paper)"
     if not split.has_check():
-        return f"none (fewer than {split.every} calibration batches to hold one out)"
+        why = (
+            "none (one calibration batch of fewer than 2 sequences: nothing to hold out; "
+            "give at least 2 batches or sequences)"
+        )
+        warnings.warn(
+            f"held-out check: {why.removeprefix('none (').removesuffix(')')}; the fits and "
+            "choices that measure on held-out batches fall back to unmeasured predictions",
+            stacklevel=3,
+        )
+        return why
     return ""
 
 

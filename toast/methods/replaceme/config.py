@@ -114,7 +114,7 @@ class ReplaceMeConfig:
       predicted least-squares error (``"predicted"`` below; one more pass)
       are each fitted and measured on the held-out batches and the best
       becomes the cut (see "Cut chosen by measurement" below); without a
-      held-out batch (fewer than ``1 / check_fraction`` batches) the
+      held-out batch (one calibration batch of one sequence) the
       window of smallest predicted error; with ``candidates=1``, several
       cuts, plain removal or ``check_fraction=0`` it is ``"distance"``.
     - ``"distance"``: the window(s) of smallest ``distance`` alone (the
@@ -183,10 +183,19 @@ class ReplaceMeConfig:
     **Placement**: ``"fold"`` into the down-projection of block ``s − 1``
     (a standard checkpoint); ``"mlp"``: an explicit module after it
     (``d²`` extra parameters); ``"block"``: the paper's A.9 separate
-    transform on the residual stream. ``"auto"`` (default) never refuses a
-    supported family: where the MLP output enters the residual stream
-    through the down-projection it is ``"fold"`` (as the paper; nothing
-    else is tried), and where a norm follows the down-projection (Gemma
+    transform on the residual stream (a linear block in place of the cut,
+    ``d²`` parameters; saved with :func:`toast.save_pretrained`). ``"auto"``
+    (default) never refuses a supported family: where the MLP output enters
+    the residual stream through the down-projection (or the structure is
+    diagonal) it fits ``"fold"`` (as the paper) and ``"block"`` with the
+    asked structure, each through the whole cut choice and held-out check
+    below, and keeps the one whose model measured better on the held-out
+    batches (the fold on ties, and without held-out batches: a fold maps
+    the MLP output, the block placement the whole residual state, which a
+    cut that changes the state in a way the MLP output cannot follow needs:
+    on a real post-MLP-norm model of 18 blocks, 4 removed, the unmeasured
+    fold of the last four blocks measured 6,954 where the block placement
+    of the same cut measured 108); and where a norm follows the down-projection (Gemma
     2/3, OLMo-2: a full T does not fold there) it fits the placements that
     are exact there, in this order: a diagonal T folded into that norm's
     weight (a standard checkpoint), the asked ``structure`` kept as an
@@ -194,9 +203,9 @@ class ReplaceMeConfig:
     cut choice and held-out check below (three times the estimation passes
     and held-out evaluations of one placement), and the one whose model
     measured best on the held-out batches is kept (the first on ties). Without
-    held-out batches (``check_fraction=0``, too few batches, sequential
-    fits) the first, the diagonal fold, is kept. From disk only the
-    diagonal fold is fitted (the written checkpoint must be standard). The
+    held-out batches (``check_fraction=0``, one batch of one sequence,
+    sequential fits) the first, the (diagonal) fold, is kept. From disk only
+    the (diagonal) fold is fitted (the written checkpoint must be standard). The
     report says which was chosen and why (``placement_note``,
     ``placements``). ``fit="independent"`` estimates every
     cut in one pass on the original model; ``"sequential"`` each on the
@@ -219,10 +228,14 @@ class ReplaceMeConfig:
     alone choose (the paper).
 
     **Held-out check**: one calibration batch in every ``round(1 /
-    check_fraction)`` (the last of each group; none with ``check_fraction=0`` or fewer
-    batches) is kept out of the cut choice and the fit; each fitted cut is
-    then measured there against plain removal of the same blocks
-    (perplexity, or output cosine), the report says which measured better,
+    check_fraction)`` (the last of each group; the last batch when there are
+    at least 2 but fewer than one group; the last sequences of a single
+    batch of two or more; none with ``check_fraction=0``, and none, with a
+    warning, for one batch of one sequence: see
+    :class:`toast.hf.evaluate.check.CheckSplit`) is kept out of the cut
+    choice and the fit; each fitted cut is then measured there against
+    plain removal of the same blocks (perplexity, or output cosine), the
+    report says which measured better,
     and with ``fallback`` a cut whose fit lost is removed plainly
     (:mod:`toast.methods.replaceme.check`; in-memory, independent fits);
     a cut whose fit won is fitted again on every batch (one more pass) and,

@@ -472,7 +472,8 @@ def _fit(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) -> _Chosen:
     spans, profile = _choose(disk, split.fit, config)
     note = check_note(config, split, len(spans))
     pool = [] if note else candidate_cuts(profile, config)
-    options, why = placement_options(disk.stack.blocks, pool or spans, config)
+    # a written checkpoint must be standard: no block placement from disk
+    options, why = placement_options(disk.stack.blocks, pool or spans, config, with_block=False)
     placement, structure = options[0]  # from disk: the diagonal fold where a norm follows
     said = f"{why}; from disk the diagonal T is folded into it (exact, a standard checkpoint)"
     config = resolved(config, options[0])

@@ -328,10 +328,8 @@ def apply_cuts(
     the blocks. ``stack`` is looked up again by path, never searched for.
     """
     where = [(s.start, s.stop) for s in spans]
-    if placement == "block" and all(t is not None for t in transforms):
-        kind = "diagonal" if structure == "diagonal" else "linear"
-        translators = [_linear_translator(np.asarray(t), kind) for t in transforms]
-        replace_spans(model, where, translators, blocks=stack)
+    if placement == "block":
+        _apply_blocks(model, stack, where, transforms, structure)
         return
     current = find_blocks(model, stack)
     for span, t in zip(spans, transforms, strict=True):
@@ -344,3 +342,29 @@ def apply_cuts(
         else:
             _wrap_writer(block, writer, t)
     remove_blocks(model, where, blocks=stack)
+
+
+def _apply_blocks(
+    model: nn.Module,
+    stack: BlockStack,
+    where: Sequence[tuple[int, int]],
+    transforms: Sequence[np.ndarray | None],
+    structure: str,
+) -> None:
+    """``placement="block"``: each fitted cut replaced by a translator block
+    applying T to the residual stream (what the held-out check measured:
+    T on the whole output of the block before the cut), each cut without a
+    transform removed plainly."""
+    kind = "diagonal" if structure == "diagonal" else "linear"
+    fitted = [(cut, t) for cut, t in zip(where, transforms, strict=True) if t is not None]
+    if fitted:
+        translators = [_linear_translator(np.asarray(t), kind) for _, t in fitted]
+        replace_spans(model, [cut for cut, _ in fitted], translators, blocks=stack)
+    # a translator block stands where its cut's blocks were: later indices move
+    plain = [
+        (a - shift, b - shift)
+        for a, b in (cut for cut, t in zip(where, transforms, strict=True) if t is None)
+        for shift in [sum(d - c - 1 for (c, d), _ in fitted if d <= a)]
+    ]
+    if plain:
+        remove_blocks(model, plain, blocks=stack)

@@ -103,7 +103,8 @@ def _replaceme(
     note = check_note(config, split, len(spans))
     spans, note = unmeasured_cut(spans, profile, config, note)
     pool = [] if note else candidate_cuts(profile, config)
-    options, why = placement_options(stack.blocks, pool or spans, config)
+    # the block placement is a candidate only where it can be measured
+    options, why = placement_options(stack.blocks, pool or spans, config, with_block=not note)
     for placement, structure in options:
         check_cuts(stack, pool or spans, structure, placement, config.objective)
     expected_rows = profile.token_rows if profile is not None else None

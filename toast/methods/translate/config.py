@@ -73,7 +73,11 @@ class ToastConfig:
     compressed model). ``calibration`` bounds every pass over the data.
 
     Held-out check (in memory, independent fits): one calibration batch in
-    every ``round(1 / check_fraction)`` stays out of the analysis and the fits;
+    every ``round(1 / check_fraction)`` (the last of each group; the last
+    batch when there are at least 2 but fewer than one group; the last
+    sequences of a single batch of two or more; nothing, with a warning and
+    the report saying so, for one batch of one sequence: see
+    :class:`toast.hf.evaluate.check.CheckSplit`) stays out of the analysis and the fits;
     each span's translator is then measured there against plain removal of
     the same blocks (perplexity for a causal LM, else output cosine), the
     report says which measured better, and with ``fallback`` a span whose
