@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _machine  # noqa: E402
 import bench_peers  # noqa: E402
+from _markers import replace_block  # noqa: E402
 
 import toast  # noqa: E402
 from toast.hf.evaluate.harness import TaskReport  # noqa: E402
@@ -334,9 +335,8 @@ def main() -> None:
     print(text)
     if args.readme:
         readme = Path(args.readme)
-        head, rest = readme.read_text().split("<!-- accuracy -->\n", 1)
-        tail = rest.split("<!-- /accuracy -->", 1)[1]
-        readme.write_text(f"{head}<!-- accuracy -->\n{summary(record)}\n<!-- /accuracy -->{tail}")
+        text = replace_block(readme.read_text(), "accuracy", summary(record), str(readme))
+        readme.write_text(text)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _machine  # noqa: E402
 import bench_fidelity  # noqa: E402
+from _markers import replace_block  # noqa: E402
 
 import toast  # noqa: E402
 import toast.zoo  # noqa: E402
@@ -485,11 +486,10 @@ def main() -> None:
     print(text)
     if args.readme:
         readme = Path(args.readme)
-        head, rest = readme.read_text().split("<!-- peers -->\n", 1)
-        tail = rest.split("<!-- /peers -->", 1)[1]
         accuracy = Path(args.out).with_name("accuracy.json")
         kept = retained_accuracy(accuracy) if accuracy.exists() else None
-        readme.write_text(f"{head}<!-- peers -->\n{summary(record, kept)}\n<!-- /peers -->{tail}")
+        text = replace_block(readme.read_text(), "peers", summary(record, kept), str(readme))
+        readme.write_text(text)
 
 
 if __name__ == "__main__":

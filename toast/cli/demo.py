@@ -3,7 +3,7 @@
 ``python -m toast demo`` trains (or loads from the cache) a ViT on
 scikit-learn's digits, measures its block error matrix on 512 calibration
 images, plans the spans to replace, replaces them with closed-form affine
-translators, and writes ``heatmap.png`` and ``report.md`` (spans, predicted
+translators, and writes ``heatmap.png``, ``report.md`` and ``result.json`` (spans, predicted
 errors, accuracy before and after, with plain block removal as the baseline,
 parameters, MACs and wall-clock before and after) into the output folder.
 """
@@ -11,6 +11,7 @@ parameters, MACs and wall-clock before and after) into the output folder.
 from __future__ import annotations
 
 import copy
+import json
 import statistics
 import sys
 import time
@@ -36,6 +37,33 @@ class DemoResult:
     gmacs: dict[str, float] = field(default_factory=dict)
     latency_ms: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    checks: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """The figures as ``result.json`` holds them (what the README quotes:
+        ``scripts/check_docs.py``)."""
+        return {
+            "spans": [[s.start, s.stop] for s in self.spans],
+            "papers": [s.paper for s in self.spans],
+            "accuracy": {k: round(v, 3) for k, v in self.accuracy.items()},
+            "params": self.params,
+            "mmacs": {k: round(1e3 * v, 2) for k, v in self.gmacs.items()},
+            "checks": [
+                {
+                    "span": [c.span.start, c.span.stop],
+                    "metric": c.metric,
+                    "fitted": round(c.fitted, 4),
+                    "plain": round(c.plain, 4),
+                    "count": c.count,
+                    "used": c.used,
+                }
+                for c in self.checks
+                if c is not None
+            ],
+            # timings vary run to run: quoted as rounded, never compared
+            "latency_ms": {k: round(v, 1) for k, v in self.latency_ms.items()},
+            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+        }
 
 
 def _say(message: str, quiet: bool) -> None:
@@ -67,7 +95,7 @@ def run_demo(
     retrain: bool = False,
     progress: bool = True,
 ) -> DemoResult:
-    """Runs the demo and writes ``heatmap.png`` and ``report.md`` into ``out``."""
+    """Runs the demo; writes ``heatmap.png``, ``report.md`` and ``result.json`` into ``out``."""
     import torch
 
     import toast
@@ -115,6 +143,7 @@ def run_demo(
             model, batches, spans=[(s.start, s.stop) for s in spans], progress=progress
         )
     result.seconds["compress"] = time.perf_counter() - start
+    result.checks = list(report.checks)
 
     _say("4/4 measuring accuracy, size and speed", quiet)
     image_size = original.config.image_size  # type: ignore[union-attr]
@@ -126,6 +155,7 @@ def run_demo(
         result.latency_ms[name] = _latency_ms(m, test.images)
     result.seconds["total"] = time.perf_counter() - clock
     (out / "report.md").write_text(_report(result, analysis, report), encoding="utf-8")
+    (out / "result.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n")
     print(_summary(result), flush=True)  # the result: shown with or without progress
     return result
 
@@ -175,9 +205,16 @@ def _report(result: DemoResult, analysis, report) -> str:
 def _summary(result: DemoResult) -> str:
     acc = result.accuracy
     spans = ", ".join(f"blocks[{s.start}:{s.stop}] ({s.paper})" for s in result.spans)
+    checked = [c for c in result.checks if c is not None]
+    held_out = (
+        "held-out check: "
+        + ", ".join(f"fitted {c.fitted:.4f} vs removal {c.plain:.4f} {c.metric}" for c in checked)
+        if checked
+        else "no held-out check"
+    )
     return (
         f"toast demo: replaced {spans}; accuracy {acc['original']:.3f} → "
-        f"{acc['compressed']:.3f} (dropping them instead: {acc['dropped']:.3f}); "
+        f"{acc['compressed']:.3f} (dropping them instead: {acc['dropped']:.3f}); {held_out}; "
         f"parameters {result.params['original']:,} → {result.params['compressed']:,}; "
         f"wrote {result.out / 'report.md'} and {result.out / 'heatmap.png'} "
         f"in {result.seconds['total']:.0f} s"

