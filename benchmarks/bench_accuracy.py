@@ -137,7 +137,9 @@ def _measure(name: str, n: int, context: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def run(sizes: list[int], names: list[str], out: Path, append: bool) -> dict[str, Any]:
+def run(
+    sizes: list[int], names: list[str], out: Path, append: bool, redo: bool = False
+) -> dict[str, Any]:
     model, tokenizer, calib, selection, _ = bench_peers.bench_fidelity.data()
     bench_peers.SIZES_ASKED[:] = sizes
     record: dict[str, Any] = {"options": dict(OPTIONS), "tasks": list(TASKS), "rows": []}
@@ -151,6 +153,10 @@ def run(sizes: list[int], names: list[str], out: Path, append: bool) -> dict[str
             if r["row"] == DEFAULT_ROW and "error" not in r:
                 bench_peers.DEFAULT_PARAMS[r["blocks"]] = r["params"]
         record["rows"] = [r for r in record["rows"] if "error" not in r]
+        if redo:  # measure the asked rows at the asked sizes again
+            record["rows"] = [
+                r for r in record["rows"] if not (r["row"] in names and r["blocks"] in sizes)
+            ]
     record["machine"] = _machine.machine(os.getloadavg())
     context = {"model": model, "tokenizer": tokenizer, "calib": calib, "selection": selection}
     if "original" not in record:
@@ -302,6 +308,9 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=OPTIONS["skip"])
     parser.add_argument("--out", default="benchmarks/results/accuracy.json")
     parser.add_argument("--append", action="store_true", help="keep an earlier --out's rows")
+    parser.add_argument(
+        "--redo", action="store_true", help="with --append, measure the --rows at --sizes again"
+    )
     parser.add_argument("--tables", action="store_true", help="only write the tables")
     parser.add_argument("--readme", help="put the summary between <!-- accuracy --> markers")
     args = parser.parse_args()
@@ -310,7 +319,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     record = (
-        json.loads(out.read_text()) if args.tables else run(args.sizes, args.rows, out, args.append)
+        json.loads(out.read_text())
+        if args.tables
+        else run(args.sizes, args.rows, out, args.append, args.redo)
     )
     if not args.tables:
         record["wall_seconds"] = record.get("wall_seconds", 0) + time.perf_counter() - start
