@@ -57,6 +57,11 @@ def _pct(before: float, after: float) -> str:
     return f"{100 * (after - before) / before:+.1f}%".replace("-", "−")
 
 
+def _about(seconds: float) -> str:
+    """A wall time as quoted: to 10 s (it varies run to run; never compared)."""
+    return f"{max(10, round(seconds, -1)):.0f}"
+
+
 def render_demo(root: Path, r: dict[str, Any]) -> str:
     """The ViT demo's figures in words."""
     spans = " and ".join(f"`[{a}:{b}]`" for a, b in r["spans"])
@@ -77,8 +82,8 @@ def render_demo(root: Path, r: dict[str, Any]) -> str:
         f"{params['compressed']:,} ({_pct(params['original'], params['compressed'])}), MACs "
         f"{macs['original']:.2f} M → {macs['compressed']:.2f} M per image "
         f"({_pct(macs['original'], macs['compressed'])}); about {speed:.1f}× faster on 500 "
-        f"images; {r['seconds']['total']:.0f} s, training the ViT included "
-        f"({r['seconds']['total'] - r['seconds']['model']:.0f} s with it cached)."
+        f"images; about {_about(r['seconds']['total'])} s, training the ViT included "
+        f"(about {_about(r['seconds']['total'] - r['seconds']['model'])} s with it cached)."
     )
 
 
@@ -98,8 +103,8 @@ def render_demo_llm(root: Path, r: dict[str, Any]) -> str:
         f"**{ppl['compressed']:.2f}** (plain removal {ppl['plain_removal']:.2f}), KL "
         f"{r['kl']:.3f}, top-1 agreement {100 * r['agreement']:.1f}%; parameters "
         f"{r['params']['original']:,} → {r['params']['compressed']:,}; `model/` is {saved}; "
-        f"{r['seconds']['total']:.0f} s on 2 cores ({r['seconds']['load']:.0f} s loading "
-        "the GGUF)."
+        f"about {_about(r['seconds']['total'])} s on 2 cores (about "
+        f"{_about(r['seconds']['load'])} s loading the GGUF)."
     )
 
 
