@@ -157,6 +157,13 @@ def run(
             record["rows"] = [
                 r for r in record["rows"] if not (r["row"] in names and r["blocks"] in sizes)
             ]
+    if not bench_peers._SLEB_ORDER:
+        # SLEB's greedy order on the same calibration data, measured by bench_peers.py
+        # (its 212 passes are not repeated here when it holds the largest size asked)
+        peers = out.parent / "peers.json"
+        order = json.loads(peers.read_text()).get("sleb_order", []) if peers.exists() else []
+        if len(order) >= max(sizes):
+            bench_peers._SLEB_ORDER[:] = order
     record["machine"] = _machine.machine(os.getloadavg())
     context = {"model": model, "tokenizer": tokenizer, "calib": calib, "selection": selection}
     if "original" not in record:

@@ -65,13 +65,26 @@ def private_datasets_cache(tmp_path_factory, monkeypatch):
     return folder
 
 
-@pytest.fixture(scope="session")
-def digits_cache(tmp_path_factory):
-    """Where the digits ViT is cached: ``$TOAST_CACHE`` when set (so that
-    repeated local runs train it once), else a folder of this session."""
+@pytest.fixture(scope="session", autouse=True)
+def toast_cache(tmp_path_factory):
+    """toast's cache for the whole session: ``$TOAST_CACHE`` when set (so that
+    repeated local runs train the digits ViT and convert SmolLM2's GGUF file
+    once), else a folder of this session, never the user's own cache."""
     if os.environ.get("TOAST_CACHE"):
-        return os.environ["TOAST_CACHE"]
-    return str(tmp_path_factory.mktemp("toast-cache"))
+        yield os.environ["TOAST_CACHE"]
+        return
+    folder = str(tmp_path_factory.mktemp("toast-cache"))
+    os.environ["TOAST_CACHE"] = folder
+    try:
+        yield folder
+    finally:
+        del os.environ["TOAST_CACHE"]
+
+
+@pytest.fixture(scope="session")
+def digits_cache(toast_cache):
+    """Where the digits ViT is cached: the session's toast cache."""
+    return toast_cache
 
 
 @pytest.fixture(scope="session")

@@ -58,3 +58,14 @@ def test_cache_list_and_clear(tmp_path, capsys):
     assert main(["cache", "clear", "--cache", str(tmp_path)]) == 0
     assert "removed 2 entries (3.0 KiB)" in capsys.readouterr().out
     assert entries(tmp_path) == [] and clear(tmp_path) == []
+
+
+def test_cache_gguf_lists_the_converted_gguf_files(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TOAST_CACHE", str(tmp_path))
+    _entry(tmp_path / "gguf", "model-abc", 1024, 100)
+    _entry(tmp_path / "search", "k1", 2048, 100)
+    assert main(["cache", "list", "--gguf"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{tmp_path / 'gguf'}: 1 entries, 1.0 KiB of ")
+    assert main(["cache", "list", "--gguf", "--cache", str(tmp_path)]) == 2
+    assert "--cache and --gguf name two folders" in capsys.readouterr().err

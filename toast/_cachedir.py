@@ -28,6 +28,7 @@ __all__ = [
     "clear",
     "entries",
     "evict",
+    "gguf_cache_dir",
     "search_cache_dir",
     "touch",
 ]
@@ -45,6 +46,11 @@ def cache_root() -> Path:
 def search_cache_dir() -> Path:
     """Where ``toast.search`` keeps its calibrations and measurements."""
     return cache_root() / "search"
+
+
+def gguf_cache_dir() -> Path:
+    """Where the float32 copies of GGUF files are kept (:mod:`toast.io.gguf`)."""
+    return cache_root() / "gguf"
 
 
 def cache_limit() -> int:

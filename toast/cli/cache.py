@@ -1,6 +1,7 @@
 """``toast cache list`` and ``toast cache clear``: what ``toast search`` keeps
-between calls (:mod:`toast._cachedir`: entries, their sizes and last use,
-the total against ``$TOAST_CACHE_LIMIT``). Torch-free: nothing is loaded."""
+between calls, or with ``--gguf`` the float32 copies of GGUF files
+(:mod:`toast._cachedir`: entries, their sizes and last use, the total against
+``$TOAST_CACHE_LIMIT``). Torch-free: nothing is loaded."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toast._cachedir import LIMIT_VARIABLE, cache_limit, clear, entries, search_cache_dir
+from toast._cachedir import (
+    LIMIT_VARIABLE,
+    cache_limit,
+    clear,
+    entries,
+    gguf_cache_dir,
+    search_cache_dir,
+)
 from toast._validation import format_size
 from toast.cli.options import EXIT_STATUSES
 
@@ -29,10 +37,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--cache", default=None, help="cache folder (~/.cache/toast/search, as toast search)"
     )
+    p.add_argument(
+        "--gguf",
+        action="store_true",
+        help="the float32 copies of GGUF files a first load wrote (~/.cache/toast/gguf), "
+        "not the search cache",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    root = Path(args.cache) if args.cache else search_cache_dir()
+    if args.cache and args.gguf:
+        raise ValueError("--cache and --gguf name two folders: give one")
+    root = Path(args.cache) if args.cache else gguf_cache_dir() if args.gguf else search_cache_dir()
     if root.exists() and not root.is_dir():
         raise ValueError(f"--cache {args.cache} is a file; give the cache folder")
     if args.action == "clear":

@@ -20,6 +20,7 @@ import torch
 from toast._validation import Interval, check
 from toast.data import image_folder
 from toast.hf.data.text import TextData
+from toast.io.gguf import load_gguf_model, load_gguf_tokenizer
 
 __all__ = ["TOKENIZER_FILES", "load_batches", "load_model", "load_tokenizer"]
 
@@ -51,47 +52,16 @@ def load_model(path: str | os.PathLike) -> torch.nn.Module:
     """The model saved in ``path``, in eval mode: a toast save (through
     :func:`toast.load_pretrained`), a ``save_pretrained`` folder, or a
     ``.gguf`` file of a causal LM (dequantized to float32 by transformers'
-    GGUF loader, which needs the ``gguf`` package)."""
+    GGUF loader, which needs the ``gguf`` package, on the first load; later
+    loads read the float32 copy it cached: :mod:`toast.io.gguf`)."""
     from toast.io.load import load_pretrained
 
     root = Path(path)
     if root.suffix == ".gguf":
-        return _load_gguf(root)
+        return load_gguf_model(root)
     if (root / "toast_plan.json").is_file():
         return load_pretrained(root)
     return load_pretrained(_check_dir(root))
-
-
-def _load_gguf(file: Path) -> torch.nn.Module:
-    import transformers
-
-    if not file.is_file():
-        raise FileNotFoundError(f"{file} does not exist")
-    try:
-        import gguf  # noqa: F401  (transformers' GGUF reader)
-    except ImportError as exc:
-        raise ImportError(
-            f"loading {file.name} needs the gguf package: pip install 'toast-compress[llm]'"
-        ) from exc
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        file.parent, gguf_file=file.name, dtype=torch.float32, local_files_only=True
-    )
-    _forget_gguf_origin(model)
-    return model.eval()
-
-
-def _forget_gguf_origin(model: torch.nn.Module) -> None:
-    # transformers dequantizes every GGUF tensor to a plain float32 weight but
-    # keeps the model marked as quantized, and save_pretrained then refuses to
-    # write it. Nothing quantized is left: drop the marks, so that the model
-    # (compressed or not) saves as a standard float32 checkpoint.
-    marks = (("hf_quantizer", None), ("is_quantized", False), ("quantization_method", None))
-    for name, value in marks:
-        if hasattr(model, name):
-            setattr(model, name, value)
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "quantization_config"):
-        del config.quantization_config
 
 
 def load_tokenizer(path: str | os.PathLike) -> Any:
@@ -100,9 +70,7 @@ def load_tokenizer(path: str | os.PathLike) -> Any:
 
     root = Path(path)
     if root.suffix == ".gguf":
-        return transformers.AutoTokenizer.from_pretrained(
-            root.parent, gguf_file=root.name, local_files_only=True
-        )
+        return load_gguf_tokenizer(root)
     root = _check_dir(root)
     if not any((root / name).is_file() for name in TOKENIZER_FILES):
         # transformers would blame a missing sentencepiece or tiktoken instead
