@@ -77,3 +77,13 @@ def test_a_missing_marker_is_named(copy):
     readme.write_text(readme.read_text().replace("<!-- /demo-llm -->", ""))
     problems = check_docs.check(copy)
     assert any("'<!-- /demo-llm -->'" in p and p.startswith("README.md") for p in problems)
+
+
+def test_a_demo_figure_that_moved_is_named_and_timings_are_not():
+    committed = {"spans": [[4, 6]], "accuracy": {"compressed": 0.98}, "seconds": {"total": 100}}
+    now = {"spans": [[4, 6]], "accuracy": {"compressed": 0.97}, "seconds": {"total": 90}}
+    moved = check_docs.differences(committed, now, "demo.json")
+    assert moved == [
+        "demo.json: accuracy is {'compressed': 0.97} now, {'compressed': 0.98} committed"
+    ]
+    assert check_docs.differences(committed, {**committed, "seconds": {}}, "demo.json") == []

@@ -81,9 +81,12 @@ def test_cli_rejects_a_budget_the_model_cannot_take(capsys):
     assert "--budget must be between 1 and 6" in capsys.readouterr().err
 
 
-def test_llm_demo_writes_a_loadable_checkpoint_and_measured_perplexity(tmp_path, capsys):
+def test_llm_demo_writes_a_loadable_checkpoint_and_measured_perplexity(
+    tmp_path, capsys, monkeypatch
+):
     pytest.importorskip("gguf")
 
+    from toast.cli import demo_llm
     from toast.zoo import smollm2_gguf
 
     try:  # the package is installed --no-deps: find its file without importing it
@@ -91,27 +94,38 @@ def test_llm_demo_writes_a_loadable_checkpoint_and_measured_perplexity(tmp_path,
     except ImportError as exc:
         pytest.skip(str(exc))
 
+    # what the demo does, on a sixteenth of its tokens: its figures (the full
+    # run, minutes here) are CI's `python scripts/check_docs.py --rerun-demos`
+    monkeypatch.setattr(demo_llm, "_LENGTH", 64)
+    monkeypatch.setattr(demo_llm, "_CALIBRATION", 16)  # four batches: the last is held out
+    monkeypatch.setattr(demo_llm, "_HELD_OUT", 4)
     out = tmp_path / "llm"
     assert main(["demo", "--llm", "--out", str(out), "--no-progress"]) == 0  # 4 blocks
     assert "toast demo --llm: removed blocks[" in capsys.readouterr().out  # the result line
     config = json.loads((out / "model" / "config.json").read_text())
     # 4 blocks out; a linear block in their place where the block placement measured better
-    placement = json.loads((out / "result.json").read_text())["placement"]
+    result = json.loads((out / "result.json").read_text())
+    placement = result["placement"]
     assert config["num_hidden_layers"] == (27 if placement == "block" else 26)
     assert (out / "model" / "toast_plan.json").is_file() == (placement == "block")
     assert (out / "model" / "model.safetensors").is_file()
     assert "ReplaceMe" in (out / "model" / "README.md").read_text()  # the model card
     assert (out / "distances.png").read_bytes()[:4] == b"\x89PNG"
     report = (out / "report.md").read_text()
+    assert "Calibration: 16 × 64 tokens" in report
     ppl = {
         name: float(re.search(rf"\| {name}[^|]* \| ([0-9.]+) \|", report).group(1))
         for name in ("original", "plain removal", "compressed")
     }
-    # ReplaceMe Table 2's claim on a real model: the fitted transform beats plain removal
-    assert ppl["original"] < ppl["compressed"] < ppl["plain removal"]
-    # the README quotes benchmarks/results/demo_llm.json (scripts/check_docs.py)
-    committed = json.loads((RESULTS / "demo_llm.json").read_text())
-    assert _figures(json.loads((out / "result.json").read_text())) == _figures(committed)
+    # on 768 rows of width 576 the fit may lose its held-out check: then the cut
+    # is plain removal, never worse (the full demo's fit wins: README, CI)
+    assert ppl["original"] < ppl["compressed"] <= ppl["plain removal"]
+    # result.json holds what the report says (the README quotes the full run's)
+    measured = result["perplexity"]
+    assert [measured[k] for k in ("original", "plain_removal", "compressed")] == [
+        pytest.approx(ppl[k], abs=0.01) for k in ("original", "plain removal", "compressed")
+    ]
+    assert set(result) == set(json.loads((RESULTS / "demo_llm.json").read_text()))
 
 
 def test_llm_demo_rejects_a_budget_the_model_cannot_take(capsys):
