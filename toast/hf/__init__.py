@@ -72,7 +72,7 @@ __getattr__ = lazy_getattr(
         "Quality": "toast.hf.evaluate.quality",
         "skipped_blocks": "toast.hf.evaluate.quality",
         "Checkpoint": "toast.hf.model.checkpoint",
-        "DiskModel": "toast.hf.capture.sequential",
+        "DiskModel": "toast.hf.capture.disk_model",
         "stream_blocks": "toast.hf.capture.sequential",
         "capture_moments_from_disk": "toast.hf.capture.disk_moments",
         "memory_plan": "toast.hf.capture.budget",

@@ -11,7 +11,7 @@ rows with massive activations); each method's ``calibrate`` turns that
 ``propose`` gives :class:`Plan` s with exact sizes and predicted errors;
 ``apply`` patches a model in place (the caller copies it first).
 
-On a checkpoint too big to load (:class:`toast.hf.capture.sequential.DiskModel`)
+On a checkpoint too big to load (:class:`toast.hf.capture.disk_model.DiskModel`)
 the same stages run block by block: :func:`capture_shared_from_disk`
 gives the same shared pass, ``calibrate_from_disk`` the same Stats (None:
 the method needs the model in memory), ``edits`` a plan as changes of the

@@ -139,7 +139,7 @@ def plan_checkpoint(
     """The path for the checkpoint in ``folder`` under ``max_memory`` and,
     for the block-by-block path, the checkpoint's structure (its blocks
     found once, on the skeleton, computing in ``compute``:
-    :func:`toast.hf.capture.sequential.compute_dtype`). ``sequential=True``/``False`` forces a
+    :func:`toast.hf.capture.disk_model.compute_dtype`). ``sequential=True``/``False`` forces a
     path. The choice and its reason are logged, and printed after
     ``command`` for the block-by-block path (slower, fewer options) or with
     ``progress``.

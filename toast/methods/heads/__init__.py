@@ -17,7 +17,8 @@ are torch-free):
 - :mod:`~toast.methods.heads.scwp` — :func:`prune_heads` (masked and
   dense forms);
 - :mod:`~toast.methods.heads.tcs` — :func:`enable_tcs` /
-  :func:`disable_tcs`;
+  :func:`disable_tcs`; :mod:`~toast.methods.heads.tcs_mlp` — the TCS MLP
+  they install;
 - :mod:`~toast.methods.heads.finetune` — the optional recovery fine-tune;
 - :mod:`~toast.methods.heads.config` — :class:`ToastVitConfig`;
 - :mod:`~toast.methods.heads.compress` — :func:`compress_vit`, registered

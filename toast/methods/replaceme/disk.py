@@ -399,7 +399,7 @@ def replaceme_from_disk(
 ) -> ReplaceMeReport:
     """ReplaceMe on the checkpoint in ``folder`` without loading the model.
 
-    ``folder`` may also be a :class:`~toast.hf.capture.sequential.DiskModel` opened
+    ``folder`` may also be a :class:`~toast.hf.capture.disk_model.DiskModel` opened
     before. ``data`` is a loader of tokenized batches, or raw text with
     ``tokenizer=`` (and ``max_length``, ``batch_size``...: see
     :func:`toast.compress`); ``config`` and/or its fields as keywords choose

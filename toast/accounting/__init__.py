@@ -65,15 +65,38 @@ A compressed model has one translator per span: identity 0 parameters, linear
 ``d²`` (toast's translator without a bias), affine ``d² + d``.
 :func:`paper_params_removed` is TOAST's own "Params." arithmetic, which
 subtracts ``d² + d`` per *removed block* rather than per span.
+
+**Where it lives**: the MAC counts (:class:`Counts`, :class:`MacReport`,
+:func:`macs`) are here; the parameter counts in :mod:`toast.accounting.params`
+and what both read from a config (the architecture's sizes, the translator
+kinds and heads they accept) in :mod:`toast.accounting.arch`. Every public
+name of the package is importable from ``toast.accounting``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from dataclasses import astuple, dataclass
+from typing import TYPE_CHECKING, Any
 
 from toast._validation import Interval, Options, check
+from toast.accounting.arch import (
+    HADAMARD_KINDS,
+    TRANSLATOR_KINDS,
+    Arch,
+    Head,
+    TranslatorKind,
+    arch_of,
+    check_head,
+    check_translator,
+    pair,
+)
+from toast.accounting.params import (
+    block_params_from_config,
+    count_params_from_config,
+    paper_params_removed,
+    translator_params,
+)
 from toast.spans import validate_spans
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,26 +115,10 @@ __all__ = [
     "translator_params",
 ]
 
-TranslatorKind = Literal["identity", "linear", "affine", "diagonal", "mlp", "resmlp"]
-Head = Literal["base", "none", "classifier"]
-
-#: Translator kinds a config-only prediction knows: ``identity``, ``linear``
-#: (``x W``), ``affine`` (``x W + b``), ``diagonal`` (:class:`toast.translators.DiagonalMap`),
-#: ``mlp``, ``resmlp`` (:mod:`toast.translators`), and the ``d × d`` maps of
-#: :mod:`toast.core.patch` in the Hadamard basis (no bias).
-_HADAMARD_KINDS = ("linearpatch", "rotated_diagonal", "patch_ridge")
-TRANSLATOR_KINDS: tuple[str, ...] = (*get_args(TranslatorKind), *_HADAMARD_KINDS)
 #: What :func:`macs` counts: ``"all"`` the matmuls (linear layers, patch
 #: embedding, attention products; analytic), ``"linear"`` the ``nn.Linear``
 #: layers alone (counted by hooks; ``toast.search``'s ``macs=`` target).
 MAC_CONVENTIONS: tuple[str, ...] = ("all", "linear")
-
-_HEADS = ("base", "none", "classifier")
-
-_FAMILIES = {
-    "vit": "vit", "deit": "deit", "dinov2": "dinov2", "clip_vision_model": "clip_vision",
-    "bert": "bert",
-}  # fmt: skip
 
 # Model classes whose head runs on every token (or reshapes the batch): the
 # head MACs of :func:`macs` assume one pooled vector per input, so refuse.
@@ -222,255 +229,7 @@ class MacReport:
         return self.total.fvcore_flops / 1e9
 
 
-@dataclass(frozen=True)
-class _Arch:
-    """The sizes of a supported architecture, read from its config."""
-
-    family: str
-    hidden: int
-    heads: int
-    layers: int
-    ffn: int  # MLP hidden width
-    swiglu: bool  # DINOv2's SwiGLU feed-forward (gate, up, down)
-    qkv_bias: bool
-    num_labels: int
-    pooler_out: int
-    # vision
-    channels: int = 0
-    patch: tuple[int, int] = (0, 0)
-    grid_image: tuple[int, int] = (0, 0)  # config image size: position-embedding grid
-    prefix: int = 0  # CLS (+ distillation) tokens
-    mask_token: bool = False
-    # text
-    vocab: int = 0
-    max_positions: int = 0
-    type_vocab: int = 0
-
-    @property
-    def vision(self) -> bool:
-        return self.family != "bert"
-
-    def patches(self, image: tuple[int, int]) -> int:
-        return (image[0] // self.patch[0]) * (image[1] // self.patch[1])
-
-
-def pair(value: Any) -> tuple[int, int]:
-    """``(h, w)`` from an HF size field: an int (square) or a 2-sequence."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != 2:
-            raise ValueError(f"expected an int or a pair, got {value!r}")
-        return int(value[0]), int(value[1])
-    return int(value), int(value)
-
-
-def _arch(config: Any) -> _Arch:
-    model_type = getattr(config, "model_type", None)
-    family = _FAMILIES.get(str(model_type))
-    if family is None:
-        raise ValueError(
-            f"toast.accounting counts {sorted(_FAMILIES)} configs, got model_type "
-            f"{model_type!r} ({type(config).__name__})"
-        )
-    hidden = int(config.hidden_size)
-    heads = int(config.num_attention_heads)
-    if hidden % heads:
-        raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
-    # The fields every family shares; each family below fills in the rest.
-    common = _Arch(
-        family=family,
-        hidden=hidden,
-        heads=heads,
-        layers=int(config.num_hidden_layers),
-        ffn=0,
-        swiglu=False,
-        qkv_bias=True,
-        num_labels=int(getattr(config, "num_labels", 0) or 0),
-        pooler_out=0,
-    )
-    if family == "bert":
-        return replace(
-            common,
-            ffn=int(config.intermediate_size),
-            pooler_out=hidden,
-            vocab=int(config.vocab_size),
-            max_positions=int(config.max_position_embeddings),
-            type_vocab=int(config.type_vocab_size),
-        )
-    vision = replace(
-        common,
-        channels=int(config.num_channels),
-        patch=pair(config.patch_size),
-        grid_image=pair(config.image_size),
-        prefix=1,
-    )
-    if family == "dinov2":
-        return _dinov2_arch(vision, config)
-    if family == "clip_vision":
-        return replace(vision, ffn=int(config.intermediate_size))
-    # vit, deit
-    return replace(
-        vision,
-        ffn=int(config.intermediate_size),
-        qkv_bias=bool(config.qkv_bias),
-        pooler_out=int(getattr(config, "pooler_output_size", None) or hidden),
-        prefix=2 if family == "deit" else 1,
-    )
-
-
-def _dinov2_arch(vision: _Arch, config: Any) -> _Arch:
-    ffn = int(vision.hidden * config.mlp_ratio)
-    swiglu = bool(getattr(config, "use_swiglu_ffn", False))
-    if swiglu:  # Dinov2SwiGLUFFN's hidden width, rounded up to a multiple of 8
-        ffn = (int(ffn * 2 / 3) + 7) // 8 * 8
-    return replace(
-        vision,
-        ffn=ffn,
-        swiglu=swiglu,
-        qkv_bias=bool(config.qkv_bias),
-        mask_token=bool(getattr(config, "use_mask_token", True)),
-    )
-
-
-def _check_translator(translator: str) -> None:
-    check("translator", translator, Options(TRANSLATOR_KINDS))
-
-
-def _check_head(arch: _Arch, head: str) -> None:
-    check("head", head, Options(_HEADS))
-    if head == "classifier" and arch.family == "clip_vision":
-        raise ValueError(
-            "a CLIP vision config has no classification model (CLIPForImageClassification "
-            "takes a full CLIPConfig); use head='base'"
-        )
-
-
-# ---------------------------------------------------------------- parameters
-
-
-def translator_params(kind: TranslatorKind | str, dim: int) -> int:
-    """Parameters of one translator of ``kind`` on ``dim`` features:
-    identity 0, linear ``d²`` (and the Hadamard-basis kinds), affine
-    ``d² + d``, diagonal ``2d``, MLP ``2·d·(d//2) + d//2 + d``, Res-MLP
-    ``2(d² + d) + 4d``."""
-    _check_translator(kind)
-    d = int(dim)
-    hidden = max(1, d // 2)
-    return {
-        "identity": 0,
-        "linear": d * d,
-        "affine": d * d + d,
-        "diagonal": 2 * d,
-        "mlp": d * hidden + hidden + hidden * d + d,
-        "resmlp": 2 * (d * d + d) + 4 * d,
-        **dict.fromkeys(_HADAMARD_KINDS, d * d),
-    }[kind]
-
-
-def _block_params(a: _Arch) -> int:
-    d, f = a.hidden, a.ffn
-    norms = 2 * (2 * d)
-    if a.family == "bert":
-        return 4 * (d * d + d) + norms + (d * f + f) + (f * d + d)
-    qkv = 3 * (d * d + (d if a.qkv_bias else 0))
-    out = d * d + d
-    if a.swiglu:
-        mlp = 2 * (d * f + f) + (f * d + d)
-    else:
-        mlp = (d * f + f) + (f * d + d)
-    layer_scale = 2 * d if a.family == "dinov2" else 0
-    return norms + qkv + out + mlp + layer_scale
-
-
-def _embedding_params(a: _Arch) -> int:
-    d = a.hidden
-    if a.family == "bert":
-        return (a.vocab + a.max_positions + a.type_vocab) * d + 2 * d
-    positions = a.patches(a.grid_image) + a.prefix
-    conv = a.channels * a.patch[0] * a.patch[1] * d
-    if a.family == "clip_vision":
-        # class embedding, bias-free conv, position embedding, pre_layrnorm
-        return d + conv + positions * d + 2 * d
-    tokens = a.prefix * d + (d if a.mask_token else 0)
-    return tokens + conv + d + positions * d
-
-
-def _final_norm_params(a: _Arch) -> int:
-    return 0 if a.family == "bert" else 2 * a.hidden
-
-
-def _head_params(a: _Arch, head: str) -> int:
-    d = a.hidden
-    pooler = a.pooler_out * d + a.pooler_out if a.family in ("vit", "deit", "bert") else 0
-    if head == "none":
-        return 0
-    if head == "base":
-        return pooler
-    labels = a.num_labels
-    if a.family == "dinov2":
-        return 2 * d * labels + labels if labels else 0
-    classifier = d * labels + labels if labels else 0
-    # BERT's sequence classifier keeps the pooler; ViT and DeiT drop it.
-    return classifier + (pooler if a.family == "bert" else 0)
-
-
-def block_params_from_config(config: Any) -> int:
-    """Parameters of one transformer block of the architecture ``config``
-    describes (ViT: ``12d² + 13d`` with the default 4d MLP and QKV biases;
-    DINOv2 adds LayerScale's ``2d``)."""
-    return _block_params(_arch(config))
-
-
-def count_params_from_config(
-    config: Any,
-    *,
-    removed_spans: Sequence[tuple[int, int]] = (),
-    translator: TranslatorKind | str = "identity",
-    head: Head | str = "base",
-) -> int:
-    """Exact parameter count of the model ``config`` builds, computed from
-    the config alone.
-
-    ``head`` chooses the model class (``"base"``: ``AutoModel``; ``"none"``:
-    no pooler; ``"classifier"``: ``AutoModelFor…Classification``, see the
-    module docstring). With ``removed_spans`` (toast spans ``(start, stop)``),
-    the count is that of the compressed model :func:`toast.io.replace_spans`
-    builds: the blocks of every span gone and one ``translator``
-    (:data:`TRANSLATOR_KINDS`) per span in their place.
-    """
-    a = _arch(config)
-    _check_head(a, head)
-    _check_translator(translator)
-    spans = validate_spans(removed_spans, a.layers)
-    removed = sum(stop - start for start, stop in spans)
-    return (
-        _embedding_params(a)
-        + (a.layers - removed) * _block_params(a)
-        + len(spans) * translator_params(translator, a.hidden)
-        + _final_norm_params(a)
-        + _head_params(a, head)
-    )
-
-
-def paper_params_removed(config: Any, removed_spans: Sequence[tuple[int, int]]) -> int:
-    """Parameters removed in TOAST's "Params." arithmetic:
-    ``(#removed blocks) × (P_block − d² − d)``.
-
-    The paper subtracts one affine translator (``d² + d``) per removed
-    *block*, for identity and linear rows alike, although a span has one
-    translator without a bias. For spans of one block this equals the exact
-    saving with an affine translator; for longer spans it is
-    ``(len(span) − 1)·(d² + d)`` below that saving.
-    """
-    a = _arch(config)
-    spans = validate_spans(removed_spans, a.layers)
-    removed = sum(stop - start for start, stop in spans)
-    return removed * (_block_params(a) - a.hidden * a.hidden - a.hidden)
-
-
-# ---------------------------------------------------------------------- MACs
-
-
-def _block_counts(a: _Arch, n: int) -> Counts:
+def _block_counts(a: Arch, n: int) -> Counts:
     d, f = a.hidden, a.ffn
     projections = 4 * n * d * d
     mlp = n * (3 * d * f if a.swiglu else 2 * d * f)
@@ -482,7 +241,7 @@ def _block_counts(a: _Arch, n: int) -> Counts:
     )
 
 
-def _embedding_counts(a: _Arch, n: int, image: tuple[int, int] | None) -> Counts:
+def _embedding_counts(a: Arch, n: int, image: tuple[int, int] | None) -> Counts:
     d = a.hidden
     if a.family == "bert":
         return Counts(norm=n * d)
@@ -492,14 +251,14 @@ def _embedding_counts(a: _Arch, n: int, image: tuple[int, int] | None) -> Counts
     return Counts(dense=conv, norm=pre_norm)
 
 
-def _final_norm_counts(a: _Arch, n: int) -> Counts:
+def _final_norm_counts(a: Arch, n: int) -> Counts:
     if a.family == "bert":
         return Counts()
     # CLIP's post_layernorm normalises the pooled CLS token only.
     return Counts(norm=a.hidden if a.family == "clip_vision" else n * a.hidden)
 
 
-def _head_counts(a: _Arch, head: str) -> Counts:
+def _head_counts(a: Arch, head: str) -> Counts:
     d = a.hidden
     pooler = d * a.pooler_out if a.family in ("vit", "deit", "bert") else 0
     if head == "none":
@@ -515,7 +274,7 @@ def _translator_counts(kind: str, d: int, n: int) -> Counts:
     hidden = max(1, d // 2)
     if kind in ("identity", "diagonal"):
         return Counts()
-    if kind in ("linear", "affine", *_HADAMARD_KINDS):
+    if kind in ("linear", "affine", *HADAMARD_KINDS):
         return Counts(dense=n * d * d)
     if kind == "mlp":
         return Counts(dense=2 * n * d * hidden)
@@ -547,7 +306,7 @@ def _module_counts(module: nn.Module, n: int) -> Counts:
     return Counts(dense=dense, norm=norm)
 
 
-def _tokens(a: _Arch, image_size: Any, seq_len: int | None) -> tuple[int, tuple[int, int] | None]:
+def _tokens(a: Arch, image_size: Any, seq_len: int | None) -> tuple[int, tuple[int, int] | None]:
     if a.vision:
         image = pair(image_size) if image_size is not None else a.grid_image
         if image[0] < a.patch[0] or image[1] < a.patch[1]:
@@ -598,7 +357,7 @@ def macs(
     """
     batch = check("batch", batch, Interval(int, 1, None))
     check("convention", convention, Options(MAC_CONVENTIONS))
-    _check_translator(translator)
+    check_translator(translator)
     if convention == "linear":
         if removed_spans or translator != "identity" or head is not None:
             raise ValueError("convention='linear' counts a model as it is: pass no spans or head")
@@ -613,11 +372,11 @@ def macs(
         config = getattr(module, "config", None)
         if config is None:
             raise ValueError(f"{type(module).__name__} has no .config to read sizes from")
-        a = _arch(config)
+        a = arch_of(config)
         n, image = _tokens(a, image_size, seq_len)
         block_counts, translators, head_counts = _count_module(module, a, n, blocks)
     else:
-        a = _arch(model_or_config)
+        a = arch_of(model_or_config)
         n, image = _tokens(a, image_size, seq_len)
         block_counts, translators, head_counts = _count_config(
             a, n, removed_spans, translator, "base" if head is None else head
@@ -637,11 +396,11 @@ _Parts = tuple[tuple[Counts, ...], tuple[Counts, ...], Counts]
 
 
 def _count_config(
-    a: _Arch, n: int, removed_spans: Sequence[tuple[int, int]], translator: str, head: str
+    a: Arch, n: int, removed_spans: Sequence[tuple[int, int]], translator: str, head: str
 ) -> _Parts:
     """Blocks, translators and head of the model a config builds, with
     ``removed_spans`` replaced by one ``translator`` each."""
-    _check_head(a, head)
+    check_head(a, head)
     spans = validate_spans(removed_spans, a.layers)
     removed = sum(stop - start for start, stop in spans)
     block_counts = (_block_counts(a, n),) * (a.layers - removed)
@@ -649,7 +408,7 @@ def _count_config(
     return block_counts, translators, _head_counts(a, head)
 
 
-def _count_module(module: nn.Module, a: _Arch, n: int, blocks: str | None) -> _Parts:
+def _count_module(module: nn.Module, a: Arch, n: int, blocks: str | None) -> _Parts:
     """Blocks, translators and head of a (possibly patched) model."""
     from torch import nn
 
