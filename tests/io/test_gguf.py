@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
+from tests._helpers.digest import model_digest  # noqa: E402
 from tests._helpers.tokenizers import char_tokenizer  # noqa: E402
 from toast.io import gguf as gguf_io  # noqa: E402
 from toast.io.local import load_model, load_tokenizer  # noqa: E402
@@ -123,26 +124,15 @@ def test_a_killed_writes_folder_is_swept_once_an_hour_old(fake):
     assert fresh.is_dir() and not old.exists()
 
 
-def test_smollm2_from_the_cache_equals_the_gguf_load(tmp_path, monkeypatch):
-    from toast.zoo import smollm2_gguf
-
-    try:
-        file = smollm2_gguf()
-    except ImportError as exc:
-        pytest.skip(str(exc))
-    monkeypatch.setenv("TOAST_CACHE", str(tmp_path / "cache"))
-    read = load_model(file)  # from the GGUF file, and written to the cache
+def test_smollm2_from_the_cache_equals_the_gguf_load(smollm2_file, monkeypatch):
+    file, read_digest = smollm2_file  # the session read the GGUF file once
     cached = load_model(file)
-    assert _same(read, cached)
-    assert cached.config.to_dict() == read.config.to_dict()
-    assert cached.generation_config.to_dict() == read.generation_config.to_dict()
-    ids = torch.tensor([[1, 504, 3219, 28, 601, 314, 253, 1028, 30]])
-    with torch.inference_mode():
-        assert torch.equal(read(ids).logits, cached(ids).logits)
+    assert (gguf_io.entry_for(file) / "model" / "config.json").is_file()
+    assert cached.name_or_path == str(file.parent)
+    assert model_digest(cached) == read_digest  # tensors, config, generation config
     text = "Depth pruning, déjà vu: <|im_start|>user\nHi!<|im_end|>"
+    from_cache = load_tokenizer(file)
     monkeypatch.setenv(gguf_io.CACHE_VARIABLE, "0")
     from_file = load_tokenizer(file)
-    monkeypatch.delenv(gguf_io.CACHE_VARIABLE)
-    from_cache = load_tokenizer(file)
     assert from_cache(text).input_ids == from_file(text).input_ids
     assert from_cache.chat_template == from_file.chat_template

@@ -28,7 +28,6 @@ import toast  # noqa: E402
 from toast.data import stdlib_sentences  # noqa: E402
 from toast.io.local import load_model, load_tokenizer  # noqa: E402
 from toast.methods.replaceme import replaceme  # noqa: E402
-from toast.zoo import smollm2_gguf  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -53,11 +52,8 @@ def _perplexity(model, ids: torch.Tensor) -> float:
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    try:
-        gguf_file = smollm2_gguf()
-    except ImportError as exc:
-        pytest.skip(str(exc))
+def smollm2(smollm2_file):
+    gguf_file, _ = smollm2_file
     torch.manual_seed(0)
     model = load_model(gguf_file)
     tokenizer = load_tokenizer(gguf_file)
@@ -108,7 +104,7 @@ def test_the_folded_checkpoint_reloads_without_toast_with_identical_logits(smoll
     torch.save(ids, tmp_path / "ids.pt")
     script = (
         "import json, sys, torch, transformers\n"
-        "torch.set_num_threads(1)\n"  # as the test process (one_torch_thread): the same sums
+        f"torch.set_num_threads({torch.get_num_threads()})\n"  # as this process: the same sums
         "model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()\n"
         "ids = torch.load(sys.argv[2])\n"
         "with torch.inference_mode():\n"
@@ -135,7 +131,7 @@ def test_the_folded_checkpoint_reloads_without_toast_with_identical_logits(smoll
 
 
 def test_the_cli_goes_from_a_gguf_file_and_a_text_file_to_a_checkpoint_and_measured_perplexity(
-    tmp_path,
+    smollm2_file, tmp_path
 ):
     from toast.cli import main
 
@@ -143,7 +139,7 @@ def test_the_cli_goes_from_a_gguf_file_and_a_text_file_to_a_checkpoint_and_measu
     data.write_text("\n".join(stdlib_sentences(limit=400)[:96]) + "\n", encoding="utf-8")
     out = tmp_path / "pruned"
     argv = [
-        "compress", "--method", "replaceme", str(smollm2_gguf()), "--data", str(data),
+        "compress", "--method", "replaceme", str(smollm2_file[0]), "--data", str(data),
         "--heldout", "0.25", "--num-blocks", "2", "--max-length", "64", "--pack",
         "--out", str(out), "--no-progress",
     ]  # fmt: skip
@@ -162,8 +158,8 @@ def test_the_cli_goes_from_a_gguf_file_and_a_text_file_to_a_checkpoint_and_measu
     assert all(1 < value < 1e4 for value in rows.values())  # perplexities, measured
 
 
-def test_chat_rows_go_through_smollm2s_own_chat_template():
-    tokenizer = load_tokenizer(smollm2_gguf())
+def test_chat_rows_go_through_smollm2s_own_chat_template(smollm2_file):
+    tokenizer = load_tokenizer(smollm2_file[0])
     messages = [
         {"role": "user", "content": "What is the capital of France?"},
         {"role": "assistant", "content": "The capital of France is Paris."},

@@ -88,10 +88,10 @@ def load_gguf_model(file: Path) -> torch.nn.Module:
         # named as the GGUF load names it: where the file lies, not the cache
         model.config._name_or_path = model.name_or_path = str(file.parent)
         return model.eval()
-    model = _read_model(file)
+    read = _read_model(file)
     if _enabled():
-        _store(file, model, _read_tokenizer(file))
-    return model.eval()
+        _store(file, read, _read_tokenizer(file))
+    return read.eval()
 
 
 def load_gguf_tokenizer(file: Path) -> Any:
@@ -150,7 +150,7 @@ def _sweep(root: Path) -> None:
                 shutil.rmtree(path, ignore_errors=True)
 
 
-def _store(file: Path, model: torch.nn.Module, tokenizer: Any) -> None:
+def _store(file: Path, model: Any, tokenizer: Any) -> None:
     """Writes the entry of ``file``: the model and the tokenizer as loaded."""
     entry = entry_for(file)
     temporary: Path | None = None
