@@ -100,7 +100,7 @@ def smollm2_file(toast_cache):
     except ImportError as exc:
         pytest.skip(str(exc))
     with pytest.MonkeyPatch.context() as mp:
-        if (gguf_io.entry_for(file) / "complete").is_file():  # a warm $TOAST_CACHE
+        if gguf_io.is_cached(file):  # a warm $TOAST_CACHE
             mp.setenv(gguf_io.CACHE_VARIABLE, "0")
         read = load_model(file)  # from the GGUF file (and cached when not yet)
     return file, model_digest(read)

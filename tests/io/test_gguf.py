@@ -3,8 +3,8 @@ float32 copy in the cache, which holds exactly what the GGUF load gave."""
 
 from __future__ import annotations
 
-import os
-import time
+import subprocess
+import sys
 
 import pytest
 
@@ -14,6 +14,7 @@ pytest.importorskip("gguf")
 
 from tests._helpers.digest import model_digest  # noqa: E402
 from tests._helpers.tokenizers import char_tokenizer  # noqa: E402
+from toast._scratch import hidden_sibling  # noqa: E402
 from toast.io import gguf as gguf_io  # noqa: E402
 from toast.io.local import load_model, load_tokenizer  # noqa: E402
 
@@ -112,16 +113,18 @@ def test_an_unwritable_cache_warns_and_the_model_still_loads(fake, tmp_path, mon
     assert _same(model, _tiny_llama())
 
 
-def test_a_killed_writes_folder_is_swept_once_an_hour_old(fake):
+def test_a_killed_writes_folder_is_swept_and_a_live_ones_kept(fake):
     file, _ = fake
     root = gguf_io.entry_for(file).parent
-    old, fresh = root / ".tiny-old.x", root / ".tiny-fresh.x"
-    for folder in (old, fresh):
-        folder.mkdir(parents=True)
-    hour_ago = time.time() - 2 * 3600
-    os.utime(old, (hour_ago, hour_ago))
+    exited = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    name = gguf_io.entry_for(file).name
+    dead = root / f".{name}.gguf-{int(exited.stdout)}-12345-0123abcd"
+    live = hidden_sibling(gguf_io.entry_for(file), "gguf")  # this process's own
+    dead.mkdir(parents=True)
     load_model(file)
-    assert fresh.is_dir() and not old.exists()
+    assert live.is_dir() and not dead.exists()
+    assert gguf_io.is_cached(file)
 
 
 def test_smollm2_from_the_cache_equals_the_gguf_load(smollm2_file, monkeypatch):

@@ -8,8 +8,10 @@ version); later loads read that folder in seconds. The copy holds exactly the
 tensors and config the GGUF load gave (a test compares them), so a result
 never depends on whether the cache was warm.
 
-Entries are written into a hidden temporary folder that is renamed into place
-only once complete, so an interrupted write is never read; they count against
+Entries are written into a hidden folder beside them that records its owner
+(:func:`toast._scratch.hidden_sibling`) and is renamed into place only once
+complete, so an interrupted write is never read and what a killed one left is
+removed by the next write; they count against
 ``$TOAST_CACHE_LIMIT`` with the search cache's least-recently-used eviction
 (:mod:`toast._cachedir`; ``toast cache list|clear --gguf``). Set
 ``TOAST_GGUF_CACHE=0`` to always read the GGUF file itself. A cache that
@@ -23,8 +25,6 @@ import contextlib
 import hashlib
 import os
 import shutil
-import tempfile
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,8 +32,9 @@ from typing import Any
 import torch
 
 from toast._cachedir import cache_limit, evict, gguf_cache_dir, touch
+from toast._scratch import hidden_sibling
 
-__all__ = ["CACHE_VARIABLE", "entry_for", "load_gguf_model", "load_gguf_tokenizer"]
+__all__ = ["CACHE_VARIABLE", "entry_for", "is_cached", "load_gguf_model", "load_gguf_tokenizer"]
 
 CACHE_VARIABLE = "TOAST_GGUF_CACHE"
 _RECIPE = "v1"  # bump when what an entry holds changes
@@ -65,12 +66,15 @@ def _require_gguf(file: Path) -> None:
         ) from exc
 
 
+def is_cached(file: Path) -> bool:
+    """Whether the cache holds a complete copy of ``file``."""
+    return (entry_for(file) / _COMPLETE).is_file()
+
+
 def _cached(file: Path, part: str) -> Path | None:
-    if not _enabled():
+    if not _enabled() or not is_cached(file):
         return None
     entry = entry_for(file)
-    if not (entry / _COMPLETE).is_file():
-        return None
     touch(entry)
     return entry / part
 
@@ -140,24 +144,13 @@ def _forget_gguf_origin(model: torch.nn.Module) -> None:
         del config.quantization_config
 
 
-def _sweep(root: Path) -> None:
-    """Removes the temporary folders of writes killed with SIGKILL (which
-    cannot clean up): hidden, and untouched for an hour."""
-    now = time.time()
-    for path in root.glob(".*"):
-        with contextlib.suppress(OSError):
-            if path.is_dir() and now - path.stat().st_mtime > 3600:
-                shutil.rmtree(path, ignore_errors=True)
-
-
 def _store(file: Path, model: Any, tokenizer: Any) -> None:
     """Writes the entry of ``file``: the model and the tokenizer as loaded."""
     entry = entry_for(file)
     temporary: Path | None = None
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        _sweep(entry.parent)
-        temporary = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+        # owned by this process; what a killed write left goes at the next write
+        temporary = hidden_sibling(entry, "gguf")
         model.save_pretrained(temporary / "model")
         tokenizer.save_pretrained(temporary / "tokenizer")
         (temporary / _COMPLETE).write_text(f"{file.resolve()}\n")
