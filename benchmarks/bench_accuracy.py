@@ -67,7 +67,10 @@ LAMBADA = "lambada_openai"
 DEFAULT_ROW = bench_peers.DEFAULT_ROW
 SEARCH_TASK_ROW = "toast.search, objective task:"
 SEARCH_KL_ROW = "toast.search, objective kl"
+WINDOW_ROW = "TOAST on LLM-Streamline's window"
 OPTIONS: dict[str, Any] = {"limit": 25, "skip": 10, "batch_size": 16}
+#: Options later added, with the value every earlier record was measured at.
+LATER_OPTIONS: dict[str, Any] = {"tasks": list(TASKS), "lambada": True}
 
 
 def _search_by_task(model: torch.nn.Module, calib: Any, selection: Any, n: int):
@@ -101,8 +104,24 @@ def _search_by_kl(model: torch.nn.Module, calib: Any, selection: Any, n: int):
 
 
 def rows() -> dict[str, Any]:
-    """Every row of bench_peers.py, then the search choosing by accuracy and by KL."""
-    return {**bench_peers.ROWS, SEARCH_TASK_ROW: _search_by_task, SEARCH_KL_ROW: _search_by_kl}
+    """Every row of bench_peers.py, then the search choosing by accuracy and
+    by KL, then TOAST's default fit on the window the peers choose."""
+    return {
+        **bench_peers.ROWS,
+        SEARCH_TASK_ROW: _search_by_task,
+        SEARCH_KL_ROW: _search_by_kl,
+        # whether a peer's lead comes from its window or from its fit: TOAST's
+        # translator, massive-row handling and held-out check on LLM-Streamline's
+        # window (the one Ghosted Layers, LinearPatch and UIDL remove)
+        WINDOW_ROW: bench_peers._compress(
+            "toast", single_window=True, metric="cosine", estimator="gcv"
+        ),
+    }
+
+
+def tasks() -> list[str]:
+    """The tasks scored (``--tasks``; the seven by default)."""
+    return list(OPTIONS.get("tasks", TASKS))
 
 
 def score(model: torch.nn.Module, tokenizer: Any) -> dict[str, Any]:
@@ -111,7 +130,9 @@ def score(model: torch.nn.Module, tokenizer: Any) -> dict[str, Any]:
         "limit": OPTIONS["limit"], "skip": OPTIONS["skip"], "batch_size": OPTIONS["batch_size"],
         "progress": False, "cache": False,
     }  # fmt: skip
-    report = toast.evaluate(model, list(TASKS), tokenizer, **common)
+    report = toast.evaluate(model, tasks(), tokenizer, **common)
+    if not OPTIONS.get("lambada", True):
+        return {"report": report.to_dict(), "lambada_acc": None, "lambada_perplexity": None}
     lambada = toast.evaluate(model, [LAMBADA], tokenizer, **common).metrics[LAMBADA]
     return {
         "report": report.to_dict(),
@@ -142,10 +163,10 @@ def run(
 ) -> dict[str, Any]:
     model, tokenizer, calib, selection, _ = bench_peers.bench_fidelity.data()
     bench_peers.SIZES_ASKED[:] = sizes
-    record: dict[str, Any] = {"options": dict(OPTIONS), "tasks": list(TASKS), "rows": []}
+    record: dict[str, Any] = {"options": dict(OPTIONS), "tasks": tasks(), "rows": []}
     if append and out.exists():
         earlier = json.loads(out.read_text())
-        if earlier["options"] != OPTIONS:
+        if {**LATER_OPTIONS, **earlier["options"]} != {**LATER_OPTIONS, **OPTIONS}:
             raise SystemExit(f"{out} was measured with {earlier['options']}: not {OPTIONS}")
         record = earlier
         bench_peers._SLEB_ORDER[:] = earlier.get("sleb_order", [])
@@ -198,6 +219,10 @@ def _pct(value: float | None) -> str:
     return "—" if value is None or math.isnan(value) else f"{100 * value:.1f}"
 
 
+def _ppl(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
 def _no_boolq(report: TaskReport, default: TaskReport | None = None) -> str:
     """The average over the tasks but BoolQ, where a 0.1B model answers below
     the majority class and drifting towards "yes" scores (see docs/measuring.md);
@@ -233,8 +258,8 @@ def _boolq_yes(report: TaskReport, skip: int) -> str:
 
 def _cells(entry: dict[str, Any]) -> tuple[TaskReport, str]:
     report = TaskReport.from_dict(entry["report"])
-    tasks = " | ".join(_pct(report.accuracy[t]) for t in TASKS)
-    return report, tasks
+    cells = " | ".join(_pct(report.accuracy[t]) for t in tasks())
+    return report, cells
 
 
 def table(record: dict[str, Any]) -> str:
@@ -242,15 +267,15 @@ def table(record: dict[str, Any]) -> str:
     difference to toast's default ± its paired standard error, LAMBADA."""
     original, cells = _cells(record["original"])
     skip = record["options"]["skip"]
-    head = " | ".join(SHORT[t] for t in TASKS)
+    head = " | ".join(SHORT[t] for t in tasks())
     lines = [
         f"| blocks | method | {head} | avg | retained % | Δ vs default ± SE | "
         "avg w/o BoolQ (Δ ± SE) | BoolQ yes % | LAMBADA acc | LAMBADA ppl |",
-        "|---:|---|" + "---:|" * (len(TASKS) + 7),
+        "|---:|---|" + "---:|" * (len(tasks()) + 7),
         f"| 0 | original | {cells} | {_pct(original.average)} | 100.0 | | "
         f"{_no_boolq(original)} | {_boolq_yes(original, skip)} | "
         f"{_pct(record['original']['lambada_acc'])} | "
-        f"{record['original']['lambada_perplexity']:.1f} |",
+        f"{_ppl(record['original']['lambada_perplexity'])} |",
     ]
     names = list(rows())
     good = [r for r in record["rows"] if "error" not in r]
@@ -269,12 +294,13 @@ def table(record: dict[str, Any]) -> str:
             lines.append(
                 f"| {n} | {name} | {cells} | {_pct(report.average)} | {retained:.1f} | {delta} | "
                 f"{_no_boolq(report, default)} | {_boolq_yes(report, skip)} | "
-                f"{_pct(r['lambada_acc'])} | "
-                f"{r['lambada_perplexity']:.1f} |"
+                f"{_pct(r['lambada_acc'])} | {_ppl(r['lambada_perplexity'])} |"
             )
     for r in record["rows"]:
         if "error" in r:
-            lines.append(f"| {r['blocks']} | {r['row']} | {r['error']} |" + " |" * (len(TASKS) + 6))
+            lines.append(
+                f"| {r['blocks']} | {r['row']} | {r['error']} |" + " |" * (len(tasks()) + 6)
+            )
     return "\n".join(lines)
 
 
@@ -324,6 +350,10 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=list(rows()), choices=list(rows()))
     parser.add_argument("--limit", type=int, default=OPTIONS["limit"])
     parser.add_argument("--skip", type=int, default=OPTIONS["skip"])
+    parser.add_argument(
+        "--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="a subset of the seven"
+    )
+    parser.add_argument("--no-lambada", action="store_true", help="leave LAMBADA out")
     parser.add_argument("--out", default="benchmarks/results/accuracy.json")
     parser.add_argument("--append", action="store_true", help="keep an earlier --out's rows")
     parser.add_argument(
@@ -333,6 +363,8 @@ def main() -> None:
     parser.add_argument("--readme", help="put the summary between <!-- accuracy --> markers")
     args = parser.parse_args()
     OPTIONS.update(limit=args.limit, skip=args.skip)
+    if args.tasks != list(TASKS) or args.no_lambada:  # else the options stay as recorded
+        OPTIONS.update(tasks=args.tasks, lambada=not args.no_lambada)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -341,6 +373,7 @@ def main() -> None:
         if args.tables
         else run(args.sizes, args.rows, out, args.append, args.redo)
     )
+    OPTIONS.update(record["options"])
     if not args.tables:
         record["wall_seconds"] = record.get("wall_seconds", 0) + time.perf_counter() - start
         out.write_text(json.dumps(record, indent=1, default=str))
