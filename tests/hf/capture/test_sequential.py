@@ -74,6 +74,23 @@ def test_streamed_states_from_disk_equal_in_memory_states_bit_for_bit(name, tmp_
         assert all(torch.equal(a, b) for a, b in zip(got[k], expected[k], strict=True)), k
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("per", [1, 3])
+def test_a_forward_on_fewer_rows_at_once_gives_the_whole_batchs_states(name, per, tmp_path):
+    # batches of 8 padded rows cut into runs of `per` (3: a shorter last run),
+    # with each row's mask, positions and rotary tables cut alike
+    model, data = CASES[name]()
+    model.save_pretrained(tmp_path)
+    whole = _streamed(DiskModel.open(tmp_path), data)
+    disk = DiskModel.open(tmp_path)
+    disk.rows_at_once = per
+    cut = _streamed(disk, data)
+    assert sorted(cut) == sorted(whole)
+    for k in whole:
+        for a, b in zip(cut[k], whole[k], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{name} state {k}")
+
+
 def test_stream_stops_after_the_requested_block_and_removes_its_buffer(tmp_path):
     model, data = CASES["llama"]()
     model.save_pretrained(tmp_path / "model")

@@ -69,13 +69,19 @@ class DiskModel:
     """A checkpoint's structure, discovered once: the model on the meta
     device, its block stack, the base model whose forward prepares each
     block's inputs, and ``dtype``, what the blocks compute in and the states
-    between them are kept in (the weights' dtype is ``checkpoint.dtype``)."""
+    between them are kept in (the weights' dtype is ``checkpoint.dtype``).
+
+    ``rows_at_once``: the most rows of a batch one block's forward takes at
+    once (None: the whole batch), which the memory plan lowers when a whole
+    batch's forward does not fit (:func:`toast.hf.capture.budget.fit_plan`).
+    A block treats every row alone, so the states are the same."""
 
     checkpoint: Checkpoint
     model: nn.Module
     stack: BlockStack
     base_path: str
     dtype: torch.dtype
+    rows_at_once: int | None = None
     _ready: bool = field(default=False, repr=False)
     _full: bool = field(default=False, repr=False)
     _names: dict[str, str] | None = field(default=None, repr=False)

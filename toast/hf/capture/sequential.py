@@ -266,12 +266,14 @@ def _run_block(
     bar: Any,
     form: _Form,
     after: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    rows_at_once: int | None = None,
 ) -> None:
-    """Block ``index`` (``run``) on every batch: read, run, write, report."""
+    """Block ``index`` (``run``) on every batch: read, run (``rows_at_once``
+    rows at a time, :func:`_in_rows`), write, report."""
     with torch.inference_mode():
         for b, batch in enumerate(batches):
             args, kwargs = batch.inputs[index]
-            output = run(source.read(b), *args, **kwargs)
+            output = _in_rows(run, source.read(b), args, kwargs, rows_at_once)
             form.learn(output)
             hidden = output[0] if isinstance(output, (tuple, list)) else output
             if after is not None:
@@ -280,6 +282,38 @@ def _run_block(
             on_state(index + 1, b, hidden, batch.mask)
             bar.update(1)
             bar.set_postfix(block=index, rss=f"{rss_mib():.0f}MiB")
+
+
+def _in_rows(
+    run: Callable[..., Any], hidden: torch.Tensor, args: tuple, kwargs: dict, per: int | None
+) -> Any:
+    """``run(hidden, *args, **kwargs)`` on ``per`` rows at a time, the outputs
+    joined along the rows: what a block's forward holds at once shrinks
+    with the rows, and rows never meet in a block (attention mixes tokens
+    of one row), so the states are the whole batch's. The inputs recorded
+    for the batch are cut alike: every tensor of two or more dimensions
+    whose first is the batch's rows (masks, position ids, rotary tables);
+    others (cache positions, tables broadcast over rows) are passed whole."""
+    rows = int(hidden.shape[0])
+    if per is None or per >= rows:
+        return run(hidden, *args, **kwargs)
+    parts = []
+    for lo in range(0, rows, per):
+        cut = slice(lo, lo + per)
+        parts.append(run(hidden[cut], *_rows_of(args, rows, cut), **_rows_of(kwargs, rows, cut)))
+    if isinstance(parts[0], (tuple, list)):  # the hidden states first, the rest as a block gives it
+        return (torch.cat([p[0] for p in parts]), *parts[0][1:])
+    return torch.cat(parts)
+
+
+def _rows_of(value: Any, rows: int, cut: slice) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value[cut] if value.dim() >= 2 and value.shape[0] == rows else value
+    if isinstance(value, dict):
+        return {k: _rows_of(v, rows, cut) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rows_of(v, rows, cut) for v in value)
+    return value
 
 
 def _skipped(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -403,8 +437,9 @@ class _Run:
         cleanup = self.on_block(index, block) if self.on_block is not None else None
         try:
             _run_block(
-                block, index, source, target, self.batches, self.on_state, bar, self.form, after
-            )
+                block, index, source, target, self.batches, self.on_state, bar, self.form, after,
+                self.disk.rows_at_once,
+            )  # fmt: skip
         finally:
             if cleanup is not None:
                 cleanup()
