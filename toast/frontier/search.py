@@ -29,7 +29,7 @@ from torch import nn
 
 from toast._validation import Interval, Options, Predicate, check
 from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound
-from toast.hf.capture.budget import MemoryPlan, plan_checkpoint, say_plan, sequential_parts
+from toast.hf.capture.budget import MemoryPlan, fit_plan, plan_checkpoint
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
 from toast.hf.data.progress import progress_bar
@@ -381,22 +381,27 @@ def _plan_statistics(
 ) -> int | str:
     """The shared moments pass's bound: what ``plan.budget`` leaves beside
     the block-by-block path's own parts (with one forward on the largest
-    of ``batches``) and one replay's rows, over
+    of ``batches``, as few rows at a time as the plan needs:
+    :func:`toast.hf.capture.budget.fit_plan`) and one replay's rows, over
     :data:`MOMENTS_PEAK_FACTOR` (whole moments below the bound peak at that
     multiple), at most what every pair needs and never below one pair's
     errors; more room means more source states a replay, fewer replays. Said
     as ``toast compress`` says its plan, and the run refused before any
-    pass when even the least does not fit (:func:`say_plan`)."""
-    parts = sequential_parts(disk, batches)
+    pass when even the least does not fit."""
     width = getattr(disk.model.config, "hidden_size", None)
-    bound: int | str = SHARED_BYTES
-    if isinstance(width, int) and statistics_bytes(disk, layout, methods):
+    bound: list[int | str] = [SHARED_BYTES]
+
+    def moments(parts: list[tuple[str, int]]) -> tuple[list, list]:
+        if not isinstance(width, int) or not statistics_bytes(disk, layout, methods):
+            return parts, []
         room = plan.budget - sum(n for _, n in parts) - JOIN_BYTES
         whole = _whole(disk, layout)
-        bound = max(int(min(room, whole) // MOMENTS_PEAK_FACTOR), pair_nbytes(width, 0))
-        parts.append(("moments of the shared pass", min(2 * bound + JOIN_BYTES, whole)))
-    say_plan("toast search", parts, plan.budget)
-    return bound
+        least = max(int(min(room, whole) // MOMENTS_PEAK_FACTOR), pair_nbytes(width, 0))
+        bound[0] = least
+        return parts + [("moments of the shared pass", min(2 * least + JOIN_BYTES, whole))], []
+
+    fit_plan(disk, batches, plan.budget, moments, command="toast search")
+    return bound[0]
 
 
 def _is_path(value: Any) -> bool:

@@ -36,10 +36,9 @@ from toast._scratch import hidden_sibling
 from toast.hf.capture.budget import (
     OUTSIDE_LABELS,
     available_memory,
+    fit_plan,
     parse_size,
     plan_checkpoint,
-    say_plan,
-    sequential_parts,
 )
 from toast.methods.runner import prepare_data, run_method
 
@@ -192,26 +191,28 @@ def _within_memory(
 ) -> Any:
     """``config`` with the method's statistics fitted to what ``max_memory``
     leaves beside the block-by-block path's own parts (with one forward on
-    the largest of ``batches``; the embedding or head too, unless the
-    method's statistics are never beside them: :attr:`Method.statistics_apart`);
-    the plan printed, and the run refused before any pass when even the
-    least does not fit."""
+    the largest of ``batches``, as few rows at a time as the plan needs:
+    :func:`toast.hf.capture.budget.fit_plan`; the embedding or head too,
+    unless the method's statistics are never beside them:
+    :attr:`Method.statistics_apart`); the plan printed, and the run refused
+    before any pass when even the least does not fit."""
     budget = available_memory() if max_memory is None else parse_size(max_memory)
-    parts = sequential_parts(disk, batches)
-    apart: list[tuple[str, int]] = []
-    if method.within_memory is not None:
+    fitted = [config]
+
+    def statistics(parts: list[tuple[str, int]]) -> tuple[list, list]:
         width = int(getattr(disk.model.config, "hidden_size", 0) or 0)
+        if method.within_memory is None or not width:
+            return parts, []
         held = [p for p in parts if method.statistics_apart and p[0] in OUTSIDE_LABELS]
         room = max(budget - sum(n for p, n in parts if (p, n) not in held), 0)
-        if width:
-            config, statistics = method.within_memory(config, disk.num_blocks + 1, width, room)
-            if held and statistics:
-                # what is kept to the end sits beside the head; the rest never does
-                apart, parts = statistics[:-1], parts + statistics[-1:]
-            else:
-                parts += statistics
-    say_plan(command, parts, budget, apart=apart)
-    return config
+        fitted[0], taken = method.within_memory(config, disk.num_blocks + 1, width, room)
+        if held and taken:
+            # what is kept to the end sits beside the head; the rest never does
+            return parts + taken[-1:], taken[:-1]
+        return parts + taken, []
+
+    fit_plan(disk, batches, budget, statistics, command=command)
+    return fitted[0]
 
 
 def _say(reason: str, progress: bool, command: str = _COMMAND) -> None:

@@ -35,11 +35,14 @@ __all__ = [
     "MemoryPlan",
     "available_memory",
     "batch_shape",
+    "fit_plan",
     "forward_bytes",
+    "forward_part",
     "logit_rows",
     "memory_plan",
     "parse_size",
     "plan_checkpoint",
+    "plan_total",
     "say_plan",
     "sequential_parts",
 ]
@@ -212,26 +215,43 @@ def logit_rows(rows: int, tokens: int, vocabulary: int) -> int:
 OUTSIDE_LABELS = ("embedding or head", "embedding")
 
 
-def sequential_parts(disk: DiskModel, batches: Iterable | None = None) -> list[tuple[str, int]]:
+Parts = list[tuple[str, int]]
+
+#: The label of the forward part when a whole batch runs at once.
+FORWARD_LABEL = "one batch's forward"
+
+
+def sequential_parts(
+    disk: DiskModel,
+    batches: Iterable | None = None,
+    *,
+    shape: tuple[int, int] | None = None,
+    rows_at_once: int | None = None,
+    dtype: object = None,
+) -> Parts:
     """What the block-by-block path itself holds at its peak, by part: one
     block in the compute dtype with the largest tensor as read (a 16-bit
     checkpoint is widened tensor by tensor); the larger of the input
     embedding (stage 0) and the head with one held-out forward's logits
     (the held-out passes, which leave an untied embedding unloaded); and,
-    with ``batches``, one block's forward on the largest of them
-    (:func:`batch_shape`, :func:`forward_bytes`), whose logits then replace
-    the fixed :data:`LOGIT_ALLOWANCE`. Not counted: the interpreter and its
-    libraries (measured apart, stated in ``docs/large-models.md``) and the
-    method's statistics."""
+    with ``batches`` (or their ``shape``, :func:`batch_shape`), one block's
+    forward on the largest of them, ``rows_at_once`` rows at a time
+    (:func:`forward_part`), whose logits then replace the fixed
+    :data:`LOGIT_ALLOWANCE`. ``dtype``: a compute dtype other than the
+    checkpoint's own (what the plan would be with it). Not counted: the
+    interpreter and its libraries (measured apart, stated in
+    ``docs/large-models.md``) and the method's statistics."""
+    compute = disk.dtype if dtype is None else dtype
     tensors = disk.checkpoint.tensors
-    ratio = _itemsize(disk.dtype) / _itemsize(disk.checkpoint.dtype)
+    ratio = _itemsize(compute) / _itemsize(disk.checkpoint.dtype)
     block = int(disk.largest_block_bytes() * ratio)
     largest = max(
         (tensors[k].nbytes for b in range(disk.num_blocks) for k in disk.block_keys(b).values()),
         default=0,
     )
     parts = [("one block", block + largest)]
-    shape = None if batches is None else batch_shape(batches, disk.model.config)
+    if shape is None and batches is not None:
+        shape = batch_shape(batches, disk.model.config)
     outside = []
     vocabulary = 0
     for which in ("input", "output"):
@@ -241,7 +261,7 @@ def sequential_parts(disk: DiskModel, batches: Iterable | None = None) -> list[t
             numel = 1
             for size in weight.shape:
                 numel *= int(size)
-            outside.append(numel * _itemsize(disk.dtype))
+            outside.append(numel * _itemsize(compute))
             vocabulary = int(weight.shape[0])
     logits = LOGIT_ALLOWANCE
     if shape is not None and vocabulary:
@@ -252,8 +272,128 @@ def sequential_parts(disk: DiskModel, batches: Iterable | None = None) -> list[t
     elif outside:
         parts.append((OUTSIDE_LABELS[1], outside[0]))
     if shape is not None:
-        parts.append(("one batch's forward", forward_bytes(disk.model.config, *shape)))
+        parts.append(forward_part(disk.model.config, shape, rows_at_once))
     return parts
+
+
+def forward_part(
+    config: object, shape: tuple[int, int], rows_at_once: int | None = None
+) -> tuple[str, int]:
+    """The forward part of a plan for batches of ``shape`` (rows, tokens):
+    :func:`forward_bytes` of a whole batch, or, ``rows_at_once`` rows at a
+    time (:attr:`toast.hf.capture.disk_model.DiskModel.rows_at_once`), of
+    that many rows plus the whole batch's input and output states."""
+    rows, tokens = shape
+    if rows_at_once is None or rows_at_once >= rows:
+        return FORWARD_LABEL, forward_bytes(config, rows, tokens)
+    width = int(getattr(config, "hidden_size", 0) or 0)
+    whole = 2 * 4 * rows * tokens * width
+    label = f"one forward on {rows_at_once} of a batch's {rows} rows at a time"
+    return label, forward_bytes(config, rows_at_once, tokens) + whole
+
+
+def plan_total(parts: Parts, apart: Parts | None = None) -> int:
+    """A plan's peak (:func:`say_plan`): every part, but the larger of the
+    parts outside the blocks and ``apart`` (which never sit beside them)."""
+    if not apart:
+        return sum(n for _, n in parts)
+    outside = sum(n for label, n in parts if label in OUTSIDE_LABELS)
+    beside = sum(n for label, n in parts if label not in OUTSIDE_LABELS)
+    return beside + max(outside, sum(n for _, n in apart))
+
+
+#: ``statistics(parts) -> (parts, apart)``: the plan with a method's
+#: statistics fitted to what the budget leaves beside the path's own ``parts``.
+AddStatistics = Callable[[Parts], tuple[Parts, Parts]]
+
+
+def fit_plan(
+    disk: DiskModel,
+    batches: Iterable | tuple[int, int] | None,
+    budget: int,
+    statistics: AddStatistics | None = None,
+    *,
+    command: str = "toast compress",
+) -> tuple[Parts, Parts]:
+    """The block-by-block path's plan within ``budget``, lowering first what
+    changes no result: the rows of a batch one forward takes at once
+    (:attr:`DiskModel.rows_at_once <toast.hf.capture.disk_model.DiskModel>`,
+    set on ``disk``) as far as the method's ``statistics`` gain room from it
+    (their own bound, e.g. chunked moments, is theirs to lower), then as
+    far as the plan needs to fit. Printed (:func:`say_plan`); refused
+    before any pass when even one row at a time and the least statistics
+    do not fit, naming every setting that alone would make it fit
+    (:class:`BudgetError`). ``batches``: the data, or their
+    :func:`batch_shape`. Returns the plan's parts and its parts apart."""
+    config = disk.model.config
+    given = isinstance(batches, tuple) and all(isinstance(n, int) for n in batches)
+    shape = batches if given or batches is None else batch_shape(batches, config)
+    add = statistics or (lambda parts: (parts, []))
+
+    def plan(rows_at_once: int | None, shape: Any = shape, dtype: object = None) -> Any:
+        own = sequential_parts(disk, shape=shape, rows_at_once=rows_at_once, dtype=dtype)
+        parts, apart = add(own)
+        theirs = [p for p in parts if p not in own] + apart
+        return parts, apart, theirs, plan_total(parts, apart)
+
+    rows = shape[0] if shape is not None else 1
+    _, _, most, least = plan(1)
+    chosen = None
+    for fitting in (lambda theirs: theirs == most, lambda theirs: True):
+        for r in range(rows, 0, -1):
+            parts, apart, theirs, total = plan(r)
+            if total <= budget and fitting(theirs):
+                chosen = r
+                break
+        if chosen is not None:
+            break
+    if chosen is None:  # refused: the plan at its least, with every way out
+        parts, apart, _, _ = plan(1)
+        fixes = [f"raise --max-memory to {format_size(least)} (max_memory=)"]
+        fixes += _other_fixes(disk, shape, budget, plan)
+        say_plan(command, parts, budget, "; or ".join(fixes), apart)
+        raise AssertionError("say_plan refuses a plan over its budget")  # pragma: no cover
+    disk.rows_at_once = chosen if chosen < rows else None
+    parts, apart, _, _ = plan(disk.rows_at_once)
+    say_plan(command, parts, budget, apart=apart)
+    return parts, apart
+
+
+def _largest(most: int, fits: Callable[[int], bool]) -> int:
+    """The largest ``n`` in ``1..most`` that ``fits`` (monotone: what fits,
+    fits smaller), or 0."""
+    lo, hi = 0, most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def _other_fixes(
+    disk: DiskModel, shape: tuple[int, int] | None, budget: int, plan: Callable[..., Any]
+) -> list[str]:
+    """The settings other than the budget that alone bring the least plan
+    within ``budget``: fewer tokens a text, fewer texts a batch, computing
+    in a 16-bit checkpoint's own dtype."""
+    import torch
+
+    fixes = []
+    if shape is not None:
+        rows, tokens = shape
+        length = _largest(tokens - 1, lambda t: plan(1, (rows, t))[3] <= budget)
+        if length >= 16:  # fewer tokens than that is no calibration
+            fixes.append(f"texts of at most {length} tokens (--max-length {length})")
+        size = _largest(rows - 1, lambda b: plan(1, (b, tokens))[3] <= budget)
+        if size:
+            fixes.append(f"batches of at most {size} texts (--batch-size {size})")
+    own = disk.checkpoint.dtype
+    if own in (torch.float16, torch.bfloat16) and disk.dtype != own:
+        if plan(1, shape, own)[3] <= budget:
+            fixes.append(
+                f"computing in the checkpoint's {str(own).removeprefix('torch.')} "
+                "(--compute-dtype checkpoint; compute_dtype='checkpoint')"
+            )
+    return fixes
 
 
 def batch_shape(batches: Iterable, config: object) -> tuple[int, int] | None:

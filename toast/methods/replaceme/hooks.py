@@ -50,10 +50,13 @@ def no_kv_cache(model: nn.Module) -> Iterator[None]:
 class MlpOutputs:
     """Forward hooks keeping the last batch's MLP output ``M`` of some blocks,
     and a one-off check that each block's output is ``Y + M`` (so that a
-    transform of ``M`` can be folded into the down-projection)."""
+    transform of ``M`` can be folded into the down-projection). A batch the
+    block-by-block path runs a few rows at a time
+    (:attr:`toast.hf.capture.disk_model.DiskModel.rows_at_once`) calls the
+    MLP once per run of rows: :meth:`take` joins them."""
 
     def __init__(self, stack: BlockStack, kept: Sequence[int], check: bool) -> None:
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, list[torch.Tensor]] = {}
         self._probing = False
         self._checked: set[int] = set()
         self._handles: list[Any] = []
@@ -69,7 +72,7 @@ class MlpOutputs:
     def _record(self, k: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
             if not self._probing:
-                self.outputs[k] = _first_tensor(output)
+                self.outputs.setdefault(k, []).append(_first_tensor(output))
 
         return hook
 
@@ -126,10 +129,11 @@ class MlpOutputs:
             )
 
     def take(self, k: int) -> torch.Tensor:
-        """The MLP output of block ``k`` in the last forward pass."""
+        """The MLP output of block ``k`` since the last take (one batch's)."""
         if k not in self.outputs:
             raise RuntimeError(f"the MLP of block {k} did not run in this forward pass")
-        return self.outputs.pop(k)
+        runs = self.outputs.pop(k)
+        return runs[0] if len(runs) == 1 else torch.cat(runs)
 
     def remove(self) -> None:
         for handle in self._handles:
