@@ -70,3 +70,17 @@ def test_logits_go_a_run_of_rows_within_the_bound_and_at_least_a_row():
     assert per * 128 * vocabulary * 4 <= LOGIT_BYTES < (per + 1) * 128 * vocabulary * 4
     assert logit_rows(64, 8192, vocabulary) == 1  # one row alone is more than the bound
     assert logit_rows(4, 16, 60) == 4  # a small vocabulary: the whole batch
+
+
+def test_a_row_over_the_logit_bound_is_planned_as_runs_of_positions_and_its_states():
+    from toast.hf.capture.budget import LOGIT_BYTES, logit_bytes
+
+    vocabulary, width, tokens = 49_152, 2_048, 1_024
+    run = LOGIT_BYTES // (vocabulary * 4)
+    planned = logit_bytes(8, tokens, vocabulary, width)
+    assert planned == 3 * run * vocabulary * 4 + tokens * width * 4
+    assert planned < 3 * tokens * vocabulary * 4 / 2  # a row's logits whole: twice as much or more
+    assert (
+        logit_bytes(8, 16, vocabulary, width)
+        == 3 * logit_rows(8, 16, vocabulary) * 16 * vocabulary * 4
+    )

@@ -154,3 +154,32 @@ def test_batches_cut_to_bound_the_logits_measure_what_whole_batches_do(tmp_path,
     assert rows > 1 and set(calls) == {1}
     assert len(calls) == sum(b["input_ids"].shape[0] for b in data)
     assert got == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_row_too_long_for_the_logit_bound_is_scored_in_runs_of_positions(
+    name, tmp_path, monkeypatch
+):
+    import toast.hf.capture.budget as budget
+
+    model, data, disk = _both(name, tmp_path)
+    memory = Evaluator(data, progress=False, top_k=8)
+    memory.measure(model)
+    with skipped_blocks(find_blocks(model), [(1, 3)]):
+        memory.measure(model)
+    # room for three positions' logits: a row's go to the head three positions at a time
+    monkeypatch.setattr(budget, "LOGIT_BYTES", 3 * model.config.vocab_size * 4)
+    head = disk.model.get_output_embeddings()
+    seen = []
+    handle = head.register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape)))
+    try:
+        on_disk = SequentialEvaluator(disk, data, progress=False, top_k=8)
+        on_disk.measure(disk.model)
+        on_disk.measure_edited(BlockEdits(skip=frozenset({1, 2})))
+    finally:
+        handle.remove()
+    runs = [shape[0] for shape in seen if len(shape) == 2]
+    assert runs and max(runs) == 3  # runs of three positions (a shorter last)
+    assert all(shape[1] == 1 for shape in seen if len(shape) == 3)  # never a row's logits whole
+    for key, expected in memory.last.items():
+        assert on_disk.last[key] == pytest.approx(expected, rel=1e-5, abs=1e-6), key

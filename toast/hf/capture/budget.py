@@ -38,6 +38,7 @@ __all__ = [
     "fit_plan",
     "forward_bytes",
     "forward_part",
+    "logit_bytes",
     "logit_rows",
     "memory_plan",
     "parse_size",
@@ -211,6 +212,20 @@ def logit_rows(rows: int, tokens: int, vocabulary: int) -> int:
     return min(per, rows)
 
 
+def logit_bytes(rows: int, tokens: int, vocabulary: int, width: int) -> int:
+    """Bytes one held-out forward's logits hold at once, with their
+    log-softmax and the scores (three times over): a run of rows within
+    :data:`LOGIT_BYTES` (:func:`logit_rows`), or, when one row alone has
+    more, a run of that row's positions within it and the row's final
+    states, from which the head makes them
+    (:class:`toast.hf.evaluate.quality.HeadRuns`)."""
+    row = tokens * vocabulary * 4
+    if row <= LOGIT_BYTES:
+        return 3 * logit_rows(rows, tokens, vocabulary) * row
+    run = max(1, LOGIT_BYTES // (vocabulary * 4))
+    return 3 * run * vocabulary * 4 + tokens * width * 4
+
+
 #: The labels of :func:`sequential_parts`'s part outside the blocks.
 OUTSIDE_LABELS = ("embedding or head", "embedding")
 
@@ -265,8 +280,8 @@ def sequential_parts(
             vocabulary = int(weight.shape[0])
     logits = LOGIT_ALLOWANCE
     if shape is not None and vocabulary:
-        rows, tokens = shape
-        logits = 3 * logit_rows(rows, tokens, vocabulary) * tokens * vocabulary * 4
+        width = int(getattr(disk.model.config, "hidden_size", 0) or 0)
+        logits = logit_bytes(*shape, vocabulary, width)
     if len(outside) == 2:
         parts.append((OUTSIDE_LABELS[0], max(outside[0], outside[1] + logits)))
     elif outside:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -26,11 +27,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from toast.hf.capture import budget
 from toast.hf.capture.budget import logit_rows
 from toast.hf.capture.sequential import BlockEdits, DiskModel, Swept, sweep
+from toast.hf.capture.states import forward_inputs, without_kv_cache
 from toast.hf.data.calibration import Calibration
 from toast.hf.evaluate.fidelity import DEFAULT_TOP_K
-from toast.hf.evaluate.quality import Evaluator, Quality, QualityMetric
+from toast.hf.evaluate.quality import (
+    Evaluator,
+    HeadRuns,
+    Quality,
+    QualityMetric,
+    quality_metric,
+)
 
 __all__ = ["SequentialEvaluator", "measure_from_disk", "removal", "replaced"]
 
@@ -55,6 +64,7 @@ class SequentialEvaluator(Evaluator):
         super().__init__(_RowChunks(heldout, _vocabulary(disk)), metric, progress, top_k)
         self.disk, self.buffer_dir = disk, buffer_dir
         self.edits = BlockEdits()
+        self._runs: bool | None = None  # whether the head alone gives the logits
 
     @contextlib.contextmanager
     def editing(self, edits: BlockEdits) -> Iterator[None]:
@@ -88,9 +98,54 @@ class SequentialEvaluator(Evaluator):
             disk.prepare(full=True, embedding=False)
             try:
                 with _replayed(disk, swept):
-                    yield from super().outputs(model, label)
+                    yield from self._in_runs(model, label)
             finally:
                 disk.release()
+
+    def _in_runs(self, model: nn.Module, label: str) -> Iterator[tuple[Any, tuple, dict, Any]]:
+        """The outputs of :meth:`Evaluator.outputs`, but a causal LM's batch
+        whose row alone has more logits than
+        :data:`toast.hf.capture.budget.LOGIT_BYTES` comes as
+        :class:`HeadRuns`: the final states (the model's own forward, its
+        head run on the last position only) and the head, which the scorer
+        runs on that many bytes of positions at a time. The head is checked
+        once against the model's own last-position logits (a head that does
+        more than its output embedding, e.g. soft-capped logits, keeps the
+        model's full forward)."""
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        vocabulary = _vocabulary(self.disk)
+        per = max(1, budget.LOGIT_BYTES // max(1, vocabulary * 4))
+        final: list[torch.Tensor] = []
+
+        def keep(module: nn.Module, args: tuple, output: Any) -> None:
+            tuple_like = isinstance(output, (tuple, list))
+            final[:] = [output[0] if tuple_like else output.last_hidden_state]
+
+        handle = self.disk.base.register_forward_hook(keep)
+        try:
+            for batch in self._iterate(label):
+                args, kwargs = forward_inputs(model, batch)
+                kwargs = without_kv_cache(model, kwargs)
+                ids = kwargs.get("input_ids")
+                long = (
+                    self._runs is not False and head is not None and vocabulary > 0
+                    and isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] > per
+                    and (self.metric or quality_metric(model, batch)) == "perplexity"
+                    and "logits_to_keep" in inspect.signature(model.forward).parameters
+                )  # fmt: skip
+                if not long:
+                    yield batch, args, kwargs, model(*args, **kwargs)
+                    continue
+                last = model(*args, **kwargs, logits_to_keep=1).logits[:, -1]
+                runs = HeadRuns(final[0], head, per)
+                if self._runs is None:  # the head alone gives the model's logits, or never runs
+                    self._runs = torch.allclose(head(final[0][:, -1]), last, rtol=1e-4, atol=1e-4)
+                if not self._runs:
+                    yield batch, args, kwargs, model(*args, **kwargs)
+                    continue
+                yield batch, args, kwargs, runs
+        finally:
+            handle.remove()
 
 
 def _vocabulary(disk: DiskModel) -> int:
