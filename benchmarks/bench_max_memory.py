@@ -126,13 +126,18 @@ def _numel(shape) -> int:
     return n
 
 
-def write_text(path: Path, chars: int) -> int:
-    """At least ``chars`` characters of sentences, one per line."""
+def write_text(path: Path, chars: int, paragraph: int = 0) -> int:
+    """At least ``chars`` characters of sentences, one per line, or with
+    ``paragraph``, joined into lines of about that many characters (a
+    paper's paragraphs: sequences up to ``--max-length``)."""
     from toast.data import stdlib_sentences
 
     lines, used = [], 0
     for sentence in stdlib_sentences():
-        lines.append(sentence)
+        if paragraph and lines and len(lines[-1]) < paragraph:
+            lines[-1] += " " + sentence
+        else:
+            lines.append(sentence)
         used += len(sentence) + 1
         if used >= chars:
             break
@@ -155,6 +160,12 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/toast-bench-max-memory")
     parser.add_argument("--chars", type=int, default=200_000)
     parser.add_argument("--max-memory", default="1GiB")
+    parser.add_argument(
+        "--paragraph",
+        type=int,
+        default=0,
+        help="lines of about this many characters (0: a sentence a line)",
+    )
     parser.add_argument("--num-blocks", type=int, default=2)
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more toast options")
     args = parser.parse_args()
@@ -165,9 +176,10 @@ def main() -> None:
         info = generate(ckpt)
         print(f"generated {info} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     info = {"bytes": sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))}
-    calib = work / f"calib-{args.chars}.txt"
+    suffix = f"-p{args.paragraph}" if args.paragraph else ""
+    calib = work / f"calib-{args.chars}{suffix}.txt"
     if not calib.exists():
-        write_text(calib, args.chars)
+        write_text(calib, args.chars, args.paragraph)
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
     toast_cli = str(Path(sys.executable).with_name("toast"))

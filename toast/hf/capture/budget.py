@@ -341,8 +341,15 @@ def fit_plan(
     (:class:`BudgetError`). ``batches``: the data, or their
     :func:`batch_shape`. Returns the plan's parts and its parts apart."""
     config = disk.model.config
-    given = isinstance(batches, tuple) and all(isinstance(n, int) for n in batches)
-    shape = batches if given or batches is None else batch_shape(batches, config)
+    shape: tuple[int, int] | None
+    if (
+        isinstance(batches, tuple)
+        and len(batches) == 2
+        and all(isinstance(n, int) for n in batches)
+    ):
+        shape = (int(batches[0]), int(batches[1]))
+    else:
+        shape = None if batches is None else batch_shape(batches, config)
     add = statistics or (lambda parts: (parts, []))
 
     def plan(rows_at_once: int | None, shape: Any = shape, dtype: object = None) -> Any:

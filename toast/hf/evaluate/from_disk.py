@@ -112,7 +112,8 @@ class SequentialEvaluator(Evaluator):
         once against the model's own last-position logits (a head that does
         more than its output embedding, e.g. soft-capped logits, keeps the
         model's full forward)."""
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        found = getattr(model, "get_output_embeddings", None)
+        head: Any = found() if callable(found) else None
         vocabulary = _vocabulary(self.disk)
         per = max(1, budget.LOGIT_BYTES // max(1, vocabulary * 4))
         final: list[torch.Tensor] = []
