@@ -27,8 +27,9 @@ run; plain removal just deletes it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -190,13 +191,17 @@ def predicted_errors(
     calibration: Calibration,
     backend: str,
     max_blocks: int,
+    observe: Callable[[list[torch.Tensor], torch.Tensor | None], Any] | None = None,
 ) -> np.ndarray:
     """Every span's predicted least-squares error (toast's ``"linear"``
     error matrix, GCV estimator: ``errors[i, j]`` for replacing blocks
     ``i..j−1`` by the least-squares map of state ``i`` onto state ``j``;
     NaN beyond ``max_blocks``), from one pass capturing the moments of the
-    block states (:func:`toast.methods.stages.capture_shared`)."""
-    shared = capture_shared(model, data, Layout(stack), calibration, backend, max_blocks)
+    block states (:func:`toast.methods.stages.capture_shared`), which
+    ``observe`` sees too."""
+    shared = capture_shared(
+        model, data, Layout(stack), calibration, backend, max_blocks, observe=observe
+    )
     try:
         return shared.errors("linear")
     finally:

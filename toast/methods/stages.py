@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import os
     from pathlib import Path
 
+    import torch
     from torch import nn
 
     from toast.hf.capture.massive import MassiveRows
@@ -225,14 +226,23 @@ def capture_shared(
     backend: str,
     max_blocks: int | None = None,
     statistics_bytes: int | str = SHARED_BYTES,
+    observe: Callable[[list[torch.Tensor], torch.Tensor | None], Any] | None = None,
 ) -> Shared:
     """The one pass over ``data`` that every method needing moments shares
     (pairs up to ``max_blocks`` apart, see :func:`shared_pass`; above
-    ``statistics_bytes`` the rows wait on disk, see :class:`Shared`)."""
+    ``statistics_bytes`` the rows wait on disk, see :class:`Shared`).
+    ``observe(rows, mask)`` sees every batch's states too (another
+    statistic formed in the same pass)."""
     from toast.hf.capture.massive import MassiveRows
     from toast.hf.capture.states import capture_moments
 
     recorder = MassiveRows()
+
+    def seen(rows: list[torch.Tensor], mask: torch.Tensor | None) -> None:
+        recorder(rows, mask)
+        if observe is not None:
+            observe(rows, mask)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         moments, stack = capture_moments(
@@ -241,7 +251,7 @@ def capture_shared(
             backend=backend,  # type: ignore[arg-type]
             calibration=calibration,
             stack=layout.stack,
-            observe=recorder,
+            observe=seen,
             statistics_bytes=statistics_bytes,
             **shared_pass(max_blocks),
         )

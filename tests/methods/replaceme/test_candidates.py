@@ -86,3 +86,29 @@ def test_the_report_names_every_candidate_and_marks_the_cut():
     for c in report.candidates:
         assert f"blocks[{c.span.start}:{c.span.stop}]: fitted" in text
     assert text.count(": the cut, with") == 1
+
+
+def test_the_distances_and_the_predicted_windows_come_from_one_pass_as_from_two():
+    from toast.hf.data.calibration import Calibration
+    from toast.methods.replaceme.config import DISTANCES, ReplaceMeConfig
+    from toast.methods.replaceme.cuts import choose_cuts, predicted_windows
+
+    model, calib = R.decoder("llama"), R.text_loader(48)
+    stack = find_blocks(model)
+    config = ReplaceMeConfig(num_blocks=2, calibration=Calibration(progress=False))
+    assert config.predicted_candidates > 0  # the default measures predicted windows too
+    calls = []
+    handle = model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    try:
+        _, profile = choose_cuts(model, calib, config, stack)
+    finally:
+        handle.remove()
+    assert len(calls) == len(calib)  # one forward a batch
+    apart = profile_distances(model, calib, progress=False)
+    assert (profile.rows, profile.token_rows) == (apart.rows, apart.token_rows)
+    for name in DISTANCES:
+        torch.testing.assert_close(
+            torch.as_tensor(profile.matrix(name)), torch.as_tensor(apart.matrix(name)),
+            rtol=0, atol=0, equal_nan=True,
+        )  # fmt: skip
+    assert profile.predicted == predicted_windows(model, calib, config, stack)

@@ -9,15 +9,19 @@ removed by the first).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
+import torch
 from torch import nn
 
 from toast.hf.model.blocks import BlockStack
 from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.methods.replaceme.hooks import no_kv_cache
 from toast.methods.replaceme.profile import (
     DistanceProfile,
+    ProfileRows,
     check_selection,
     profile_distances,
     select_windows,
@@ -85,28 +89,40 @@ def choose_cuts(
     if config.selection not in ("distance", "measured"):
         return rule_cuts(model, data, config, stack), None
     tokens, padding = config.distance_tokens, config.include_padding
-    profile = profile_distances(
-        model,
-        data,
-        tokens=tokens,
-        include_padding=padding,
-        calibration=config.calibration,
-        stack=stack,
-    )
     if _measures_candidates(config) and config.predicted_candidates:
-        profile.predicted = predicted_windows(model, data, config, stack)
+        # the distances from the moments pass's own states: one pass, not two
+        rows = ProfileRows(tokens, padding)
+        with no_kv_cache(model):
+            predicted = predicted_windows(model, data, config, stack, observe=rows)
+        profile = rows.profile(stack.path)
+        profile.predicted = predicted
+    else:
+        profile = profile_distances(
+            model,
+            data,
+            tokens=tokens,
+            include_padding=padding,
+            calibration=config.calibration,
+            stack=stack,
+        )
     return select_cuts(profile, config, total), profile
 
 
 def predicted_windows(
-    model: nn.Module, data: Iterable, config: ReplaceMeConfig, stack: BlockStack
+    model: nn.Module,
+    data: Iterable,
+    config: ReplaceMeConfig,
+    stack: BlockStack,
+    observe: Callable[[list[torch.Tensor], torch.Tensor | None], Any] | None = None,
 ) -> list[Span]:
     """The ``config.predicted_candidates`` windows of ``num_blocks`` blocks
-    of smallest predicted least-squares error (one moments pass), none
-    starting before ``min_start``."""
+    of smallest predicted least-squares error (one moments pass, whose
+    states ``observe`` sees too), none starting before ``min_start``."""
     n = config.num_blocks
     assert n is not None  # ReplaceMeConfig requires it without spans
-    table = predicted_errors(model, data, stack, config.calibration, config.backend, n)
+    table = predicted_errors(
+        model, data, stack, config.calibration, config.backend, n, observe=observe
+    )
     starts = range(config.min_start, stack.num_blocks - n + 1)
     found = [Span(a, a + n, float(table[a, a + n])) for a in starts if np.isfinite(table[a, a + n])]
     found.sort(key=lambda s: (s.error, s.start))
