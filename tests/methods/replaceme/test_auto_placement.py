@@ -105,3 +105,34 @@ def test_from_disk_auto_folds_a_diagonal_t_into_the_norm_and_says_so(tmp_path):
         tmp_path / "source", R.text_loader(HELD_DATA), num_blocks=1, progress=False
     )
     assert direct.spans == report.spans
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_the_placements_auto_tries_are_fitted_in_one_pass_as_in_a_pass_each(name):
+    from toast.hf.data.calibration import Calibration
+    from toast.hf.model.blocks import find_blocks
+    from toast.methods.replaceme.auto import placement_options, resolved
+    from toast.methods.replaceme.config import ReplaceMeConfig
+    from toast.methods.replaceme.estimate import Estimation
+    from toast.spans import Span
+
+    model, data = R.decoder(name), R.text_loader(48)
+    stack = find_blocks(model)
+    config = ReplaceMeConfig(num_blocks=2, calibration=Calibration(progress=False))
+    cuts = [Span(2, 4, 0.0), Span(3, 5, 0.0)]
+    options, _ = placement_options(stack.blocks, cuts, config)
+    assert len(options) >= 2  # fold and block; gemma2's post-MLP norm: three exact ones
+    configs = [resolved(config, o) for o in options]
+    estimation = Estimation(model, data, config, stack)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    try:
+        together = estimation.fit_each(configs, cuts)
+    finally:
+        handle.remove()
+    assert len(calls) == len(data)  # one forward a batch for every option
+    for c, (fits, rows) in zip(configs, together, strict=True):
+        alone, alone_rows = estimation.configured(c).fit(cuts)
+        assert rows == alone_rows
+        for a, b in zip(fits, alone, strict=True):
+            np.testing.assert_array_equal(a.transform, b.transform)

@@ -169,10 +169,12 @@ def fit_placements(
         placement, structure = options[0]
         said = "" if len(options) == 1 else first_because(why, placement, structure, note)
         return AutoResult(chosen, *result, note=said)
-    runs = []
-    for option in options:
-        trial = estimation.configured(resolved(estimation.config, option))
-        runs.append((trial, fit_checked(trial, spans, pool, split, note, refit=False)))
+    trials_at = [estimation.configured(resolved(estimation.config, o)) for o in options]
+    shared = _fitted_together(trials_at, pool or spans)
+    runs = [
+        (trial, fit_checked(trial, spans, pool, split, note, refit=False, fitted_already=fits))
+        for trial, fits in zip(trials_at, shared, strict=True)
+    ]
     trials = [
         PlacementTrial(p, s, _final_check(checks))
         for (p, s), (_, (_, _, _, checks, _)) in zip(options, runs, strict=True)
@@ -189,6 +191,17 @@ def fit_placements(
         " (the first of equals)" if tied else ""
     )
     return AutoResult(chosen, cuts, fitted, rows, checks, candidates, said, trials)
+
+
+def _fitted_together(trials: Sequence[Fits], cuts: Sequence[Span]) -> list[Any]:
+    """Every option's fits of ``cuts`` from one estimation pass where they
+    can share it (least squares, every cut at once: a few d x d moments
+    each), else None for each (fitted in passes of their own: the cosine
+    objective's row buffers are sized for one option)."""
+    configs = [t.config for t in trials]
+    if any(c.objective == "cosine" or c.cuts_at_once is not None for c in configs):
+        return [None] * len(trials)
+    return list(trials[0].fit_each(configs, cuts))
 
 
 def first_because(why: str, placement: str, structure: str, note: str) -> str:

@@ -267,6 +267,13 @@ class DiskEstimation:
             self.disk, self.data, self.config, spans, self.expected_rows, starts
         )
 
+    def fit_each(
+        self, configs: Sequence[ReplaceMeConfig], spans: Sequence[Span]
+    ) -> list[tuple[list[Fitted], int]]:
+        """:meth:`fit` under each of ``configs``, a sweep each (from disk a
+        pass holds one option's pending rows)."""
+        return [self.configured(config).fit(spans) for config in configs]
+
     def check(
         self,
         spans: Sequence[Span],

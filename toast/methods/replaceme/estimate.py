@@ -162,18 +162,25 @@ class Estimator:
         )
 
     def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
+        recorder = self.recorder
+        # cuts that start at the same block share its MLP output (taken once per pass)
+        mlp = {} if recorder is None else {k: recorder.take(k) for k in {c.kept for c in self.cuts}}
+        return self.add_batch(rows, mask, mlp)
+
+    def add_batch(
+        self, rows: list[torch.Tensor], mask: torch.Tensor | None, mlp: dict[int, torch.Tensor]
+    ) -> int:
+        """Adds one batch's states (and, folding, the MLP outputs ``mlp`` of the
+        kept blocks) to every cut."""
         d = int(rows[0].shape[-1])
         self.samples, self.dim = self.samples + int(rows[0].shape[0]), d
         keep = None if (mask is None or self.config.include_padding) else mask.reshape(-1)
-        # cuts that start at the same block share its MLP output (taken once per pass)
-        recorder = self.recorder
-        mlp = {} if recorder is None else {k: recorder.take(k) for k in {c.kept for c in self.cuts}}
         for cut in self.cuts:
             if cut.moments is None and cut.sample is None:
                 self.open_cut(cut, d, rows[0].device)
             lk = flat_rows(rows[self.positions[cut.span.start]], d, keep)
             ls = flat_rows(rows[self.positions[cut.span.stop]], d, keep)
-            m = None if recorder is None else flat_rows(mlp[cut.kept], d, keep)
+            m = None if self.recorder is None else flat_rows(mlp[cut.kept], d, keep)
             self.add_rows(cut, lk, ls, m)
         return self.cuts[0].rows
 
@@ -315,28 +322,53 @@ class Estimation:
         the model as it is; returns them and the calibration rows used. The
         cosine objective of each span starts from its entry of ``starts``
         (a transform fitted before; None: as ``init`` says)."""
-        cuts = self._estimate(spans)
+        (cuts,) = self._estimate([self.config], spans)
+        return self._solved(self.config, cuts, starts)
+
+    def fit_each(
+        self, configs: Sequence[ReplaceMeConfig], spans: Sequence[Span]
+    ) -> list[tuple[list[Fitted], int]]:
+        """:meth:`fit` of ``spans`` under each of ``configs`` (placements and
+        structures ``"auto"`` tries), from one pass: every config's
+        accumulators see the same rows as in a pass of its own."""
+        passes = self._estimate(configs, spans)
+        return [self._solved(c, cuts) for c, cuts in zip(configs, passes, strict=True)]
+
+    def _solved(
+        self,
+        config: ReplaceMeConfig,
+        cuts: list[Cut],
+        starts: Sequence[np.ndarray | None] | None = None,
+    ) -> tuple[list[Fitted], int]:
         device = next(self.model.parameters()).device
         begin = [None] * len(cuts) if starts is None else list(starts)
         try:
             return [
-                solve_cut(cut, self.config, device, start)
+                solve_cut(cut, config, device, start)
                 for cut, start in zip(cuts, begin, strict=True)
             ], cuts[0].rows
         finally:
             for cut in cuts:
                 cut.close()
 
-    def _estimate(self, spans: Sequence[Span]) -> list[Cut]:
-        """One pass over the data filling the accumulators of every cut."""
-        config = self.config
-        cuts = [Cut(s) for s in spans]
+    def _estimate(
+        self, configs: Sequence[ReplaceMeConfig], spans: Sequence[Span]
+    ) -> list[list[Cut]]:
+        """One pass over the data filling the accumulators of every cut under
+        each of ``configs`` (the pass's own options are the first's)."""
+        config = configs[0]
         wanted = sorted({k for s in spans for k in (s.start, s.stop)})
         positions = {state: i for i, state in enumerate(wanted)}
-        folding = config.placement != "block"
-        kept = [c.kept for c in cuts]
-        recorder = MlpOutputs(self.stack, kept, config.check) if folding else None
-        consume = Estimator(cuts, config, positions, recorder, self.expected_rows)
+        folding = [c.placement != "block" for c in configs]
+        passes = [[Cut(s) for s in spans] for _ in configs]
+        kept = [c.kept for c in passes[0]]
+        check = any(c.check for c, f in zip(configs, folding, strict=True) if f)
+        recorder = MlpOutputs(self.stack, kept, check) if any(folding) else None
+        estimators = [
+            Estimator(cuts, c, positions, recorder if f else None, self.expected_rows)
+            for cuts, c, f in zip(passes, configs, folding, strict=True)
+        ]
+        consume = estimators[0] if len(estimators) == 1 else _Together(estimators, recorder)
         try:
             with no_kv_cache(self.model):
                 stream_states(
@@ -350,7 +382,7 @@ class Estimation:
                     desc="replaceme: estimating",
                 )
         except BaseException as exc:
-            for cut in cuts:
+            for cut in (cut for cuts in passes for cut in cuts):
                 cut.close()
             if isinstance(exc, ForwardError) and isinstance(exc.__cause__, NotFoldableError):
                 raise exc.__cause__ from None
@@ -358,11 +390,28 @@ class Estimation:
         finally:
             if recorder is not None:
                 recorder.remove()
-        if cuts[0].rows == 0:
+        first, rows = estimators[0], passes[0][0].rows
+        if rows == 0:
             raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
         if config.objective != "identity":  # a d×d transform needs more rows than d
-            warn_if_small(cuts[0].rows, consume.dim, 0, consume.samples, cuts[0].rows)
-        return cuts
+            warn_if_small(rows, first.dim, 0, first.samples, rows)
+        return passes
+
+
+class _Together:
+    """Several estimators fed by one pass: the kept blocks' MLP outputs
+    taken once a batch and handed to every estimator that folds."""
+
+    def __init__(self, estimators: list[Estimator], recorder: MlpOutputs | None) -> None:
+        self.estimators, self.recorder = estimators, recorder
+        self.kept = {c.kept for e in estimators if e.recorder is not None for c in e.cuts}
+
+    def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
+        recorder = self.recorder
+        mlp = {} if recorder is None else {k: recorder.take(k) for k in self.kept}
+        for estimator in self.estimators:
+            estimator.add_batch(rows, mask, mlp)
+        return self.estimators[0].cuts[0].rows
 
 
 class Fits(Protocol):
@@ -392,6 +441,10 @@ class Fits(Protocol):
         self, spans: Sequence[Span], starts: Sequence[np.ndarray | None] | None = None
     ) -> tuple[list[Fitted], int]: ...
 
+    def fit_each(
+        self, configs: Sequence[ReplaceMeConfig], spans: Sequence[Span]
+    ) -> list[tuple[list[Fitted], int]]: ...
+
 
 def fits_sequentially(config: ReplaceMeConfig) -> bool:
     """Whether several cuts are fitted one after the other (not checked, so
@@ -414,6 +467,7 @@ def fit_checked(
     split: CheckSplit,
     note: str,
     refit: bool = True,
+    fitted_already: tuple[list[Fitted], int] | None = None,
 ) -> tuple[list[Span], list[Fitted], int, list[RemovalCheck | None], list[RemovalCheck]]:
     """The cuts fitted in one pass and, unless ``note`` says why not,
     measured against plain removal on the held-out batches (a fit that
@@ -423,8 +477,11 @@ def fit_checked(
     with :func:`refit_won`). With candidate windows (``pool``), each is
     fitted and measured alone and the best becomes the cut. Returns the
     cuts, their fits, the rows used, the checks and every candidate's
-    measurement."""
-    fitted, rows = _fit_at_most(estimation, pool or spans, estimation.config.cuts_at_once)
+    measurement. ``fitted_already``: the fits of ``pool or spans`` and
+    their rows, when a shared pass made them (:meth:`Fits.fit_each`)."""
+    fitted, rows = fitted_already or _fit_at_most(
+        estimation, pool or spans, estimation.config.cuts_at_once
+    )
     if note:
         return spans, fitted, rows, [], []
     transforms = [f.transform for f in fitted]
