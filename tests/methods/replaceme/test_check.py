@@ -116,3 +116,26 @@ def test_sequential_cuts_are_not_checked_and_hold_nothing_out():
     _, every_batch = replaceme(copy.deepcopy(model), data, spans=spans, check_fraction=0.0)
     assert sequential.checks == [] and "sequential" in sequential.check_note
     assert sequential.rows == every_batch.rows
+
+
+def test_plain_removal_of_the_same_cut_is_measured_once_across_checks():
+    from toast.hf.evaluate.check import check_against_plain
+
+    model, data = R.decoder("llama"), R.text_loader()
+    stack, split = find_blocks(model), CheckSplit(data, 0.25)
+    cut = [Span(*SPAN, 0.0)]
+    d = model.config.hidden_size
+    fits = [np.eye(d) * 0.9, np.eye(d) * 1.1]  # two fits of the same cut (two placements)
+    measured = []
+
+    def apply(where, transforms):
+        measured.append("plain" if transforms[0] is None else "fitted")
+        return applied(stack, where, transforms, "block")
+
+    removed: dict = {}
+    first = check_against_plain(model, cut, fits[:1], apply, split.check, False, removed=removed)
+    second = check_against_plain(model, cut, fits[1:], apply, split.check, False, removed=removed)
+    assert measured == ["fitted", "plain", "fitted"]  # the second plain removal not measured again
+    assert first[0].plain == second[0].plain
+    fresh = check_against_plain(model, cut, fits[1:], apply, split.check, False)
+    assert fresh[0].plain == second[0].plain and fresh[0].fitted == second[0].fitted

@@ -14,7 +14,7 @@ with the fit applied by hooks, before anything in the model changes.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -205,6 +205,7 @@ def check_against_plain(
     fallback: bool,
     alone: bool = False,
     evaluator: Evaluator | None = None,
+    removed: dict[Any, Any] | None = None,
 ) -> list[RemovalCheck | None]:
     """Each span's fit against plain removal on ``heldout``, the other spans
     as decided so far (none with ``alone``: candidates that may overlap);
@@ -213,7 +214,10 @@ def check_against_plain(
     changes. ``evaluator`` measures ``model`` on ``heldout`` (default an
     in-memory :class:`~toast.hf.evaluate.quality.Evaluator`; from disk a
     :class:`~toast.hf.evaluate.from_disk.SequentialEvaluator`, ``model`` its
-    checkpoint's skeleton and ``apply`` setting its edits)."""
+    checkpoint's skeleton and ``apply`` setting its edits). ``removed``
+    keeps what plain removal of spans measured on ``heldout`` (the other
+    spans kept), across calls on the same model: a caller checking several
+    fits of the same cuts measures their plain removal once."""
     evaluator = Evaluator(heldout, progress=False) if evaluator is None else evaluator
     first = next(iter(heldout))
     if quality_metric(model, first) == "cosine":
@@ -230,15 +234,29 @@ def check_against_plain(
             where, fitted_t, plain_t = [span], [current[k]], [None]
         with apply(where, fitted_t):
             fitted = evaluator.measure(model, "fitted")
-        with apply(where, plain_t):
-            removed = evaluator.measure(model, "plain removal")
+        key = _removal_key(heldout, where) if all(t is None for t in plain_t) else None
+        if removed is not None and key in removed:
+            plain = removed[key][1]
+        else:
+            with apply(where, plain_t):
+                plain = evaluator.measure(model, "plain removal")
+            if removed is not None and key is not None:
+                removed[key] = (heldout, plain)  # the data kept: an id is not reused meanwhile
         assert evaluator.metric is not None  # set by the first measurement
-        better = _better(evaluator.metric, fitted, removed)
+        better = _better(evaluator.metric, fitted, plain)
         used = "fitted" if better or not fallback else "plain removal"
         if used == "plain removal":
             current[k] = None
-        checks.append(RemovalCheck(span, evaluator.metric, fitted, removed, evaluator.count, used))
+        checks.append(RemovalCheck(span, evaluator.metric, fitted, plain, evaluator.count, used))
     return checks
+
+
+def _removal_key(heldout: Iterable, spans: Sequence[Span]) -> Hashable:
+    """What identifies a plain-removal measurement: the held-out data (a
+    split's part compares equal on every access; other data by identity)
+    and the spans removed."""
+    data: Hashable = heldout if isinstance(heldout, Hashable) else id(heldout)
+    return (data, tuple((s.start, s.stop) for s in spans))
 
 
 def with_fallback(fits: Sequence[Any], checks: Sequence[RemovalCheck | None], plain: Any) -> list:

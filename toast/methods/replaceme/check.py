@@ -73,12 +73,15 @@ def check_fits(
     heldout: Iterable,
     fallback: bool,
     alone: bool = False,
+    removed: dict[Any, Any] | None = None,
 ) -> list[RemovalCheck | None]:
     """Each cut's T against plain removal on ``heldout``
-    (:func:`toast.hf.evaluate.check.check_against_plain`), applied by hooks as
-    ``placement`` puts it."""
+    (:func:`toast.hf.evaluate.check.check_against_plain`, plain removal
+    measured once for ``removed``), applied by hooks as ``placement`` puts it."""
 
     def apply(where: Sequence[Span], fits: Sequence[Any]) -> contextlib.AbstractContextManager:
         return applied(stack, where, fits, placement)
 
-    return check_against_plain(model, spans, transforms, apply, heldout, fallback, alone)
+    return check_against_plain(
+        model, spans, transforms, apply, heldout, fallback, alone, removed=removed
+    )

@@ -18,7 +18,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -281,10 +281,14 @@ class Estimation:
     config: ReplaceMeConfig
     stack: BlockStack
     expected_rows: int | None = None
+    #: plain removal measured on held-out data, shared by the copies
+    #: :meth:`on` and :meth:`configured` make (the model unchanged)
+    removed: dict[Any, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def after_surgery(self) -> Estimation:
-        """The same, with the block stack looked up again by its path."""
-        return dataclasses.replace(self, stack=find_blocks(self.model, self.stack))
+        """The same, with the block stack looked up again by its path
+        (and nothing measured before the surgery)."""
+        return dataclasses.replace(self, stack=find_blocks(self.model, self.stack), removed={})
 
     def on(self, data: Iterable, expected_rows: int | None) -> Estimation:
         """The same estimation on other calibration data."""
@@ -313,6 +317,7 @@ class Estimation:
             heldout,
             config.fallback,
             alone=alone,
+            removed=self.removed,
         )
 
     def fit(
