@@ -297,13 +297,19 @@ def _in_rows(
     rows = int(hidden.shape[0])
     if per is None or per >= rows:
         return run(hidden, *args, **kwargs)
-    parts = []
+    joined: torch.Tensor | None = None  # written run by run: never the runs and their join at once
+    rest: tuple = ()
     for lo in range(0, rows, per):
         cut = slice(lo, lo + per)
-        parts.append(run(hidden[cut], *_rows_of(args, rows, cut), **_rows_of(kwargs, rows, cut)))
-    if isinstance(parts[0], (tuple, list)):  # the hidden states first, the rest as a block gives it
-        return (torch.cat([p[0] for p in parts]), *parts[0][1:])
-    return torch.cat(parts)
+        out = run(hidden[cut], *_rows_of(args, rows, cut), **_rows_of(kwargs, rows, cut))
+        states = out[0] if isinstance(out, (tuple, list)) else out
+        if joined is None:
+            joined = states.new_empty((rows, *states.shape[1:]))
+            rest = tuple(out[1:]) if isinstance(out, (tuple, list)) else ()
+        joined[cut] = states
+    assert joined is not None
+    # the hidden states first, the rest as a block gives it
+    return (joined, *rest) if rest or isinstance(out, (tuple, list)) else joined
 
 
 def _rows_of(value: Any, rows: int, cut: slice) -> Any:
