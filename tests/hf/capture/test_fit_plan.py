@@ -138,7 +138,7 @@ def test_the_search_from_disk_a_few_rows_at_a_time_chooses_and_writes_the_same(f
         return found
 
     data, heldout = R.text_loader(n=48, batch_size=8), R.text_loader(n=16, batch_size=8, seed=1)
-    common = {"target": 0.2, "cache": False, "progress": False, "latency": False}
+    common = {"target": 0.2, "cache": False, "progress": False, "latency": False, "max_measured": 2}
     whole = toast.search(folder, data, heldout, sequential=True, **common)
     monkeypatch.setattr(search_module, "fit_plan", three_rows)
     rows = toast.search(folder, data, heldout, sequential=True, **common)
