@@ -484,12 +484,11 @@ def say_plan(
     outside = [p for p in parts if p[0] in OUTSIDE_LABELS] if apart else []
     beside = [p for p in parts if p not in outside]
     terms = [f"{label} {format_size(n)}" for label, n in beside]
-    total = sum(n for _, n in beside)
+    total = plan_total(parts, apart)
     if apart:
         either = [" + ".join(f"{label} {format_size(n)}" for label, n in group) or "nothing"
                   for group in (outside, apart)]  # fmt: skip
         terms.append(f"the larger of ({either[0]}) and ({either[1]})")
-        total += max(sum(n for _, n in outside), sum(n for _, n in apart))
     plan = (
         f"memory plan: {' + '.join(terms)} = {format_size(total)} "
         f"(max_memory {format_size(budget)})"
