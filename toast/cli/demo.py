@@ -101,7 +101,7 @@ def _latencies_ms(models: dict, images: np.ndarray, rounds: int = 15) -> dict[st
 
 def _speedups(times: dict[str, list[float]]) -> list[float]:
     """The original's time over the compressed model's, round by round."""
-    return sorted(a / b for a, b in zip(times["original"], times["compressed"]))
+    return sorted(a / b for a, b in zip(times["original"], times["compressed"], strict=True))
 
 
 def run_demo(
