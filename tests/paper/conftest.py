@@ -1,14 +1,17 @@
 """The paper-table suite: a record of paper number vs ours, printed at the end.
 
 Tests call ``paper_record(source, item, paper, ours)``; ``pytest tests/paper``
-prints every record as one table after the run.
+prints every record as one table after the run. The records travel with the
+test's report (``user_properties``), so that the process that prints the
+summary has them also when workers ran the tests (``pytest -n``): the table is
+printed by ``tests/conftest.py``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-_RECORDS: list[tuple[str, str, str, str]] = []
+from tests._helpers.paper import PAPER_RECORD
 
 
 def _fmt(value) -> str:
@@ -20,26 +23,12 @@ def _fmt(value) -> str:
 
 
 @pytest.fixture
-def paper_record():
+def paper_record(request):
     """``record(source, item, paper, ours)``: one row of the summary table
     (``paper`` is the published figure, or a description of the claim)."""
 
     def record(source: str, item: str, paper, ours) -> None:
-        _RECORDS.append((source, item, _fmt(paper), _fmt(ours)))
+        row = [source, item, _fmt(paper), _fmt(ours)]
+        request.node.user_properties.append((PAPER_RECORD, row))
 
     return record
-
-
-def pytest_terminal_summary(terminalreporter):
-    if not _RECORDS:
-        return
-    rows = sorted(set(_RECORDS))
-    widths = [
-        max(len(r[k]) for r in rows + [("source", "item", "paper", "ours")]) for k in range(4)
-    ]
-    write = terminalreporter.write_line
-    terminalreporter.section("paper vs toast")
-    header = ("source", "item", "paper", "ours")
-    write("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-    for row in rows:
-        write("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
