@@ -155,7 +155,12 @@ QUOTES = (
     Quote(
         "demo", "benchmarks/results/demo.json", render_demo, ("README.md", "benchmarks/README.md")
     ),
-    Quote("costs", "benchmarks/results/first_contact.json", render_costs, ("README.md",)),
+    Quote(
+        "costs",
+        "benchmarks/results/first_contact.json",
+        render_costs,
+        ("README.md", "benchmarks/README.md"),
+    ),
     Quote(
         "demo-llm",
         "benchmarks/results/demo_llm.json",
