@@ -10,7 +10,12 @@ lines and is rendered from one committed results file:
 - ``demo-llm``: ``benchmarks/results/demo_llm.json`` (``toast demo --llm``'s);
 - ``peers``: ``benchmarks/results/peers.json`` (``benchmarks/bench_peers.py``,
   with the retained accuracy of ``accuracy.json``);
-- ``accuracy``: ``benchmarks/results/accuracy.json`` (``benchmarks/bench_accuracy.py``).
+- ``accuracy``: ``benchmarks/results/accuracy.json`` (``benchmarks/bench_accuracy.py``);
+- ``highlights``: the README's bullet list of benchmark figures, each bullet
+  from the results file of the script it names: ``real_vit.json``,
+  ``fidelity.json``, ``search-patch-ridge.json`` (``bench_search.py``'s rerun
+  with the ``patch_ridge`` plans), ``fits.json``, ``max_memory.json``,
+  ``scale.json``, ``toast_vit.json`` and ``core.json`` (``make bench``).
 
 The test suite runs the check (``tests/test_check_docs.py``) and compares
 what the ViT demo prints now with its results file (``tests/cli/test_demo.py``);
@@ -27,25 +32,34 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = "benchmarks/results"
 
 
 @dataclass(frozen=True)
 class Quote:
-    """A passage ``name`` quoted in ``docs``, rendered from ``source``."""
+    """A passage ``name`` quoted in ``docs``, rendered from ``source`` (and
+    from the results files ``also``, which ``render`` reads itself)."""
 
     name: str
     source: str
     render: Callable[[Path, Any], str]
     docs: tuple[str, ...]
+    also: tuple[str, ...] = ()
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return (self.source, *self.also)
 
 
 def _benchmark(module: str) -> Any:
@@ -151,6 +165,169 @@ def render_accuracy(root: Path, record: dict[str, Any]) -> str:
     return str(_benchmark("bench_accuracy").summary(record))
 
 
+# The README's bullet list of benchmark figures ("highlights"): one bullet a
+# results file (two for the memory bullet), every figure read from it.
+
+_HIGHLIGHTS = {
+    name: f"{RESULTS}/{name}.json"
+    for name in (
+        "real_vit",
+        "fidelity",
+        "search-patch-ridge",
+        "fits",
+        "max_memory",
+        "scale",
+        "toast_vit",
+        "core",
+    )
+}
+_NAMES = {"toast": "TOAST", "replaceme": "ReplaceMe", "plain": "plain removal"}
+
+
+def _result(root: Path, name: str) -> Any:
+    return json.loads((root / _HIGHLIGHTS[name]).read_text())
+
+
+def _find(rows: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
+    """The first row with these fields."""
+    for row in rows:
+        if all(row.get(k) == v for k, v in fields.items()):
+            return row
+    raise ValueError(f"no row with {fields}")
+
+
+def _budget(command: str) -> str:
+    """The ``--max-memory`` of a command line, as ``8 GiB``."""
+    found = re.search(r"--max-memory\s+([\d.]+)\s*([KMGT]i?B)", command)
+    if found is None:
+        raise ValueError(f"no --max-memory in {command!r}")
+    return f"{found[1]} {found[2]}"
+
+
+def _vit_bullet(r: dict[str, Any]) -> str:
+    """``bench_real_vit.py``: the search's choice at the first target (from
+    its family's row; the search row times the same model again), the speed-up
+    at the largest batch, against the original and the other families."""
+    rows = r["rows"]
+    search = _find(rows, row="search")
+    target, chosen = search["target"], search["setting"].split(": ", 1)[1]
+    row = next(x for x in rows if x["target"] == target and f"{x['row']} {x['setting']}" == chosen)
+    original = _find(rows, row="original")
+    spans, heads = (_find(rows, target=target, row=n) for n in ("TOAST spans", "ToaSt heads"))
+    batch = max(row["speedup"], key=int)
+    method = "token merging" if row["row"] == "ToMe" else row["row"]
+    return (
+        f"the pretrained {r['model'].split(' (')[0]} with {target} fewer linear-layer MACs: "
+        f"{method} (`toast.search`'s choice, {row['setting'].replace('=', ' = ')}) keeps cosine "
+        f"**{row['photos_cosine']:.4f}** to the original's CLS feature and a digits probe at "
+        f"{row['digits_probe']:.3f} (original {original['digits_probe']:.3f}), "
+        f"{row['speedup'][batch]:.2f}× faster; TOAST spans {spans['photos_cosine']:.3f}, "
+        f"ToaSt heads {heads['photos_cosine']:.3f} (`bench_real_vit.py`)"
+    )
+
+
+def _fidelity_bullet(r: dict[str, Any]) -> str:
+    """``bench_fidelity.py``: the test split; the cut is the perplexity search's."""
+    test = r["test"]
+    key = next(k for k in test if k.startswith("toast.search, perplexity: "))
+    method, cut = key.split(": ", 2)[1:]
+    form, span = cut.split(" ", 1)
+    toast = test[key]
+    replaceme = next(v for k, v in test.items() if k.startswith("ReplaceMe"))
+    return (
+        f"SmolLM2 at {100 * r['target']:.0f}% fewer parameters: {_NAMES.get(method, method)} "
+        f"{form} `{span}` perplexity **{toast['perplexity']:.2f}** (KL {toast['kl']:.3f}) "
+        f"against plain removal's {test['plain removal']['perplexity']:.2f} and ReplaceMe's own "
+        f"cut {replaceme['perplexity']:.2f} (`bench_fidelity.py`)"
+    )
+
+
+def _search_bullet(r: dict[str, Any]) -> str:
+    """``bench_search.py`` (its ``patch_ridge`` rerun): SmolLM2's held-out split."""
+    run = next(x for x in r["results"] if x["model"].startswith("SmolLM2"))
+    held = run["heldout"]
+    by_hand = min(v for k, v in held.items() if k not in ("original", "search"))
+    method, cut = run["chosen"].split(": ", 1)
+    form, span = cut.split(" ", 1)
+    return (
+        f"`toast.search` at a {100 * r['target']:.0f}% parameter target on SmolLM2-135M: "
+        f"held-out perplexity **{held['search']:.2f}** ({_NAMES.get(method, method)} `{form}` "
+        f"`{span}`) against the original's {held['original']:.2f} and the best method by hand's "
+        f"{by_hand:.2f}; Spearman correlation of predicted error with measured quality loss "
+        f"{run['spearman']:+.2f} (`python benchmarks/bench_search.py`)"
+    )
+
+
+def _fits_bullet(r: dict[str, Any]) -> str:
+    """``bench_fits.py``: the summary over the windows of the first row's width."""
+    summary, (start, stop) = r["summary"], r["rows"][0]["span"]
+    plain, paper = summary["default <= plain"], summary["default <= paper LS"]
+    windows = summary["windows"]
+    said = (
+        f"≤ plain removal and ≤ the paper's LS on {plain} of {windows}"
+        if plain == paper
+        else f"≤ plain removal on {plain} and ≤ the paper's LS on {paper} of {windows}"
+    )
+    return (
+        f"every {stop - start}-block window of SmolLM2: toast's default ReplaceMe fit is {said} "
+        "windows (`python benchmarks/bench_fits.py`)"
+    )
+
+
+def _memory_bullet(m: dict[str, Any], s: dict[str, Any]) -> str:
+    """``bench_max_memory.py`` and ``bench_scale.py``: peak RssAnon of each run."""
+    params = re.search(r"Parameters: ([\d,]+)", "\n".join(m["log_tail"]))
+    if params is None:
+        raise ValueError("max_memory.json: no 'Parameters:' line in its log_tail")
+    phases = [s["phases"][name] for name in ("search", "replaceme", "toast")]
+    budgets = " / ".join(dict.fromkeys(_budget(p["command"]) for p in phases))
+    peaks = " / ".join(f"{p['peak_rss_anon_mib'] / 1024:.1f}" for p in phases)
+    return (
+        "from disk within `--max-memory`, peak anonymous memory polled from outside: ReplaceMe on "
+        f"a {int(params[1].replace(',', '')) / 1e9:.2f} B bf16 Llama under "
+        f"{_budget(m['command'])}, **{m['peak_rss_anon_mib']:,} MiB** on {m['chars']:,} "
+        "characters (`python benchmarks/bench_max_memory.py`); search, ReplaceMe and TOAST at "
+        f"Llama-3-8B's width and depth under {budgets}, **{peaks} GiB** "
+        "(`python benchmarks/bench_scale.py`; Llama-3 formulas in [large models]"
+        "(docs/large-models.md#llama-3-at-scale-peak-memory-and-disk-by-formula))"
+    )
+
+
+def _toast_vit_bullet(r: dict[str, Any]) -> str:
+    """``bench_toast_vit.py``: ToaSt as toast runs it, at the largest batch."""
+    batch = max(r["batches"], key=int)
+    ratio = r["batches"][batch]["rows"]["ToaSt (kept hidden)"]["ratio"]
+    return (
+        f"ToaSt on a DeiT-S shape: **{ratio:.2f}×** faster at batch {batch} "
+        "(`python benchmarks/bench_toast_vit.py`)"
+    )
+
+
+def _core_bullet(r: dict[str, Any]) -> str:
+    """``make bench`` (``bench_core.py``): the error matrix at the most rows."""
+    run = max(r["results"], key=lambda x: x["rows"])
+    e = run["error_matrix"]
+    return (
+        f"the core's all-pairs error matrix at {run['rows']:,} rows: "
+        f"**{e['time_ratio_ref_over_ours']:.1f}×** faster than `torch.linalg.lstsq` per pair in "
+        f"**{e['peak_ratio_ours_over_ref']:.3f}** of its memory (`make bench`)"
+    )
+
+
+def render_highlights(root: Path, vit: dict[str, Any]) -> str:
+    """The README's bullet list of benchmark figures, one bullet a line."""
+    bullets = [
+        _vit_bullet(vit),
+        _fidelity_bullet(_result(root, "fidelity")),
+        _search_bullet(_result(root, "search-patch-ridge")),
+        _fits_bullet(_result(root, "fits")),
+        _memory_bullet(_result(root, "max_memory"), _result(root, "scale")),
+        _toast_vit_bullet(_result(root, "toast_vit")),
+        _core_bullet(_result(root, "core")),
+    ]
+    return ";\n".join(f"- {b}" for b in bullets) + "."
+
+
 QUOTES = (
     Quote(
         "demo", "benchmarks/results/demo.json", render_demo, ("README.md", "benchmarks/README.md")
@@ -176,6 +353,13 @@ QUOTES = (
     Quote(
         "accuracy", "benchmarks/results/accuracy.json", render_accuracy, ("benchmarks/README.md",)
     ),
+    Quote(
+        "highlights",
+        _HIGHLIGHTS["real_vit"],
+        render_highlights,
+        ("README.md",),
+        also=tuple(path for name, path in _HIGHLIGHTS.items() if name != "real_vit"),
+    ),
 )
 
 
@@ -187,10 +371,29 @@ def _expected(root: Path, quote: Quote) -> str:
     return quote.render(root, json.loads((root / quote.source).read_text()))
 
 
+def _first_difference(found: str, expected: str) -> tuple[str, str]:
+    """The first line where a passage differs from what it should say."""
+    for quoted, said in zip_longest(found.splitlines(), expected.splitlines(), fillvalue=""):
+        if quoted != said:
+            return quoted, said
+    return found, expected
+
+
+def _missing(root: Path, quote: Quote) -> list[str]:
+    return [source for source in quote.sources if not (root / source).is_file()]
+
+
 def check(root: Path = ROOT) -> list[str]:
-    """Every quoted passage that differs from its results file, in words."""
+    """Every quoted passage that differs from its results files, in words."""
     markers, problems = _markers(root), []
     for quote in QUOTES:
+        missing = _missing(root, quote)
+        if missing:
+            problems.append(
+                f"the '{quote.name}' passage ({', '.join(quote.docs)}) cannot be checked: "
+                f"no results file {', '.join(missing)} (commit it, or rerun what writes it)"
+            )
+            continue
         expected = _expected(root, quote)
         for doc in quote.docs:
             try:
@@ -199,9 +402,11 @@ def check(root: Path = ROOT) -> list[str]:
                 problems.append(str(exc))
                 continue
             if found != expected:
+                quoted, said = _first_difference(found, expected)
                 problems.append(
-                    f"{doc}: the '{quote.name}' passage differs from {quote.source}"
-                    f"\n  quoted:   {found[:400]}\n  expected: {expected[:400]}\n"
+                    f"{doc}: the '{quote.name}' passage differs from "
+                    f"{', '.join(quote.sources)}"
+                    f"\n  quoted:   {quoted[:400]}\n  expected: {said[:400]}\n"
                     "  (run `python scripts/check_docs.py --write` after rerunning what "
                     "writes the results file)"
                 )
@@ -209,9 +414,12 @@ def check(root: Path = ROOT) -> list[str]:
 
 
 def write(root: Path = ROOT) -> None:
-    """Rewrites every quoted passage from its results file."""
+    """Rewrites every quoted passage from its results files (those whose
+    results files are all there; ``check`` names the others)."""
     markers = _markers(root)
     for quote in QUOTES:
+        if _missing(root, quote):
+            continue
         expected = _expected(root, quote)
         for doc in quote.docs:
             path = root / doc

@@ -21,9 +21,12 @@ _spec.loader.exec_module(check_docs)
 
 @pytest.fixture
 def copy(tmp_path):
-    """The quoting docs and the results files, copied into ``tmp_path``."""
+    """The quoting docs and the results files, copied into ``tmp_path``
+    (one missing here stays missing there, for ``check`` to name)."""
     for quote in check_docs.QUOTES:
-        for name in (quote.source, *quote.docs):
+        for name in (*quote.sources, *quote.docs):
+            if not (ROOT / name).is_file():
+                continue
             (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ROOT / name, tmp_path / name)
     return tmp_path
@@ -53,6 +56,7 @@ def test_the_copy_passes_before_any_edit(copy):
         ("README.md", "demo-llm"),
         ("README.md", "peers"),
         ("benchmarks/README.md", "accuracy"),
+        ("README.md", "highlights"),
     ],
 )
 def test_a_figure_changed_by_hand_fails_the_check(copy, doc, name):
@@ -77,6 +81,12 @@ def test_a_missing_marker_is_named(copy):
     readme.write_text(readme.read_text().replace("<!-- /demo-llm -->", ""))
     problems = check_docs.check(copy)
     assert any("'<!-- /demo-llm -->'" in p and p.startswith("README.md") for p in problems)
+
+
+def test_a_missing_results_file_is_named(copy):
+    (copy / "benchmarks/results/scale.json").unlink()
+    problems = [p for p in check_docs.check(copy) if "'highlights'" in p]
+    assert len(problems) == 1 and "no results file benchmarks/results/scale.json" in problems[0]
 
 
 def test_a_demo_figure_that_moved_is_named_and_timings_are_not():
