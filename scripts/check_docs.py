@@ -283,10 +283,11 @@ def _memory_bullet(m: dict[str, Any], s: dict[str, Any]) -> str:
     budgets = " / ".join(dict.fromkeys(_budget(p["command"]) for p in phases))
     peaks = " / ".join(f"{p['peak_rss_anon_mib'] / 1024:.1f}" for p in phases)
     return (
-        "from disk within `--max-memory`, peak anonymous memory polled from outside: ReplaceMe on "
-        f"a {int(params[1].replace(',', '')) / 1e9:.2f} B bf16 Llama under "
-        f"{_budget(m['command'])}, **{m['peak_rss_anon_mib']:,} MiB** on {m['chars']:,} "
-        "characters (`python benchmarks/bench_max_memory.py`); search, ReplaceMe and TOAST at "
+        "from disk within `--max-memory` (what toast allocates; the interpreter with torch "
+        "comes on top), peak anonymous memory polled from outside: ReplaceMe on "
+        f"a {int(params[1].replace(',', '')) / 1e9:.2f} B bf16 Llama at "
+        f"`--max-memory {_budget(m['command'])}`, **{m['peak_rss_anon_mib']:,} MiB** in all on "
+        f"{m['chars']:,} characters (`python benchmarks/bench_max_memory.py`); search, ReplaceMe and TOAST at "
         f"Llama-3-8B's width and depth under {budgets}, **{peaks} GiB** "
         "(`python benchmarks/bench_scale.py`; Llama-3 formulas in [large models]"
         "(docs/large-models.md#llama-3-at-scale-peak-memory-and-disk-by-formula))"
@@ -438,15 +439,15 @@ def run_demos(root: Path = ROOT, keep: bool = True) -> list[str]:
         # a cache of its own: the ViT trained as on a first run, timed
         run_demo(out=Path(folder) / "demo", cache=Path(folder) / "cache", progress=False)
         run_llm_demo(out=Path(folder) / "llm", progress=False)
-        for quote, name in zip(QUOTES[:2], ("demo", "llm"), strict=True):
-            written = Path(folder) / name / "result.json"
+        sources = {quote.name: quote.source for quote in QUOTES}
+        for name, folder_name in (("demo", "demo"), ("demo-llm", "llm")):
+            source = sources[name]
+            written = Path(folder) / folder_name / "result.json"
             if keep:
-                shutil.copyfile(written, root / quote.source)
+                shutil.copyfile(written, root / source)
             else:
                 moved += differences(
-                    json.loads((root / quote.source).read_text()),
-                    json.loads(written.read_text()),
-                    quote.source,
+                    json.loads((root / source).read_text()), json.loads(written.read_text()), source
                 )
     return moved
 

@@ -2,6 +2,7 @@
 files, and a figure changed by hand fails the check."""
 
 import importlib.util
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -54,6 +55,7 @@ def test_the_copy_passes_before_any_edit(copy):
     [
         ("README.md", "demo"),
         ("README.md", "demo-llm"),
+        ("README.md", "costs"),
         ("README.md", "peers"),
         ("benchmarks/README.md", "accuracy"),
         ("README.md", "highlights"),
@@ -97,3 +99,29 @@ def test_a_demo_figure_that_moved_is_named_and_timings_are_not():
         "demo.json: accuracy is {'compressed': 0.97} now, {'compressed': 0.98} committed"
     ]
     assert check_docs.differences(committed, {**committed, "seconds": {}}, "demo.json") == []
+
+
+def test_rerun_demos_compares_each_demo_with_its_own_results_file(copy, monkeypatch):
+    from toast.cli import demo, demo_llm
+
+    def fake(source, change=None):
+        def run(out, **_):
+            record = json.loads((copy / source).read_text())
+            record.update(change or {})
+            Path(out).mkdir(parents=True)
+            (Path(out) / "result.json").write_text(json.dumps(record))
+
+        return run
+
+    monkeypatch.setattr(demo, "run_demo", fake("benchmarks/results/demo.json"))
+    monkeypatch.setattr(demo_llm, "run_llm_demo", fake("benchmarks/results/demo_llm.json"))
+    assert check_docs.run_demos(copy, keep=False) == []
+    moved = {"kl": 0.5}
+    monkeypatch.setattr(demo_llm, "run_llm_demo", fake("benchmarks/results/demo_llm.json", moved))
+    assert check_docs.run_demos(copy, keep=False) == [
+        f"benchmarks/results/demo_llm.json: kl is 0.5 now, {_committed_kl()!r} committed"
+    ]
+
+
+def _committed_kl():
+    return json.loads((ROOT / "benchmarks/results/demo_llm.json").read_text())["kl"]
