@@ -221,7 +221,8 @@ def _vit_bullet(r: dict[str, Any]) -> str:
         f"{method} (`toast.search`'s choice, {row['setting'].replace('=', ' = ')}) keeps cosine "
         f"**{row['photos_cosine']:.4f}** to the original's CLS feature and a digits probe at "
         f"{row['digits_probe']:.3f} (original {original['digits_probe']:.3f}), "
-        f"{row['speedup'][batch]:.2f}× faster; TOAST spans {spans['photos_cosine']:.3f}, "
+        f"{row['speedup'][batch]:.2f}× faster at batch {batch}; "
+        f"TOAST spans {spans['photos_cosine']:.3f}, "
         f"ToaSt heads {heads['photos_cosine']:.3f} (`bench_real_vit.py`)"
     )
 
@@ -287,7 +288,8 @@ def _memory_bullet(m: dict[str, Any], s: dict[str, Any]) -> str:
         "comes on top), peak anonymous memory polled from outside: ReplaceMe on "
         f"a {int(params[1].replace(',', '')) / 1e9:.2f} B bf16 Llama at "
         f"`--max-memory {_budget(m['command'])}`, **{m['peak_rss_anon_mib']:,} MiB** in all on "
-        f"{m['chars']:,} characters (`python benchmarks/bench_max_memory.py`); search, ReplaceMe and TOAST at "
+        f"{m['chars']:,} characters (`python benchmarks/bench_max_memory.py`); "
+        "search, ReplaceMe and TOAST at "
         f"Llama-3-8B's width and depth under {budgets}, **{peaks} GiB** "
         "(`python benchmarks/bench_scale.py`; Llama-3 formulas in [large models]"
         "(docs/large-models.md#llama-3-at-scale-peak-memory-and-disk-by-formula))"
