@@ -255,7 +255,8 @@ def _search_bullet(r: dict[str, Any]) -> str:
         f"held-out perplexity **{held['search']:.2f}** ({_NAMES.get(method, method)} `{form}` "
         f"`{span}`) against the original's {held['original']:.2f} and the best method by hand's "
         f"{by_hand:.2f}; Spearman correlation of predicted error with measured quality loss "
-        f"{run['spearman']:+.2f} (`python benchmarks/bench_search.py`)"
+        f"{run['spearman']:+.2f} (`python benchmarks/bench_search.py "
+        "--out benchmarks/results/search-patch-ridge.json`)"
     )
 
 
