@@ -122,9 +122,13 @@ def render_costs(root: Path, runs: list[dict[str, Any]]) -> str:
         f"{_about(demo['total'] - demo['model'])} s with it cached)"
     )
     if tests:
+        last = re.match(r"(.*?)(?:, \d+ warnings?)? in ([\d.]+)s", tests[-1]["tests"])
+        if last is None:
+            raise ValueError(f"first_contact.json: no pytest summary in {tests[-1]['tests']!r}")
         said += (
-            f", `test.sh` {_span([r['seconds']['test_sh'] for r in tests], 'min', 60)} "
-            f"({tests[-1]['tests'].split(' in ')[0]})"
+            f", `test.sh` {_span([r['seconds']['test_sh'] for r in tests], 'min', 60)} with "
+            f"the test extras' installs (the last run: pytest {float(last[2]) / 60:.1f} min, "
+            f"{last[1]})"
         )
     cpus = ok[-1]["machine"]["cpus"]
     return (
