@@ -36,6 +36,14 @@ def test_demo_without_progress_still_prints_its_result_line(demo):
     assert f"accuracy {demo.accuracy['original']:.3f}" in lines[0]
 
 
+def test_the_result_line_has_every_figure_the_readme_quotes(demo):
+    line = demo.printed
+    assert f"{demo.accuracy['compressed']:.3f} (dropping them instead: " in line
+    assert f"parameters {demo.params['original']:,} → {demo.params['compressed']:,}" in line
+    assert f"MACs {1e3 * demo.gmacs['original']:.2f} M → " in line
+    assert " faster on 500 images" in line and "held-out check: fitted" in line
+
+
 def test_demo_writes_the_heatmap_and_the_report(demo):
     assert (demo.out / "heatmap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (demo.out / "report.md").read_text()
