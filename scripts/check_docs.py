@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-FIRST_CONTACT = "benchmarks/results/first_contact.json"
 RESULTS = "benchmarks/results"
+DEMO = f"{RESULTS}/demo.json"
+FIRST_CONTACT = f"{RESULTS}/first_contact.json"
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ def _span(values: list[float], unit: str, scale: float = 1.0) -> str:
 def render_costs(root: Path, runs: list[dict[str, Any]]) -> str:
     """What the quick start's two commands cost, over every recorded fresh clone."""
     ok = [r for r in runs if all(v == 0 for v in r["status"].values())]
-    demo = json.loads((root / "benchmarks" / "results" / "demo.json").read_text())["seconds"]
+    demo = json.loads((root / DEMO).read_text())["seconds"]
     tests = [r for r in ok if "test_sh" in r["seconds"]]
     said = (
         f"`demo.sh` {_span([r['seconds']['demo_sh'] for r in ok], 's')} with every install, "
@@ -349,7 +350,7 @@ def render_highlights(root: Path, vit: dict[str, Any]) -> str:
 QUOTES = (
     Quote(
         "demo",
-        "benchmarks/results/demo.json",
+        DEMO,
         render_demo,
         ("README.md", "benchmarks/README.md"),
         also=(FIRST_CONTACT,),
@@ -359,6 +360,7 @@ QUOTES = (
         FIRST_CONTACT,
         render_costs,
         ("README.md", "benchmarks/README.md"),
+        also=(DEMO,),
     ),
     Quote(
         "demo-llm",

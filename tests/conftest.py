@@ -1,6 +1,5 @@
 """Fixtures of the test suite; helpers live in :mod:`tests._helpers`."""
 
-import contextlib
 import os
 import signal
 
@@ -90,14 +89,12 @@ def _run_folder(tmp_path_factory):
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-@contextlib.contextmanager
 def _first_worker_builds(tmp_path_factory, name: str):
-    """Held while one worker of ``pytest -n`` builds ``name`` into the run's
-    cache; the others wait, then read what it wrote instead of building again."""
+    """A lock held while one worker of ``pytest -n`` builds ``name`` into the
+    run's cache; the others wait, then read what it wrote instead of building."""
     from filelock import FileLock
 
-    with FileLock(str(_run_folder(tmp_path_factory) / f".{name}.lock")):
-        yield
+    return FileLock(str(_run_folder(tmp_path_factory) / f".{name}.lock"))
 
 
 def _session_folder(tmp_path_factory) -> str:
