@@ -137,19 +137,30 @@ def _toast_default_models(model, calib, spans):
     analysis = toast.analyze(
         model, split.fit, metric="linear", estimator="gcv", precision="mixed", massive_rows=True
     )
+    # what a kept fit is refitted from (refit=True): every batch, the held-out ones too
+    every = toast.analyze(
+        model, calib, metric="linear", estimator="gcv", precision="mixed", massive_rows=True
+    )
     stack = toast.hf.find_blocks(model)
     for span in spans:
-        fit = analysis.massive.plain_fit(analysis.moments, span.start, span.stop, True, 0.0, False)
-        if fit is None:
-            fit = toast.fit_translator(analysis.moments, span.start, span.stop, kind="affine")
+        fit = _plain_fit(analysis, span)
         (check,) = check_translators(model, stack, [span], [fit], split.check, True)
         print(f"  TOAST check {span}: fitted {check.fitted:.2f}, plain {check.plain:.2f}")
         pruned = copy.deepcopy(model)
         if check.used == "fitted":
-            toast.io.replace_spans(pruned, [(span.start, span.stop)], [fit])
+            toast.io.replace_spans(pruned, [(span.start, span.stop)], [_plain_fit(every, span)])
         else:
             toast.io.replace_spans(pruned, [(span.start, span.stop)], [torch.nn.Identity()])
         yield pruned, check.used != "fitted"
+
+
+def _plain_fit(analysis, span):
+    """TOAST's default translator of ``span`` from ``analysis``: affine, the
+    rows the span would have to make massive fitted as plain removal leaves them."""
+    fit = analysis.massive.plain_fit(analysis.moments, span.start, span.stop, True, 0.0, False)
+    if fit is None:
+        fit = toast.fit_translator(analysis.moments, span.start, span.stop, kind="affine")
+    return fit
 
 
 def _todo(rows, spans, name):

@@ -912,3 +912,28 @@ def test_rows_read_in_place_equal_rows_copied(precision, tol):
         np.testing.assert_allclose(
             toast.error_matrix(direct, "cosine"), toast.error_matrix(other, "cosine"), rtol=1e-9
         )
+
+
+@pytest.mark.parametrize("sources", [None, 1])
+def test_selected_states_equal_their_moments_and_merge_with_more_rows(sources):
+    rng = np.random.default_rng(3)
+    first = [rng.normal(size=(40, 5)) for _ in range(4)]
+    more = [rng.normal(size=(25, 5)) for _ in range(4)]
+    whole = toast.Moments(4, 5, folds=3)
+    whole.update(first)
+    extra = toast.Moments(4, 5)
+    extra.update(more)
+    merged = whole.select([1, 3], sources).merge(extra.select([1, 3], sources))
+    direct = toast.Moments(2, 5, row_stats=False, sources=sources)
+    direct.update([np.vstack([first[k], more[k]]) for k in (1, 3)])
+    assert merged.rows == direct.rows == 65
+    blocks = [(0, 0), (0, 1)] + ([(1, 1)] if sources is None else [])
+    for i, j in blocks:
+        np.testing.assert_allclose(merged.cross(i, j), direct.cross(i, j), rtol=1e-12)
+    for i in (0, 1):
+        np.testing.assert_allclose(merged.sum(i), direct.sum(i), rtol=1e-12)
+
+
+def test_select_refuses_states_out_of_order():
+    with pytest.raises(ValueError, match="distinct and ascending"):
+        toast.Moments(3, 2).select([2, 1])

@@ -74,6 +74,8 @@ _HELP = {
         "(at least the last batch when there are 2 or more; 0: none, the papers' protocol)"
     ),
     "fallback": "keep a fit even where plain removal measures better on held-out batches",
+    "refit": "keep the fits the check measured (default: fitted again on every batch, the "
+    "held-out ones too, once the check has kept them)",
     "massive_rows": "rows whose massive activation (attention sinks) the removed blocks would "
     "have to create: fitted as plain removal leaves them, or like every row (the papers)",
     "objective": "how the transform is fitted",

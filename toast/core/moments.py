@@ -259,6 +259,33 @@ class Moments(_core.Moments):
         self._merge(other)
         return self
 
+    def select(self, states: Sequence[int], sources: int | None = None) -> Moments:
+        """The moments of ``states`` alone (ascending; moment ``k`` is state
+        ``states[k]``), every fold summed and no row statistics: what
+        :meth:`update` would have formed from those states' rows with
+        ``Moments(len(states), dim, row_stats=False, sources=sources)``, so
+        that moments of the same states from other rows :meth:`merge` into
+        it. Every pair of the chosen states must be kept (the blocks from
+        ``sources`` on, which that form does not hold, are not read)."""
+        chosen = [check_state_index(self, "states", s) for s in states]
+        if not chosen or chosen != sorted(set(chosen)):
+            raise ValueError(f"states must be distinct and ascending, got {list(states)}")
+        out = Moments(len(chosen), self.dim, precision=self._precision, row_stats=False,
+                      sources=sources)  # fmt: skip
+        lay, d = out.layout(), self.dim
+        data = np.zeros(lay["storage_len"])
+        data[lay["off_count"]] = self.count()
+        for a, s in enumerate(chosen):
+            data[lay["off_sums"] + a * d : lay["off_sums"] + (a + 1) * d] = self.sum(s)
+        for a, s in enumerate(chosen[: out.sources]):
+            blocks = lay["panel_blocks"][a]
+            start = lay["panel_offsets"][a]
+            panel = data[start : start + d * blocks * d].reshape(d, blocks * d)
+            for b in range(blocks):
+                panel[:, b * d : (b + 1) * d] = self.cross(s, chosen[a + b])
+        out._set_data(data, self.rows)
+        return out
+
     # -- reading ----------------------------------------------------------
 
     @property

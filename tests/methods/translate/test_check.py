@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 
 import toast  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
+from toast.core.chunked import ChunkedMoments, pair_nbytes  # noqa: E402
 from toast.hf.evaluate.check import CheckSplit  # noqa: E402
 from toast.hf.evaluate.quality import Evaluator, skipped_blocks  # noqa: E402
 from toast.hf.model.blocks import find_blocks  # noqa: E402
@@ -120,3 +121,43 @@ def test_a_span_that_fell_back_saves_and_reloads_as_plain_removal(monkeypatch, t
     reloaded = toast.load_pretrained(tmp_path / "saved")
     for batch in data[:2]:
         assert torch.equal(R.outputs(reloaded, batch), R.outputs(pruned, batch))
+
+
+def _same_outputs(a, b, data):
+    for batch in data[:2]:
+        torch.testing.assert_close(R.outputs(a, batch), R.outputs(b, batch), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sink", [False, True])
+def test_a_kept_fit_is_fitted_again_on_every_batch(sink):
+    # with a sink the massive rows of the held-out batches join the analysis's
+    model, data = (
+        (R.with_sink(), R.text_loader(96)) if sink else (R.decoder("llama"), R.text_loader())
+    )
+    checked, report = _compress(copy.deepcopy(model), data, check_fraction=0.25, fallback=False)
+    every_batch, _ = _compress(copy.deepcopy(model), data, check_fraction=0.0)
+    assert report.refitted and report.checks[0].used == "fitted"
+    assert "fitted again on every calibration batch" in report.to_markdown()
+    _same_outputs(checked, every_batch, data)
+
+
+def test_refit_false_keeps_the_fit_the_check_measured():
+    model, data = R.decoder("llama"), R.text_loader()
+    checked, report = _compress(
+        copy.deepcopy(model), data, check_fraction=0.25, fallback=False, refit=False
+    )
+    fit_part = list(CheckSplit(data, 0.25).fit)
+    unseen, _ = _compress(copy.deepcopy(model), fit_part, check_fraction=0.0)
+    assert not report.refitted and report.checks[0].used == "fitted"
+    _same_outputs(checked, unseen, data)
+
+
+@pytest.mark.parametrize("translator", ["patch_ridge", "linear"])
+def test_a_refit_from_rows_on_disk_equals_the_in_memory_refit(translator):
+    model, data = R.decoder("llama"), R.text_loader()
+    options = {"check_fraction": 0.25, "translator": translator, "fallback": False}
+    whole, _ = _compress(copy.deepcopy(model), data, **options)
+    least = pair_nbytes(32, 5)  # the test decoder's width, 5 folds: one source, one target
+    chunked, report = _compress(copy.deepcopy(model), data, statistics_bytes=least, **options)
+    assert report.refitted and isinstance(report.analysis.moments, ChunkedMoments)
+    _same_outputs(whole, chunked, data)

@@ -77,3 +77,13 @@ def test_a_translator_that_lost_the_check_is_written_as_plain_removal_as_in_memo
     patched, _ = toast.compress(copy.deepcopy(model), data, method="toast", **params)
     loaded = toast.load_pretrained(tmp_path / "disk").eval()
     torch.testing.assert_close(R.outputs(loaded, data[0]), R.outputs(patched, data[0]))
+
+
+def test_a_fit_the_check_kept_is_refitted_from_disk_as_in_memory(tmp_path):
+    model, data = R.decoder("llama"), R.text_loader()
+    params = {**OPTIONS, **CHECKED["fit_wins"], "check_fraction": 0.25}
+    on_disk, in_memory = _both(model, data, tmp_path, **params)
+    assert on_disk.refitted and in_memory.refitted
+    patched, _ = toast.compress(copy.deepcopy(model), data, method="toast", **params)
+    loaded = toast.load_pretrained(tmp_path / "disk").eval()
+    torch.testing.assert_close(R.outputs(loaded, data[0]), R.outputs(patched, data[0]))

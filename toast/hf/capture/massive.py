@@ -75,6 +75,17 @@ class MassiveRows:
             return self
         return MassiveRows(self.states[:, [i, j]], self.flags[:, [i, j]])
 
+    def joined(self, other: MassiveRows) -> MassiveRows:
+        """These rows and ``other``'s (of the same states), as one pass over
+        both sets of batches would have recorded them."""
+        if other.flags.size == 0:
+            return self
+        if self.flags.size == 0:
+            return other
+        return MassiveRows(
+            np.concatenate([self.states, other.states]), np.concatenate([self.flags, other.flags])
+        )
+
     def created(self, i: int, j: int) -> np.ndarray:
         """The recorded rows massive in state ``j`` but not in state ``i``:
         the ones a replacement of ``blocks[i:j]`` would have to create."""

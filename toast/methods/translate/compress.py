@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 from torch import nn
 
-from toast.core import Translator
+from toast.core import Moments, Translator
+from toast.core.chunked import ChunkedMoments
+from toast.hf.capture.massive import MassiveRows
+from toast.hf.capture.states import capture_moments
 from toast.hf.evaluate.check import CheckSplit, RemovalCheck, unchecked_because
 from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.params import count_params
@@ -19,14 +22,14 @@ from toast.methods.pipeline import deferred
 from toast.methods.stages import inner_windows
 from toast.methods.translate.analysis import Analysis, analyze
 from toast.methods.translate.check import check_translators
-from toast.methods.translate.config import ToastConfig
+from toast.methods.translate.config import CLOSED_FORM, ToastConfig
 from toast.methods.translate.fitting import Fitter, records_massive_rows
 from toast.methods.translate.memory import within_memory
 from toast.methods.translate.report import CompressionReport
 from toast.methods.translate.stages import STAGES
 from toast.spans import Span, validate_spans
 
-__all__ = ["METHOD", "choose_spans", "compress_toast"]
+__all__ = ["METHOD", "choose_spans", "compress_toast", "refit_kept"]
 
 
 def compress_toast(
@@ -57,10 +60,27 @@ def compress_toast(
     fitter = Fitter(config)
     note = unchecked_because(split, sequential)
     checks: list[RemovalCheck | None] = []
+    refitted = False
     if config.fit == "independent":
         modules = fitter.fit_all(model, split.fit, spans, analysis, stack)
         if not note:
             modules, checks = _checked(model, stack, spans, modules, split, config, analysis)
+
+            def capture(states: list[int], observe: MassiveRows | None) -> Any:
+                return capture_moments(
+                    model,
+                    split.check,
+                    states=states,
+                    tokens=config.tokens,
+                    folds=0,
+                    backend=config.backend,
+                    calibration=config.calibration,
+                    stack=stack,
+                    observe=observe,
+                    statistics_bytes=config.statistics_bytes,
+                )[0]
+
+            modules, refitted = refit_kept(fitter, spans, modules, checks, analysis, capture)
         replace_spans(model, [(s.start, s.stop) for s in spans], modules, blocks=stack)
     else:
         _fit_sequentially(model, data, spans, fitter, stack)
@@ -81,6 +101,7 @@ def compress_toast(
         fit=config.fit,
         checks=checks,
         check_note=note,
+        refitted=refitted,
     )
     return model, report
 
@@ -104,6 +125,40 @@ def _checked(
         for m, c in zip(modules, checks, strict=True)
     ]
     return kept, checks
+
+
+def refit_kept(
+    fitter: Fitter,
+    spans: list[Span],
+    fits: list,
+    checks: list[RemovalCheck | None],
+    analysis: Analysis,
+    capture: Callable[[list[int], MassiveRows | None], Moments | ChunkedMoments],
+) -> tuple[list, bool]:
+    """``fits`` with each closed-form translator the check kept fitted again
+    on every calibration batch, the held-out ones too (``config.refit``):
+    the check measured a fit that had not seen them, and the model keeps one
+    that has. ``capture(states, observe)`` forms the moments of the held-out
+    batches at ``states``, in memory or from disk; the analysis's moments
+    hold the rest. Whether any was refitted comes with them."""
+    config = fitter.config
+    kept = [k for k, c in enumerate(checks) if c is not None and c.used == "fitted"]
+    if not config.refit or config.translator not in CLOSED_FORM or not kept:
+        return fits, False
+    chosen = [spans[k] for k in kept]
+    states = sorted({x for s in chosen for x in (s.start, s.stop)})
+    recorder = MassiveRows() if analysis.massive is not None else None
+    more = capture(states, recorder)
+    again = Fitter(config)
+    with warnings.catch_warnings():
+        # the first fits of the same spans said it already
+        warnings.simplefilter("ignore")
+        refits = again.closed_forms_with(chosen, analysis, more, states, recorder)
+    out = list(fits)
+    for n, k in enumerate(kept):
+        out[k] = refits[n]
+        fitter.conditions[k], fitter.ranks[k] = again.conditions[n], again.ranks[n]
+    return out, True
 
 
 def analysis_options(config: ToastConfig) -> dict[str, Any]:

@@ -83,6 +83,12 @@ class ToastConfig:
     report says which measured better, and with ``fallback`` a span whose
     translator lost is replaced by the identity (plain removal).
     ``check_fraction=0`` is the papers' protocol: every batch is analysed.
+    With ``refit`` (default) each closed-form translator the check kept is
+    then fitted again on every batch, the held-out ones too (one more pass
+    over the held-out batches, at the spans' states only): the check
+    chooses between fit and removal, and what it chose gets all the data
+    (measured on SmolLM2: ``benchmarks/results/few_batches.md``);
+    ``refit=False`` keeps the fits the check measured.
 
     One window: ``single_window=True`` with ``budget=n`` plans a single
     span of ``n`` blocks, the one of lowest error under ``metric`` among
@@ -125,6 +131,7 @@ class ToastConfig:
     backend: Literal["auto", "c", "torch"] = "auto"
     check_fraction: float = 0.1
     fallback: bool = True
+    refit: bool = True
     massive_rows: Literal["fit", "plain"] = "plain"
     single_window: bool = False
     ridge_target: Literal["zero", "identity"] = "zero"
@@ -150,6 +157,7 @@ class ToastConfig:
         "backend": [Options(BACKENDS)],
         "check_fraction": [Interval(float, 0, 0.5, closed="both")],
         "fallback": [bool],
+        "refit": [bool],
         "massive_rows": [Options(("fit", "plain"))],
         "single_window": [bool],
         "ridge_target": [Options(("zero", "identity"))],

@@ -175,6 +175,36 @@ class Fitter:
             for s in spans
         ]
 
+    def closed_forms_with(
+        self,
+        spans: list[Span],
+        analysis: Analysis,
+        more: Moments | ChunkedMoments,
+        states: list[int],
+        more_massive: MassiveRows | None = None,
+    ) -> list[Translator]:
+        """:meth:`closed_forms` from the analysis's moments and ``more``, the
+        moments of further batches at ``states`` (moment ``k`` is state
+        ``states[k]``; ``more_massive`` their massive rows), summed: the
+        translators of an analysis of both sets of batches together."""
+        base = analysis.moments
+        full = isinstance(base, Moments) and isinstance(more, Moments)
+        patch = self.config.translator in ("rotated_diagonal", "patch_ridge")
+        out = []
+        for s in spans:
+            a, b = states.index(s.start), states.index(s.stop)
+            pair = _pair(base, s.start, s.stop, full).merge(_pair(more, a, b, full))
+            massive = None
+            if analysis.massive is not None:
+                massive = analysis.massive.of(s.start, s.stop)
+                if more_massive is not None:
+                    massive = massive.joined(more_massive.of(a, b))
+            target_sq = None
+            if patch and not full:
+                target_sq = _trace(base, s.stop) + _trace(more, b)
+            out.append(self.closed_form(pair, 0, 1, massive, target_sq))
+        return out
+
     def _trained(self, sample: RowSample, i: int, j: int, like: nn.Module) -> nn.Module:
         config = self.config
         module = train_translator(
@@ -244,3 +274,19 @@ class Fitter:
             return self.closed_form(moments, 0, 1)
         with self._rows(model, data, list(where), stack) as rows:
             return self._trained(rows, 0, 1, stack.blocks[where[0]])
+
+
+def _pair(moments: Moments | ChunkedMoments | PairMoments, i: int, j: int, full: bool) -> Moments:
+    """A new two-state copy of states ``i`` and ``j`` of ``moments``: every
+    block with ``full``, else the source's blocks alone (the form of
+    :meth:`ChunkedMoments.pair`), so that copies from other batches merge."""
+    if isinstance(moments, Moments):
+        return moments.select([i, j], sources=None if full else 1)
+    return moments.pair(i, j).select([0, 1], sources=1)
+
+
+def _trace(moments: Moments | ChunkedMoments | PairMoments, j: int) -> float:
+    """``tr(X_jᵀ X_j)``."""
+    if isinstance(moments, Moments):
+        return float(np.trace(moments.cross(j, j)))
+    return float(moments.traces()[j])

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from toast.core import Translator
+from toast.hf.capture.disk_moments import capture_moments_from_disk
+from toast.hf.capture.massive import MassiveRows
 from toast.hf.capture.sequential import BlockEdits, DiskModel
 from toast.hf.data.text import as_batches
 from toast.hf.evaluate.check import (
@@ -36,7 +38,7 @@ from toast.io.from_disk import save_translated_from_disk
 from toast.methods.base import make_config
 from toast.methods.runner import split_heldout, split_text_options
 from toast.methods.translate.analysis import Analysis, analyze_from_disk
-from toast.methods.translate.compress import METHOD, analysis_options, choose_spans
+from toast.methods.translate.compress import METHOD, analysis_options, choose_spans, refit_kept
 from toast.methods.translate.config import CLOSED_FORM, ToastConfig
 from toast.methods.translate.fitting import Fitter
 from toast.methods.translate.report import CompressionReport
@@ -92,11 +94,28 @@ def compress_from_disk(
     translators: list[Translator] = fitter.closed_forms(spans, analysis)
     note = unchecked_because(split, sequential=False)
     checks: list[RemovalCheck | None] = []
+    refitted = False
     if not note:
         checks = _check(disk, spans, translators, split.check, config, buffer_dir)
         translators = with_fallback(translators, checks, _identity(analysis.moments.dim))
+
+        def capture(states: list[int], observe: MassiveRows | None) -> Any:
+            return capture_moments_from_disk(
+                disk,
+                split.check,
+                states=states,
+                tokens=config.tokens,
+                folds=0,
+                calibration=config.calibration,
+                buffer_dir=buffer_dir,
+                observe=observe,
+                statistics_bytes=config.statistics_bytes,
+            )[0]
+
+        translators, refitted = refit_kept(fitter, spans, translators, checks, analysis, capture)
     fitter.warn_ill_conditioned()
     report = _report(disk, config, spans, fitter, analysis, translators, checks, note)
+    report.refitted = refitted
     if measured is not None:
         report.quality = measure_from_disk(
             disk,

@@ -18,7 +18,8 @@ class CompressionReport(Report):
     replaced, their predicted errors and fit conditions, blocks and
     parameters before and after, and the analysis it planned from;
     ``checks`` each span's held-out comparison with plain removal,
-    ``check_note`` why there is none."""
+    ``check_note`` why there is none, ``refitted`` whether the fits it kept
+    were fitted again on every batch."""
 
     method: str
     translator: str
@@ -35,6 +36,8 @@ class CompressionReport(Report):
     width: int | None = None
     checks: list[RemovalCheck | None] = field(default_factory=list)
     check_note: str = ""
+    #: whether the translators the check kept were fitted again on every batch
+    refitted: bool = False
 
     @property
     def blocks_removed(self) -> int:
@@ -71,4 +74,9 @@ class CompressionReport(Report):
             f"(−{100 * self.compression_by_blocks:.1f}%), plus {len(self.spans)} translator(s).",
             *check_lines(self.checks, self.check_note),
         ]
+        if self.refitted:
+            lines.append(
+                "The fits the check kept were then fitted again on every calibration batch, "
+                "the held-out ones too (refit=True)."
+            )
         return "\n".join(lines) + self.quality_markdown()
