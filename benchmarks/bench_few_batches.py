@@ -13,14 +13,17 @@ nothing was fitted or chosen on:
 - ``replaceme_block``: the block placement of the same cut (the transform kept
   as a separate linear block after the cut, ``spans=`` the default's cut,
   ``placement="block"``, fitted on every batch: ``check_fraction=0``);
-- ``toast``: TOAST's default (``toast.compress(model, calib, budget=n)``).
+- ``toast``: TOAST's default (``toast.compress(model, calib, budget=n)``);
+- ``toast_no_refit``: the same with ``refit=False`` (the translator the check
+  measured, fitted without the held-out batch; the default before the refit).
 
 Data as ``bench_fidelity.py``'s ``data()`` with ``max_length=512``: the
 calibration batches from the first half of ``toast.data.stdlib_sentences``,
 the test tokens from the last quarter. One thread (``torch.set_num_threads(1)``).
 
 Usage: ``python benchmarks/bench_few_batches.py --label after`` (``--label
-before`` on the commit before the change). Each run adds its label to
+before`` on the commit before the change); ``--rows toast toast_no_refit
+--label refit`` measures those rows alone. Each run adds its label to
 ``benchmarks/results/few_batches.json`` (kept labels are merged) and writes
 ``few_batches.md`` from every label present.
 """
@@ -54,7 +57,10 @@ ROWS = (
     ("replaceme", "ReplaceMe default"),
     ("replaceme_block", "ReplaceMe, block placement of the same cut"),
     ("toast", "TOAST default"),
+    ("toast_no_refit", "TOAST default, refit=False"),
 )
+#: What a run measures unless told (``--rows``).
+DEFAULT_ROWS = ("replaceme", "replaceme_block", "toast")
 
 
 def data() -> tuple[Any, Any, Any]:
@@ -80,7 +86,12 @@ def _compress(model: torch.nn.Module, calib: Any, **options: Any) -> tuple[Any, 
     return built, report, time.perf_counter() - start
 
 
-def run(label: str, blocks: tuple[int, ...] = BLOCKS, out: Path | None = None) -> dict:
+def run(
+    label: str,
+    blocks: tuple[int, ...] = BLOCKS,
+    out: Path | None = None,
+    wanted: tuple[str, ...] = DEFAULT_ROWS,
+) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     load = os.getloadavg()
@@ -90,35 +101,42 @@ def run(label: str, blocks: tuple[int, ...] = BLOCKS, out: Path | None = None) -
     assert toast.__file__.startswith(str(Path(__file__).resolve().parent.parent))
     for n in blocks:
         rows: dict[str, Any] = {}
-        built, report, seconds = _compress(model, calib, method="replaceme", num_blocks=n)
-        cut = [(s.start, s.stop) for s in report.spans]
-        rows["replaceme"] = {
-            "perplexity": evaluator.measure(built, f"replaceme {n}"),
-            "cut": cut,
-            "placement": report.placement,
-            "structure": report.structure,
-            "check_note": report.check_note,
-            "placement_note": report.placement_note,
-            "seconds": seconds,
-        }
-        del built
-        built, _, seconds = _compress(
-            model, calib, method="replaceme", spans=cut, placement="block", check_fraction=0.0
-        )
-        rows["replaceme_block"] = {
-            "perplexity": evaluator.measure(built, f"block {n}"),
-            "cut": cut,
-            "seconds": seconds,
-        }
-        del built
-        built, report, seconds = _compress(model, calib, budget=n)
-        rows["toast"] = {
-            "perplexity": evaluator.measure(built, f"toast {n}"),
-            "spans": [(s.start, s.stop) for s in report.spans],
-            "check_note": report.check_note,
-            "seconds": seconds,
-        }
-        del built
+        cut = None
+        if "replaceme" in wanted or "replaceme_block" in wanted:
+            built, report, seconds = _compress(model, calib, method="replaceme", num_blocks=n)
+            cut = [(s.start, s.stop) for s in report.spans]
+            rows["replaceme"] = {
+                "perplexity": evaluator.measure(built, f"replaceme {n}"),
+                "cut": cut,
+                "placement": report.placement,
+                "structure": report.structure,
+                "check_note": report.check_note,
+                "placement_note": report.placement_note,
+                "seconds": seconds,
+            }
+            del built
+        if "replaceme_block" in wanted:
+            built, _, seconds = _compress(
+                model, calib, method="replaceme", spans=cut, placement="block", check_fraction=0.0
+            )
+            rows["replaceme_block"] = {
+                "perplexity": evaluator.measure(built, f"block {n}"),
+                "cut": cut,
+                "seconds": seconds,
+            }
+            del built
+        for key, refit in (("toast", True), ("toast_no_refit", False)):
+            if key not in wanted:
+                continue
+            built, report, seconds = _compress(model, calib, budget=n, refit=refit)
+            rows[key] = {
+                "perplexity": evaluator.measure(built, f"{key} {n}"),
+                "spans": [(s.start, s.stop) for s in report.spans],
+                "check_note": report.check_note,
+                "refitted": report.refitted,
+                "seconds": seconds,
+            }
+            del built
         record["blocks"][str(n)] = rows
         print(n, json.dumps(rows, indent=1), flush=True)
         if out is not None:  # what is measured so far, should the run be stopped
@@ -135,7 +153,9 @@ def markdown(results: dict) -> str:
         "(first half of `toast.data.stdlib_sentences`), held-out perplexity on 16 x 512",
         "test tokens (last quarter). `before`: the old split (one batch in every",
         "`round(1 / check_fraction)` held out: none of 8); `after`: the last batch held",
-        "out when there are fewer than one group. Produced by",
+        "out when there are fewer than one group; `refit`: TOAST's default, which now",
+        "fits a translator the check kept again on every batch, beside `refit=False`.",
+        "Produced by",
         "`benchmarks/bench_few_batches.py`.",
         "",
     ]
@@ -152,6 +172,8 @@ def markdown(results: dict) -> str:
         notes = []
         for n, rows in rec["blocks"].items():
             for key, name in ROWS:
+                if key not in rows:
+                    continue
                 row = rows[key]
                 where = row.get("cut", row.get("spans"))
                 extra = ""
@@ -161,8 +183,11 @@ def markdown(results: dict) -> str:
                         f"- {n} blocks, ReplaceMe: check: {row['check_note'] or 'run'}; "
                         f"placement: {row['placement_note'] or '-'}"
                     )
-                if key == "toast":
-                    notes.append(f"- {n} blocks, TOAST: check: {row['check_note'] or 'run'}")
+                if key.startswith("toast"):
+                    refit = {True: "; refitted on every batch", False: ""}.get(row.get("refitted"))
+                    notes.append(
+                        f"- {n} blocks, {name}: check: {row['check_note'] or 'run'}{refit or ''}"
+                    )
                 lines.append(
                     f"| {n} | {name}{extra} | {row['perplexity']:.2f} | {where} | "
                     f"{row['seconds']:.0f} |"
@@ -185,8 +210,11 @@ def main() -> None:
     parser.add_argument("--label", default="after")
     parser.add_argument("--blocks", type=int, nargs="+", default=list(BLOCKS))
     parser.add_argument("--out", type=Path, default=RESULTS / "few_batches.json")
+    parser.add_argument(
+        "--rows", nargs="+", choices=[k for k, _ in ROWS], default=list(DEFAULT_ROWS)
+    )
     args = parser.parse_args()
-    record = run(args.label, tuple(args.blocks), args.out)
+    record = run(args.label, tuple(args.blocks), args.out, tuple(args.rows))
     print(markdown(_write(args.out, args.label, record)))
 
 
