@@ -13,6 +13,7 @@ pytest.importorskip("transformers")
 
 import toast  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
+from toast.core.chunked import ChunkedMoments, PairMoments, pair_nbytes  # noqa: E402
 from toast.methods.translate.from_disk import compress_from_disk  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
@@ -79,11 +80,16 @@ def test_a_translator_that_lost_the_check_is_written_as_plain_removal_as_in_memo
     torch.testing.assert_close(R.outputs(loaded, data[0]), R.outputs(patched, data[0]))
 
 
-def test_a_fit_the_check_kept_is_refitted_from_disk_as_in_memory(tmp_path):
+@pytest.mark.parametrize("bound", [None, pair_nbytes(32, 0)])  # whole moments; rows on disk
+def test_a_fit_the_check_kept_is_refitted_from_disk_as_in_memory(bound, tmp_path):
     model, data = R.decoder("llama"), R.text_loader()
     params = {**OPTIONS, **CHECKED["fit_wins"], "check_fraction": 0.25}
+    if bound is not None:
+        params["statistics_bytes"] = bound
     on_disk, in_memory = _both(model, data, tmp_path, **params)
     assert on_disk.refitted and in_memory.refitted
+    chunked = isinstance(on_disk.analysis.moments, (ChunkedMoments, PairMoments))
+    assert chunked == (bound is not None)
     patched, _ = toast.compress(copy.deepcopy(model), data, method="toast", **params)
     loaded = toast.load_pretrained(tmp_path / "disk").eval()
     torch.testing.assert_close(R.outputs(loaded, data[0]), R.outputs(patched, data[0]))
