@@ -82,3 +82,10 @@ def test_a_method_that_needs_data_without_data_is_refused_before_loading(tmp_pat
     assert main(argv) == 2
     assert "--method toast needs calibration data: pass --data" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_no_refit_keeps_the_fits_the_check_measured():
+    argv = ["compress", "m", "--method", "toast", "--budget", "2", "--out", "o"]
+    assert config_from_args(_build_parser("toast").parse_args(argv)).refit is True
+    parsed = _build_parser("toast").parse_args([*argv, "--no-refit"])
+    assert config_from_args(parsed).refit is False
