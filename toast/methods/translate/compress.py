@@ -29,7 +29,7 @@ from toast.methods.translate.report import CompressionReport
 from toast.methods.translate.stages import STAGES
 from toast.spans import Span, validate_spans
 
-__all__ = ["METHOD", "choose_spans", "compress_toast", "refit_kept"]
+__all__ = ["METHOD", "choose_spans", "compress_toast", "refit_kept", "refit_options"]
 
 
 def compress_toast(
@@ -67,17 +67,9 @@ def compress_toast(
             modules, checks = _checked(model, stack, spans, modules, split, config, analysis)
 
             def capture(states: list[int], observe: MassiveRows | None) -> Any:
+                options = refit_options(config, states, observe)
                 return capture_moments(
-                    model,
-                    split.check,
-                    states=states,
-                    tokens=config.tokens,
-                    folds=0,
-                    backend=config.backend,
-                    calibration=config.calibration,
-                    stack=stack,
-                    observe=observe,
-                    statistics_bytes=config.statistics_bytes,
+                    model, split.check, backend=config.backend, stack=stack, **options
                 )[0]
 
             modules, refitted = refit_kept(fitter, spans, modules, checks, analysis, capture)
@@ -159,6 +151,22 @@ def refit_kept(
         out[k] = refits[n]
         fitter.conditions[k], fitter.ranks[k] = again.conditions[n], again.ranks[n]
     return out, True
+
+
+def refit_options(
+    config: ToastConfig, states: list[int], observe: MassiveRows | None
+) -> dict[str, Any]:
+    """The options of the held-out batches' capture at ``states`` that
+    :func:`refit_kept` fits again from, in memory or from disk
+    (:func:`capture_moments`, :func:`capture_moments_from_disk`)."""
+    return {
+        "states": states,
+        "tokens": config.tokens,
+        "folds": 0,
+        "calibration": config.calibration,
+        "observe": observe,
+        "statistics_bytes": config.statistics_bytes,
+    }
 
 
 def analysis_options(config: ToastConfig) -> dict[str, Any]:

@@ -38,7 +38,13 @@ from toast.io.from_disk import save_translated_from_disk
 from toast.methods.base import make_config
 from toast.methods.runner import split_heldout, split_text_options
 from toast.methods.translate.analysis import Analysis, analyze_from_disk
-from toast.methods.translate.compress import METHOD, analysis_options, choose_spans, refit_kept
+from toast.methods.translate.compress import (
+    METHOD,
+    analysis_options,
+    choose_spans,
+    refit_kept,
+    refit_options,
+)
 from toast.methods.translate.config import CLOSED_FORM, ToastConfig
 from toast.methods.translate.fitting import Fitter
 from toast.methods.translate.report import CompressionReport
@@ -100,17 +106,8 @@ def compress_from_disk(
         translators = with_fallback(translators, checks, _identity(analysis.moments.dim))
 
         def capture(states: list[int], observe: MassiveRows | None) -> Any:
-            return capture_moments_from_disk(
-                disk,
-                split.check,
-                states=states,
-                tokens=config.tokens,
-                folds=0,
-                calibration=config.calibration,
-                buffer_dir=buffer_dir,
-                observe=observe,
-                statistics_bytes=config.statistics_bytes,
-            )[0]
+            options = refit_options(config, states, observe)
+            return capture_moments_from_disk(disk, split.check, buffer_dir=buffer_dir, **options)[0]
 
         translators, refitted = refit_kept(fitter, spans, translators, checks, analysis, capture)
     fitter.warn_ill_conditioned()
