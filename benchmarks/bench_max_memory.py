@@ -20,8 +20,10 @@ Usage::
 
     .venv/bin/python benchmarks/bench_max_memory.py                # 200,000 characters
     .venv/bin/python benchmarks/bench_max_memory.py --chars 20000  # quick
+    .venv/bin/python benchmarks/bench_max_memory.py --paragraph 5000  # a paper's paragraphs
 
-Writes ``benchmarks/results/max_memory.md`` and ``max_memory.json``.
+Writes ``benchmarks/results/max_memory.md`` and ``max_memory.json``
+(with ``--paragraph N``: ``max_memory-pN.md`` and ``.json``).
 """
 
 from __future__ import annotations
@@ -210,8 +212,8 @@ def main() -> None:
         ],
     }
     results = ROOT / "benchmarks" / "results"
-    (results / "max_memory.json").write_text(json.dumps(result, indent=1))
-    _markdown(result, results / "max_memory.md")
+    (results / f"max_memory{suffix}.json").write_text(json.dumps(result, indent=1))
+    _markdown(result, results / f"max_memory{suffix}.md")
     print(
         json.dumps({k: v for k, v in result.items() if k not in ("timeline", "log_tail")}, indent=1)
     )

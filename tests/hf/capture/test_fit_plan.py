@@ -16,6 +16,8 @@ transformers = pytest.importorskip("transformers")
 import toast  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
 from toast.hf.capture.budget import (  # noqa: E402
+    LEAST_LOGIT_BYTES,
+    LOGIT_BYTES,
     BudgetError,
     fit_plan,
     plan_total,
@@ -34,8 +36,9 @@ def folder(tmp_path):
     return tmp_path / "llama"
 
 
-def _total(disk, shape=SHAPE, rows=None, dtype=None):
-    return plan_total(sequential_parts(disk, shape=shape, rows_at_once=rows, dtype=dtype))
+def _total(disk, shape=SHAPE, rows=None, dtype=None, logits=LEAST_LOGIT_BYTES):
+    parts = sequential_parts(disk, shape=shape, rows_at_once=rows, dtype=dtype, logits=logits)
+    return plan_total(parts)
 
 
 def test_a_plan_whose_batch_does_not_fit_takes_the_most_rows_at_once_that_do(folder, capsys):
@@ -52,8 +55,29 @@ def test_a_plan_whose_batch_does_not_fit_takes_the_most_rows_at_once_that_do(fol
 
 def test_a_plan_that_fits_runs_whole_batches(folder):
     disk = DiskModel.open(folder)
-    fit_plan(disk, SHAPE, _total(disk))
-    assert disk.rows_at_once is None
+    fit_plan(disk, SHAPE, _total(disk, logits=LOGIT_BYTES))
+    assert disk.rows_at_once is None and disk.logit_bytes is None
+
+
+def test_a_plan_lowers_the_logits_held_at_once_before_the_rows(folder):
+    # long rows of a large vocabulary: the held-out logits, not the forward, decide
+    disk = DiskModel.open(folder)
+    shape = (8, 1 << 15)
+    whole = _total(disk, shape, logits=LOGIT_BYTES)
+    budget = _total(disk, shape, logits=4 * LEAST_LOGIT_BYTES)
+    assert budget < whole
+    parts, _ = fit_plan(disk, shape, budget)
+    assert disk.rows_at_once is None and disk.logit_bytes == 4 * LEAST_LOGIT_BYTES
+    assert plan_total(parts) <= budget < _total(disk, shape, logits=8 * LEAST_LOGIT_BYTES)
+
+
+def test_a_16bit_checkpoint_plans_its_embedding_and_head_in_16_bits(tmp_path):
+    R.decoder("llama").to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    disk = DiskModel.open(tmp_path / "bf16")
+    head = disk.model.get_output_embeddings().weight
+    outside = dict(sequential_parts(disk))["embedding or head"]
+    assert disk.narrow("output") and disk.narrow("input")
+    assert outside == head.numel() * (2 + 4) + 3 * LOGIT_BYTES  # a tiny head widens whole
 
 
 def test_statistics_keep_their_room_before_rows_are_whole(folder):

@@ -183,3 +183,54 @@ def test_a_row_too_long_for_the_logit_bound_is_scored_in_runs_of_positions(
     assert all(shape[1] == 1 for shape in seen if len(shape) == 3)  # never a row's logits whole
     for key, expected in memory.last.items():
         assert on_disk.last[key] == pytest.approx(expected, rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "gemma"])
+def test_a_16bit_checkpoints_embedding_and_head_measure_as_the_widened_model(
+    name, tmp_path, monkeypatch
+):
+    # A bf16 checkpoint computed in float32 keeps a plain embedding and head
+    # in bf16 (half their memory), widening the looked-up rows and the head
+    # a chunk of rows at a time: the scores are the float32 model's.
+    import toast.hf.capture.disk_model as disk_model
+
+    R.decoder(name).to(torch.bfloat16).save_pretrained(tmp_path)
+    widened = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    data = R.text_loader(16)
+    memory = Evaluator(data, progress=False, top_k=8)
+    memory.measure(widened.eval())
+    disk = DiskModel.open(tmp_path)
+    head = disk.model.get_output_embeddings()
+    # a chunk of 5 of the head's rows at a time
+    monkeypatch.setattr(disk_model, "HEAD_CHUNK_BYTES", 5 * head.weight.shape[1] * 4)
+    seen = []
+    handle = head.register_forward_pre_hook(lambda m, a: seen.append(m.weight.dtype))
+    try:
+        on_disk = SequentialEvaluator(disk, data, progress=False, top_k=8)
+        on_disk.measure(disk.model)
+    finally:
+        handle.remove()
+    narrow = name != "gemma"  # gemma scales its embedding in its forward: widened whole
+    assert disk.narrow("output") is narrow and disk.narrow("input") is narrow
+    assert set(seen) == {torch.bfloat16 if narrow else torch.float32}
+    for key, expected in memory.last.items():
+        assert on_disk.last[key] == pytest.approx(expected, rel=1e-5, abs=1e-6), key
+    assert "forward" not in head.__dict__ and not head._forward_hooks  # released as it was
+
+
+def test_the_plans_logit_bound_scores_what_the_default_bound_does(tmp_path):
+    model, data, disk = _both("llama", tmp_path)
+    memory = Evaluator(data, progress=False, top_k=8)
+    memory.measure(model)
+    disk.logit_bytes = 3 * model.config.vocab_size * 4  # what a tight plan sets
+    seen = []
+    head = disk.model.get_output_embeddings()
+    handle = head.register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape)))
+    try:
+        on_disk = SequentialEvaluator(disk, data, progress=False, top_k=8)
+        on_disk.measure(disk.model)
+    finally:
+        handle.remove()
+    assert max(shape[0] for shape in seen if len(shape) == 2) == 3
+    for key, expected in memory.last.items():
+        assert on_disk.last[key] == pytest.approx(expected, rel=1e-5, abs=1e-6), key

@@ -39,6 +39,7 @@ __all__ = [
     "forward_bytes",
     "forward_part",
     "logit_bytes",
+    "logit_positions",
     "logit_rows",
     "memory_plan",
     "parse_size",
@@ -204,25 +205,44 @@ LOGIT_BYTES = 64 * 2**20
 LOGIT_ALLOWANCE = 3 * LOGIT_BYTES
 
 
-def logit_rows(rows: int, tokens: int, vocabulary: int) -> int:
+#: Bytes of a 16-bit head's weight widened at once when the block-by-block
+#: path keeps it narrow (:meth:`toast.hf.capture.disk_model.DiskModel.narrow`).
+HEAD_CHUNK_BYTES = 32 * 2**20
+
+#: The least :data:`LOGIT_BYTES` the plan lowers a held-out run to (a
+#: few dozen positions of a 50k vocabulary; fewer makes the head's widened
+#: chunks, not the logits, the cost).
+LEAST_LOGIT_BYTES = 4 * 2**20
+
+
+def logit_rows(rows: int, tokens: int, vocabulary: int, bound: int | None = None) -> int:
     """How many of a batch's ``rows`` (of ``tokens`` tokens) one run of the
-    held-out evaluator takes: as many as keep the logits within
-    :data:`LOGIT_BYTES`, at least one."""
-    per = max(1, LOGIT_BYTES // max(1, tokens * vocabulary * 4))
+    held-out evaluator takes: as many as keep the logits within ``bound``
+    (:data:`LOGIT_BYTES` by default), at least one."""
+    per = max(1, (bound or LOGIT_BYTES) // max(1, tokens * vocabulary * 4))
     return min(per, rows)
 
 
-def logit_bytes(rows: int, tokens: int, vocabulary: int, width: int) -> int:
+def logit_positions(vocabulary: int, bound: int | None = None) -> int:
+    """Positions of one row whose logits stay within ``bound``
+    (:data:`LOGIT_BYTES` by default), at least one: the run
+    :class:`toast.hf.evaluate.quality.HeadRuns` takes at a time."""
+    return max(1, (bound or LOGIT_BYTES) // max(1, vocabulary * 4))
+
+
+def logit_bytes(
+    rows: int, tokens: int, vocabulary: int, width: int, bound: int | None = None
+) -> int:
     """Bytes one held-out forward's logits hold at once, with their
     log-softmax and the scores (three times over): a run of rows within
-    :data:`LOGIT_BYTES` (:func:`logit_rows`), or, when one row alone has
-    more, a run of that row's positions within it and the row's final
-    states, from which the head makes them
+    ``bound`` (:data:`LOGIT_BYTES` by default, :func:`logit_rows`), or, when
+    one row alone has more, a run of that row's positions within it and the
+    row's final states, from which the head makes them
     (:class:`toast.hf.evaluate.quality.HeadRuns`)."""
     row = tokens * vocabulary * 4
-    if row <= LOGIT_BYTES:
-        return 3 * logit_rows(rows, tokens, vocabulary) * row
-    run = max(1, LOGIT_BYTES // (vocabulary * 4))
+    if row <= (bound or LOGIT_BYTES):
+        return 3 * logit_rows(rows, tokens, vocabulary, bound) * row
+    run = logit_positions(vocabulary, bound)
     return 3 * run * vocabulary * 4 + tokens * width * 4
 
 
@@ -243,18 +263,21 @@ def sequential_parts(
     shape: tuple[int, int] | None = None,
     rows_at_once: int | None = None,
     dtype: object = None,
+    logits: int | None = None,
 ) -> Parts:
     """What the block-by-block path itself holds at its peak, by part: one
     block in the compute dtype with the largest tensor as read (a 16-bit
     checkpoint is widened tensor by tensor); the larger of the input
     embedding (stage 0) and the head with one held-out forward's logits
-    (the held-out passes, which leave an untied embedding unloaded); and,
-    with ``batches`` (or their ``shape``, :func:`batch_shape`), one block's
-    forward on the largest of them, ``rows_at_once`` rows at a time
-    (:func:`forward_part`), whose logits then replace the fixed
-    :data:`LOGIT_ALLOWANCE`. ``dtype``: a compute dtype other than the
-    checkpoint's own (what the plan would be with it). Not counted: the
-    interpreter and its libraries (measured apart, stated in
+    (the held-out passes, which leave an untied embedding unloaded), each
+    in its 16-bit weight where :meth:`DiskModel.narrow` keeps it so (the
+    head with a widened chunk); and, with ``batches`` (or their ``shape``,
+    :func:`batch_shape`), one block's forward on the largest of them,
+    ``rows_at_once`` rows at a time (:func:`forward_part`), whose logits,
+    ``logits`` bytes at a time (:data:`LOGIT_BYTES` by default), then
+    replace the fixed :data:`LOGIT_ALLOWANCE`. ``dtype``: a compute dtype
+    other than the checkpoint's own (what the plan would be with it). Not
+    counted: the interpreter and its libraries (measured apart, stated in
     ``docs/large-models.md``) and the method's statistics."""
     compute = disk.dtype if dtype is None else dtype
     tensors = disk.checkpoint.tensors
@@ -269,6 +292,7 @@ def sequential_parts(
         shape = batch_shape(batches, disk.model.config)
     outside = []
     vocabulary = 0
+    narrow = dtype is None or dtype == disk.dtype  # another compute dtype: widened whole
     for which in ("input", "output"):
         module = disk.embedding(which)
         weight = getattr(module, "weight", None)
@@ -276,14 +300,20 @@ def sequential_parts(
             numel = 1
             for size in weight.shape:
                 numel *= int(size)
-            outside.append(numel * _itemsize(compute))
+            if narrow and disk.narrow(which):
+                held = numel * _itemsize(disk.checkpoint.dtype)
+                if which == "output":
+                    held += min(numel * _itemsize(compute), HEAD_CHUNK_BYTES)
+            else:
+                held = numel * _itemsize(compute)
+            outside.append(held)
             vocabulary = int(weight.shape[0])
-    logits = LOGIT_ALLOWANCE
+    held_logits = LOGIT_ALLOWANCE if logits is None else 3 * logits
     if shape is not None and vocabulary:
         width = int(getattr(disk.model.config, "hidden_size", 0) or 0)
-        logits = logit_bytes(*shape, vocabulary, width)
+        held_logits = logit_bytes(*shape, vocabulary, width, logits)
     if len(outside) == 2:
-        parts.append((OUTSIDE_LABELS[0], max(outside[0], outside[1] + logits)))
+        parts.append((OUTSIDE_LABELS[0], max(outside[0], outside[1] + held_logits)))
     elif outside:
         parts.append((OUTSIDE_LABELS[1], outside[0]))
     if shape is not None:
@@ -331,9 +361,11 @@ def fit_plan(
     command: str = "toast compress",
 ) -> tuple[Parts, Parts]:
     """The block-by-block path's plan within ``budget``, lowering first what
-    changes no result: the rows of a batch one forward takes at once
-    (:attr:`DiskModel.rows_at_once <toast.hf.capture.disk_model.DiskModel>`,
-    set on ``disk``) as far as the method's ``statistics`` gain room from it
+    changes no result: the bytes of logits a held-out forward holds at once
+    (:attr:`DiskModel.logit_bytes <toast.hf.capture.disk_model.DiskModel>`,
+    halved down to :data:`LEAST_LOGIT_BYTES`) and the rows of a batch one
+    forward takes at once (:attr:`DiskModel.rows_at_once`), both set on
+    ``disk``, as far as the method's ``statistics`` gain room from them
     (their own bound, e.g. chunked moments, is theirs to lower), then as
     far as the plan needs to fit. Printed (:func:`say_plan`); refused
     before any pass when even one row at a time and the least statistics
@@ -352,20 +384,33 @@ def fit_plan(
         shape = None if batches is None else batch_shape(batches, config)
     add = statistics or (lambda parts: (parts, []))
 
-    def plan(rows_at_once: int | None, shape: Any = shape, dtype: object = None) -> Any:
-        own = sequential_parts(disk, shape=shape, rows_at_once=rows_at_once, dtype=dtype)
+    def plan(
+        rows_at_once: int | None,
+        shape: Any = shape,
+        dtype: object = None,
+        logits: int | None = LEAST_LOGIT_BYTES,
+    ) -> Any:
+        own = sequential_parts(
+            disk, shape=shape, rows_at_once=rows_at_once, dtype=dtype, logits=logits
+        )
         parts, apart = add(own)
         theirs = [p for p in parts if p not in own] + apart
         return parts, apart, theirs, plan_total(parts, apart)
 
     rows = shape[0] if shape is not None else 1
+    bounds = [LOGIT_BYTES]
+    while bounds[-1] // 2 >= LEAST_LOGIT_BYTES:
+        bounds.append(bounds[-1] // 2)
     _, _, most, least = plan(1)
     chosen = None
     for fitting in (lambda theirs: theirs == most, lambda theirs: True):
         for r in range(rows, 0, -1):
-            parts, apart, theirs, total = plan(r)
-            if total <= budget and fitting(theirs):
-                chosen = r
+            for bound in bounds:
+                parts, apart, theirs, total = plan(r, logits=bound)
+                if total <= budget and fitting(theirs):
+                    chosen = r, bound
+                    break
+            if chosen is not None:
                 break
         if chosen is not None:
             break
@@ -375,8 +420,9 @@ def fit_plan(
         fixes += _other_fixes(disk, shape, budget, plan)
         say_plan(command, parts, budget, "; or ".join(fixes), apart)
         raise AssertionError("say_plan refuses a plan over its budget")  # pragma: no cover
-    disk.rows_at_once = chosen if chosen < rows else None
-    parts, apart, _, _ = plan(disk.rows_at_once)
+    disk.rows_at_once = chosen[0] if chosen[0] < rows else None
+    disk.logit_bytes = chosen[1] if chosen[1] < LOGIT_BYTES else None
+    parts, apart, _, _ = plan(disk.rows_at_once, logits=chosen[1])
     say_plan(command, parts, budget, apart=apart)
     return parts, apart
 

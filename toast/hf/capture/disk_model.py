@@ -10,6 +10,7 @@ buffers its states wait in, are :mod:`toast.hf.capture.sequential`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -17,8 +18,10 @@ from typing import Literal
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from toast._malloc import trim_heap
+from toast.hf.capture.budget import HEAD_CHUNK_BYTES
 from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.checkpoint import Checkpoint
 
@@ -51,6 +54,39 @@ def _set_tensor(module: nn.Module, name: str, value: torch.Tensor) -> None:
 _WIDENED = (torch.float16, torch.bfloat16)
 
 
+def _narrow_linear_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module``'s output in ``x``'s dtype from its narrower weight, widened
+    :data:`HEAD_CHUNK_BYTES` of rows at a time: each output is the dot product
+    over the same width the widened weight would give."""
+    assert isinstance(module, nn.Linear)
+    weight, bias = module.weight, module.bias
+    per = max(1, HEAD_CHUNK_BYTES // max(1, weight.shape[1] * x.element_size()))
+    out = x.new_empty(*x.shape[:-1], weight.shape[0])
+    for lo in range(0, weight.shape[0], per):
+        part = weight[lo : lo + per].to(x.dtype)
+        shift = None if bias is None else bias[lo : lo + per].to(x.dtype)
+        out[..., lo : lo + per] = F.linear(x, part, shift)
+    return out
+
+
+def _widen_output(
+    dtype: torch.dtype, module: nn.Module, args: tuple, output: torch.Tensor
+) -> torch.Tensor:
+    return output.to(dtype)
+
+
+def narrow_kind(module: nn.Module | None) -> str | None:
+    """Whether ``module`` computes the same from a 16-bit weight kept as read
+    (``"embedding"``: a plain lookup, exact; ``"linear"``: a plain
+    projection, widened a chunk of rows at a time); None when its forward
+    may do more (a scaled embedding, a soft-capped head)."""
+    if type(module) is nn.Embedding and module.max_norm is None:
+        return "embedding"
+    if type(module) is nn.Linear:
+        return "linear"
+    return None
+
+
 def compute_dtype(weights: torch.dtype, option: str = "auto") -> torch.dtype:
     """The dtype the block-by-block path computes in for weights of dtype
     ``weights`` (see :class:`toast.hf.data.calibration.Calibration`): this
@@ -74,7 +110,15 @@ class DiskModel:
     ``rows_at_once``: the most rows of a batch one block's forward takes at
     once (None: the whole batch), which the memory plan lowers when a whole
     batch's forward does not fit (:func:`toast.hf.capture.budget.fit_plan`).
-    A block treats every row alone, so the states are the same."""
+    A block treats every row alone, so the states are the same.
+    ``logit_bytes``: the most bytes of logits a held-out forward holds at
+    once (None: :data:`toast.hf.capture.budget.LOGIT_BYTES`), which the plan
+    lowers in turn; positions are scored alone, so the scores are the same.
+
+    A 16-bit checkpoint computed in float32 keeps its input embedding and
+    its head in their 16-bit weights (:meth:`narrow`): the embedding's rows
+    are widened as they are looked up and the head's a chunk at a time,
+    which gives what the widened weights give at half their memory."""
 
     checkpoint: Checkpoint
     model: nn.Module
@@ -82,6 +126,7 @@ class DiskModel:
     base_path: str
     dtype: torch.dtype
     rows_at_once: int | None = None
+    logit_bytes: int | None = None
     _ready: bool = field(default=False, repr=False)
     _full: bool = field(default=False, repr=False)
     _names: dict[str, str] | None = field(default=None, repr=False)
@@ -149,6 +194,55 @@ class DiskModel:
                 renames[key] = new[name] if new else None
         return renames, kept
 
+    def narrow(self, which: Literal["input", "output"]) -> bool:
+        """Whether the input embedding (or the head) stays in the
+        checkpoint's 16-bit dtype while the blocks compute wider: its forward
+        is a plain lookup (or projection, :func:`narrow_kind`), and a head
+        that shares the embedding's weight is one too."""
+        if self.checkpoint.dtype not in _WIDENED or self.dtype != torch.float32:
+            return False
+        module = self.embedding(which)
+        if narrow_kind(module) is None:
+            return False
+        other = self.embedding("output" if which == "input" else "input")
+        if other is None:
+            return True
+        return narrow_kind(other) is not None or self._untied_embedding() is not None
+
+    def _narrowed(self) -> dict[str, nn.Module]:
+        """The state-dict names (``<prefix>weight``, ``bias``) of the modules
+        :meth:`narrow` keeps 16-bit, mapped to their module."""
+        named = {id(m): n for n, m in self.model.named_modules()}
+        found: dict[str, nn.Module] = {}
+        sides: tuple[Literal["input", "output"], ...] = ("input", "output")
+        for which in sides:
+            module = self.embedding(which)
+            if module is not None and self.narrow(which) and id(module) in named:
+                found[named[id(module)]] = module
+        return found
+
+    def _install_narrow(self, modules: Iterable[nn.Module]) -> None:
+        """Widens each narrow module's output instead of its weight."""
+        for module in modules:
+            if module.__dict__.get("_toast_narrow"):
+                continue
+            if narrow_kind(module) == "linear":
+                module.forward = functools.partial(_narrow_linear_forward, module)
+                handle = None
+            else:
+                handle = module.register_forward_hook(functools.partial(_widen_output, self.dtype))
+            module.__dict__["_toast_narrow"] = handle or True
+
+    def _remove_narrow(self) -> None:
+        for module in self.model.modules():
+            mark = module.__dict__.pop("_toast_narrow", None)
+            if mark is None:
+                continue
+            if mark is True:
+                module.__dict__.pop("forward", None)
+            else:
+                mark.remove()
+
     def largest_block_bytes(self) -> int:
         """Bytes of the largest block's tensors in the checkpoint."""
         tensors = self.checkpoint.tensors
@@ -157,7 +251,7 @@ class DiskModel:
             for i in range(self.num_blocks)
         )
 
-    def _load(self, module: nn.Module, keys: dict[str, str]) -> None:
+    def _load(self, module: nn.Module, keys: dict[str, str], keep: Iterable[str] = ()) -> None:
         # Non-persistent buffers (rotary frequencies, embedding scales) are
         # not in the checkpoint: transformers computes them in _init_weights,
         # which may also write random weights, so it runs before the load.
@@ -171,8 +265,11 @@ class DiskModel:
             if transient and init is not None:
                 _writable(sub)
                 init(sub)
+        kept = tuple(keep)
         for name, key in keys.items():
-            _set_tensor(module, name, self._widened(self.checkpoint.read(key)))
+            tensor = self.checkpoint.read(key)
+            narrow = any(name.startswith(prefix) for prefix in kept)
+            _set_tensor(module, name, tensor if narrow else self._widened(tensor))
 
     def _widened(self, tensor: torch.Tensor) -> torch.Tensor:
         # one tensor at a time: its 16-bit copy is freed before the next read
@@ -218,10 +315,18 @@ class DiskModel:
                 for n in module.state_dict()
                 if prefix + n in names and not (skipped and (prefix + n).startswith(skipped))
             }
-            self._load(module, keys)
+            narrowed = {
+                name.removeprefix(prefix) + ".": m
+                for name, m in self._narrowed().items()
+                if name.startswith(prefix) or not prefix
+            }
+            self._load(module, keys, keep=narrowed)
             if full:
                 _tie_head(self.model)
                 _drop_absent(self.model, keep=skipped)
+            self._install_narrow(
+                m for m in narrowed.values() if not any(p.is_meta for p in m.parameters())
+            )
         self._ready = True
         self._full = full
 
@@ -259,6 +364,7 @@ class DiskModel:
             return
         with self._without_blocks():
             self._outside(self._full)[0].to("meta")
+        self._remove_narrow()
         self._ready = False
         trim_heap()
 

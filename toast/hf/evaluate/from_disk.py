@@ -27,8 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from toast.hf.capture import budget
-from toast.hf.capture.budget import logit_rows
+from toast.hf.capture.budget import logit_positions, logit_rows
 from toast.hf.capture.sequential import BlockEdits, DiskModel, Swept, sweep
 from toast.hf.capture.states import forward_inputs, without_kv_cache
 from toast.hf.data.calibration import Calibration
@@ -61,7 +60,7 @@ class SequentialEvaluator(Evaluator):
         buffer_dir: str | os.PathLike | None = None,
         top_k: int = DEFAULT_TOP_K,
     ) -> None:
-        super().__init__(_RowChunks(heldout, _vocabulary(disk)), metric, progress, top_k)
+        super().__init__(_RowChunks(heldout, disk), metric, progress, top_k)
         self.disk, self.buffer_dir = disk, buffer_dir
         self.edits = BlockEdits()
         self._runs: bool | None = None  # whether the head alone gives the logits
@@ -104,8 +103,9 @@ class SequentialEvaluator(Evaluator):
 
     def _in_runs(self, model: nn.Module, label: str) -> Iterator[tuple[Any, tuple, dict, Any]]:
         """The outputs of :meth:`Evaluator.outputs`, but a causal LM's batch
-        whose row alone has more logits than
-        :data:`toast.hf.capture.budget.LOGIT_BYTES` comes as
+        whose row alone has more logits than the plan's bound
+        (:attr:`DiskModel.logit_bytes <toast.hf.capture.disk_model.DiskModel>`,
+        :data:`toast.hf.capture.budget.LOGIT_BYTES` by default) comes as
         :class:`HeadRuns`: the final states (the model's own forward, its
         head run on the last position only) and the head, which the scorer
         runs on that many bytes of positions at a time. The head is checked
@@ -115,7 +115,7 @@ class SequentialEvaluator(Evaluator):
         found = getattr(model, "get_output_embeddings", None)
         head: Any = found() if callable(found) else None
         vocabulary = _vocabulary(self.disk)
-        per = max(1, budget.LOGIT_BYTES // max(1, vocabulary * 4))
+        per = logit_positions(vocabulary, self.disk.logit_bytes)
         final: list[torch.Tensor] = []
 
         def keep(module: nn.Module, args: tuple, output: Any) -> None:
@@ -156,28 +156,31 @@ def _vocabulary(disk: DiskModel) -> int:
 
 class _RowChunks:
     """The held-out batches, each cut into consecutive runs of rows whose
-    logits (tokens x vocabulary x 4 bytes) stay within :data:`toast.hf.capture.budget.LOGIT_BYTES`:
-    a batch of 8 x 512 tokens of a 49k vocabulary would otherwise hold
-    800 MB of logits, and as much again for their log-softmax. Rows are
+    logits (tokens x vocabulary x 4 bytes) stay within the plan's bound
+    (:attr:`DiskModel.logit_bytes <toast.hf.capture.disk_model.DiskModel>`,
+    read as the batches are, :data:`toast.hf.capture.budget.LOGIT_BYTES` by
+    default): a batch of 8 x 512 tokens of a 49k vocabulary would otherwise
+    hold 800 MB of logits, and as much again for their log-softmax. Rows are
     scored independently, so the metrics are the whole batches' (sums in
     another order); every pass of the evaluator sees the same cut."""
 
-    def __init__(self, batches: Iterable, vocabulary: int) -> None:
-        self.batches, self.vocabulary = batches, vocabulary
+    def __init__(self, batches: Iterable, disk: DiskModel) -> None:
+        self.batches, self.disk = batches, disk
         self.sampler = getattr(batches, "sampler", None)  # what the order check reads
 
     def __iter__(self) -> Iterator[Any]:
+        vocabulary = _vocabulary(self.disk)
         for batch in self.batches:
-            yield from _cut(batch, self.vocabulary)
+            yield from _cut(batch, vocabulary, self.disk.logit_bytes)
 
 
-def _cut(batch: Any, vocabulary: int) -> Iterator[Any]:
+def _cut(batch: Any, vocabulary: int, bound: int | None = None) -> Iterator[Any]:
     ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
     if vocabulary <= 0 or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         yield batch
         return
     rows, tokens = ids.shape
-    per = logit_rows(rows, tokens, vocabulary)
+    per = logit_rows(rows, tokens, vocabulary, bound)
     if per >= rows:
         yield batch
         return
