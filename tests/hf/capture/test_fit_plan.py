@@ -59,7 +59,7 @@ def test_a_plan_that_fits_runs_whole_batches(folder):
     assert disk.rows_at_once is None and disk.logit_bytes is None
 
 
-def test_a_plan_lowers_the_logits_held_at_once_before_the_rows(folder):
+def test_a_plan_lowers_the_logits_held_at_once_before_the_rows(folder, capsys):
     # long rows of a large vocabulary: the held-out logits, not the forward, decide
     disk = DiskModel.open(folder)
     shape = (8, 1 << 15)
@@ -69,15 +69,18 @@ def test_a_plan_lowers_the_logits_held_at_once_before_the_rows(folder):
     parts, _ = fit_plan(disk, shape, budget)
     assert disk.rows_at_once is None and disk.logit_bytes == 4 * LEAST_LOGIT_BYTES
     assert plan_total(parts) <= budget < _total(disk, shape, logits=8 * LEAST_LOGIT_BYTES)
+    assert "held-out logits 16.0 MiB at a time" in capsys.readouterr().err
 
 
-def test_a_16bit_checkpoint_plans_its_embedding_and_head_in_16_bits(tmp_path):
+def test_a_16bit_checkpoint_plans_its_embedding_and_head_in_16_bits(tmp_path, capsys):
     R.decoder("llama").to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     disk = DiskModel.open(tmp_path / "bf16")
     head = disk.model.get_output_embeddings().weight
     outside = dict(sequential_parts(disk))["embedding or head"]
     assert disk.narrow("output") and disk.narrow("input")
     assert outside == head.numel() * (2 + 4) + 3 * LOGIT_BYTES  # a tiny head widens whole
+    fit_plan(disk, SHAPE, 2**30)
+    assert "embedding and head kept in bfloat16" in capsys.readouterr().err
 
 
 def test_statistics_keep_their_room_before_rows_are_whole(folder):

@@ -423,7 +423,14 @@ def fit_plan(
     disk.rows_at_once = chosen[0] if chosen[0] < rows else None
     disk.logit_bytes = chosen[1] if chosen[1] < LOGIT_BYTES else None
     parts, apart, _, _ = plan(disk.rows_at_once, logits=chosen[1])
-    say_plan(command, parts, budget, apart=apart)
+    settings = [f"held-out logits {format_size(chosen[1])} at a time"] if disk.logit_bytes else []
+    narrow = [w for w in ("input", "output") if disk.narrow(w)]
+    if narrow:
+        names = {"input": "embedding", "output": "head"}
+        kept = " and ".join(names[w] for w in narrow)
+        dtype = str(disk.checkpoint.dtype).removeprefix("torch.")
+        settings.append(f"{kept} kept in {dtype}")
+    say_plan(command, parts, budget, apart=apart, chosen=settings)
     return parts, apart
 
 
@@ -519,6 +526,7 @@ def say_plan(
     budget: int,
     fix: str = "raise --max-memory (max_memory=)",
     apart: list[tuple[str, int]] | None = None,
+    chosen: Iterable[str] = (),
 ) -> None:
     """Prints the memory plan of a block-by-block run (``command: memory
     plan: part X + part Y = Z (max_memory B)``; said as the path is, with
@@ -526,7 +534,8 @@ def say_plan(
     exceed ``budget``, naming the least budget and ``fix``. ``apart`` are
     parts that never sit beside the embedding or the head (formed after
     stage 0, freed before the held-out passes): the plan counts the larger
-    of the two."""
+    of the two. ``chosen``: the settings the plan lowered to fit, said
+    after the budget."""
     outside = [p for p in parts if p[0] in OUTSIDE_LABELS] if apart else []
     beside = [p for p in parts if p not in outside]
     terms = [f"{label} {format_size(n)}" for label, n in beside]
@@ -537,7 +546,7 @@ def say_plan(
         terms.append(f"the larger of ({either[0]}) and ({either[1]})")
     plan = (
         f"memory plan: {' + '.join(terms)} = {format_size(total)} "
-        f"(max_memory {format_size(budget)})"
+        f"(max_memory {format_size(budget)}{''.join('; ' + c for c in chosen)})"
     )
     _log.info("%s: %s", command, plan)
     print(f"{command}: {plan}", file=sys.stderr)
