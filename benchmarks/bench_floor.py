@@ -1,0 +1,240 @@
+"""How far each toast run is from its forward floor: wall time against the
+forward passes it makes, timed alone in the same run, with peak anonymous
+memory polled from outside.
+
+A depth prune's unavoidable cost is forward passes: the calibration pass
+and the held-out passes it measures. Everything else (statistics, solves,
+buffers, bookkeeping) is overhead. For each run on SmolLM2-135M-Instruct
+(``bench_fidelity.py``'s data: 32 calibration sequences of 256 tokens, 16
+held out for the search's selection) a ledger of forward hooks counts every
+call of a block and of the head by input shape, keeping the first call's
+inputs of each shape. After the run, an untouched copy of block 0 and of
+the head replays each shape's inputs alone (median of 3); the floor is
+the sum over shapes of calls x that time: the forwards the run made,
+timed with nothing else. Blocks are timed as block 0 (every block of a
+decoder costs the same); translators and the statistics are overhead.
+
+Runs: ``toast.compress`` with TOAST's default (``budget=n``), ReplaceMe's
+default (``method="replaceme", num_blocks=n``) and ``toast.search`` at ``n``
+blocks' parameters; ``--dtype bfloat16`` runs the same on the model cast
+to bf16 (toast keeps its statistics in float64). Each run is its own
+process, polled every 0.2 s for anonymous resident memory (the
+interpreter, torch and the model included).
+
+Usage::
+
+    python benchmarks/bench_floor.py [--size 4] [--runs toast replaceme search] \\
+        [--dtypes float32 bfloat16] [--threads 1]
+
+Writes ``benchmarks/results/floor.md`` and ``floor.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _peak import run_polled  # noqa: E402
+
+RUNS = ("toast", "replaceme", "search")
+LABELS = {
+    "toast": "toast.compress default (TOAST)",
+    "replaceme": "toast.compress, method='replaceme'",
+    "search": "toast.search at the same parameters",
+}
+
+
+def _detached(value: Any) -> Any:
+    """A copy of a forward's inputs that later calls cannot change (a cache
+    object is dropped: replays never read one)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_detached(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return None  # a cache or another object a block forward only passes along
+
+
+class Ledger:
+    """Counts the calls of ``modules`` (one kind: their costs are equal) by
+    the shape of their first input, keeping the first call's inputs of
+    each shape."""
+
+    def __init__(self, modules: list, kind: str) -> None:
+        self.kind, self.calls, self.inputs = kind, {}, {}
+        self.handles = [m.register_forward_pre_hook(self._seen, with_kwargs=True) for m in modules]
+
+    def _seen(self, module: Any, args: tuple, kwargs: dict) -> None:
+        first = args[0] if args else kwargs.get("hidden_states")
+        shape = tuple(first.shape)
+        self.calls[shape] = self.calls.get(shape, 0) + 1
+        if shape not in self.inputs:
+            self.inputs[shape] = (_detached(args), _detached(kwargs))
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def floor(self, module: Any, rounds: int = 3) -> tuple[float, int]:
+        """Seconds ``module`` takes on every call counted, each shape's
+        inputs replayed alone (median of ``rounds``), and the calls."""
+        import torch
+
+        total = 0.0
+        for shape, count in self.calls.items():
+            args, kwargs = self.inputs[shape]
+            kwargs = {k: v for k, v in kwargs.items() if not k.startswith("past_key_value")}
+            times = []
+            with torch.no_grad():
+                for _ in range(rounds):
+                    start = time.perf_counter()
+                    module(*args, **kwargs)
+                    times.append(time.perf_counter() - start)
+            total += count * statistics.median(times)
+        return total, sum(self.calls.values())
+
+
+def _run(name: str, model: Any, calib: Any, selection: Any, size: int) -> Callable[[], Any]:
+    import toast
+
+    if name == "toast":
+        return lambda: toast.compress(model, calib, method="toast", budget=size, progress=False)
+    if name == "replaceme":
+        return lambda: toast.compress(
+            model, calib, method="replaceme", num_blocks=size, progress=False
+        )
+    block = sum(p.numel() for p in model.model.layers[0].parameters())
+    target = size * block / toast.count_params(model) - 1e-6
+
+    def search() -> Any:
+        with tempfile.TemporaryDirectory() as cache:
+            return toast.search(
+                model, calib, selection, target=target, cache=cache, latency=False, progress=False
+            )
+
+    return search
+
+
+def one(name: str, size: int, dtype: str, threads: int, out: Path) -> None:
+    """One run in this process: its wall time, the forwards it made and
+    their floor, written to ``out``."""
+    import bench_fidelity
+    import torch
+
+    torch.set_num_threads(threads)
+    model, _, calib, selection, _ = bench_fidelity.data()
+    model = model.to(getattr(torch, dtype)).eval()
+    block, head = copy.deepcopy(model.model.layers[0]), copy.deepcopy(model.lm_head)
+    blocks = Ledger(list(model.model.layers), "block")
+    heads = Ledger([model.lm_head], "head")
+    run = _run(name, model, calib, selection, size)
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run()
+    wall = time.perf_counter() - start
+    blocks.close()
+    heads.close()
+    block_s, block_calls = blocks.floor(block)
+    head_s, head_calls = heads.floor(head)
+    record = {
+        "run": name,
+        "dtype": dtype,
+        "size": size,
+        "wall_s": wall,
+        "floor_s": block_s + head_s,
+        "block_floor_s": block_s,
+        "head_floor_s": head_s,
+        "block_calls": block_calls,
+        "head_calls": head_calls,
+        "block_shapes": len(blocks.calls),
+        "threads": threads,
+    }
+    out.write_text(json.dumps(record))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=4, help="blocks removed (of 30)")
+    parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
+    parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32"])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "floor.json"))
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
+    parser.add_argument("--record", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        one(args.one, args.size, args.dtype, args.threads, Path(args.record))
+        return
+    import _machine
+
+    load = os.getloadavg()
+    rows = []
+    for dtype in args.dtypes:
+        for name in args.runs:
+            with tempfile.TemporaryDirectory() as scratch:
+                record = Path(scratch) / "record.json"
+                cmd = [sys.executable, __file__, "--one", name, "--size", str(args.size)]
+                cmd += ["--dtype", dtype, "--threads", str(args.threads), "--record", str(record)]
+                env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+                polled = run_polled(cmd, env=env, log=Path(scratch) / "log")
+                if polled.returncode != 0 or not record.exists():
+                    tail = (Path(scratch) / "log").read_text()[-2000:]
+                    raise SystemExit(f"{name} ({dtype}) failed ({polled.returncode}):\n{tail}")
+                row = json.loads(record.read_text())
+            row["peak_rss_anon_mib"] = round(polled.peak_mib)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    result = {"rows": rows, "machine": _machine.machine(load)}
+    out = Path(args.out)
+    out.write_text(json.dumps(result, indent=1))
+    out.with_suffix(".md").write_text(_table(result))
+
+
+def _table(result: dict) -> str:
+    import _machine
+
+    lines = [
+        "# Wall time against the forward floor (`bench_floor.py`)",
+        "",
+        "SmolLM2-135M-Instruct (30 blocks), 32 calibration sequences of 256 tokens; the floor",
+        "is every block and head call the run made, replayed alone (median of 3).",
+        "",
+        "| run | dtype | blocks removed | wall | forward floor | wall / floor | block calls | "
+        "head calls | peak RssAnon |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {LABELS[r['run']]} | {r['dtype']} | {r['size']} | {r['wall_s']:.1f} s "
+            f"| {r['floor_s']:.1f} s | {r['wall_s'] / r['floor_s']:.2f}x | {r['block_calls']:,} "
+            f"| {r['head_calls']:,} | {r['peak_rss_anon_mib']:,} MiB |"
+        )
+    lines += ["", _machine.describe(result["machine"]), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
