@@ -14,6 +14,10 @@ the sum over shapes of calls x that time: the forwards the run made,
 timed with nothing else. Blocks are timed as block 0 (every block of a
 decoder costs the same); translators and the statistics are overhead.
 
+The result is measured in float32 on the test split (16 x 256 tokens
+nobody selects on), whatever the run computed in: what bf16 forwards do
+to the fit.
+
 Runs: ``toast.compress`` with TOAST's default (``budget=n``), ReplaceMe's
 default (``method="replaceme", num_blocks=n``) and ``toast.search`` at ``n``
 blocks' parameters; ``--dtype bfloat16`` runs the same on the model cast
@@ -140,7 +144,7 @@ def one(name: str, size: int, dtype: str, threads: int, out: Path) -> None:
     import torch
 
     torch.set_num_threads(threads)
-    model, _, calib, selection, _ = bench_fidelity.data()
+    model, _, calib, selection, test = bench_fidelity.data()
     model = model.to(getattr(torch, dtype)).eval()
     block, head = copy.deepcopy(model.model.layers[0]), copy.deepcopy(model.lm_head)
     blocks = Ledger(list(model.model.layers), "block")
@@ -149,12 +153,17 @@ def one(name: str, size: int, dtype: str, threads: int, out: Path) -> None:
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run()
+        found = run()
     wall = time.perf_counter() - start
     blocks.close()
     heads.close()
     block_s, block_calls = blocks.floor(block)
     head_s, head_calls = heads.floor(head)
+    built = found.model if hasattr(found, "model") else found[0]
+    from toast.hf.evaluate.quality import Evaluator
+
+    # the result measured in float32 whatever it computed in: what the dtype did to the fit
+    perplexity = Evaluator(test, progress=False).measure(built.float().eval())
     record = {
         "run": name,
         "dtype": dtype,
@@ -167,6 +176,7 @@ def one(name: str, size: int, dtype: str, threads: int, out: Path) -> None:
         "head_calls": head_calls,
         "block_shapes": len(blocks.calls),
         "threads": threads,
+        "test_perplexity": perplexity,
     }
     out.write_text(json.dumps(record))
 
@@ -223,14 +233,14 @@ def _table(result: dict) -> str:
         "is every block and head call the run made, replayed alone (median of 3).",
         "",
         "| run | dtype | blocks removed | wall | forward floor | wall / floor | block calls | "
-        "head calls | peak RssAnon |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "head calls | peak RssAnon | test perplexity (float32) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
             f"| {LABELS[r['run']]} | {r['dtype']} | {r['size']} | {r['wall_s']:.1f} s "
             f"| {r['floor_s']:.1f} s | {r['wall_s'] / r['floor_s']:.2f}x | {r['block_calls']:,} "
-            f"| {r['head_calls']:,} | {r['peak_rss_anon_mib']:,} MiB |"
+            f"| {r['head_calls']:,} | {r['peak_rss_anon_mib']:,} MiB | {r['test_perplexity']:.2f} |"
         )
     lines += ["", _machine.describe(result["machine"]), ""]
     return "\n".join(lines)
