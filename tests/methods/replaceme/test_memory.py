@@ -105,3 +105,47 @@ def test_distance_profile_from_disk_peak_memory_does_not_grow_with_the_samples()
     # bytes a sample, 56 MiB more at 4,096 samples than at 512.
     held = (4096 - 512) * 4 * 1024 * 4 / 2**20
     assert large["growth"] - small["growth"] < 0.25 * held, (small, large)
+
+
+_SOLVE_SCRIPT = """
+    import numpy as np
+    import torch
+    from toast.methods.replaceme.config import ReplaceMeConfig
+    from toast.methods.replaceme.estimate import Cut, Estimator, solve_cut
+    from toast.spans import Span
+
+    torch.set_num_threads(1)
+    d, rows = int(sys.argv[1]), int(sys.argv[2])
+    config = ReplaceMeConfig.from_options(None, {"num_blocks": 1, "progress": False})
+    cut = Cut(Span(1, 2, 0.0))
+    estimator = Estimator([cut], config, {}, None, None)
+    estimator.open_cut(cut, d, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        x = torch.randn(rows, d, generator=gen)
+        estimator.add_rows(cut, x, x @ torch.randn(d, d, generator=gen) * 0.01, None)
+    del x
+    held = cut.moments.nbytes
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = rss_mib()
+    solve_cut(cut, config, torch.device("cpu"))
+    print(json.dumps({"moments": held / 2**20, "solve": peak_mib() - before}))
+"""
+
+
+@pytest.mark.parametrize("rows", [2048, 128], ids=["cholesky", "eigendecomposition"])
+def test_the_plan_counts_a_cuts_moments_and_its_solve_as_measured(rows):
+    # The block-by-block plan sizes ReplaceMe's statistics by these counts;
+    # fewer rows than the width make the Gram singular: the eigensolver's
+    # workspace is touched too, the most a solve holds.
+    from toast.methods.replaceme import memory
+
+    d = 1024
+    panel = d * d * 8 / 2**20
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    found = run_fresh(_SOLVE_SCRIPT, d, rows // 2, env=env)
+    assert found["moments"] <= memory.PANELS_PER_CUT * panel * 1.01
+    assert found["solve"] <= memory.SOLVE_MATRICES * panel * 1.05  # the allocator's own
+    if rows < d:
+        assert found["solve"] > (memory.SOLVE_MATRICES - 1) * panel  # not a loose count
