@@ -3,6 +3,7 @@ references computed from the stored activations (float64 data)."""
 
 import dataclasses
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -555,3 +556,26 @@ def test_solve_gram_rejects_complex_input(bad):
     args[bad] = args[bad].astype(np.complex128)
     with pytest.raises(TypeError, match=f"{bad} must be a real numeric array"):
         toast.core.solve_gram(args["A"], args["B"])
+
+
+@pytest.mark.parametrize(("n", "ridge"), [(500, 0.0), (500, 0.3), (8, 0.0)])
+def test_the_linear_fit_from_its_two_blocks_equals_the_fit_from_the_moments(n, ridge):
+    from toast.core.solvers import fit_linear_gram, fit_translator
+
+    X, Y = pair_data(3, n=n)
+    m = toast.Moments(2, X.shape[1])
+    m.update([X, Y])
+    with warnings.catch_warnings(record=True) as from_moments:
+        warnings.simplefilter("always")
+        expected = fit_translator(m, 0, 1, kind="linear", ridge=ridge)
+    with warnings.catch_warnings(record=True) as from_blocks:
+        warnings.simplefilter("always")
+        got = fit_linear_gram(m.cross(0, 0), m.cross(0, 1), m.rows, ridge)
+    np.testing.assert_array_equal(got.weight, expected.weight)
+    np.testing.assert_array_equal(got.bias, expected.bias)
+    assert (got.condition, got.rank, got.method) == (
+        expected.condition,
+        expected.rank,
+        expected.method,
+    )
+    assert [str(w.message) for w in from_blocks] == [str(w.message) for w in from_moments]

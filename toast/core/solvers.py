@@ -21,7 +21,14 @@ from toast._validation import Interval, Options, check
 from toast.core.errors import ILL_CONDITIONED, explain_rank_deficiency, warn_ill_conditioned
 from toast.core.moments import Moments, check_state_index, checked_moments
 
-__all__ = ["Translator", "fit_residual", "fit_translator", "gram_rank", "solve_gram"]
+__all__ = [
+    "Translator",
+    "fit_linear_gram",
+    "fit_residual",
+    "fit_translator",
+    "gram_rank",
+    "solve_gram",
+]
 
 _METHOD_NAMES = {
     _core.METHOD_NONE: "none",
@@ -148,6 +155,26 @@ def fit_translator(
     t = Translator(kind, weight, bias, condition, rank, _METHOD_NAMES[method])
     if code == _core.FIT_LEASTSQ:
         _warn_condition(t, f"fit_translator({i}, {j}, kind={kind!r})", moments, i, center)
+    return t
+
+
+def fit_linear_gram(
+    gram: np.ndarray,
+    cross: np.ndarray,
+    rows: int,
+    ridge: float = 0.0,
+    what: str = "fit_translator(0, 1, kind='linear')",
+) -> Translator:
+    """:func:`fit_translator` with ``kind="linear"`` from the two blocks it
+    reads, ``XᵀX`` (``gram``) and ``XᵀY`` (``cross``) of ``rows`` rows, so
+    that the moments they came from can be freed before the solve: the same
+    solve, condition, rank and warning."""
+    weight, condition, rank, method = solve_gram(gram, cross, ridge)
+    t = Translator("linear", weight, np.zeros(weight.shape[1]), condition, rank, method)
+    if t.ill_conditioned:  # the hint of gram_rank: 1e-3 of the mean diagonal
+        hint = 1e-3 * float(np.trace(gram)) / max(gram.shape[0], 1)
+        explained = explain_rank_deficiency(t.rank, gram.shape[0], rows, hint)
+        warn_ill_conditioned(f"{what}: {explained}", stacklevel=2)
     return t
 
 

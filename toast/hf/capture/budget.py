@@ -205,10 +205,6 @@ LOGIT_BYTES = 64 * 2**20
 LOGIT_ALLOWANCE = 3 * LOGIT_BYTES
 
 
-#: Bytes of a 16-bit head's weight widened at once when the block-by-block
-#: path keeps it narrow (:meth:`toast.hf.capture.disk_model.DiskModel.narrow`).
-HEAD_CHUNK_BYTES = 32 * 2**20
-
 #: The least :data:`LOGIT_BYTES` the plan lowers a held-out run to (a
 #: few dozen positions of a 50k vocabulary; fewer makes the head's widened
 #: chunks, not the logits, the cost).
@@ -303,7 +299,7 @@ def sequential_parts(
             if narrow and disk.narrow(which):
                 held = numel * _itemsize(disk.checkpoint.dtype)
                 if which == "output":
-                    held += min(numel * _itemsize(compute), HEAD_CHUNK_BYTES)
+                    held += min(numel * _itemsize(compute), disk.head_chunk_bytes)
             else:
                 held = numel * _itemsize(compute)
             outside.append(held)

@@ -21,7 +21,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from toast._malloc import trim_heap
-from toast.hf.capture.budget import HEAD_CHUNK_BYTES
 from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.checkpoint import Checkpoint
 
@@ -52,6 +51,10 @@ def _set_tensor(module: nn.Module, name: str, value: torch.Tensor) -> None:
 
 
 _WIDENED = (torch.float16, torch.bfloat16)
+
+#: Bytes of a 16-bit head's weight widened at once when the block-by-block
+#: path keeps it narrow (:meth:`DiskModel.narrow`).
+HEAD_CHUNK_BYTES = 32 * 2**20
 
 
 def _narrow_linear_forward(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -193,6 +196,12 @@ class DiskModel:
             for name, key in self.block_keys(b).items():
                 renames[key] = new[name] if new else None
         return renames, kept
+
+    @property
+    def head_chunk_bytes(self) -> int:
+        """Bytes of a narrow head's weight widened at once (what the memory
+        plan counts beside its 16-bit weight)."""
+        return HEAD_CHUNK_BYTES
 
     def narrow(self, which: Literal["input", "output"]) -> bool:
         """Whether the input embedding (or the head) stays in the

@@ -26,6 +26,7 @@ from torch import nn
 
 from toast.core import Moments, fit_translator
 from toast.core.patch import fit_patch
+from toast.core.solvers import fit_linear_gram
 from toast.hf.capture.massive import massive
 from toast.hf.capture.rows import RowSample
 from toast.hf.capture.states import ForwardError, stream_states, uses_torch
@@ -240,6 +241,14 @@ def solve_cut(
             if config.ridge:
                 gram = gram + float(config.ridge) * np.eye(gram.shape[0])
             t = fit_patch(config.structure, gram, cross, cut.target_sq, moments.rows)
+        elif config.structure == "full":
+            # the two blocks the solve reads, and the moments freed before it
+            # (the memory plan counts a solve apart from its cut's moments)
+            gram, cross, rows = moments.cross(0, 0), moments.cross(0, 1), moments.rows
+            cut.moments = None
+            del moments
+            t = fit_linear_gram(gram, cross, rows, float(config.ridge))
+            del gram, cross
         else:
             kind = _STRUCTURE_KIND[config.structure]
             t = fit_translator(moments, 0, 1, kind=kind, ridge=float(config.ridge))

@@ -13,15 +13,19 @@ __all__ = ["within_memory"]
 #: two-state moments of ``M`` and ``L − Y`` (``MᵀM``, ``Mᵀ(L − Y)`` and
 #: ``(L − Y)ᵀ(L − Y)``, the upper blocks of the joint Gram).
 PANELS_PER_CUT = 3
-#: ``d x d`` float64 matrices the solve of one cut works in, one cut at a
-#: time, beside every cut's moments: the core's system, right-hand side and
-#: scratch, the factor, the eigensolver's workspace (two, touched when
-#: Cholesky fails and the eigendecomposition takes over) and the transform
-#: returned. Measured: 131 MiB at d = 2,048 when Cholesky succeeds, 225 MiB
-#: (7.03 of 32 MiB) when it does not, 7.4 matrices at d = 1,024
-#: (``tests/methods/replaceme/test_memory.py``); 4 were counted, and the
-#: moments as 2.
+#: ``d x d`` float64 matrices the solve of one cut holds beside every cut's
+#: moments: the core's system, right-hand side and scratch, the factor, the
+#: eigensolver's workspace (two, touched when Cholesky fails and the
+#: eigendecomposition takes over) and the transform returned. Measured
+#: (``tests/methods/replaceme/test_memory.py``): 7.4 at d = 1,024 and 7.03
+#: at d = 2,048 when the eigendecomposition takes over (4 were counted, and
+#: a cut's moments as 2: the 0.92 B benchmark's first estimation pass, three
+#: cuts and a solve, then peaked at 1,340 MiB within a plan of 1,007.6).
 SOLVE_MATRICES = 8
+#: The same for a full ``T`` (the default), whose solve reads ``MᵀM`` and
+#: ``Mᵀ(L − Y)`` out of the moments and frees them first: above the
+#: moments it replaces, 4.9 at d = 1,024 and 5.35 at d = 2,048 measured.
+SOLVE_MATRICES_FULL = 6
 
 
 def _cuts_fitted(config: ReplaceMeConfig) -> int:
@@ -48,7 +52,8 @@ def within_memory(
     if cuts == 0:
         return config, []
     per_cut = PANELS_PER_CUT * width * width * 8
-    solve = SOLVE_MATRICES * width * width * 8
+    matrices = SOLVE_MATRICES_FULL if config.structure == "full" else SOLVE_MATRICES
+    solve = matrices * width * width * 8
     kept = cuts * width * width * 8
     at_once = min(cuts, config.cuts_at_once or cuts)
     fits = max(1, (room - solve - kept) // per_cut)
