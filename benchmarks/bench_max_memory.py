@@ -23,7 +23,8 @@ Usage::
     .venv/bin/python benchmarks/bench_max_memory.py --paragraph 5000  # a paper's paragraphs
 
 Writes ``benchmarks/results/max_memory.md`` and ``max_memory.json``
-(with ``--paragraph N``: ``max_memory-pN.md`` and ``.json``).
+(with ``--paragraph N``: ``max_memory-pN``; another ``--chars C``:
+``max_memory-C``, ``max_memory-C-pN``).
 """
 
 from __future__ import annotations
@@ -212,6 +213,8 @@ def main() -> None:
         ],
     }
     results = ROOT / "benchmarks" / "results"
+    if args.chars != parser.get_default("chars"):  # another size: another record
+        suffix = f"-{args.chars}{suffix}"
     (results / f"max_memory{suffix}.json").write_text(json.dumps(result, indent=1))
     _markdown(result, results / f"max_memory{suffix}.md")
     print(

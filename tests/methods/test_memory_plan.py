@@ -53,11 +53,16 @@ def test_a_budget_below_the_plans_least_is_refused_before_any_pass(source, tmp_p
 
 
 def test_replaceme_holds_fewer_cuts_a_pass_when_all_do_not_fit():
-    config = ReplaceMeConfig(num_blocks=2, candidates=4)
+    from toast.methods.replaceme import memory
+
+    config = ReplaceMeConfig(num_blocks=2, candidates=4)  # a full T: its solve frees its moments
     d = 512
-    fitted, parts = replaceme_within(config, 9, d, room=7 * d * d * 8)  # 4 for the solve + 1 cut
+    panel = d * d * 8
+    cut, solve = memory.PANELS_PER_CUT, memory.SOLVE_MATRICES_FULL
+    # room for the solve, the 4 transforms kept and one cut's moments
+    fitted, parts = replaceme_within(config, 9, d, room=(solve + 4 + cut) * panel)
     assert fitted.cuts_at_once == 1
-    assert parts[0][1] == (2 + 4) * d * d * 8
+    assert parts[0][1] == (cut + solve) * panel
     roomy, _ = replaceme_within(config, 9, d, room=100 * d * d * 8)
     assert roomy.cuts_at_once is None
 
