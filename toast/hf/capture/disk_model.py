@@ -219,8 +219,8 @@ class DiskModel:
         return narrow_kind(other) is not None or self._untied_embedding() is not None
 
     def _narrowed(self) -> dict[str, nn.Module]:
-        """The state-dict names (``<prefix>weight``, ``bias``) of the modules
-        :meth:`narrow` keeps 16-bit, mapped to their module."""
+        """The modules :meth:`narrow` keeps 16-bit, by their name in the
+        model (the prefix of their state-dict entries)."""
         named = {id(m): n for n, m in self.model.named_modules()}
         found: dict[str, nn.Module] = {}
         sides: tuple[Literal["input", "output"], ...] = ("input", "output")
