@@ -16,9 +16,10 @@ PANELS_PER_CUT = 3
 #: ``d x d`` float64 matrices the solve of one cut holds beside every cut's
 #: moments: the core's system, right-hand side and scratch, the factor, the
 #: eigensolver's workspace (two, touched when Cholesky fails and the
-#: eigendecomposition takes over) and the transform returned. Measured
-#: (``tests/methods/replaceme/test_memory.py``): 7.4 at d = 1,024 and 7.03
-#: at d = 2,048 when the eigendecomposition takes over (4 were counted, and
+#: eigendecomposition takes over) and the transform returned. Measured with
+#: the moments held (as every structure but a full T solves): 7.4 at
+#: d = 1,024 and 7.03 at d = 2,048 when the eigendecomposition takes over
+#: (4 were counted, and
 #: a cut's moments as 2: the 0.92 B benchmark's first estimation pass, three
 #: cuts and a solve, then peaked at 1,340 MiB within a plan of 1,007.6).
 SOLVE_MATRICES = 8
