@@ -91,7 +91,12 @@ def gram_rank(moments: Moments, state: int, center: bool) -> tuple[int, float]:
     eigenvalues = np.linalg.eigvalsh(gram)
     top = float(eigenvalues[-1]) if eigenvalues.size else 0.0
     rank = int(np.sum(eigenvalues > gram.shape[0] * np.finfo(np.float64).eps * top))
-    return rank, 1e-3 * float(np.trace(gram)) / max(gram.shape[0], 1)
+    return rank, _ridge_hint(gram)
+
+
+def _ridge_hint(gram: np.ndarray) -> float:
+    """A ridge worth trying for ``gram``: 1e-3 of its mean diagonal."""
+    return 1e-3 * float(np.trace(gram)) / max(gram.shape[0], 1)
 
 
 def _fit_options(
@@ -171,9 +176,8 @@ def fit_linear_gram(
     solve, condition, rank and warning."""
     weight, condition, rank, method = solve_gram(gram, cross, ridge)
     t = Translator("linear", weight, np.zeros(weight.shape[1]), condition, rank, method)
-    if t.ill_conditioned:  # the hint of gram_rank: 1e-3 of the mean diagonal
-        hint = 1e-3 * float(np.trace(gram)) / max(gram.shape[0], 1)
-        explained = explain_rank_deficiency(t.rank, gram.shape[0], rows, hint)
+    if t.ill_conditioned:
+        explained = explain_rank_deficiency(t.rank, gram.shape[0], rows, _ridge_hint(gram))
         warn_ill_conditioned(f"{what}: {explained}", stacklevel=2)
     return t
 
