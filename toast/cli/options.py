@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toast._validation import Options
-from toast.hf.data.calibration import Calibration
+from toast.hf.data.calibration import COMPUTE_DTYPES, Calibration
 
 __all__ = [
     "EXIT_FAILED",
@@ -225,9 +225,11 @@ def add_calibration_arguments(
     )
     group.add_argument(
         "--compute-dtype",
-        choices=("auto", "float32", "checkpoint"),
+        choices=COMPUTE_DTYPES,
         default="auto",
-        help="what the block-by-block path computes in (auto: float32 for a 16-bit checkpoint)",
+        help="what the forwards compute in (auto: a 16-bit checkpoint's own dtype where this "
+        "machine's matmuls in it are faster than float32's, else float32; bfloat16: also a "
+        "float32 model's forwards, under autocast; statistics stay float64)",
     )
 
 

@@ -51,11 +51,12 @@ class MemoryBench:
         latency: bool,
         extra: Extra | None = None,
         rounds: int = 3,
+        compute: str = "auto",
     ) -> None:
         self.model, self.layout, self.calibrated = model, layout, calibrated
         self.latency, self.extra, self.rounds = latency, extra, rounds
         self.example = next(iter(heldout))
-        self.evaluator = Evaluator(heldout, metric, progress=False)  # type: ignore[arg-type]
+        self.evaluator = Evaluator(heldout, metric, progress=False, compute=compute)  # type: ignore[arg-type]
         #: seconds per phase, by ``"<label>: <phase>"`` (build, held-out, MACs, latency)
         self.timings: dict[str, float] = {}
         # whether the evaluator holds the original's outputs, which the

@@ -30,6 +30,7 @@ from torch import nn
 from toast._validation import Interval, Options, Predicate, check
 from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound
 from toast.hf.capture.budget import MemoryPlan, fit_plan, plan_checkpoint
+from toast.hf.capture.compute import forward_dtype
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
 from toast.hf.data.progress import progress_bar
@@ -232,6 +233,12 @@ def _prepare(
         max_blocks,
         backend,
         tuple(m.name for m in opened.methods),
+        # what the forwards computed in: bf16 statistics are not float32 ones
+        str(
+            opened.disk.dtype
+            if opened.disk is not None
+            else forward_dtype(opened.model, calibration.compute_dtype)
+        ),
     )
     key = combine(opened.fingerprint, fingerprint_batches(data), settings)
     notes = []
@@ -546,7 +553,15 @@ class _Measurer:
             # median; otherwise throughput is reported, one paired round each
             rounds = LATENCY_ROUNDS if run.target.kind == "latency" else 1
             self.bench = MemoryBench(
-                run.model, run.layout, calibrated, run.heldout, metric, run.latency, extra, rounds
+                run.model,
+                run.layout,
+                calibrated,
+                run.heldout,
+                metric,
+                run.latency,
+                extra,
+                rounds,
+                run.calibration.compute_dtype,
             )
         self.original = self._original()
 

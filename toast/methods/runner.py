@@ -103,7 +103,11 @@ def _run_measured(
     from toast.hf.evaluate.quality import Evaluator, Quality, skipped_blocks
 
     calibration = getattr(config, "calibration", None)
-    evaluator = Evaluator(heldout, progress=getattr(calibration, "progress", True))
+    evaluator = Evaluator(
+        heldout,
+        progress=getattr(calibration, "progress", True),
+        compute=getattr(calibration, "compute_dtype", "auto"),
+    )
     original = evaluator.measure(model, "original")  # first: the reference of the fidelity
     metrics = {"original": evaluator.last}
     plain: list[float] = []

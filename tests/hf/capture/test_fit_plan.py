@@ -74,7 +74,7 @@ def test_a_plan_lowers_the_logits_held_at_once_before_the_rows(folder, capsys):
 
 def test_a_16bit_checkpoint_plans_its_embedding_and_head_in_16_bits(tmp_path, capsys):
     R.decoder("llama").to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
-    disk = DiskModel.open(tmp_path / "bf16")
+    disk = DiskModel.open(tmp_path / "bf16", compute="float32")
     head = disk.model.get_output_embeddings().weight
     outside = dict(sequential_parts(disk))["embedding or head"]
     assert disk.narrow("output") and disk.narrow("input")
@@ -98,7 +98,7 @@ def test_statistics_keep_their_room_before_rows_are_whole(folder):
 
 def test_a_refused_plan_names_every_setting_that_alone_would_make_it_fit(tmp_path):
     R.decoder("llama").to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
-    disk = DiskModel.open(tmp_path / "bf16")  # computes in float32
+    disk = DiskModel.open(tmp_path / "bf16", compute="float32")
     least = _total(disk, rows=1)
     budget = least - 1
     with pytest.raises(BudgetError) as refused:

@@ -177,7 +177,7 @@ def _streamed(disk, data) -> dict[int, list[torch.Tensor]]:
 def test_bf16_checkpoint_computes_in_float32_equal_to_the_model_loaded_in_float32(tmp_path):
     widened, data = _bf16_llama(tmp_path)
     expected = _in_memory(widened, data)
-    disk = DiskModel.open(tmp_path)
+    disk = DiskModel.open(tmp_path, compute="float32")
     assert disk.dtype == torch.float32 and disk.checkpoint.dtype == torch.bfloat16
     got = _streamed(disk, data)
     for k in expected:
@@ -194,5 +194,5 @@ def test_compute_dtype_checkpoint_keeps_bf16(tmp_path):
 
 def test_unknown_compute_dtype_names_the_choices(tmp_path):
     _bf16_llama(tmp_path)
-    with pytest.raises(ValueError, match="'auto', 'float32' or 'checkpoint'"):
+    with pytest.raises(ValueError, match="'auto', 'float32', 'bfloat16', 'checkpoint'"):
         DiskModel.open(tmp_path, compute="half")

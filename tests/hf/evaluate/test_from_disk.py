@@ -199,7 +199,7 @@ def test_a_16bit_checkpoints_embedding_and_head_measure_as_the_widened_model(
     data = R.text_loader(16)
     memory = Evaluator(data, progress=False, top_k=8)
     memory.measure(widened.eval())
-    disk = DiskModel.open(tmp_path)
+    disk = DiskModel.open(tmp_path, compute="float32")
     head = disk.model.get_output_embeddings()
     # a chunk of 5 of the head's rows at a time
     monkeypatch.setattr(disk_model, "HEAD_CHUNK_BYTES", 5 * head.weight.shape[1] * 4)

@@ -254,7 +254,7 @@ def test_placement_other_than_fold_cannot_be_written(tmp_path):
 def test_bf16_checkpoint_calibrated_in_float32_is_written_in_bf16_as_the_float32_model_prunes(
     tmp_path,
 ):
-    # The default compute dtype widens a 16-bit checkpoint block by block:
+    # Computed in float32, a 16-bit checkpoint is widened block by block:
     # the cut and transform are those of the model loaded in float32, and
     # the pruned checkpoint keeps the weights' dtype.
     data = R.text_loader()
@@ -263,7 +263,9 @@ def test_bf16_checkpoint_calibrated_in_float32_is_written_in_bf16_as_the_float32
     widened = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     options = {"num_blocks": 2, "check_fraction": 0.0, "progress": False}
     _, expected = replaceme(widened.eval(), data, predicted_candidates=0, **options)
-    report = replaceme_from_disk(source, data, tmp_path / "written", **options)
+    report = replaceme_from_disk(
+        source, data, tmp_path / "written", compute_dtype="float32", **options
+    )
     assert report.spans == expected.spans
     assert _rel(report.transforms[0], expected.transforms[0]) <= 1e-6
     written = _tensors(tmp_path / "written")

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from toast._malloc import trim_heap
+from toast.hf.capture.compute import compute_dtype
 from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.checkpoint import Checkpoint
 
@@ -88,19 +89,6 @@ def narrow_kind(module: nn.Module | None) -> str | None:
     if type(module) is nn.Linear:
         return "linear"
     return None
-
-
-def compute_dtype(weights: torch.dtype, option: str = "auto") -> torch.dtype:
-    """The dtype the block-by-block path computes in for weights of dtype
-    ``weights`` (see :class:`toast.hf.data.calibration.Calibration`): this
-    path runs on the CPU, where ``"auto"`` widens 16-bit weights to float32."""
-    if option == "checkpoint":
-        return weights
-    if option == "float32" or (option == "auto" and weights in _WIDENED):
-        return torch.float32
-    if option == "auto":
-        return weights
-    raise ValueError(f"compute_dtype must be 'auto', 'float32' or 'checkpoint'; got {option!r}")
 
 
 @dataclass

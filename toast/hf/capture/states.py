@@ -22,6 +22,7 @@ from toast._validation import Options, check
 from toast.core import Moments, NonFiniteError, Pairs
 from toast.core.chunked import ChunkedMoments, resolve_bound
 from toast.core.errors import non_finite_error
+from toast.hf.capture.compute import forwards_in
 from toast.hf.capture.distributed import reduce_captured
 from toast.hf.capture.torch_moments import TorchMoments
 from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens, limited, warn_if_small
@@ -343,7 +344,8 @@ def stream_states(
         model.eval()
         with torch.inference_mode():
             for index, (args, kwargs) in enumerate(calibration_inputs(model, loader, cal)):
-                _run_forward(model, args, kwargs, index)
+                with forwards_in(model, cal.compute_dtype):
+                    _run_forward(model, args, kwargs, index)
                 rows, row_mask = select_tokens(
                     recorder.take(), kwargs.get("attention_mask"), tokens
                 )

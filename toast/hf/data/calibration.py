@@ -22,6 +22,7 @@ from toast._validation import Interval, Options, validate_fields
 __all__ = [
     "BACKENDS",
     "CALIBRATION_OPTIONS",
+    "COMPUTE_DTYPES",
     "TOKENS",
     "Calibration",
     "CalibrationSizeWarning",
@@ -29,6 +30,9 @@ __all__ = [
     "limited",
     "warn_if_small",
 ]
+
+#: What forwards may compute in (``Calibration.compute_dtype``).
+COMPUTE_DTYPES = ("auto", "float32", "bfloat16", "checkpoint")
 
 #: Rows of each sample that enter the statistics: every valid token, the
 #: first (CLS) token, the masked mean, or the last valid token.
@@ -52,11 +56,16 @@ class Calibration:
     tqdm bar with batches, rows and resident memory. ``distributed``: sum
     statistics over ``torch.distributed`` ranks (None: when a process group
     is initialised); ``group`` picks the group. ``compute_dtype``: what the
-    block-by-block path from a checkpoint computes in: ``"auto"`` (float32
-    for a 16-bit checkpoint, whose matmuls are slow and inexact on a CPU:
-    one block at a time is widened, so it costs one block's memory),
-    ``"float32"``, or ``"checkpoint"`` (the weights' own dtype). Statistics
-    are float64 either way; tensors written keep the checkpoint's dtype.
+    forwards compute in (:mod:`toast.hf.capture.compute`). From a
+    checkpoint, block by block: ``"auto"`` keeps a 16-bit checkpoint's dtype
+    where its matmuls are measured faster than float32's on this machine
+    (AMX or AVX-512 BF16 CPUs, accelerators) and widens it one block at a
+    time to float32 where they are not; ``"float32"``, ``"bfloat16"``, or
+    ``"checkpoint"`` (the weights' own dtype). In memory: ``"bfloat16"``
+    runs a float32 model's calibration and held-out forwards under bf16
+    autocast (the weights stay float32); any other value keeps the model's
+    own dtype. Statistics are float64 either way; tensors written keep the
+    checkpoint's dtype.
     """
 
     blocks: str | None = None
@@ -67,7 +76,7 @@ class Calibration:
     progress: bool = True
     distributed: bool | None = None
     group: Any = None
-    compute_dtype: Literal["auto", "float32", "checkpoint"] = "auto"
+    compute_dtype: Literal["auto", "float32", "bfloat16", "checkpoint"] = "auto"
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "blocks": [str, None],
@@ -77,7 +86,7 @@ class Calibration:
         "seed": [Interval(int, 0, None)],
         "progress": [bool],
         "distributed": [bool, None],
-        "compute_dtype": [Options(("auto", "float32", "checkpoint"))],
+        "compute_dtype": [Options(COMPUTE_DTYPES)],
     }
 
     def __post_init__(self) -> None:

@@ -39,7 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from toast._validation import Options, check
+from toast.hf.capture.compute import forwards_in
 from toast.hf.capture.states import forward_inputs, without_kv_cache
+from toast.hf.data.calibration import COMPUTE_DTYPES
 from toast.hf.data.progress import progress_bar
 from toast.hf.evaluate.fidelity import DEFAULT_TOP_K, Recording, TokenFidelity
 from toast.hf.model.blocks import BlockStack
@@ -226,7 +228,10 @@ class Evaluator:
     the same pass (:mod:`toast.hf.evaluate.fidelity`); for ``"accuracy"``
     its predicted classes are kept for top-1 agreement. After each
     :meth:`measure`, :attr:`last` holds every metric of that pass (keys:
-    :data:`METRICS`).
+    :data:`METRICS`). ``compute``: what the forwards compute in
+    (``Calibration.compute_dtype``; ``"bfloat16"`` autocasts a float32
+    model, :func:`toast.hf.capture.compute.forwards_in`); the scores are
+    float32 either way.
     """
 
     def __init__(
@@ -235,12 +240,15 @@ class Evaluator:
         metric: QualityMetric | None = None,
         progress: bool = True,
         top_k: int = DEFAULT_TOP_K,
+        compute: str = "auto",
     ) -> None:
         check("metric", metric, Options(QUALITY_METRICS), None)
+        check("compute", compute, Options(COMPUTE_DTYPES))
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"top_k={top_k!r}: give the number of tokens kept, an int >= 1")
         _check_order(heldout)
         self.heldout, self.metric, self.progress, self.top_k = heldout, metric, progress, top_k
+        self.compute = compute
         self._reference: torch.Tensor | None = None
         self._kept: Recording[Any] = Recording()
         self.samples = 0
@@ -276,7 +284,9 @@ class Evaluator:
         (what a sequential evaluator computes block by block instead)."""
         for batch in self._iterate(label):
             args, kwargs = forward_inputs(model, batch)
-            yield batch, args, kwargs, model(*args, **without_kv_cache(model, kwargs))
+            with forwards_in(model, self.compute):
+                output = model(*args, **without_kv_cache(model, kwargs))
+            yield batch, args, kwargs, output
 
     def _scorer(self) -> _Tokens | _Classes | _Cosine:
         self._kept.begin()

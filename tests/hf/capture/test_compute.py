@@ -1,0 +1,110 @@
+"""What forwards compute in: the block-by-block path keeps a 16-bit
+checkpoint's dtype only where its matmuls are native, and ``"bfloat16"``
+runs a float32 model's forwards in bf16 while its weights and the
+statistics stay as they were."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from tests._helpers import replaceme_models as R  # noqa: E402
+from toast.hf.capture import compute  # noqa: E402
+from toast.hf.capture.compute import compute_dtype, forward_dtype, native_matmul  # noqa: E402
+from toast.hf.capture.sequential import DiskModel  # noqa: E402
+from toast.hf.capture.states import stream_states  # noqa: E402
+from toast.hf.evaluate.quality import Evaluator  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_keeps_a_bf16_checkpoint_in_bf16_only_where_bf16_is_native(
+    native, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(compute, "native_matmul", lambda dtype, device="cpu": native)
+    R.decoder("llama").to(torch.bfloat16).save_pretrained(tmp_path)
+    disk = DiskModel.open(tmp_path)
+    assert disk.dtype == (torch.bfloat16 if native else torch.float32)
+    assert DiskModel.open(tmp_path, compute="float32").dtype == torch.float32
+
+
+def test_a_float32_checkpoint_computes_in_float32_under_auto(monkeypatch):
+    monkeypatch.setattr(compute, "native_matmul", lambda dtype, device="cpu": True)
+    assert compute_dtype(torch.float32, "auto") == torch.float32
+    assert compute_dtype(torch.float32, "bfloat16") == torch.bfloat16
+
+
+def test_native_is_decided_by_the_fastest_rounds(monkeypatch):
+    # one slow float32 round (a preempted probe) does not make bf16 native:
+    # the fastest round of each dtype is compared
+    compute._measured.cache_clear()
+    times = iter([1.0, 1.0] + [5.0, 1.0] + [1.0, 1.0] * 4)
+    monkeypatch.setattr(compute, "_timed", lambda a, b: next(times))
+    try:
+        assert native_matmul(torch.bfloat16) is False
+    finally:
+        compute._measured.cache_clear()
+
+
+def test_only_16bit_dtypes_can_be_native():
+    assert native_matmul(torch.float32) is False and native_matmul(torch.float64) is False
+
+
+def _linear_dtypes(model):
+    seen = []
+    handles = [
+        m.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
+    return seen, handles
+
+
+def test_bfloat16_runs_a_float32_models_calibration_matmuls_in_bf16_and_keeps_its_weights():
+    model, data = R.decoder("llama").eval(), R.text_loader(16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert forward_dtype(model, "bfloat16") == torch.bfloat16
+    for option, expected in (("bfloat16", torch.bfloat16), ("auto", torch.float32)):
+        seen, handles = _linear_dtypes(model)
+        try:
+            stream_states(model, data, lambda rows, mask: 1, progress=False, compute_dtype=option)
+        finally:
+            for h in handles:
+                h.remove()
+        assert set(seen) == {expected}
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    assert all(v.dtype == torch.float32 for v in model.state_dict().values())
+
+
+def test_bfloat16_held_out_measurement_is_the_autocast_forward():
+    # the evaluator's bf16 pass scores what the model computes under autocast
+    model, data = R.decoder("llama").eval(), R.text_loader(16)
+    plain = Evaluator(data, progress=False, compute="bfloat16")
+    plain.measure(model)
+    seen, handles = _linear_dtypes(model)
+    try:
+        Evaluator(data, progress=False, compute="bfloat16").measure(model)
+    finally:
+        for h in handles:
+            h.remove()
+    assert set(seen) == {torch.bfloat16}
+    wide = Evaluator(data, progress=False)
+    wide.measure(model)
+    narrow = plain.last["perplexity"]
+    assert narrow != wide.last["perplexity"]
+    assert narrow == pytest.approx(wide.last["perplexity"], rel=0.05)
+
+
+def test_a_bf16_model_is_left_in_its_own_dtype():
+    model = R.decoder("llama").to(torch.bfloat16)
+    assert forward_dtype(model, "bfloat16") is None and forward_dtype(model, "auto") is None
+
+
+def test_an_unknown_compute_dtype_names_the_choices():
+    with pytest.raises(ValueError, match="'auto', 'float32', 'bfloat16', 'checkpoint'"):
+        forward_dtype(R.decoder("llama"), "half")
+    with pytest.raises(ValueError, match="compute"):
+        Evaluator([], compute="half")
