@@ -20,15 +20,28 @@ to the fit.
 
 Runs: ``toast.compress`` with TOAST's default (``budget=n``), ReplaceMe's
 default (``method="replaceme", num_blocks=n``) and ``toast.search`` at ``n``
-blocks' parameters; ``--dtype bfloat16`` runs the same on the model cast
-to bf16 (toast keeps its statistics in float64). Each run is its own
+blocks' parameters, in each compute mode of ``--dtypes``:
+
+- ``float32``: the model as loaded (float32), toast's default;
+- ``bfloat16``: the model cast to bf16 (what a bf16 checkpoint loaded in
+  memory computes in);
+- ``autocast``: the float32 model with ``compute_dtype="bfloat16"`` (its
+  forwards under bf16 autocast, its weights and the result float32);
+- ``disk-float32`` / ``disk-bfloat16``: SmolLM2 saved as a bf16
+  checkpoint and compressed block by block from the folder
+  (``sequential=True``) with that ``compute_dtype`` (``"auto"`` picks one of
+  the two by measurement: :func:`toast.hf.capture.compute.native_matmul`).
+  No floor is replayed for these (the blocks load one at a time); the
+  search is not run from disk here.
+
+toast keeps its statistics in float64 in every mode. Each run is its own
 process, polled every 0.2 s for anonymous resident memory (the
 interpreter, torch and the model included).
 
 Usage::
 
     python benchmarks/bench_floor.py [--size 4] [--runs toast replaceme search] \\
-        [--dtypes float32 bfloat16] [--threads 1]
+        [--dtypes float32 bfloat16 autocast disk-float32 disk-bfloat16] [--threads 1]
 
 Writes ``benchmarks/results/floor.md`` and ``floor.json``.
 """
@@ -116,25 +129,52 @@ class Ledger:
         return total, sum(self.calls.values())
 
 
-def _run(name: str, model: Any, calib: Any, selection: Any, size: int) -> Callable[[], Any]:
+DTYPES = ("float32", "bfloat16", "autocast", "disk-float32", "disk-bfloat16")
+
+
+def _run(
+    name: str, model: Any, calib: Any, selection: Any, size: int, compute: str
+) -> Callable[[], Any]:
     import toast
 
+    options = {"progress": False, "compute_dtype": compute}
     if name == "toast":
-        return lambda: toast.compress(model, calib, method="toast", budget=size, progress=False)
+        return lambda: toast.compress(model, calib, method="toast", budget=size, **options)
     if name == "replaceme":
-        return lambda: toast.compress(
-            model, calib, method="replaceme", num_blocks=size, progress=False
-        )
+        return lambda: toast.compress(model, calib, method="replaceme", num_blocks=size, **options)
     block = sum(p.numel() for p in model.model.layers[0].parameters())
     target = size * block / toast.count_params(model) - 1e-6
 
     def search() -> Any:
         with tempfile.TemporaryDirectory() as cache:
             return toast.search(
-                model, calib, selection, target=target, cache=cache, latency=False, progress=False
+                model, calib, selection, target=target, cache=cache, latency=False, **options
             )
 
     return search
+
+
+def _from_disk(name: str, model: Any, calib: Any, size: int, compute: str) -> tuple[Any, float]:
+    """``name`` from SmolLM2 saved as a bf16 checkpoint, block by block in
+    ``compute``: the pruned model loaded in float32, and the wall time."""
+    import torch
+
+    import toast
+
+    if name == "search":
+        raise SystemExit("the search is not run from disk by this benchmark")
+    key = "budget" if name == "toast" else "num_blocks"
+    with tempfile.TemporaryDirectory() as scratch:
+        source, out = Path(scratch) / "source", Path(scratch) / "out"
+        model.to(torch.bfloat16).save_pretrained(source)
+        del model
+        start = time.perf_counter()
+        toast.compress(
+            source, calib, output=out, method=name, sequential=True, progress=False,
+            compute_dtype=compute, **{key: size},
+        )  # fmt: skip
+        wall = time.perf_counter() - start
+        return toast.load_model(out).float().eval(), wall
 
 
 def one(name: str, size: int, dtype: str, threads: int, out: Path) -> None:
@@ -145,39 +185,45 @@ def one(name: str, size: int, dtype: str, threads: int, out: Path) -> None:
 
     torch.set_num_threads(threads)
     model, _, calib, selection, test = bench_fidelity.data()
-    model = model.to(getattr(torch, dtype)).eval()
+    from toast.hf.evaluate.quality import Evaluator
+
+    record: dict[str, Any] = {"run": name, "dtype": dtype, "size": size, "threads": threads}
+    if dtype.startswith("disk-"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            built, record["wall_s"] = _from_disk(name, model, calib, size, dtype[5:])
+        record["test_perplexity"] = Evaluator(test, progress=False).measure(built)
+        out.write_text(json.dumps(record))
+        return
+    compute = "bfloat16" if dtype == "autocast" else "auto"
+    model = model.to(torch.bfloat16 if dtype == "bfloat16" else torch.float32).eval()
     block, head = copy.deepcopy(model.model.layers[0]), copy.deepcopy(model.lm_head)
     blocks = Ledger(list(model.model.layers), "block")
     heads = Ledger([model.lm_head], "head")
-    run = _run(name, model, calib, selection, size)
+    run = _run(name, model, calib, selection, size, compute)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         found = run()
-    wall = time.perf_counter() - start
+    record["wall_s"] = time.perf_counter() - start
     blocks.close()
     heads.close()
-    block_s, block_calls = blocks.floor(block)
-    head_s, head_calls = heads.floor(head)
+    # the floor in the run's own compute mode
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "autocast")
+    with autocast:
+        block_s, block_calls = blocks.floor(block)
+        head_s, head_calls = heads.floor(head)
     built = found.model if hasattr(found, "model") else found[0]
-    from toast.hf.evaluate.quality import Evaluator
-
     # the result measured in float32 whatever it computed in: what the dtype did to the fit
-    perplexity = Evaluator(test, progress=False).measure(built.float().eval())
-    record = {
-        "run": name,
-        "dtype": dtype,
-        "size": size,
-        "wall_s": wall,
-        "floor_s": block_s + head_s,
-        "block_floor_s": block_s,
-        "head_floor_s": head_s,
-        "block_calls": block_calls,
-        "head_calls": head_calls,
-        "block_shapes": len(blocks.calls),
-        "threads": threads,
-        "test_perplexity": perplexity,
-    }
+    record["test_perplexity"] = Evaluator(test, progress=False).measure(built.float().eval())
+    record.update(
+        floor_s=block_s + head_s,
+        block_floor_s=block_s,
+        head_floor_s=head_s,
+        block_calls=block_calls,
+        head_calls=head_calls,
+        block_shapes=len(blocks.calls),
+    )
     out.write_text(json.dumps(record))
 
 
@@ -185,7 +231,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=4, help="blocks removed (of 30)")
     parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
-    parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32"])
+    parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["float32"])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "floor.json"))
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -237,13 +283,37 @@ def _table(result: dict) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
+        if "floor_s" in r:
+            floor = f"{r['floor_s']:.1f} s | {r['wall_s'] / r['floor_s']:.2f}x"
+            calls = f"{r['block_calls']:,} | {r['head_calls']:,}"
+        else:
+            floor, calls = "— | —", "— | —"
         lines.append(
             f"| {LABELS[r['run']]} | {r['dtype']} | {r['size']} | {r['wall_s']:.1f} s "
-            f"| {r['floor_s']:.1f} s | {r['wall_s'] / r['floor_s']:.2f}x | {r['block_calls']:,} "
-            f"| {r['head_calls']:,} | {r['peak_rss_anon_mib']:,} MiB | {r['test_perplexity']:.2f} |"
+            f"| {floor} | {calls} | {r['peak_rss_anon_mib']:,} MiB | {r['test_perplexity']:.3f} |"
         )
+    lines += ["", *_ratios(result["rows"])]
     lines += ["", _machine.describe(result["machine"]), ""]
     return "\n".join(lines)
+
+
+def _ratios(rows: list[dict]) -> list[str]:
+    """Each 16-bit mode against float32 of the same run: speed-up end to end
+    and the relative change of test perplexity."""
+    base = {r["run"]: r for r in rows if r["dtype"] == "float32"}
+    disk = {r["run"]: r for r in rows if r["dtype"] == "disk-float32"}
+    lines = []
+    for r in rows:
+        ref = (disk if r["dtype"] == "disk-bfloat16" else base).get(r["run"])
+        if ref is None or r is ref or r["dtype"] in ("float32", "disk-float32"):
+            continue
+        change = r["test_perplexity"] / ref["test_perplexity"] - 1
+        lines.append(
+            f"- {LABELS[r['run']]}, {r['dtype']} against {ref['dtype']}: "
+            f"{ref['wall_s'] / r['wall_s']:.2f}x faster end to end, test perplexity "
+            f"{change:+.2%}."
+        )
+    return lines
 
 
 if __name__ == "__main__":

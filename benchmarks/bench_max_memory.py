@@ -195,8 +195,14 @@ def main() -> None:
     check = subprocess.run(
         [sys.executable, "-c", _CHECK, str(out)], capture_output=True, text=True
     ).stdout.strip()
+    import torch
+
+    from toast.hf.capture.compute import native_matmul
+
     result = {
         "command": " ".join(["toast", *cmd[1:]]),
+        # what --compute-dtype auto chose for the bf16 checkpoint
+        "computed_in": "bfloat16" if native_matmul(torch.bfloat16) else "float32",
         "checkpoint_bytes": info["bytes"],
         "chars": calib.stat().st_size,
         "returncode": polled.returncode,
@@ -228,8 +234,10 @@ def _markdown(r: dict, path: Path) -> None:
         "# A memory budget from outside (`bench_max_memory.py`)",
         "",
         f"`{r['command']}` on a random bf16 Llama of {gib:.2f} GiB of safetensors",
-        f"(5 shards), {r['chars']:,} characters of text. Peak anonymous resident memory of the",
-        "process and its children, polled every 0.2 s from outside.",
+        f"(5 shards), {r['chars']:,} characters of text, computed in "
+        f"{r.get('computed_in', 'float32')} (`--compute-dtype auto` on this machine). Peak",
+        "anonymous resident memory of the process and its children, polled every 0.2 s from",
+        "outside.",
         "",
         "| exit | wall | peak RssAnon | reloaded (blocks, finite logits, dtype) |",
         "|---|---|---|---|",

@@ -58,6 +58,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--num-fewshot", type=int, default=None, help="examples per prompt (task's)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (8)")
     p.add_argument("--max-length", type=int, default=256, help="tokens per held-out text (256)")
+    p.add_argument(
+        "--compute-dtype",
+        choices=("auto", "bfloat16"),
+        default="auto",
+        help="bfloat16: a float32 model's forwards under bf16 autocast, the fast path on CPUs "
+        "with AMX or AVX-512 BF16 (auto: the model's own dtype)",
+    )
     p.add_argument("--cache", default=None, help="reference cache folder (~/.cache/toast/eval)")
     p.add_argument("--no-cache", action="store_true", help="measure the reference every time")
     p.add_argument("--out", default=None, help="folder for report.json and report.md (none)")
@@ -117,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             model, units, tokenizer, reference,
             limit=args.limit, skip=args.skip, num_fewshot=args.num_fewshot,
             batch_size=args.batch_size, progress=not args.no_progress,
-            cache=False if args.no_cache else args.cache,
+            cache=False if args.no_cache else args.cache, compute_dtype=args.compute_dtype,
         )  # fmt: skip
         heldout = None if args.heldout is None else _heldout(args, model, reference)
     report_warnings(caught, quiet=args.quiet)
@@ -142,7 +149,7 @@ def _heldout(args: argparse.Namespace, model: Any, reference: Any) -> dict[str, 
     batches = load_batches(
         args.model, args.heldout, batch_size=args.batch_size, max_length=args.max_length
     )
-    evaluator = Evaluator(batches, progress=not args.no_progress)
+    evaluator = Evaluator(batches, progress=not args.no_progress, compute=args.compute_dtype)
     figures: dict[str, Any] = {}
     if reference is not None:
         figures["reference"] = evaluator.measure(reference, "reference")

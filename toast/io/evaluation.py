@@ -38,6 +38,7 @@ def evaluate(
     batch_size: int = 8,
     progress: bool = True,
     cache: str | os.PathLike | bool | None = None,
+    compute_dtype: str = "auto",
 ) -> TaskReport:
     """Accuracy of ``model`` on ``tasks`` of lm-evaluation-harness (the
     optional extra ``toast-compress[eval]``), and with ``reference`` the
@@ -68,7 +69,11 @@ def evaluate(
       ``skip``: leave out the first ``skip`` documents of each task and score
       the ``limit`` after them (a count then): documents a search chose on
       stay out of the figures that judge its choice;
-      ``num_fewshot``: examples in each prompt (default: each task's own).
+      ``num_fewshot``: examples in each prompt (default: each task's own);
+    - ``compute_dtype``: ``"bfloat16"`` runs a float32 model's forwards (and
+      the reference's) under bf16 autocast, the fast path on CPUs with AMX
+      or AVX-512 BF16 (:mod:`toast.hf.capture.compute`); ``"auto"`` keeps
+      the model's dtype.
 
     Returns a :class:`~toast.hf.evaluate.harness.TaskReport`: per-task
     metrics, ``accuracy`` (the headline metric of each task), ``average``,
@@ -83,7 +88,7 @@ def evaluate(
     return evaluate_tasks(
         model, tokenizer, units, reference,
         limit=limit, skip=skip, num_fewshot=num_fewshot, batch_size=batch_size,
-        progress=progress, cache=cache,
+        progress=progress, cache=cache, compute=compute_dtype,
     )  # fmt: skip
 
 

@@ -186,3 +186,28 @@ def test_progress_names_each_task_against_the_total(llama, tokenizer, local_task
     err = capsys.readouterr().err
     assert "model: task 1/1 continuation acc_norm" in err
     assert "Running loglikelihood requests" not in err  # the harness's own bars are silenced
+
+
+def test_bfloat16_scores_a_float32_model_under_autocast_and_caches_its_reference_apart(
+    llama, tokenizer, local_task, tmp_path
+):
+    reference = copy.deepcopy(llama)
+    seen = []
+    handles = [
+        m.register_forward_hook(lambda m, a, out: seen.append(out.dtype))
+        for m in llama.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
+    units = resolve_tasks(local_task)
+    try:
+        toast.evaluate(
+            llama, units, tokenizer, reference, progress=False, cache=tmp_path,
+            compute_dtype="bfloat16",
+        )  # fmt: skip
+    finally:
+        for h in handles:
+            h.remove()
+    assert set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in llama.parameters())
+    toast.evaluate(llama, units, tokenizer, reference, progress=False, cache=tmp_path)
+    assert len(list(tmp_path.glob("*.json"))) == 2  # a float32 reference is not a bf16 one

@@ -47,6 +47,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from toast.hf.capture.compute import forward_dtype
+from toast.hf.data.calibration import COMPUTE_DTYPES
 from toast.hf.data.progress import progress_bar
 from toast.hf.evaluate.tasks import TaskUnit, resolve_tasks
 
@@ -270,6 +272,7 @@ def evaluate_tasks(
     batch_size: int = 8,
     progress: bool = True,
     cache: str | os.PathLike | bool | None = None,
+    compute: str = "auto",
 ) -> TaskReport:
     """``model`` (a ``transformers`` causal LM in memory) with ``tokenizer``
     on ``tasks`` (see :func:`toast.hf.evaluate.tasks.resolve_tasks`; checked
@@ -279,9 +282,12 @@ def evaluate_tasks(
     report already measured, gives the retained performance. ``limit``: the
     first documents of each task only (a count, or a fraction); ``skip``: the
     ``limit`` documents after the first ``skip`` instead; ``num_fewshot``
-    overrides the tasks' own number of examples in the prompt."""
+    overrides the tasks' own number of examples in the prompt. ``compute``:
+    ``"bfloat16"`` runs a float32 model's forwards under bf16 autocast (the
+    reference's too; :func:`toast.hf.capture.compute.forwards_in`), any
+    other value the model's own dtype."""
     units = resolve_tasks(tasks)
-    settings = _settings(limit, num_fewshot, batch_size, skip)
+    settings = _settings(limit, num_fewshot, batch_size, skip, compute)
     settings["data"] = {unit.name: unit.source for unit in units}
     if reference is not None and not isinstance(reference, TaskReport):
         reference = _reference_report(reference, tokenizer, units, settings, progress, cache)
@@ -309,7 +315,11 @@ def task_accuracy(
 
 
 def _settings(
-    limit: int | float | None, num_fewshot: int | None, batch_size: int, skip: int = 0
+    limit: int | float | None,
+    num_fewshot: int | None,
+    batch_size: int,
+    skip: int = 0,
+    compute: str = "auto",
 ) -> dict:
     from importlib.metadata import version
 
@@ -326,9 +336,12 @@ def _settings(
         raise ValueError(f"num_fewshot must be an int >= 0; got {num_fewshot!r}")
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size must be an int >= 1; got {batch_size!r}")
+    if compute not in COMPUTE_DTYPES:
+        raise ValueError(f"compute must be one of {list(COMPUTE_DTYPES)}; got {compute!r}")
     return {
         "limit": limit,
         **({"skip": skip} if skip else {}),  # absent at 0: earlier caches stay valid
+        **({"compute": compute} if compute == "bfloat16" else {}),  # the same
         "num_fewshot": num_fewshot,
         "batch_size": batch_size,
         "lm_eval": version("lm_eval"),
@@ -424,7 +437,8 @@ def _measure(
     was_training = model.training
     with _task_progress(label, len(units), progress) as done:
         try:
-            lm = _harness_model(model, tokenizer, settings["batch_size"])
+            compute = forward_dtype(model, settings.get("compute", "auto"))
+            lm = _harness_model(model, tokenizer, settings["batch_size"], compute)
             for unit in units:
                 start = time.monotonic()
                 output, per_document = _run(lm, unit, settings)
@@ -470,7 +484,9 @@ def _task_progress(label: str, total: int, progress: bool) -> Iterator[Any]:
         bar.close()
 
 
-def _harness_model(model: nn.Module, tokenizer: Any, batch_size: int) -> Any:
+def _harness_model(
+    model: nn.Module, tokenizer: Any, batch_size: int, compute: torch.dtype | None = None
+) -> Any:
     if tokenizer is None:
         raise ValueError(
             "toast.evaluate needs the tokenizer of a model given as a module: pass "
@@ -479,8 +495,14 @@ def _harness_model(model: nn.Module, tokenizer: Any, batch_size: int) -> Any:
     with _quiet_harness():
         from lm_eval.models.huggingface import HFLM
 
-        # the harness sets a pad token on the tokenizer it gets: not on the user's
-        return HFLM(pretrained=model, tokenizer=copy.deepcopy(tokenizer), batch_size=batch_size)
+        # the harness sets a pad token on the tokenizer it gets: not on the user's;
+        # its forwards run under its own autocast, which `compute` switches on
+        return HFLM(
+            pretrained=model,
+            tokenizer=copy.deepcopy(tokenizer),
+            batch_size=batch_size,
+            mixed_precision_dtype=compute,
+        )
 
 
 @functools.lru_cache(maxsize=2)
