@@ -116,7 +116,9 @@ class MlpOutputs:
             handle.remove()
             self._probing = False
         moved = again.float() - hidden.float()
-        tol = 1e-3 if hidden.dtype in (torch.float32, torch.float64) else 5e-2
+        # a 16-bit forward (the weights', or autocast's) rounds the shifted output
+        narrow = torch.is_autocast_enabled(hidden.device.type)
+        tol = 1e-3 if hidden.dtype in (torch.float32, torch.float64) and not narrow else 5e-2
         err = float((moved - delta).abs().max()) / scale
         if not err <= tol:
             raise NotFoldableError(
