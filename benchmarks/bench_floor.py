@@ -7,8 +7,9 @@ and the held-out passes it measures. Everything else (statistics, solves,
 buffers, bookkeeping) is overhead. For each run on SmolLM2-135M-Instruct
 (``bench_fidelity.py``'s data: 32 calibration sequences of 256 tokens, 16
 held out for the search's selection) a ledger of forward hooks counts every
-call of a block and of the head by input shape, keeping the first call's
-inputs of each shape. After the run, an untouched copy of block 0 and of
+call of a block and of the head by input shape (global hooks: the copies a
+run measures candidates on count too), keeping the first call's inputs of
+each shape. After the run, an untouched copy of block 0 and of
 the head replays each shape's inputs alone (median of 3); the floor is
 the sum over shapes of calls x that time: the forwards the run made,
 timed with nothing else. Blocks are timed as block 0 (every block of a
@@ -51,6 +52,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import statistics
 import sys
@@ -91,18 +93,29 @@ def _detached(value: Any) -> Any:
 
 
 class Ledger:
-    """Counts the calls of ``modules`` (one kind: their costs are equal) by
-    the shape of their first input, keeping the first call's inputs of
-    each shape."""
+    """Counts the calls of every module ``counts(module)`` accepts (one
+    kind: their costs are equal) by the shape of their first input: a
+    global hook, so the copies a run builds (the search measures each
+    candidate on a copy of the model) are counted as the model's own
+    modules are. The first call's inputs of each shape are kept from
+    ``modules``, the model's own (a hook that sees keyword arguments)."""
 
-    def __init__(self, modules: list, kind: str) -> None:
-        self.kind, self.calls, self.inputs = kind, {}, {}
-        self.handles = [m.register_forward_pre_hook(self._seen, with_kwargs=True) for m in modules]
+    def __init__(self, counts: Callable[[Any], bool], modules: list, kind: str) -> None:
+        import torch
 
-    def _seen(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.kind, self.counts, self.calls, self.inputs = kind, counts, {}, {}
+        hook = torch.nn.modules.module.register_module_forward_pre_hook
+        self.handles = [hook(self._count)]
+        self.handles += [m.register_forward_pre_hook(self._keep, with_kwargs=True) for m in modules]
+
+    def _count(self, module: Any, args: tuple) -> None:
+        if self.counts(module) and args:
+            shape = tuple(args[0].shape)
+            self.calls[shape] = self.calls.get(shape, 0) + 1
+
+    def _keep(self, module: Any, args: tuple, kwargs: dict) -> None:
         first = args[0] if args else kwargs.get("hidden_states")
         shape = tuple(first.shape)
-        self.calls[shape] = self.calls.get(shape, 0) + 1
         if shape not in self.inputs:
             self.inputs[shape] = (_detached(args), _detached(kwargs))
 
@@ -112,12 +125,12 @@ class Ledger:
 
     def floor(self, module: Any, rounds: int = 3) -> tuple[float, int]:
         """Seconds ``module`` takes on every call counted, each shape's
-        inputs replayed alone (median of ``rounds``), and the calls."""
+        inputs replayed alone (median of ``rounds``), and the calls. A shape
+        only a copy ran is priced at the replayed shapes' cost per row."""
         import torch
 
-        total = 0.0
-        for shape, count in self.calls.items():
-            args, kwargs = self.inputs[shape]
+        timed = {}
+        for shape, (args, kwargs) in self.inputs.items():
             kwargs = {k: v for k, v in kwargs.items() if not k.startswith("past_key_value")}
             times = []
             with torch.no_grad():
@@ -125,7 +138,12 @@ class Ledger:
                     start = time.perf_counter()
                     module(*args, **kwargs)
                     times.append(time.perf_counter() - start)
-            total += count * statistics.median(times)
+            timed[shape] = statistics.median(times)
+        rows = {shape: math.prod(shape[:-1]) for shape in self.calls}
+        per_row = sum(timed.values()) / max(sum(math.prod(s[:-1]) for s in timed), 1)
+        total = sum(
+            count * timed.get(shape, per_row * rows[shape]) for shape, count in self.calls.items()
+        )
         return total, sum(self.calls.values())
 
 
@@ -198,8 +216,13 @@ def one(name: str, size: int, dtype: str, threads: int, out: Path) -> None:
     compute = "bfloat16" if dtype == "autocast" else "auto"
     model = model.to(torch.bfloat16 if dtype == "bfloat16" else torch.float32).eval()
     block, head = copy.deepcopy(model.model.layers[0]), copy.deepcopy(model.lm_head)
-    blocks = Ledger(list(model.model.layers), "block")
-    heads = Ledger([model.lm_head], "head")
+    block_type, head_shape = type(model.model.layers[0]), tuple(model.lm_head.weight.shape)
+    blocks = Ledger(lambda m: type(m) is block_type, list(model.model.layers), "block")
+    heads = Ledger(
+        lambda m: isinstance(m, torch.nn.Linear) and tuple(m.weight.shape) == head_shape,
+        [model.lm_head],
+        "head",
+    )
     run = _run(name, model, calib, selection, size, compute)
     start = time.perf_counter()
     with warnings.catch_warnings():

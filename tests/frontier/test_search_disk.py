@@ -309,3 +309,30 @@ def test_the_shared_pass_bound_follows_what_max_memory_leaves(checkpoint, monkey
     assert search_module._plan_statistics(starved, disk, layout, methods, batches) == least
     huge = MemoryPlan(True, 2**40, 0, 0)
     assert search_module._plan_statistics(huge, disk, layout, methods, batches) == whole // 2
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_16bit_folder_searched_in_memory_computes_as_the_disk_path_and_returns_its_dtype(
+    native, tmp_path, monkeypatch
+):
+    from toast.hf.capture import compute
+
+    monkeypatch.setattr(compute, "native_matmul", lambda dtype, device="cpu": native)
+    tiny_llama().to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    data, heldout = _data()
+    seen = set()
+
+    def record(module, args, out):
+        if isinstance(module, torch.nn.Linear):
+            seen.add(out.dtype)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        result = toast.search(
+            tmp_path / "bf16", data, heldout, target=0.2, latency=False, cache=False,
+            progress=False, methods=["remove"], sequential=False,
+        )  # fmt: skip
+    finally:
+        handle.remove()
+    assert seen == {torch.bfloat16 if native else torch.float32}
+    assert {p.dtype for p in result.model.parameters()} == {torch.bfloat16}

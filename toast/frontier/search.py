@@ -21,16 +21,17 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from typing import Any
 
+import torch
 from torch import nn
 
 from toast._validation import Interval, Options, Predicate, check
 from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound
 from toast.hf.capture.budget import MemoryPlan, fit_plan, plan_checkpoint
-from toast.hf.capture.compute import forward_dtype
+from toast.hf.capture.compute import forward_dtype, widen_loaded
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
 from toast.hf.data.progress import progress_bar
@@ -91,6 +92,8 @@ class _Run:
     timings: dict[str, float] = field(default_factory=dict)
     #: the shared moments pass's bound (:attr:`_Opened.statistics_bytes`)
     statistics_bytes: int | str = SHARED_BYTES
+    #: the dtype the chosen model is returned in (:attr:`_Opened.written`)
+    written: torch.dtype | None = None
 
 
 def search(
@@ -169,6 +172,8 @@ def search(
     sizes = model_sizes(run.model, run.layout)
     candidates = _candidates(run, calibrated, sizes, max_blocks)
     result = _measure_all(run, calibrated, sizes, candidates, max_measured, passes)
+    if run.written is not None and result.model is not None:
+        result.model.to(run.written)
     result.notes.extend(calibrated.notes + run.notes)
     if output is not None:
         result.save(output)
@@ -266,6 +271,7 @@ def _prepare(
         opened.disk,
         notes,
         statistics_bytes=opened.statistics_bytes,
+        written=opened.written,
     )
 
 
@@ -298,6 +304,10 @@ class _Opened:
     statistics_bytes: int | str = SHARED_BYTES
     #: the block-by-block path's budget, planned once the batches are known
     plan: MemoryPlan | None = None
+    #: a 16-bit checkpoint loaded whole and widened to compute in float32
+    #: (:func:`toast.hf.capture.compute.widen_loaded`): its dtype, which the
+    #: chosen model is returned in, as the block-by-block path writes it
+    written: torch.dtype | None = None
 
 
 def _open(
@@ -343,7 +353,9 @@ def _open(
     if disk is None:
         from toast.io.local import load_model
 
-        return _open(load_model(model), goal, None, None, calibration)
+        loaded = load_model(model)
+        written = widen_loaded(loaded, calibration.compute_dtype)
+        return replace(_open(loaded, goal, None, None, calibration), written=written)
     if goal.kind in ("latency", "macs"):
         raise ValueError(
             f"a {goal.kind}= target needs the model loaded (the block-by-block path never "

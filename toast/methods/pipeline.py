@@ -82,7 +82,8 @@ def compress_folder(
         raise FileExistsError(f"{target} exists; the compressed model goes to a new folder")
     if method.on_either_path is not None:  # the path memory chooses never changes the result
         config = method.on_either_path(config)
-    progress = getattr(getattr(config, "calibration", None), "progress", True)
+    cal = getattr(config, "calibration", None)
+    progress = getattr(cal, "progress", True)
     disk = _disk_path(method, source, config, max_memory, sequential, progress)
     if disk is not None:
         batches, held = prepare_data(method, data, heldout, text)
@@ -97,12 +98,20 @@ def compress_folder(
         keywords = {} if held is None else {"heldout": held}
         assert method.run_from_disk is not None  # _disk_path checked it
         return method.run_from_disk(disk, batches, target, config, **keywords)
+    from toast.hf.capture.compute import widen_loaded
     from toast.io.local import load_model
 
     model = load_model(source)
-    if device is not None or dtype is not None:
+    written = None
+    if dtype is not None:
         model.to(device=device, dtype=_dtype(dtype))
+    else:  # a 16-bit checkpoint computes as the block-by-block path would compute it
+        written = widen_loaded(model, getattr(cal, "compute_dtype", "auto"))
+        if device is not None:
+            model.to(device=device)
     model, report = run_method(method, model, data, config, heldout=heldout, text=text)
+    if written is not None:  # the checkpoint's dtype, as the block-by-block path writes
+        model.to(written)
     _save(model, source, target, report)
     return report
 

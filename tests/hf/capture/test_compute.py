@@ -108,3 +108,49 @@ def test_an_unknown_compute_dtype_names_the_choices():
         forward_dtype(R.decoder("llama"), "half")
     with pytest.raises(ValueError, match="compute"):
         Evaluator([], compute="half")
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_16bit_folder_loaded_whole_computes_as_the_disk_path_and_is_written_in_its_dtype(
+    native, tmp_path, monkeypatch
+):
+    # where bf16 is not native the loaded checkpoint is widened to float32
+    # for the passes (as the block-by-block path widens it a block at a
+    # time), counted at float32's size in the plan, and written back in bf16
+    import toast
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(compute, "native_matmul", lambda dtype, device="cpu": native)
+    R.decoder("llama").to(torch.bfloat16).save_pretrained(tmp_path / "source")
+    seen = []
+
+    def record(module, args, out):
+        if isinstance(module, torch.nn.Linear):
+            seen.append(out.dtype)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        toast.compress(
+            tmp_path / "source", R.text_loader(), output=tmp_path / "out", method="replaceme",
+            spans=[(2, 4)], check_fraction=0.0, sequential=False, progress=False,
+        )  # fmt: skip
+    finally:
+        handle.remove()
+    assert set(seen) == {torch.bfloat16 if native else torch.float32}
+    written = {}
+    for shard in (tmp_path / "out").glob("*.safetensors"):
+        written.update(load_file(shard))
+    assert {t.dtype for t in written.values()} == {torch.bfloat16}
+
+
+def test_the_in_memory_plan_counts_a_widened_checkpoint_at_float32s_size(tmp_path, monkeypatch):
+    from toast.hf.capture.budget import memory_plan
+    from toast.hf.model.checkpoint import Checkpoint
+
+    R.decoder("llama").to(torch.bfloat16).save_pretrained(tmp_path)
+    checkpoint = Checkpoint(tmp_path)
+    monkeypatch.setattr(compute, "native_matmul", lambda dtype, device="cpu": True)
+    narrow = memory_plan(checkpoint, "1GiB").in_memory
+    monkeypatch.setattr(compute, "native_matmul", lambda dtype, device="cpu": False)
+    assert memory_plan(checkpoint, "1GiB").in_memory == pytest.approx(2 * narrow, abs=2)
+    assert memory_plan(checkpoint, "1GiB", compute="checkpoint").in_memory == narrow

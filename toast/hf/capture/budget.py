@@ -114,15 +114,23 @@ def memory_plan(
     max_memory: int | str | None = None,
     *,
     block_bytes: Callable[[], int] | int | None = None,
+    compute: str = "auto",
 ) -> MemoryPlan:
     """The path for ``checkpoint`` under ``max_memory`` bytes (a size such as
     ``"16GiB"``; default :func:`available_memory`). ``block_bytes`` is the
     largest block's size (or a function giving it) when the caller knows
-    it; otherwise the largest tensor stands in for it."""
+    it; otherwise the largest tensor stands in for it. In memory, a 16-bit
+    checkpoint that ``compute`` widens (:func:`toast.hf.capture.compute.loaded_dtype`)
+    counts at float32's size."""
     budget = available_memory() if max_memory is None else parse_size(max_memory)
     if budget <= 0:
         raise ValueError(f"max_memory must be positive, got {max_memory!r}")
+    from toast.hf.capture.compute import loaded_dtype
+
     total = checkpoint.nbytes
+    loaded = loaded_dtype(checkpoint.dtype, compute)
+    if loaded != checkpoint.dtype:
+        total = total * loaded.itemsize // checkpoint.dtype.itemsize
     largest = max((t.nbytes for t in checkpoint.tensors.values()), default=0)
     block = block_bytes() if callable(block_bytes) else block_bytes
     heaviest = max(largest, block or 0)
@@ -165,7 +173,7 @@ def plan_checkpoint(
         if (Path(folder) / "toast_plan.json").exists():
             raise ValueError(f"{folder} is a toast save, which only loads whole")
         checkpoint = Checkpoint(folder)
-        plan = memory_plan(checkpoint, max_memory)
+        plan = memory_plan(checkpoint, max_memory, compute=compute)
         disk = (
             DiskModel.open(checkpoint, blocks, compute) if plan.sequential or sequential else None
         )
@@ -176,7 +184,9 @@ def plan_checkpoint(
         plan = MemoryPlan(False, 0, 0, 0, reason_given=why)
         return _said(plan, progress, command), None
     if disk is not None:  # the bound from the largest block, now that the blocks are known
-        plan = memory_plan(checkpoint, max_memory, block_bytes=disk.largest_block_bytes)
+        plan = memory_plan(
+            checkpoint, max_memory, block_bytes=disk.largest_block_bytes, compute=compute
+        )
         return_freed_memory()
     if sequential is not None:
         plan = dataclasses.replace(plan, sequential=sequential, asked=True)

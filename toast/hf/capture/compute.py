@@ -31,7 +31,15 @@ from torch import nn
 
 from toast.hf.data.calibration import COMPUTE_DTYPES
 
-__all__ = ["COMPUTE_DTYPES", "compute_dtype", "forward_dtype", "forwards_in", "native_matmul"]
+__all__ = [
+    "COMPUTE_DTYPES",
+    "compute_dtype",
+    "forward_dtype",
+    "forwards_in",
+    "loaded_dtype",
+    "native_matmul",
+    "widen_loaded",
+]
 
 _NARROW = (torch.float16, torch.bfloat16)
 # m x k @ k x n of the probe: large enough that a native kernel beats float32
@@ -126,3 +134,29 @@ def forwards_in(model: nn.Module, option: str = "auto") -> Iterator[None]:
     device = next(model.parameters()).device.type
     with torch.autocast(device_type=device, dtype=dtype):
         yield
+
+
+def loaded_dtype(weights: torch.dtype, option: str = "auto") -> torch.dtype:
+    """What a checkpoint of dtype ``weights`` loaded whole from a folder
+    computes in (:func:`widen_loaded`): float32 where :func:`compute_dtype`
+    widens a 16-bit checkpoint, else the weights' own dtype (a float32
+    model asked for ``"bfloat16"`` stays float32 and runs under autocast)."""
+    if weights in _NARROW and compute_dtype(weights, option) == torch.float32:
+        return torch.float32
+    return weights
+
+
+def widen_loaded(model: nn.Module, option: str = "auto") -> torch.dtype | None:
+    """A model toast loaded whole from a 16-bit checkpoint, widened in place
+    to float32 where :func:`loaded_dtype` says so (the block-by-block path
+    widens the same checkpoint one block at a time); returns the dtype to
+    write it back in, or None when it is left as it is. A model the user
+    passes is never widened: its dtype is the user's choice."""
+    floating = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if len(floating) != 1:
+        return None
+    (weights,) = floating
+    if loaded_dtype(weights, option) == weights:
+        return None
+    model.to(torch.float32)
+    return weights
