@@ -117,8 +117,9 @@ def test_a_16bit_folder_loaded_whole_computes_as_the_disk_path_and_is_written_in
     # where bf16 is not native the loaded checkpoint is widened to float32
     # for the passes (as the block-by-block path widens it a block at a
     # time), counted at float32's size in the plan, and written back in bf16
-    import toast
     from safetensors.torch import load_file
+
+    import toast
 
     monkeypatch.setattr(compute, "native_matmul", lambda dtype, device="cpu": native)
     R.decoder("llama").to(torch.bfloat16).save_pretrained(tmp_path / "source")
