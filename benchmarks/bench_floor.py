@@ -287,8 +287,15 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     import torch
 
+    from toast.hf.capture.compute import native_matmul
+
     torch.set_num_threads(args.threads)
-    result = {"rows": rows, "machine": _machine.machine(load)}
+    result = {
+        "rows": rows,
+        "machine": _machine.machine(load),
+        "bf16_native": native_matmul(torch.bfloat16),
+        "threads": args.threads,
+    }
     out = Path(args.out)
     out.write_text(json.dumps(result, indent=1))
     out.with_suffix(".md").write_text(_table(result))
@@ -318,6 +325,14 @@ def _table(result: dict) -> str:
             f"| {floor} | {calls} | {r['peak_rss_anon_mib']:,} MiB | {r['test_perplexity']:.3f} |"
         )
     lines += ["", *_ratios(result["rows"])]
+    native = result.get("bf16_native")
+    if native is not None:
+        lines += [
+            "",
+            f"bf16 matmuls {'native' if native else 'not native'} on this CPU "
+            "(`toast.hf.capture.compute.native_matmul`); each run in its own process with "
+            f"OMP_NUM_THREADS={result.get('threads', 1)} (the machine line below is the parent's).",
+        ]
     lines += ["", _machine.describe(result["machine"]), ""]
     return "\n".join(lines)
 

@@ -41,12 +41,29 @@ def test_native_is_decided_by_the_fastest_rounds(monkeypatch):
     # one slow float32 round (a preempted probe) does not make bf16 native:
     # the fastest round of each dtype is compared
     compute._measured.cache_clear()
-    times = iter([1.0, 1.0] + [5.0, 1.0] + [1.0, 1.0] * 4)
+    times = iter([1.0] * 2 * compute._WARMUP + [5.0, 1.0] + [1.0, 1.0] * (compute._ROUNDS - 1))
     monkeypatch.setattr(compute, "_timed", lambda a, b: next(times))
     try:
         assert native_matmul(torch.bfloat16) is False
     finally:
         compute._measured.cache_clear()
+
+
+def test_an_emulated_dtype_is_judged_after_one_round(monkeypatch):
+    # ten times float32's time is no near call: the probe stops there
+    compute._measured.cache_clear()
+    calls = []
+
+    def timed(a, b):
+        calls.append(a.dtype)
+        return 1.0 if a.dtype == torch.float32 else 10.0
+
+    monkeypatch.setattr(compute, "_timed", timed)
+    try:
+        assert native_matmul(torch.bfloat16) is False
+    finally:
+        compute._measured.cache_clear()
+    assert len(calls) == 2 * (compute._WARMUP + 1)
 
 
 def test_only_16bit_dtypes_can_be_native():

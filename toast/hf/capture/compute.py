@@ -42,9 +42,12 @@ __all__ = [
 ]
 
 _NARROW = (torch.float16, torch.bfloat16)
-# m x k @ k x n of the probe: large enough that a native kernel beats float32
-# clearly, small enough to cost a few milliseconds where it is emulated
-_PROBE = (256, 512, 512)
+# m x k @ k x n of the probe (1 GFLOP): large enough that a native kernel
+# beats float32 clearly (a smaller one is dominated by the kernel's setup:
+# 256 x 512 x 512 in bf16 took 4 ms against 0.5 ms for this on AMX), and a
+# few emulated rounds cost well under a second
+_PROBE = (512, 1024, 1024)
+_WARMUP = 2
 _ROUNDS = 5
 # a 16-bit dtype counts as native when its matmul takes at most this share of
 # float32's time (native: ~0.15 on AMX; emulated: 5 to 40)
@@ -66,18 +69,22 @@ def _measured(dtype: torch.dtype, device: str) -> bool:
     a = torch.randn(m, k, generator=generator).to(device)
     b = torch.randn(k, n, generator=generator).to(device)
     narrow_a, narrow_b = a.to(dtype), b.to(dtype)
-    _timed(a, b), _timed(narrow_a, narrow_b)  # first calls pick kernels
+    for _ in range(_WARMUP):  # the first calls pick and build kernels
+        _timed(a, b), _timed(narrow_a, narrow_b)
     wide, narrow = [], []
     for _ in range(_ROUNDS):  # interleaved, fastest of each: robust to load
         wide.append(_timed(a, b))
         narrow.append(_timed(narrow_a, narrow_b))
+        if min(narrow) > 2 * min(wide):  # clearly emulated: no need to wait
+            break
     return min(narrow) <= _NATIVE_SHARE * min(wide)
 
 
 def native_matmul(dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
     """Whether matmuls in the 16-bit ``dtype`` on ``device`` are faster than
-    float32 ones: measured once per process on the CPU (a 256 x 512 x 512
-    product, fastest of 5 interleaved rounds, at most 0.8 of float32's time),
+    float32 ones: measured once per process on the CPU (a 512 x 1024 x 1024
+    product, fastest of up to 5 interleaved rounds after 2 to warm up, at
+    most 0.8 of float32's time),
     read from the driver on CUDA (bf16 where ``torch.cuda.is_bf16_supported``;
     float16 always). False for any other dtype."""
     if dtype not in _NARROW:
