@@ -172,12 +172,19 @@ def search(
     sizes = model_sizes(run.model, run.layout)
     candidates = _candidates(run, calibrated, sizes, max_blocks)
     result = _measure_all(run, calibrated, sizes, candidates, max_measured, passes)
-    if run.written is not None and result.model is not None:
-        result.model.to(run.written)
-    result.notes.extend(calibrated.notes + run.notes)
+    _hand_back(run, result, calibrated.notes)
     if output is not None:
         result.save(output)
     return result
+
+
+def _hand_back(run: _Run, result: SearchResult, notes: list[str]) -> None:
+    """``result`` as the caller gets it: the chosen model in the dtype of the
+    checkpoint it was widened from (:attr:`_Opened.written`), and the notes
+    of the calibration and of the run."""
+    if run.written is not None and result.model is not None:
+        result.model.to(run.written)
+    result.notes.extend(notes + run.notes)
 
 
 def _candidates(
@@ -238,12 +245,7 @@ def _prepare(
         max_blocks,
         backend,
         tuple(m.name for m in opened.methods),
-        # what the forwards computed in: bf16 statistics are not float32 ones
-        str(
-            opened.disk.dtype
-            if opened.disk is not None
-            else forward_dtype(opened.model, calibration.compute_dtype)
-        ),
+        _computed_in(opened, calibration),
     )
     key = combine(opened.fingerprint, fingerprint_batches(data), settings)
     notes = []
@@ -273,6 +275,15 @@ def _prepare(
         statistics_bytes=opened.statistics_bytes,
         written=opened.written,
     )
+
+
+def _computed_in(opened: _Opened, calibration: Calibration) -> str:
+    """What the forwards compute in, for the cache key: statistics of bf16
+    forwards are not those of float32 ones (``"None"``: the model's dtype,
+    which its fingerprint holds)."""
+    if opened.disk is not None:
+        return str(opened.disk.dtype)
+    return str(forward_dtype(opened.model, calibration.compute_dtype))
 
 
 def _check_methods(methods: Sequence[str] | None) -> tuple[str, ...] | None:
