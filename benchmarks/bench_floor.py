@@ -20,8 +20,9 @@ nobody selects on), whatever the run computed in: what bf16 forwards do
 to the fit.
 
 Runs: ``toast.compress`` with TOAST's default (``budget=n``), ReplaceMe's
-default (``method="replaceme", num_blocks=n``) and ``toast.search`` at ``n``
-blocks' parameters, in each compute mode of ``--dtypes``:
+and LinearPatch's defaults (``method=..., num_blocks=n``) and
+``toast.search`` at ``n`` blocks' parameters, in each compute mode of
+``--dtypes``:
 
 - ``float32``: the model as loaded (float32), toast's default;
 - ``bfloat16``: the model cast to bf16 (what a bf16 checkpoint loaded in
@@ -33,7 +34,7 @@ blocks' parameters, in each compute mode of ``--dtypes``:
   (``sequential=True``) with that ``compute_dtype`` (``"auto"`` picks one of
   the two by measurement: :func:`toast.hf.capture.compute.native_matmul`).
   No floor is replayed for these (the blocks load one at a time); the
-  search is not run from disk here.
+  search is not run from disk here, and LinearPatch has no disk path.
 
 toast keeps its statistics in float64 in every mode. Each run is its own
 process, polled every 0.2 s for anonymous resident memory (the
@@ -68,10 +69,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _peak import run_polled  # noqa: E402
 
-RUNS = ("toast", "replaceme", "search")
+RUNS = ("toast", "replaceme", "linearpatch", "search")
 LABELS = {
     "toast": "toast.compress default (TOAST)",
     "replaceme": "toast.compress, method='replaceme'",
+    "linearpatch": "toast.compress, method='linearpatch'",
     "search": "toast.search at the same parameters",
 }
 
@@ -158,8 +160,8 @@ def _run(
     options = {"progress": False, "compute_dtype": compute}
     if name == "toast":
         return lambda: toast.compress(model, calib, method="toast", budget=size, **options)
-    if name == "replaceme":
-        return lambda: toast.compress(model, calib, method="replaceme", num_blocks=size, **options)
+    if name in ("replaceme", "linearpatch"):
+        return lambda: toast.compress(model, calib, method=name, num_blocks=size, **options)
     block = sum(p.numel() for p in model.model.layers[0].parameters())
     target = size * block / toast.count_params(model) - 1e-6
 
@@ -181,7 +183,7 @@ def _from_disk(name: str, model: Any, calib: Any, size: int, compute: str) -> tu
 
     if name == "search":
         raise SystemExit("the search is not run from disk by this benchmark")
-    key = "budget" if name == "toast" else "num_blocks"
+    key = "budget" if name == "toast" else "num_blocks"  # ReplaceMe's and LinearPatch's name
     with tempfile.TemporaryDirectory() as scratch:
         source, out = Path(scratch) / "source", Path(scratch) / "out"
         model.to(torch.bfloat16).save_pretrained(source)
@@ -270,8 +272,8 @@ def main() -> None:
     rows = []
     for dtype in args.dtypes:
         for name in args.runs:
-            if name == "search" and dtype.startswith("disk-"):
-                continue  # not run from disk here (see the module docstring)
+            if name in ("search", "linearpatch") and dtype.startswith("disk-"):
+                continue  # no disk path (LinearPatch), or not run from disk here (the search)
             with tempfile.TemporaryDirectory() as scratch:
                 record = Path(scratch) / "record.json"
                 cmd = [sys.executable, __file__, "--one", name, "--size", str(args.size)]
