@@ -45,6 +45,7 @@ def one(mode: str, budget: int, calibration: int, photos: int, out: Path) -> Non
     import torch
 
     import toast
+    import toast.zoo
     from toast.data import natural_images
 
     torch.set_num_threads(1)
