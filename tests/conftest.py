@@ -160,7 +160,7 @@ def digits_cache(toast_cache):
 
 @pytest.fixture(scope="session")
 def digits_vit(digits_cache, tmp_path_factory):
-    """The digits ViT of :mod:`toast.zoo` (trained on the first use)."""
+    """The digits ViT of :mod:`toast.zoo` (shipped in the package: loaded, not trained)."""
     pytest.importorskip("sklearn")
     pytest.importorskip("torch")
     from toast.zoo import digits_vit as build
