@@ -98,7 +98,9 @@ def _build_parser(method: str = DEFAULT_METHOD) -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--cache", default=None, help="model cache folder (default ~/.cache/toast)")
-    demo.add_argument("--retrain", action="store_true", help="train the ViT even if cached")
+    demo.add_argument(
+        "--retrain", action="store_true", help="train the ViT here, not load the shipped one"
+    )
     demo.add_argument(
         "--no-progress", action="store_true", help="hide progress (the result is still printed)"
     )
