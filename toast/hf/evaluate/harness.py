@@ -284,8 +284,9 @@ def evaluate_tasks(
     ``limit`` documents after the first ``skip`` instead; ``num_fewshot``
     overrides the tasks' own number of examples in the prompt. ``compute``:
     ``"bfloat16"`` runs a float32 model's forwards under bf16 autocast (the
-    reference's too; :func:`toast.hf.capture.compute.forwards_in`), any
-    other value the model's own dtype."""
+    reference's too: the harness's own ``mixed_precision_dtype``, as
+    :func:`toast.hf.capture.compute.forward_dtype` chooses it), any other
+    value the model's own dtype."""
     units = resolve_tasks(tasks)
     settings = _settings(limit, num_fewshot, batch_size, skip, compute)
     settings["data"] = {unit.name: unit.source for unit in units}
