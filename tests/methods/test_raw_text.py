@@ -112,3 +112,21 @@ def test_raw_text_without_a_tokenizer_is_refused(minilm, sentences):
     model, _ = minilm
     with pytest.raises(ValueError, match="raw text needs a tokenizer"):
         toast.compress(model, sentences, budget=1, progress=False)
+
+
+def test_held_out_text_measures_the_same_longest_first(minilm, sentences):
+    # held-out texts are batched longest first (less padding): a mean over
+    # samples does not depend on their order
+    from toast.hf.data.text import TextData
+    from toast.hf.evaluate.quality import Evaluator
+
+    model, tokenizer = minilm
+    held = TextData(sentences[:40], tokenizer, batch_size=8, max_length=32)
+    plain = Evaluator(held, metric="cosine", progress=False)
+    ordered = Evaluator(held.by_length(), metric="cosine", progress=False)
+    plain.measure(model)
+    ordered.measure(model)
+    pruned = copy.deepcopy(model)
+    del pruned.encoder.layer[2]
+    pruned.config.num_hidden_layers -= 1
+    assert ordered.measure(pruned) == pytest.approx(plain.measure(pruned), rel=1e-6)

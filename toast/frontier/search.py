@@ -35,7 +35,7 @@ from toast.hf.capture.compute import forward_dtype, widen_loaded
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
 from toast.hf.data.progress import progress_bar
-from toast.hf.data.text import as_batches
+from toast.hf.data.text import TextData, as_batches
 from toast.methods.base import Layout, Method, Plan, Sizes, find_layout, staged_methods
 from toast.methods.runner import split_heldout, split_text_options
 from toast.methods.stages import SHARED_BYTES
@@ -444,9 +444,11 @@ def _heldout(data: Iterable, heldout: Any, text: dict[str, Any]) -> Any:
             "search measures candidates on held-out data: pass heldout=<batches or raw text> "
             "(or heldout=0.1 to hold out a tenth of raw text data)"
         )
-    if isinstance(heldout, float):
-        return split_heldout(data, heldout)
-    return as_batches(heldout, **text)
+    if isinstance(heldout, float):  # held-out texts longest first: less padding
+        data, held = split_heldout(data, heldout)
+        return data, held.by_length()
+    held = as_batches(heldout, **text)
+    return held.by_length() if isinstance(held, TextData) else held
 
 
 def _max_blocks(run: _Run, max_blocks: int | None) -> int:

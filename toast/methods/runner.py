@@ -75,15 +75,19 @@ def prepare_data(
 ) -> tuple[Iterable | None, Iterable | None]:
     """``data`` and ``heldout`` as batches (raw text read with ``text``; a
     float ``heldout`` holds out that fraction of raw ``data``'s samples, the
-    last ones); ``ValueError`` when ``method`` needs data and has none."""
+    last ones; held-out texts are batched longest first,
+    :meth:`TextData.by_length`); ``ValueError`` when ``method`` needs data
+    and has none."""
     text = dict(text or {})
     if data is not None:
         data = as_batches(data, **text)
     if method.needs_data and data is None:
         raise ValueError(f"method={method.name!r} needs calibration data (a loader of batches)")
     if isinstance(heldout, float):
-        return split_heldout(data, heldout)
-    return data, None if heldout is None else as_batches(heldout, **text)
+        data, part = split_heldout(data, heldout)
+        return data, part.by_length()
+    held = None if heldout is None else as_batches(heldout, **text)
+    return data, held.by_length() if isinstance(held, TextData) else held
 
 
 def split_heldout(data: Iterable | None, fraction: float) -> tuple[TextData, TextData]:

@@ -489,3 +489,22 @@ def test_split_refuses_fractions_that_leave_no_calibration(tok):
         data.split(1.0)
     with pytest.raises(ValueError, match="leaves none for calibration"):
         data.split(0.9)
+
+
+def test_by_length_batches_the_longest_texts_first_and_pads_less(tok):
+    data = TextData(TEXTS, tok, batch_size=4)
+    ordered = data.by_length()
+    assert sorted(ordered._texts) == sorted(data._texts)
+    lengths = [len(t) for t in ordered._texts]
+    assert lengths == sorted(lengths, reverse=True)
+
+    def padding(batches):
+        return sum(int((b["attention_mask"] == 0).sum()) for b in batches)
+
+    assert padding(ordered) < padding(data)
+    assert data._texts == list(TEXTS)  # the original keeps its order
+
+
+def test_by_length_keeps_packed_samples_as_they_are(tok):
+    data = TextData(TEXTS, tok, batch_size=4, pack=True, max_length=16)
+    assert data.by_length() is data

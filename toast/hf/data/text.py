@@ -238,6 +238,20 @@ class TextData:
             )
         return self._part(0, self._count - held), self._part(self._count - held, self._count)
 
+    def by_length(self) -> TextData:
+        """A copy whose texts come longest first (by characters, a proxy for
+        tokens that needs no tokenizing), so that each batch pads to about
+        its own length: for held-out measurement, where per-token sums do
+        not depend on the order but padding costs forwards. Packed samples
+        are all one length and keep their order."""
+        if self._pack:
+            return self
+        order = sorted(range(self._count), key=lambda k: -len(self._texts[k]))
+        ordered = copy.copy(self)
+        ordered._texts = [self._texts[k] for k in order]
+        ordered._chat = [self._chat[k] for k in order]
+        return ordered
+
     def _part(self, start: int, stop: int) -> TextData:
         part = copy.copy(self)
         part._count = stop - start
