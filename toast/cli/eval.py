@@ -143,12 +143,15 @@ def _heldout(args: argparse.Namespace, model: Any, reference: Any) -> dict[str, 
     """Held-out quality of the reference (measured first: the original the
     fidelity metrics compare with) and of the model, every quantity of each
     pass (:attr:`toast.hf.evaluate.quality.Evaluator.last`)."""
+    from toast.hf.data.text import TextData
     from toast.hf.evaluate.quality import Evaluator
     from toast.io.local import load_batches
 
     batches = load_batches(
         args.model, args.heldout, batch_size=args.batch_size, max_length=args.max_length
     )
+    if isinstance(batches, TextData):  # longest first: each batch pads to about its length
+        batches = batches.by_length()
     evaluator = Evaluator(batches, progress=not args.no_progress, compute=args.compute_dtype)
     figures: dict[str, Any] = {}
     if reference is not None:
