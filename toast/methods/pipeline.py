@@ -106,7 +106,8 @@ def compress_folder(
     if dtype is not None:
         model.to(device=device, dtype=_dtype(dtype))
     else:  # a 16-bit checkpoint computes as the block-by-block path would compute it
-        written = widen_loaded(model, getattr(cal, "compute_dtype", "auto"))
+        option = getattr(cal, "compute_dtype", "auto")
+        written = widen_loaded(model, option, "cpu" if device is None else device)
         if device is not None:
             model.to(device=device)
     model, report = run_method(method, model, data, config, heldout=heldout, text=text)

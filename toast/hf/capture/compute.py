@@ -143,27 +143,35 @@ def forwards_in(model: nn.Module, option: str = "auto") -> Iterator[None]:
         yield
 
 
-def loaded_dtype(weights: torch.dtype, option: str = "auto") -> torch.dtype:
-    """What a checkpoint of dtype ``weights`` loaded whole from a folder
-    computes in (:func:`widen_loaded`): float32 where :func:`compute_dtype`
-    widens a 16-bit checkpoint, else the weights' own dtype (a float32
-    model asked for ``"bfloat16"`` stays float32 and runs under autocast)."""
-    if weights in _NARROW and compute_dtype(weights, option) == torch.float32:
-        return torch.float32
-    return weights
+def loaded_dtype(
+    weights: torch.dtype, option: str = "auto", device: str | torch.device = "cpu"
+) -> torch.dtype:
+    """What a checkpoint of dtype ``weights`` loaded whole from a folder onto
+    ``device`` computes in (:func:`widen_loaded`): float32 where a 16-bit
+    checkpoint is widened (as :func:`compute_dtype` decides, with ``"auto"``
+    measured on ``device``), else the weights' own dtype (a float32 model
+    asked for ``"bfloat16"`` stays float32 and runs under autocast)."""
+    if weights not in _NARROW:
+        return weights
+    if option == "auto":
+        return weights if native_matmul(weights, device) else torch.float32
+    return torch.float32 if compute_dtype(weights, option) == torch.float32 else weights
 
 
-def widen_loaded(model: nn.Module, option: str = "auto") -> torch.dtype | None:
-    """A model toast loaded whole from a 16-bit checkpoint, widened in place
-    to float32 where :func:`loaded_dtype` says so (the block-by-block path
-    widens the same checkpoint one block at a time); returns the dtype to
-    write it back in, or None when it is left as it is. A model the user
-    passes is never widened: its dtype is the user's choice."""
+def widen_loaded(
+    model: nn.Module, option: str = "auto", device: str | torch.device = "cpu"
+) -> torch.dtype | None:
+    """A model toast loaded whole from a 16-bit checkpoint to run on
+    ``device``, widened in place to float32 where :func:`loaded_dtype` says
+    so (the block-by-block path widens the same checkpoint one block at a
+    time); returns the dtype to write it back in, or None when it is left
+    as it is. A model the user passes is never widened: its dtype is the
+    user's choice."""
     floating = {p.dtype for p in model.parameters() if p.is_floating_point()}
     if len(floating) != 1:
         return None
     (weights,) = floating
-    if loaded_dtype(weights, option) == weights:
+    if loaded_dtype(weights, option, device) == weights:
         return None
     model.to(torch.float32)
     return weights
