@@ -241,7 +241,7 @@ def estimate(
       TOAST the head + its ``statistics_bytes`` (``auto``: 1 GiB, or one
       pair's errors when wider) + 256 MiB of rows a replay joins; the
       search the head + 2 × its shared bound + 256 MiB, the bound being
-      half of what 8 GiB leaves (``_plan_statistics``);
+      half of what 8 GiB leaves (``toast.frontier.source.plan_statistics``);
     - disk = the activation buffer 2 × T d × 4, and ReplaceMe's L_start and
       M of its 4 cuts (8 × T d × 4) or, for TOAST and the search, every
       state's rows twice, 2 (L + 1) × T d × 4: the block-by-block pass keeps

@@ -241,7 +241,7 @@ def test_each_familys_plan_saved_from_disk_gives_the_built_models_logits(checkpo
 
 
 def test_a_max_memory_below_the_plans_least_is_refused_before_any_pass(checkpoint, monkeypatch):
-    search_module = importlib.import_module("toast.frontier.search")
+    source = importlib.import_module("toast.frontier.source")
 
     def no_loading(self, index):
         raise AssertionError("a block was loaded")
@@ -249,7 +249,7 @@ def test_a_max_memory_below_the_plans_least_is_refused_before_any_pass(checkpoin
     monkeypatch.setattr(DiskModel, "load_block", no_loading)
     disk = DiskModel.open(checkpoint)
     layout = toast.methods.base.Layout(disk.stack)
-    needed = search_module.statistics_bytes(disk, layout, toast.methods.base.staged_methods())
+    needed = source.statistics_bytes(disk, layout, toast.methods.base.staged_methods())
     states, width = layout.num_blocks + 1, disk.model.config.hidden_size
     assert needed == 2 * states * (states + 1) // 2 * width * width * 8  # every pair, float64
     data, heldout = _data()
@@ -290,7 +290,7 @@ def test_a_model_file_is_loaded_and_searched_in_memory(tmp_path, monkeypatch, ca
 def test_the_shared_pass_bound_follows_what_max_memory_leaves(checkpoint, monkeypatch):
     # Width 4,096 needs several sources a replay to finish: the bound is
     # what the budget leaves beside the block-by-block path's own parts.
-    search_module = importlib.import_module("toast.frontier.search")
+    source = importlib.import_module("toast.frontier.source")
     from toast.core.chunked import JOIN_BYTES, pair_nbytes
     from toast.hf.capture.budget import MemoryPlan, sequential_parts
 
@@ -301,14 +301,14 @@ def test_the_shared_pass_bound_follows_what_max_memory_leaves(checkpoint, monkey
     own = sum(n for _, n in sequential_parts(disk, batches))
     width = disk.model.config.hidden_size
     least = pair_nbytes(width, 0)
-    whole = search_module._whole(disk, layout)  # every pair's moments at their peak
+    whole = source.whole_moments_bytes(disk, layout)  # every pair's moments at their peak
     assert whole // 4 > least
     half = MemoryPlan(True, own + JOIN_BYTES + whole // 2, 0, 0)
-    assert search_module._plan_statistics(half, disk, layout, methods, batches) == whole // 4
+    assert source.plan_statistics(half, disk, layout, methods, batches) == whole // 4
     starved = MemoryPlan(True, own + JOIN_BYTES + least, 0, 0)
-    assert search_module._plan_statistics(starved, disk, layout, methods, batches) == least
+    assert source.plan_statistics(starved, disk, layout, methods, batches) == least
     huge = MemoryPlan(True, 2**40, 0, 0)
-    assert search_module._plan_statistics(huge, disk, layout, methods, batches) == whole // 2
+    assert source.plan_statistics(huge, disk, layout, methods, batches) == whole // 2
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -29,14 +29,11 @@ import torch
 from torch import nn
 
 from toast._validation import Interval, Options, Predicate, check
-from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound
-from toast.hf.capture.budget import MemoryPlan, fit_plan, plan_checkpoint
-from toast.hf.capture.compute import forward_dtype, widen_loaded
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
 from toast.hf.data.progress import progress_bar
 from toast.hf.data.text import TextData, as_batches
-from toast.methods.base import Layout, Method, Plan, Sizes, find_layout, staged_methods
+from toast.methods.base import Layout, Method, Plan, Sizes, staged_methods
 from toast.methods.runner import split_heldout, split_text_options
 from toast.methods.stages import SHARED_BYTES
 
@@ -45,9 +42,7 @@ from .cache import (
     SearchCache,
     combine,
     default_cache_dir,
-    fingerprint,
     fingerprint_batches,
-    fingerprint_files,
 )
 from .calibrate import Calibrated, calibrate, calibrate_from_disk, model_sizes
 from .candidates import enumerate_candidates
@@ -56,6 +51,7 @@ from .objective import Objective, higher_is_better
 from .pareto import pareto_front
 from .result import Measured, SearchResult
 from .selection import Bisection, Ranked
+from .source import computed_in, is_path, open_source, plan_statistics
 from .target import Target
 
 #: Paired timing rounds of each candidate and the original when the target
@@ -90,9 +86,9 @@ class _Run:
     notes: list[str] = field(default_factory=list)
     #: seconds per phase (:attr:`SearchResult.timings`)
     timings: dict[str, float] = field(default_factory=dict)
-    #: the shared moments pass's bound (:attr:`_Opened.statistics_bytes`)
+    #: the shared moments pass's bound (:attr:`toast.frontier.source.Opened.statistics_bytes`)
     statistics_bytes: int | str = SHARED_BYTES
-    #: the dtype the chosen model is returned in (:attr:`_Opened.written`)
+    #: the dtype the chosen model is returned in (:attr:`toast.frontier.source.Opened.written`)
     written: torch.dtype | None = None
 
 
@@ -180,7 +176,7 @@ def search(
 
 def _hand_back(run: _Run, result: SearchResult, notes: list[str]) -> None:
     """``result`` as the caller gets it: the chosen model in the dtype of the
-    checkpoint it was widened from (:attr:`_Opened.written`), and the notes
+    checkpoint it was widened from (:attr:`toast.frontier.source.Opened.written`), and the notes
     of the calibration and of the run."""
     if run.written is not None and result.model is not None:
         result.model.to(run.written)
@@ -210,7 +206,7 @@ def _prepare(
     check("max_blocks", max_blocks, Interval(int, 1, None), None)
     check("max_minutes", max_minutes, Interval(float, 0, None, closed="neither"), None)
     check("latency", latency, bool)
-    check("cache", cache, bool, Predicate(_is_path, "a folder"))
+    check("cache", cache, bool, Predicate(is_path, "a folder"))
     backend = options.pop("backend")
     max_memory, sequential = options.pop("max_memory"), options.pop("sequential")
     objective: Objective = options.pop("objective")
@@ -221,7 +217,7 @@ def _prepare(
     calibration = Calibration.from_options(rest.pop("calibration", None), **rest)
     if data is None:
         raise ValueError("search needs calibration data (a loader of batches, or raw text)")
-    opened = _open(model, goal, max_memory, sequential, calibration)
+    opened = open_source(model, goal, max_memory, sequential, calibration)
     if wanted is not None:
         opened.methods = [m for m in opened.methods if m.name in wanted]
     data = as_batches(data, **text)
@@ -229,7 +225,7 @@ def _prepare(
     if isinstance(heldout, tuple):
         data, heldout = heldout
     if opened.disk is not None and opened.plan is not None:
-        opened.statistics_bytes = _plan_statistics(
+        opened.statistics_bytes = plan_statistics(
             opened.plan, opened.disk, opened.layout, opened.methods, chain(data, heldout)
         )
     tokenizer = text.get("tokenizer") or getattr(data, "tokenizer", None)
@@ -245,7 +241,7 @@ def _prepare(
         max_blocks,
         backend,
         tuple(m.name for m in opened.methods),
-        _computed_in(opened, calibration),
+        computed_in(opened, calibration),
     )
     key = combine(opened.fingerprint, fingerprint_batches(data), settings)
     notes = []
@@ -277,15 +273,6 @@ def _prepare(
     )
 
 
-def _computed_in(opened: _Opened, calibration: Calibration) -> str:
-    """What the forwards compute in, for the cache key: statistics of bf16
-    forwards are not those of float32 ones (``"None"``: the model's dtype,
-    which its fingerprint holds)."""
-    if opened.disk is not None:
-        return str(opened.disk.dtype)
-    return str(forward_dtype(opened.model, calibration.compute_dtype))
-
-
 def _check_methods(methods: Sequence[str] | None) -> tuple[str, ...] | None:
     """``methods`` as a tuple of registered staged methods' names (None: all)."""
     if methods is None:
@@ -297,145 +284,6 @@ def _check_methods(methods: Sequence[str] | None) -> tuple[str, ...] | None:
     if unknown or not methods:
         raise ValueError(f"methods must name some of {names}; got {list(methods)!r}")
     return tuple(methods)
-
-
-@dataclass
-class _Opened:
-    """The model searched: loaded (``disk`` None) or its checkpoint's
-    skeleton (``disk``), its layout found once, the methods that run on it
-    and the cache's key for it."""
-
-    model: nn.Module
-    disk: DiskModel | None
-    layout: Layout
-    methods: list[Method]
-    fingerprint: str
-    #: the shared moments pass's bound (:data:`toast.methods.stages.SHARED_BYTES`,
-    #: or what ``max_memory`` leaves from disk)
-    statistics_bytes: int | str = SHARED_BYTES
-    #: the block-by-block path's budget, planned once the batches are known
-    plan: MemoryPlan | None = None
-    #: a 16-bit checkpoint loaded whole and widened to compute in float32
-    #: (:func:`toast.hf.capture.compute.widen_loaded`): its dtype, which the
-    #: chosen model is returned in, as the block-by-block path writes it
-    written: torch.dtype | None = None
-
-
-def _open(
-    model: nn.Module | str | os.PathLike,
-    goal: Target,
-    max_memory: int | str | None,
-    sequential: bool | None,
-    calibration: Calibration,
-) -> _Opened:
-    """The model, or a checkpoint folder on the path ``plan_checkpoint``
-    chooses (said once); a target the disk path cannot measure is refused
-    before any pass."""
-    methods = staged_methods()  # the registry loads every method first
-    if isinstance(model, nn.Module):
-        if sequential:
-            raise ValueError("sequential=True needs a checkpoint folder, not a loaded model")
-        layout = find_layout(model, calibration.blocks)  # the call's one discovery
-        return _Opened(model, None, layout, methods, fingerprint(model))
-    if not _is_path(model):
-        raise TypeError(
-            f"model must be a torch.nn.Module or a checkpoint folder; got {type(model).__name__}"
-        )
-    if os.path.isfile(model):  # a GGUF file is dequantized as it loads: no tensors to stream
-        if sequential:
-            raise ValueError(f"sequential=True needs a checkpoint folder; {model} is a file")
-        if calibration.progress:
-            print(
-                f"toast search: in-memory path ({os.path.basename(model)} is a file)",
-                file=sys.stderr,
-            )
-        from toast.io.local import load_model
-
-        return _open(load_model(model), goal, None, None, calibration)
-    plan, disk = plan_checkpoint(
-        model,
-        max_memory,
-        sequential,
-        blocks=calibration.blocks,
-        compute=calibration.compute_dtype,
-        progress=calibration.progress,
-        command="toast search",
-    )
-    if disk is None:
-        from toast.io.local import load_model
-
-        loaded = load_model(model)
-        written = widen_loaded(loaded, calibration.compute_dtype)
-        return replace(_open(loaded, goal, None, None, calibration), written=written)
-    if goal.kind in ("latency", "macs"):
-        raise ValueError(
-            f"a {goal.kind}= target needs the model loaded (the block-by-block path never "
-            "loads it, so it cannot time or count it): give max_memory enough to load the "
-            "model, or ask for params= or quality="
-        )
-    layout = Layout(disk.stack)
-    # the blocks were found with the skeleton; methods in memory only are left out later
-    return _Opened(disk.model, disk, layout, methods, fingerprint_files(model), plan=plan)
-
-
-#: The moments' peak as a multiple of their stored size: measured on
-#: SmolLM2-135M from disk (2.88 GB peak RSS for 1.32 GB of moments beside
-#: 0.71 GiB of weights), the finished moments and their working copy.
-MOMENTS_PEAK_FACTOR = 2.0
-
-
-def statistics_bytes(disk: DiskModel, layout: Layout, methods: list[Method]) -> int:
-    """Bytes of the shared moments pass the methods need beside the weights
-    held block by block: every pair of the ``blocks + 1`` states' ``d × d``
-    float64 cross products, times :data:`MOMENTS_PEAK_FACTOR`, or, when
-    less, the bound above which the rows wait on disk and the errors form a
-    chunk at a time (:func:`toast.core.chunked.resolve_bound`) with the rows
-    one replay reads (0 when no method needs it or the width is unknown)."""
-    if not any(m.stages is not None and m.stages.needs(layout).moments for m in methods):
-        return 0
-    width = getattr(disk.model.config, "hidden_size", None)
-    if not isinstance(width, int):
-        return 0
-    return min(_whole(disk, layout), resolve_bound(SHARED_BYTES, width, 0) + JOIN_BYTES)
-
-
-def _whole(disk: DiskModel, layout: Layout) -> int:
-    """The peak of whole moments of every pair of the block states."""
-    width = int(getattr(disk.model.config, "hidden_size", 0) or 0)
-    states = layout.num_blocks + 1
-    return int(MOMENTS_PEAK_FACTOR * states * (states + 1) // 2 * width * width * 8)
-
-
-def _plan_statistics(
-    plan: MemoryPlan, disk: DiskModel, layout: Layout, methods: list[Method], batches: Iterable
-) -> int | str:
-    """The shared moments pass's bound: what ``plan.budget`` leaves beside
-    the block-by-block path's own parts (with one forward on the largest
-    of ``batches``, as few rows at a time as the plan needs:
-    :func:`toast.hf.capture.budget.fit_plan`) and one replay's rows, over
-    :data:`MOMENTS_PEAK_FACTOR` (whole moments below the bound peak at that
-    multiple), at most what every pair needs and never below one pair's
-    errors; more room means more source states a replay, fewer replays. Said
-    as ``toast compress`` says its plan, and the run refused before any
-    pass when even the least does not fit."""
-    width = getattr(disk.model.config, "hidden_size", None)
-    bound: list[int | str] = [SHARED_BYTES]
-
-    def moments(parts: list[tuple[str, int]]) -> tuple[list, list]:
-        if not isinstance(width, int) or not statistics_bytes(disk, layout, methods):
-            return parts, []
-        room = plan.budget - sum(n for _, n in parts) - JOIN_BYTES
-        whole = _whole(disk, layout)
-        least = max(int(min(room, whole) // MOMENTS_PEAK_FACTOR), pair_nbytes(width, 0))
-        bound[0] = least
-        return parts + [("moments of the shared pass", min(2 * least + JOIN_BYTES, whole))], []
-
-    fit_plan(disk, batches, plan.budget, moments, command="toast search")
-    return bound[0]
-
-
-def _is_path(value: Any) -> bool:
-    return isinstance(value, (str, os.PathLike))
 
 
 def _heldout(data: Iterable, heldout: Any, text: dict[str, Any]) -> Any:
