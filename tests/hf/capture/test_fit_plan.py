@@ -155,9 +155,10 @@ def test_a_method_run_a_few_rows_at_a_time_writes_the_same_model(
 
 
 def test_the_search_from_disk_a_few_rows_at_a_time_chooses_and_writes_the_same(folder, monkeypatch):
-    search_module = importlib.import_module("toast.frontier.search")
+    # the search plans its shared pass where it opens the checkpoint
+    source = importlib.import_module("toast.frontier.source")
 
-    real = search_module.fit_plan
+    real = source.fit_plan
 
     def three_rows(disk, *args, **kwargs):
         found = real(disk, *args, **kwargs)
@@ -167,7 +168,7 @@ def test_the_search_from_disk_a_few_rows_at_a_time_chooses_and_writes_the_same(f
     data, heldout = R.text_loader(n=48, batch_size=8), R.text_loader(n=16, batch_size=8, seed=1)
     common = {"target": 0.2, "cache": False, "progress": False, "latency": False, "max_measured": 2}
     whole = toast.search(folder, data, heldout, sequential=True, **common)
-    monkeypatch.setattr(search_module, "fit_plan", three_rows)
+    monkeypatch.setattr(source, "fit_plan", three_rows)
     rows = toast.search(folder, data, heldout, sequential=True, **common)
     assert rows.best.candidate.label == whole.best.candidate.label
     assert [m.measurement.quality for m in rows.measured] == pytest.approx(
