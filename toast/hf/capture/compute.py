@@ -33,6 +33,7 @@ from toast.hf.data.calibration import COMPUTE_DTYPES
 
 __all__ = [
     "COMPUTE_DTYPES",
+    "NARROW_DTYPES",
     "compute_dtype",
     "forward_dtype",
     "forwards_in",
@@ -41,7 +42,8 @@ __all__ = [
     "widen_loaded",
 ]
 
-_NARROW = (torch.float16, torch.bfloat16)
+#: The 16-bit dtypes whose matmuls may or may not be native.
+NARROW_DTYPES = (torch.float16, torch.bfloat16)
 # m x k @ k x n of the probe (1 GFLOP): large enough that a native kernel
 # beats float32 clearly (a smaller one is dominated by the kernel's setup:
 # 256 x 512 x 512 in bf16 took 4 ms against 0.5 ms for this on AMX), and a
@@ -87,7 +89,7 @@ def native_matmul(dtype: torch.dtype, device: str | torch.device = "cpu") -> boo
     most 0.8 of float32's time),
     read from the driver on CUDA (bf16 where ``torch.cuda.is_bf16_supported``;
     float16 always). False for any other dtype."""
-    if dtype not in _NARROW:
+    if dtype not in NARROW_DTYPES:
         return False
     kind = torch.device(device).type
     if kind == "cuda":
@@ -97,12 +99,14 @@ def native_matmul(dtype: torch.dtype, device: str | torch.device = "cpu") -> boo
     return _measured(dtype, "cpu")
 
 
-def compute_dtype(weights: torch.dtype, option: str = "auto") -> torch.dtype:
-    """The dtype the block-by-block path (on the CPU) computes in for weights
-    of dtype ``weights``: ``"auto"`` keeps a 16-bit checkpoint's dtype where
-    :func:`native_matmul` finds it native and widens it to float32 where not;
-    ``"float32"`` and ``"bfloat16"`` compute in that dtype; ``"checkpoint"``
-    in the weights' own."""
+def compute_dtype(
+    weights: torch.dtype, option: str = "auto", device: str | torch.device = "cpu"
+) -> torch.dtype:
+    """The dtype forwards on ``device`` (the block-by-block path's: the CPU)
+    compute in for weights of dtype ``weights``: ``"auto"`` keeps a 16-bit
+    checkpoint's dtype where :func:`native_matmul` finds it native there and
+    widens it to float32 where not; ``"float32"`` and ``"bfloat16"`` compute
+    in that dtype; ``"checkpoint"`` in the weights' own."""
     if option not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype must be one of {list(COMPUTE_DTYPES)}; got {option!r}")
     if option == "checkpoint":
@@ -111,8 +115,8 @@ def compute_dtype(weights: torch.dtype, option: str = "auto") -> torch.dtype:
         return torch.float32
     if option == "bfloat16":
         return torch.bfloat16
-    if weights in _NARROW:
-        return weights if native_matmul(weights) else torch.float32
+    if weights in NARROW_DTYPES:
+        return weights if native_matmul(weights, device) else torch.float32
     return weights
 
 
@@ -151,11 +155,8 @@ def loaded_dtype(
     checkpoint is widened (as :func:`compute_dtype` decides, with ``"auto"``
     measured on ``device``), else the weights' own dtype (a float32 model
     asked for ``"bfloat16"`` stays float32 and runs under autocast)."""
-    if weights not in _NARROW:
-        return weights
-    if option == "auto":
-        return weights if native_matmul(weights, device) else torch.float32
-    return torch.float32 if compute_dtype(weights, option) == torch.float32 else weights
+    widened = weights in NARROW_DTYPES and compute_dtype(weights, option, device) == torch.float32
+    return torch.float32 if widened else weights
 
 
 def widen_loaded(

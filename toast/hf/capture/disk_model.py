@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from toast._malloc import trim_heap
-from toast.hf.capture.compute import compute_dtype
+from toast.hf.capture.compute import NARROW_DTYPES, compute_dtype
 from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.checkpoint import Checkpoint
 
@@ -50,8 +50,6 @@ def _set_tensor(module: nn.Module, name: str, value: torch.Tensor) -> None:
     else:
         parent._buffers[leaf] = value
 
-
-_WIDENED = (torch.float16, torch.bfloat16)
 
 #: Bytes of a 16-bit head's weight widened at once when the block-by-block
 #: path keeps it narrow (:meth:`DiskModel.narrow`).
@@ -196,7 +194,7 @@ class DiskModel:
         checkpoint's 16-bit dtype while the blocks compute wider: its forward
         is a plain lookup (or projection, :func:`narrow_kind`), and a head
         that shares the embedding's weight is one too."""
-        if self.checkpoint.dtype not in _WIDENED or self.dtype != torch.float32:
+        if self.checkpoint.dtype not in NARROW_DTYPES or self.dtype != torch.float32:
             return False
         module = self.embedding(which)
         if narrow_kind(module) is None:
