@@ -32,9 +32,9 @@ from toast._validation import Interval, Options, Predicate, check
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
 from toast.hf.data.progress import progress_bar
-from toast.hf.data.text import TextData, as_batches
+from toast.hf.data.text import as_batches
 from toast.methods.base import Layout, Method, Plan, Sizes, staged_methods
-from toast.methods.runner import split_heldout, split_text_options
+from toast.methods.runner import heldout_batches, split_text_options
 from toast.methods.stages import SHARED_BYTES
 
 from .bench import Bench, DiskBench, MemoryBench
@@ -221,9 +221,7 @@ def _prepare(
     if wanted is not None:
         opened.methods = [m for m in opened.methods if m.name in wanted]
     data = as_batches(data, **text)
-    heldout = _heldout(data, heldout, text)
-    if isinstance(heldout, tuple):
-        data, heldout = heldout
+    data, heldout = _heldout(data, heldout, text)
     if opened.disk is not None and opened.plan is not None:
         opened.statistics_bytes = plan_statistics(
             opened.plan, opened.disk, opened.layout, opened.methods, chain(data, heldout)
@@ -286,17 +284,13 @@ def _check_methods(methods: Sequence[str] | None) -> tuple[str, ...] | None:
     return tuple(methods)
 
 
-def _heldout(data: Iterable, heldout: Any, text: dict[str, Any]) -> Any:
+def _heldout(data: Iterable, heldout: Any, text: dict[str, Any]) -> tuple[Any, Any]:
     if heldout is None:
         raise ValueError(
             "search measures candidates on held-out data: pass heldout=<batches or raw text> "
             "(or heldout=0.1 to hold out a tenth of raw text data)"
         )
-    if isinstance(heldout, float):  # held-out texts longest first: less padding
-        data, held = split_heldout(data, heldout)
-        return data, held.by_length()
-    held = as_batches(heldout, **text)
-    return held.by_length() if isinstance(held, TextData) else held
+    return heldout_batches(data, heldout, text)
 
 
 def _max_blocks(run: _Run, max_blocks: int | None) -> int:

@@ -73,16 +73,24 @@ def prepare_data(
     heldout: Any = None,
     text: Mapping[str, Any] | None = None,
 ) -> tuple[Iterable | None, Iterable | None]:
-    """``data`` and ``heldout`` as batches (raw text read with ``text``; a
-    float ``heldout`` holds out that fraction of raw ``data``'s samples, the
-    last ones; held-out texts are batched longest first,
-    :meth:`TextData.by_length`); ``ValueError`` when ``method`` needs data
-    and has none."""
+    """``data`` and ``heldout`` as batches (raw text read with ``text``:
+    :func:`heldout_batches`); ``ValueError`` when ``method`` needs data and
+    has none."""
     text = dict(text or {})
     if data is not None:
         data = as_batches(data, **text)
     if method.needs_data and data is None:
         raise ValueError(f"method={method.name!r} needs calibration data (a loader of batches)")
+    return heldout_batches(data, heldout, text)
+
+
+def heldout_batches(
+    data: Iterable | None, heldout: Any, text: Mapping[str, Any]
+) -> tuple[Iterable | None, Iterable | None]:
+    """``(calibration, held out)``: a float ``heldout`` holds out that
+    fraction of raw ``data``'s samples, the last ones; anything else is read
+    as batches with ``text``. Held-out texts are batched longest first
+    (:meth:`TextData.by_length`)."""
     if isinstance(heldout, float):
         data, part = split_heldout(data, heldout)
         return data, part.by_length()
