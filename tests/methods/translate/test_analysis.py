@@ -137,3 +137,31 @@ def test_to_dataframe_has_one_row_per_span(vit_analysis):
     row = df[(df.start == 1) & (df.stop == 3)].iloc[0]
     assert row.s == 0 and row.e == 2
     assert row.linear == vit_analysis.errors[1, 3]
+
+
+def _decoder_and_rows(n: int) -> tuple:
+    R = pytest.importorskip("tests._helpers.replaceme_models")
+    return R.decoder("llama"), R.text_loader(n)
+
+
+@pytest.mark.parametrize(("samples", "resolved"), [(48, "gcv"), (12, "cv")])
+def test_auto_estimator_is_gcv_with_enough_rows_and_cv_with_few(samples, resolved):
+    from toast.methods.translate.analysis import enough_for_gcv
+
+    model, data = _decoder_and_rows(samples)
+    auto = toast.analyze(model, data, estimator="auto", pairs=3, progress=False)
+    assert auto.estimator == resolved
+    assert enough_for_gcv(auto.rows, auto.moments.dim, 5) == (resolved == "gcv")
+    same = toast.analyze(model, data, estimator=resolved, pairs=3, progress=False)
+    np.testing.assert_array_equal(auto.errors, same.errors)
+    assert auto.moments.folds == same.moments.folds == (5 if resolved == "cv" else 0)
+
+
+def test_compress_default_ranks_spans_as_the_auto_analysis():
+    model, data = _decoder_and_rows(48)
+    _, report = toast.compress(model, data, budget=2, check_fraction=0.0, progress=False)
+    assert report.analysis.estimator == "gcv"
+    expected = toast.analyze(
+        _decoder_and_rows(48)[0], data, estimator="gcv", pairs=2, progress=False
+    )
+    np.testing.assert_array_equal(report.analysis.errors, expected.errors)

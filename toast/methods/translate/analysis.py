@@ -193,6 +193,48 @@ class Analysis:
         return pd.DataFrame.from_records(records)
 
 
+#: The estimators :func:`analyze` takes: ``"auto"`` is ``"gcv"`` with enough
+#: rows, ``"cv"`` otherwise (:func:`enough_for_gcv`).
+ESTIMATORS = ("auto", "cv", "gcv", "in_sample")
+
+Estimator = Literal["auto", "cv", "gcv", "in_sample"]
+
+
+def enough_for_gcv(rows: int, dim: int, folds: int) -> bool:
+    """Whether ``rows`` rows of width ``dim`` are enough for ``"auto"`` to
+    rank spans by generalised cross-validation: at least ``folds`` x
+    ``(dim + 1)``, so that every fold of a ``folds``-fold split would hold
+    more rows than the width. Below it a span's in-sample fit interpolates
+    and its GCV (the in-sample error over ``1 - tr(H)/n``, undefined once
+    ``n <= tr(H)``) says little, so ``"auto"`` measures on held-out folds
+    instead; above it the two rank SmolLM2's spans alike at 2, 4, 6 and 8
+    blocks (``benchmarks/results/floor.md``) and GCV costs one triangular
+    solve a span against about ``4 folds`` for the folds."""
+    return rows >= folds * (dim + 1)
+
+
+def _auto_capture(
+    estimator: str, metric: str, folds: int, capture: Any
+) -> tuple[Moments | ChunkedMoments, BlockStack, MassiveRows | None, str]:
+    """The moments :func:`analyze` forms for ``estimator``, with the one it
+    resolves to: ``capture(folds)`` is the pass (``(moments, stack,
+    recorder)``). ``"auto"`` passes once without folds and keeps it when
+    :func:`enough_for_gcv`; with fewer rows it passes again with ``folds``
+    fold sets (a short pass: the data are few) for ``"cv"``. The row
+    metrics fit nothing and read no folds."""
+    if estimator == "auto" and metric not in ("linear", "affine"):
+        estimator = "gcv"
+    if estimator != "auto":
+        return (*capture(folds if estimator == "cv" else 0), estimator)
+    moments, stack, recorder = capture(0)
+    if enough_for_gcv(moments.rows, moments.dim, folds):
+        return moments, stack, recorder, "gcv"
+    if isinstance(moments, ChunkedMoments):
+        moments.close()
+    del moments
+    return (*capture(folds), "cv")
+
+
 def _errors(
     moments: Moments | ChunkedMoments,
     metric: str,
@@ -238,7 +280,7 @@ def analyze(
     loader: Any,
     *,
     metric: str = "linear",
-    estimator: Literal["cv", "gcv", "in_sample"] = "cv",
+    estimator: Estimator = "cv",
     folds: int = 5,
     ridge: float = 0.0,
     tokens: Tokens = "all",
@@ -264,7 +306,10 @@ def analyze(
     Every metric of :func:`toast.error_matrix` is then available from
     :meth:`Analysis.error_matrix` without another pass. With ``estimator="cv"``
     the moments keep ``folds`` fold sets (memory grows accordingly: see
-    ``toast.Moments.estimate_nbytes``); ``estimator="gcv"`` needs none.
+    ``toast.Moments.estimate_nbytes``); ``estimator="gcv"`` needs none;
+    ``"auto"`` (``toast.compress``'s default) is ``"gcv"`` when the pass
+    gave at least ``folds x (width + 1)`` rows and otherwise passes again,
+    with folds, for ``"cv"`` (:func:`enough_for_gcv`).
     ``backend`` is that of :func:`toast.hf.capture_moments` (the sums form on
     the model's device with torch, or on the host in the C core). Under
     ``torch.distributed`` each rank passes its shard of the data and gets the
@@ -296,20 +341,27 @@ def analyze(
     if max_memory is not None or sequential is not None:
         raise ValueError("max_memory= and sequential= choose how a checkpoint folder is read: "
                          "pass the folder, or leave them out for a loaded model")  # fmt: skip
-    recorder = MassiveRows() if massive_rows else None
-    moments, stack = capture_moments(
-        model,
-        as_batches(loader, **text),
-        tokens=tokens,
-        folds=folds if estimator == "cv" else 0,
-        pairs=pairs,
-        precision=precision,
-        backend=backend,
-        calibration=cal,
-        stack=stack,
-        observe=recorder,
-        statistics_bytes=statistics_bytes,
-    )
+    batches = as_batches(loader, **text)
+
+    def capture(with_folds: int) -> tuple[Moments | ChunkedMoments, BlockStack, Any]:
+        recorder = MassiveRows() if massive_rows else None
+        moments, found = capture_moments(
+            model,
+            batches,
+            tokens=tokens,
+            folds=with_folds,
+            pairs=pairs,
+            precision=precision,
+            backend=backend,
+            calibration=cal,
+            stack=stack,
+            observe=recorder,
+            statistics_bytes=statistics_bytes,
+        )
+        return moments, found, recorder
+
+    check("estimator", estimator, Options(ESTIMATORS))
+    moments, stack, recorder, estimator = _auto_capture(estimator, metric, folds, capture)
     estimator = within_bound(moments, metric, estimator)
     errors = _errors(moments, metric, estimator, ridge, cal.progress)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)
@@ -356,7 +408,7 @@ def analyze_from_disk(
     loader: Any,
     *,
     metric: str = "linear",
-    estimator: Literal["cv", "gcv", "in_sample"] = "cv",
+    estimator: Estimator = "cv",
     folds: int = 5,
     ridge: float = 0.0,
     tokens: Tokens = "all",
@@ -381,19 +433,26 @@ def analyze_from_disk(
     check("metric", metric, Options(METRICS))
     text = {k: options.pop(k) for k in TEXT_OPTIONS if k in options}
     cal = Calibration.from_options(calibration, **options)
-    recorder = MassiveRows() if massive_rows else None
-    moments, stack = capture_moments_from_disk(
-        DiskModel.open(folder, cal.blocks, cal.compute_dtype),
-        as_batches(loader, **text),
-        tokens=tokens,
-        folds=folds if estimator == "cv" else 0,
-        pairs=pairs,
-        precision=precision,
-        calibration=cal,
-        buffer_dir=buffer_dir,
-        observe=recorder,
-        statistics_bytes=statistics_bytes,
-    )
+    batches = as_batches(loader, **text)
+
+    def capture(with_folds: int) -> tuple[Moments | ChunkedMoments, BlockStack, Any]:
+        recorder = MassiveRows() if massive_rows else None
+        moments, stack = capture_moments_from_disk(
+            DiskModel.open(folder, cal.blocks, cal.compute_dtype),
+            batches,
+            tokens=tokens,
+            folds=with_folds,
+            pairs=pairs,
+            precision=precision,
+            calibration=cal,
+            buffer_dir=buffer_dir,
+            observe=recorder,
+            statistics_bytes=statistics_bytes,
+        )
+        return moments, stack, recorder
+
+    check("estimator", estimator, Options(ESTIMATORS))
+    moments, stack, recorder, estimator = _auto_capture(estimator, metric, folds, capture)
     estimator = within_bound(moments, metric, estimator)
     errors = _errors(moments, metric, estimator, ridge, cal.progress)
     return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)

@@ -119,7 +119,7 @@ class ToastConfig:
     translator: str = "affine"
     fit: Literal["independent", "sequential"] = "independent"
     metric: str = "linear"
-    estimator: Literal["cv", "gcv", "in_sample"] = "cv"
+    estimator: Literal["auto", "cv", "gcv", "in_sample"] = "auto"
     folds: int = 5
     tokens: Tokens = "all"
     ridge: float | None = None
@@ -145,7 +145,7 @@ class ToastConfig:
         "translator": [Options(CLOSED_FORM + TRAINED)],
         "fit": [Options(("independent", "sequential"))],
         "metric": [Options(METRICS)],
-        "estimator": [Options(("cv", "gcv", "in_sample"))],
+        "estimator": [Options(("auto", "cv", "gcv", "in_sample"))],
         "folds": [Interval(int, 2, None)],
         "tokens": [Options(TOKENS)],
         "ridge": [Interval(float, 0, None), None],
