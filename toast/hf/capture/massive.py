@@ -69,7 +69,7 @@ class MassiveRows:
             self.states = np.concatenate([self.states, picked])
             self.flags = np.concatenate([self.flags, new_flags])
 
-    def all_gather(self, ranks: Any) -> None:
+    def reduce_over(self, ranks: Any) -> None:
         """Every rank's recorded rows, in rank order (collective; after a pass
         sharded over ``ranks``, :class:`toast.hf.capture.distributed.Ranks`):
         the rows are flagged batch by batch, so the union is what one

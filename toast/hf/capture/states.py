@@ -34,6 +34,7 @@ __all__ = [
     "TOKENS",
     "ForwardError",
     "MomentsSink",
+    "Observers",
     "RowNumbers",
     "Tokens",
     "capture_moments",
@@ -349,6 +350,25 @@ def _input_shape(args: tuple, kwargs: dict) -> tuple:
     return ()
 
 
+class Observers:
+    """Several ``observe(rows, mask)`` callables as one, each seeing every
+    batch; :meth:`reduce_over` combines each one's statistic over the ranks
+    of a sharded pass (those that define ``reduce_over``)."""
+
+    def __init__(self, *observers: Callable[[list[torch.Tensor], torch.Tensor | None], Any]):
+        self.observers = [o for o in observers if o is not None]
+
+    def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> None:
+        for observe in self.observers:
+            observe(rows, mask)
+
+    def reduce_over(self, ranks: Any) -> None:
+        for observe in self.observers:
+            reduce = getattr(observe, "reduce_over", None)
+            if callable(reduce):
+                reduce(ranks)
+
+
 class RowNumbers:
     """The number one process would give the first row of the batch a
     sharded pass consumes (:attr:`first_row`): the rows of every batch
@@ -522,7 +542,8 @@ def capture_moments(
     moments (to rounding). With ``shard=False`` each rank passes its own
     shard instead, used whole, its rows dealt to folds by its own counter
     (a valid K-fold split, not one process's). ``observe`` may define
-    ``all_gather(ranks)``, called after a sharded pass.
+    ``reduce_over(ranks)``, called after a sharded pass to combine what
+    every rank observed (:class:`Observers` joins several).
 
     ``observe(rows, mask)``, when given, sees every batch the moments see
     (e.g. :class:`toast.hf.capture.massive.MassiveRows`).
@@ -549,9 +570,9 @@ def capture_moments(
         model, loader, consume, cal, stack=stack, states=states, tokens=tokens,
         shard=True, numbers=sink.numbers,
     )  # fmt: skip
-    gather = getattr(observe, "all_gather", None)
-    if ranks is not None and callable(gather):  # e.g. MassiveRows: every rank's rows
-        gather(ranks)
+    reduce = getattr(observe, "reduce_over", None)
+    if ranks is not None and callable(reduce):  # e.g. MassiveRows: every rank's rows
+        reduce(ranks)
     num_states = stack.num_blocks + 1 if states is None else len(states)
     return sink.result(num_states, cal), stack
 

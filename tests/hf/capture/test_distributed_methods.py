@@ -1,0 +1,193 @@
+"""Every method under torch.distributed equals one process (gloo on loopback).
+
+Two worker processes are given the same data; toast shards the calibration
+and held-out batches over them (batch k on rank k % 2) and reduces every
+sum in float64. Each worker writes the model a method returns; the test
+compares it with the same call in this process: every weight equal to
+1e-6 (relative), the same blocks removed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import toast
+from tests._helpers import assert_rel
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+transformers = pytest.importorskip("transformers")
+if not dist.is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+pytestmark = pytest.mark.hf
+
+REPO_ROOT = str(Path(__file__).resolve().parents[3])
+
+# What each case runs, in a worker and here alike: ``model, data, heldout``
+# in scope; it leaves the compressed model in ``out``.
+SETUP = textwrap.dedent(
+    """
+    import torch, toast
+    from tests._helpers import replaceme_models as rm
+
+    torch.set_num_threads(1)
+    FORWARDS = [0]  # the model's forwards (calibration, held-out and the rest)
+
+    def _count(module, args):
+        FORWARDS[0] += type(module).__name__ == "LlamaForCausalLM"
+
+    torch.nn.modules.module.register_module_forward_pre_hook(_count)
+
+    def decoder():
+        return rm.decoder("llama")
+
+    # 7 calibration batches of uneven lengths (padding, masks), 3 held out
+    data = rm.text_loader(n=28, batch_size=4, seed=1)
+    heldout = rm.text_loader(n=12, batch_size=4, seed=2)
+
+    def run(case):
+        FORWARDS[0] = 0
+        if case == "toast":  # the defaults: cv folds, a held-out check batch, massive rows
+            model, _ = toast.compress(decoder(), data, budget=2, progress=False)
+        elif case == "toast_heldout":  # measured quality in the report too
+            model, report = toast.compress(decoder(), data, budget=2, heldout=heldout,
+                                           progress=False)
+            return model, report.quality.metrics
+        elif case == "replaceme":  # measured cut among candidates, checked, placement auto
+            model, _ = toast.compress(decoder(), data, method="replaceme", num_blocks=2,
+                                      progress=False)
+        elif case == "linearpatch":
+            model, _ = toast.compress(decoder(), data, method="linearpatch", num_blocks=2,
+                                      progress=False)
+        elif case == "search":
+            result = toast.search(decoder(), data, heldout, target=0.25, max_measured=3,
+                                  latency=False, cache=False, progress=False)
+            model = result.model
+        else:
+            raise ValueError(case)
+        return model, {}
+    """
+)
+
+WORKER = SETUP + textwrap.dedent(
+    """
+    import datetime, sys
+    import numpy as np
+    import torch.distributed as dist
+
+    out, rank, world = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    cases = sys.argv[5].split(",")
+    dist.init_process_group(
+        "gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    for case in cases:
+        model, metrics = run(case)
+        arrays = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+        for k, v in metrics.get("compressed", {}).items():
+            arrays[f"metric/{k}"] = np.array(v)
+        arrays["forwards"] = np.array(FORWARDS[0])
+        np.savez(f"{out}/{case}.rank{rank}.npz", **arrays)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _run_workers(tmp_path: Path, cases: list[str], world: int = 2) -> None:
+    script = tmp_path / "worker.py"
+    script.write_text(f"import sys; sys.path.insert(0, sys.argv[1])\n{WORKER}")
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env.pop("RANK", None)  # a rendezvous of its own
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                REPO_ROOT,
+                str(tmp_path),
+                str(r),
+                str(world),
+                ",".join(cases),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for r in range(world)
+    ]
+    outputs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=300)
+            outputs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for r, (p, out) in enumerate(zip(procs, outputs, strict=True)):
+        assert p.returncode == 0, f"rank {r} failed:\n{out}"
+
+
+_NAMESPACE: dict = {}
+
+
+def _single(case: str):
+    if not _NAMESPACE:  # the very code the workers run
+        exec(compile(SETUP, "setup", "exec"), _NAMESPACE)
+    model, metrics = _NAMESPACE["run"](case)
+    return model, metrics, _NAMESPACE["FORWARDS"][0]
+
+
+def assert_same_model(ranks: list[dict], model: torch.nn.Module, what: str) -> None:
+    """Every rank's weights equal the one-process model's (1e-6 relative):
+    the same tensors (the same blocks removed and replaced), the same values."""
+    expected = {k: v.detach().double().numpy() for k, v in model.state_dict().items()}
+    for rank, got in enumerate(ranks):
+        weights = {k: v for k, v in got.items() if k != "forwards" and not k.startswith("metric/")}
+        assert sorted(weights) == sorted(expected), f"{what}: rank {rank} has other tensors"
+        for name, value in expected.items():
+            assert weights[name].shape == value.shape, (what, rank, name)
+            assert_rel(weights[name], value, 1e-6, f"{what}: rank {rank} {name}")
+
+
+CASES = ["toast", "toast_heldout", "replaceme", "linearpatch", "search"]
+
+
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dist_methods")
+    _run_workers(tmp, CASES)
+    return {case: [dict(np.load(tmp / f"{case}.rank{r}.npz")) for r in range(2)] for case in CASES}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_two_ranks_write_the_model_of_one_process(worker_results, case):
+    ranks = worker_results[case]
+    model, metrics, forwards = _single(case)
+    assert model is not None
+    assert_same_model(ranks, model, case)
+    # sharded: each rank ran fewer forwards than one process, together at least as many
+    counts = [int(r["forwards"]) for r in ranks]
+    assert all(c < forwards for c in counts) and sum(counts) >= forwards, (counts, forwards)
+    for name, value in metrics.get("compressed", {}).items():  # held-out figures reduced
+        for got in ranks:
+            assert_rel(got[f"metric/{name}"], np.array(value), 1e-9, name)
+
+
+def test_shards_are_what_one_process_forwards():
+    from toast.hf.capture.distributed import Ranks, owned_batches
+
+    batches = list(range(7))
+    shards = [list(owned_batches(batches, Ranks(r, 3))) for r in range(3)]
+    assert shards == [[0, 3, 6], [1, 4], [2, 5]]
+    assert list(owned_batches(batches, None)) == batches
+    assert toast.Calibration().shard is True
