@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from toast._validation import Interval, Options, Predicate, check
+from toast.hf.capture.distributed import broadcast_object, ranks_of
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
 from toast.hf.data.progress import progress_bar
@@ -230,6 +231,12 @@ def _prepare(
     kind = "loaded" if opened.disk is None else "disk"
     objective.check(opened.model, next(iter(heldout)), kind, tokenizer)
     folder = default_cache_dir() if cache is True else None if cache is False else cache
+    notes = []
+    if folder is not None and ranks_of(calibration) is not None:
+        # ranks reading and writing one cache could see different entries (one
+        # skips a pass the other runs, and the collectives hang): none is used
+        folder = None
+        notes.append("cache not used under torch.distributed: every rank calibrates")
     settings = (
         calibration.max_samples,
         calibration.max_batches,
@@ -242,7 +249,6 @@ def _prepare(
         computed_in(opened, calibration),
     )
     key = combine(opened.fingerprint, fingerprint_batches(data), settings)
-    notes = []
     if opened.disk is not None:
         latency = False
         notes.append(
@@ -488,7 +494,10 @@ def _out_of_time(run: _Run, spent: list[float]) -> bool:
     if run.max_seconds is None or not spent:
         return False
     elapsed = time.perf_counter() - run.started
-    return elapsed + sum(spent) / len(spent) > run.max_seconds
+    late = elapsed + sum(spent) / len(spent) > run.max_seconds
+    ranks = ranks_of(run.calibration)
+    # each process has its own clock: rank 0's decides for all, so all stop together
+    return late if ranks is None else bool(broadcast_object(late, ranks))
 
 
 def _result(

@@ -191,3 +191,58 @@ def test_shards_are_what_one_process_forwards():
     assert shards == [[0, 3, 6], [1, 4], [2, 5]]
     assert list(owned_batches(batches, None)) == batches
     assert toast.Calibration().shard is True
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tensors(folder: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    found: dict[str, np.ndarray] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        found.update(load_file(str(path)))
+    return found
+
+
+@pytest.mark.parametrize("method", ["toast", "replaceme"])
+def test_torchrun_compress_writes_the_folder_of_one_process(tmp_path, method):
+    from tests._helpers import replaceme_models as rm
+    from tests._helpers.tokenizers import char_tokenizer
+    from toast.cli import main
+
+    letters = "abcdefghijklmnopqrstuvwxyz "
+    folder = tmp_path / "llama"
+    rm.decoder("llama").save_pretrained(folder)
+    char_tokenizer(letters).save_pretrained(folder)
+    g = np.random.default_rng(0)
+    lines = ["".join(g.choice(list(letters), size=g.integers(8, 30))) for _ in range(28)]
+    (tmp_path / "data.txt").write_text("\n".join(lines) + "\n")
+    size = ["--budget", "2"] if method == "toast" else ["--num-blocks", "2"]
+    argv = ["compress", str(folder), "--method", method, "--data", str(tmp_path / "data.txt"),
+            *size, "--batch-size", "4", "--max-length", "32", "--no-progress"]  # fmt: skip
+
+    torch.set_num_threads(1)
+    assert main([*argv, "--out", str(tmp_path / "one")]) == 0
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        env.pop(name, None)
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+              "--master-addr", "127.0.0.1", "--master-port", str(_free_port())]  # fmt: skip
+    done = subprocess.run(
+        [*launch, "-m", "toast", *argv, "--out", str(tmp_path / "two")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("saved to") == 1, "rank 0 alone reports"
+    one, two = _tensors(tmp_path / "one"), _tensors(tmp_path / "two")
+    assert sorted(one) == sorted(two), "the same tensors: the same blocks removed"
+    for name, value in one.items():
+        assert_rel(two[name].astype(np.float64), value.astype(np.float64), 1e-6, name)
+    assert (tmp_path / "two" / "report.md").is_file()
+    assert not list(tmp_path.glob("two*.tmp*")), "no other rank's folder left"
