@@ -67,9 +67,10 @@ SETUP = textwrap.dedent(
         elif case == "linearpatch":
             model, _ = toast.compress(decoder(), data, method="linearpatch", num_blocks=2,
                                       progress=False)
-        elif case == "search":
+        elif case in ("search", "search_latency"):  # timings: rank 0's for every rank
             result = toast.search(decoder(), data, heldout, target=0.25, max_measured=3,
-                                  latency=False, cache=False, progress=False)
+                                  latency=case == "search_latency", cache=False,
+                                  progress=False)
             model = result.model
         else:
             raise ValueError(case)
@@ -159,7 +160,7 @@ def assert_same_model(ranks: list[dict], model: torch.nn.Module, what: str) -> N
             assert_rel(weights[name], value, 1e-6, f"{what}: rank {rank} {name}")
 
 
-CASES = ["toast", "toast_heldout", "replaceme", "linearpatch", "search"]
+CASES = ["toast", "toast_heldout", "replaceme", "linearpatch", "search", "search_latency"]
 
 
 @pytest.fixture(scope="module")
