@@ -230,13 +230,8 @@ def _prepare(
     tokenizer = text.get("tokenizer") or getattr(data, "tokenizer", None)
     kind = "loaded" if opened.disk is None else "disk"
     objective.check(opened.model, next(iter(heldout)), kind, tokenizer)
-    folder = default_cache_dir() if cache is True else None if cache is False else cache
-    notes = []
-    if folder is not None and ranks_of(calibration) is not None:
-        # ranks reading and writing one cache could see different entries (one
-        # skips a pass the other runs, and the collectives hang): none is used
-        folder = None
-        notes.append("cache not used under torch.distributed: every rank calibrates")
+    notes: list[str] = []
+    folder = _cache_folder(cache, calibration, notes)
     settings = (
         calibration.max_samples,
         calibration.max_batches,
@@ -275,6 +270,19 @@ def _prepare(
         statistics_bytes=opened.statistics_bytes,
         written=opened.written,
     )
+
+
+def _cache_folder(
+    cache: bool | str | os.PathLike, calibration: Calibration, notes: list[str]
+) -> str | os.PathLike | None:
+    """The cache's folder (None: no cache). None under torch.distributed:
+    ranks reading and writing one cache could see different entries (one
+    skipping a pass the other runs, and the collectives hang)."""
+    folder = default_cache_dir() if cache is True else None if cache is False else cache
+    if folder is not None and ranks_of(calibration) is not None:
+        notes.append("cache not used under torch.distributed: every rank calibrates")
+        return None
+    return folder
 
 
 def _check_methods(methods: Sequence[str] | None) -> tuple[str, ...] | None:

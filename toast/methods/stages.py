@@ -233,8 +233,9 @@ def capture_shared(
     ``statistics_bytes`` the rows wait on disk, see :class:`Shared`).
     ``observe(rows, mask)`` sees every batch's states too (another
     statistic formed in the same pass)."""
+    from toast.hf.capture.distributed import Observers
     from toast.hf.capture.massive import MassiveRows
-    from toast.hf.capture.states import Observers, capture_moments
+    from toast.hf.capture.states import capture_moments
 
     recorder = MassiveRows()
     # one object, so that a sharded pass combines both statistics over the ranks

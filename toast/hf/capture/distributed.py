@@ -48,7 +48,7 @@ Notes:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from toast.hf.data.calibration import Calibration
 
 __all__ = [
+    "Observers",
     "Ranks",
     "all_gather_rows",
     "all_reduce_moments",
@@ -301,3 +302,22 @@ def broadcast_object(value: Any, ranks: Ranks, src: int = 0) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=src, group=ranks.group)
     return box[0]
+
+
+class Observers:
+    """Several ``observe(rows, mask)`` callables as one, each seeing every
+    batch; :meth:`reduce_over` combines each one's statistic over the ranks
+    of a sharded pass (those that define ``reduce_over``)."""
+
+    def __init__(self, *observers: Callable[[list[Any], Any], Any] | None) -> None:
+        self.observers = [o for o in observers if o is not None]
+
+    def __call__(self, rows: list[Any], mask: Any) -> None:
+        for observe in self.observers:
+            observe(rows, mask)
+
+    def reduce_over(self, ranks: Any) -> None:
+        for observe in self.observers:
+            reduce = getattr(observe, "reduce_over", None)
+            if callable(reduce):
+                reduce(ranks)

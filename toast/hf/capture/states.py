@@ -13,7 +13,7 @@ import inspect
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -34,7 +34,6 @@ __all__ = [
     "TOKENS",
     "ForwardError",
     "MomentsSink",
-    "Observers",
     "RowNumbers",
     "Tokens",
     "capture_moments",
@@ -350,25 +349,6 @@ def _input_shape(args: tuple, kwargs: dict) -> tuple:
     return ()
 
 
-class Observers:
-    """Several ``observe(rows, mask)`` callables as one, each seeing every
-    batch; :meth:`reduce_over` combines each one's statistic over the ranks
-    of a sharded pass (those that define ``reduce_over``)."""
-
-    def __init__(self, *observers: Callable[[list[torch.Tensor], torch.Tensor | None], Any]):
-        self.observers = [o for o in observers if o is not None]
-
-    def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> None:
-        for observe in self.observers:
-            observe(rows, mask)
-
-    def reduce_over(self, ranks: Any) -> None:
-        for observe in self.observers:
-            reduce = getattr(observe, "reduce_over", None)
-            if callable(reduce):
-                reduce(ranks)
-
-
 class RowNumbers:
     """The number one process would give the first row of the batch a
     sharded pass consumes (:attr:`first_row`): the rows of every batch
@@ -543,7 +523,8 @@ def capture_moments(
     shard instead, used whole, its rows dealt to folds by its own counter
     (a valid K-fold split, not one process's). ``observe`` may define
     ``reduce_over(ranks)``, called after a sharded pass to combine what
-    every rank observed (:class:`Observers` joins several).
+    every rank observed (:class:`toast.hf.capture.distributed.Observers`
+    joins several).
 
     ``observe(rows, mask)``, when given, sees every batch the moments see
     (e.g. :class:`toast.hf.capture.massive.MassiveRows`).
@@ -665,10 +646,11 @@ def _update(
     first_row: int | None = None,
 ) -> None:
     try:
-        if first_row is None or isinstance(moments, ChunkedMoments):
+        if isinstance(moments, TorchMoments):  # first_row None: its own counter
+            # cast: mypy keeps a Moments subclass in the narrowed union
+            cast(TorchMoments, moments).update(states, mask=mask, first_row=first_row)
+        elif first_row is None or isinstance(moments, ChunkedMoments):
             moments.update(states, mask=mask)
-        elif isinstance(moments, TorchMoments):
-            moments.update(states, mask=mask, first_row=first_row)
         else:
             moments.update(states, mask=mask, fold=_fold_ids(states[0], mask, first_row, moments))
     except NonFiniteError as exc:

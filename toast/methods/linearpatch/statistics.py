@@ -111,7 +111,7 @@ class _Accumulator:
             mine = np.zeros((0, self.cosines.shape[0], round(dim / has)))
         self.magnitudes = [all_gather_rows(mine, ranks)]
         total = all_reduce_sums(np.append(self.cosines.ravel(), self.rows), ranks)
-        self.cosines = total[:-1].reshape(self.cosines.shape)
+        self.cosines[...] = total[:-1].reshape(self.cosines.shape)
         self.rows = int(total[-1])
 
 
