@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from toast.cli.checks import (
     check_tokenizer_files,
     staged_output,
 )
+from toast.cli.launch import is_writer, launched_group
 from toast.cli.options import (
     EXIT_STATUSES,
     HELDOUT_HELP,
@@ -181,8 +183,9 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return config(**values, calibration=calibration)
 
 
-def _check(args: argparse.Namespace) -> Path:
-    """Every argument, path and the output folder, before anything loads."""
+def _check(args: argparse.Namespace, writer: bool = True) -> Path:
+    """Every argument, path and the output folder (``writer``: this process
+    writes it), before anything loads."""
     from toast.methods import get_method
 
     model = check_model_path(args.model)
@@ -202,7 +205,7 @@ def _check(args: argparse.Namespace) -> Path:
             f"--path disk needs a Hugging Face checkpoint folder with safetensors weights; "
             f"{model} is not one (a toast save, a .gguf file, pickled weights): use --path memory"
         )
-    return check_out(args.out, args.overwrite)
+    return check_out(args.out, args.overwrite) if writer else Path(args.out)
 
 
 def _is_checkpoint_folder(folder: Path) -> bool:
@@ -234,8 +237,19 @@ def _device(device: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs ``toast compress``; returns the exit status (errors reach :func:`toast.cli.main`)."""
-    out = _check(args)
+    """Runs ``toast compress``; returns the exit status (errors reach
+    :func:`toast.cli.main`). Under torchrun every rank compresses, each
+    forwarding its share of the batches, and rank 0 writes
+    (:mod:`toast.cli.launch`)."""
+    with launched_group(_device(args.device)):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    writer = is_writer()
+    if not writer:  # rank 0 reports for all
+        args.no_progress = args.quiet = True
+    out = _check(args, writer)
     quiet_libraries(progress=not args.no_progress, quiet=args.quiet)
     from toast.methods import compress
 
@@ -246,15 +260,24 @@ def run(args: argparse.Namespace) -> int:
 
         read = {"batch_size": args.batch_size, "max_length": args.max_length}
         heldout = load_batches(args.model, args.heldout, **read)
-    with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
-        warnings.simplefilter("always")
-        stage.rmdir()  # toast.compress makes the folder itself, whole or not at all
-        report = compress(
-            Path(args.model), data, method=args.method, output=stage, config=args.config,
+
+    def compressed(output: Path) -> Any:
+        return compress(
+            Path(args.model), data, method=args.method, output=output, config=args.config,
             max_memory=args.max_memory, sequential=forced_path(args), heldout=heldout,
             device=_device(args.device), dtype=None if args.dtype == "auto" else args.dtype,
             **text,
         )  # fmt: skip
+
+    if not writer:  # the same run, its folder (rank 0's twin) thrown away
+        with warnings.catch_warnings(), tempfile.TemporaryDirectory(prefix="toast-") as tmp:
+            warnings.simplefilter("ignore")
+            compressed(Path(tmp) / "model")
+        return 0
+    with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
+        warnings.simplefilter("always")
+        stage.rmdir()  # toast.compress makes the folder itself, whole or not at all
+        report = compressed(stage)
         summary = report.to_markdown()
         _write_extras(report, summary, args.config, stage)
     report_warnings(caught, quiet=args.quiet)

@@ -20,6 +20,7 @@ from toast.cli.checks import (
     check_tokenizer_files,
     staged_output,
 )
+from toast.cli.launch import is_writer, launched_group
 from toast.cli.options import (
     EXIT_STATUSES,
     HELDOUT_HELP,
@@ -80,8 +81,9 @@ def add_parser(sub: Any) -> None:
     add_calibration_arguments(p, max_samples=256, blocks_flag=True)
 
 
-def _check(args: argparse.Namespace) -> Path:
-    """Every argument and path before anything loads."""
+def _check(args: argparse.Namespace, writer: bool = True) -> Path | None:
+    """Every argument and path before anything loads; the output folder
+    where this process writes it (``writer``), else None."""
     from toast.frontier.objective import Objective
     from toast.frontier.target import Target
     from toast.hf.capture.budget import parse_size
@@ -106,7 +108,7 @@ def _check(args: argparse.Namespace) -> Path:
         parse_size(args.max_memory)  # a bad size fails before anything loads
     if not args.no_cache:
         cache_limit()  # a bad $TOAST_CACHE_LIMIT too
-    return check_out(args.out, args.overwrite)
+    return check_out(args.out, args.overwrite) if writer else None
 
 
 def _task_options(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -118,8 +120,18 @@ def _task_options(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Runs ``toast search``; returns the exit status."""
-    out = _check(args)
+    """Runs ``toast search``; returns the exit status. Under torchrun every
+    rank searches, each forwarding its share of the calibration and
+    held-out batches, and rank 0 writes (:mod:`toast.cli.launch`)."""
+    with launched_group(getattr(args, "device", None)):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    writer = is_writer()
+    if not writer:  # rank 0 reports for all
+        args.no_progress = args.quiet = True
+    out = _check(args, writer)
     quiet_libraries(progress=not args.no_progress, quiet=args.quiet)
     import toast
     from toast.io.local import load_batches
@@ -131,9 +143,9 @@ def run(args: argparse.Namespace) -> int:
         heldout = load_batches(args.model, heldout, **read)
     cache = False if args.no_cache else (args.cache or True)
     calibration = calibration_from_args(args)
-    with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
-        warnings.simplefilter("always")
-        result = toast.search(
+
+    def searched() -> Any:
+        return toast.search(
             Path(args.model),  # loaded, or searched from disk, as --max-memory allows
             data,
             heldout,
@@ -149,6 +161,15 @@ def run(args: argparse.Namespace) -> int:
             objective=args.objective,
             methods=args.methods,
         )
+
+    if out is None:  # another rank: the same search, nothing written
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            searched()
+        return 0
+    with warnings.catch_warnings(record=True) as caught, staged_output(out) as stage:
+        warnings.simplefilter("always")
+        result = searched()
         result.save(stage)
     report_warnings(caught, quiet=args.quiet)
     print(result.to_markdown())

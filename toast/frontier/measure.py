@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from toast.hf.capture.distributed import broadcast_object
 from toast.hf.evaluate.quality import Evaluator
 from toast.hf.model.params import count_params
 from toast.linear_macs import linear_macs
@@ -128,6 +129,10 @@ def measure(
     if latency:
         with timed(times, f"{label}: latency"):
             throughput = paired_throughput(model, reference, example, rounds)
+        if evaluator.ranks is not None:
+            # timings differ between processes: rank 0's, so that every rank
+            # ranks the candidates (a latency target, the front) alike
+            throughput = broadcast_object(throughput, evaluator.ranks)
     if macs is None:
         with timed(times, f"{label}: MACs"):
             macs = linear_macs(model, example)

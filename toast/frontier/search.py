@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from toast._validation import Interval, Options, Predicate, check
+from toast.hf.capture.distributed import broadcast_object, ranks_of
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
 from toast.hf.data.progress import progress_bar
@@ -229,7 +230,8 @@ def _prepare(
     tokenizer = text.get("tokenizer") or getattr(data, "tokenizer", None)
     kind = "loaded" if opened.disk is None else "disk"
     objective.check(opened.model, next(iter(heldout)), kind, tokenizer)
-    folder = default_cache_dir() if cache is True else None if cache is False else cache
+    notes: list[str] = []
+    folder = _cache_folder(cache, calibration, notes)
     settings = (
         calibration.max_samples,
         calibration.max_batches,
@@ -242,7 +244,6 @@ def _prepare(
         computed_in(opened, calibration),
     )
     key = combine(opened.fingerprint, fingerprint_batches(data), settings)
-    notes = []
     if opened.disk is not None:
         latency = False
         notes.append(
@@ -269,6 +270,19 @@ def _prepare(
         statistics_bytes=opened.statistics_bytes,
         written=opened.written,
     )
+
+
+def _cache_folder(
+    cache: bool | str | os.PathLike, calibration: Calibration, notes: list[str]
+) -> str | os.PathLike | None:
+    """The cache's folder (None: no cache). None under torch.distributed:
+    ranks reading and writing one cache could see different entries (one
+    skipping a pass the other runs, and the collectives hang)."""
+    folder = default_cache_dir() if cache is True else None if cache is False else cache
+    if folder is not None and ranks_of(calibration) is not None:
+        notes.append("cache not used under torch.distributed: every rank calibrates")
+        return None
+    return folder
 
 
 def _check_methods(methods: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -488,7 +502,10 @@ def _out_of_time(run: _Run, spent: list[float]) -> bool:
     if run.max_seconds is None or not spent:
         return False
     elapsed = time.perf_counter() - run.started
-    return elapsed + sum(spent) / len(spent) > run.max_seconds
+    late = elapsed + sum(spent) / len(spent) > run.max_seconds
+    ranks = ranks_of(run.calibration)
+    # each process has its own clock: rank 0's decides for all, so all stop together
+    return late if ranks is None else bool(broadcast_object(late, ranks))
 
 
 def _result(

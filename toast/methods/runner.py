@@ -119,6 +119,7 @@ def _run_measured(
         heldout,
         progress=getattr(calibration, "progress", True),
         compute=getattr(calibration, "compute_dtype", "auto"),
+        calibration=calibration,  # its process group shards the held-out batches
     )
     original = evaluator.measure(model, "original")  # first: the reference of the fidelity
     metrics = {"original": evaluator.last}

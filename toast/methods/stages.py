@@ -233,15 +233,13 @@ def capture_shared(
     ``statistics_bytes`` the rows wait on disk, see :class:`Shared`).
     ``observe(rows, mask)`` sees every batch's states too (another
     statistic formed in the same pass)."""
+    from toast.hf.capture.distributed import Observers
     from toast.hf.capture.massive import MassiveRows
     from toast.hf.capture.states import capture_moments
 
     recorder = MassiveRows()
-
-    def seen(rows: list[torch.Tensor], mask: torch.Tensor | None) -> None:
-        recorder(rows, mask)
-        if observe is not None:
-            observe(rows, mask)
+    # one object, so that a sharded pass combines both statistics over the ranks
+    seen = Observers(recorder, observe)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -179,23 +179,29 @@ HF_WORKER = textwrap.dedent(
         "gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world,
         timeout=datetime.timedelta(seconds=60),
     )
-    images = hf_models.images(16, seed=1)
-    shard = [images[rank::world][k:k + 4] for k in range(0, 16 // world, 4)]
+    images = hf_models.images(20, seed=1)
+    # every rank passes the same data: toast forwards batches k % world == rank
+    whole = [images[k:k + 4] for k in range(0, 20, 4)]
     result = {}
     model = hf_models.build(hf_models.FAMILIES[0])
-    for estimator in ("gcv", "in_sample"):
-        result[estimator] = toast.analyze(model, shard, estimator=estimator, progress=False).errors
+    for estimator in ("cv", "gcv", "in_sample"):
+        result[estimator] = toast.analyze(model, whole, estimator=estimator, progress=False).errors
     for fit in ("independent", "sequential"):
-        m, _ = toast.compress(hf_models.build(hf_models.FAMILIES[0]), shard, spans=[(1, 2), (3, 4)],
+        m, _ = toast.compress(hf_models.build(hf_models.FAMILIES[0]), whole, spans=[(1, 2), (3, 4)],
                               estimator="gcv", fit=fit, check_fraction=0, progress=False)
         result[fit] = toast.hf.find_blocks(m).blocks[3].translator.weight.detach().numpy()
-    m, _ = toast.compress(hf_models.build(hf_models.FAMILIES[0]), shard, spans=[(1, 3)],
+    # the default check: the held-out batch is measured on the rank that owns it
+    m, _ = toast.compress(hf_models.build(hf_models.FAMILIES[0]), whole, budget=2, progress=False)
+    for name, p in m.state_dict().items():
+        result["checked/" + name] = p.detach().numpy()
+    m, _ = toast.compress(hf_models.build(hf_models.FAMILIES[0]), whole, spans=[(1, 3)],
                           estimator="gcv", translator="mlp", train_steps=3, check_fraction=0,
                           progress=False)
     result["mlp"] = toast.hf.find_blocks(m).blocks[1].translator.net[0].weight.detach().numpy()
-    # a rank whose shard is empty still joins the collective
-    mine = [] if rank == 1 else shard
-    result["uneven"] = toast.analyze(model, mine, estimator="gcv", progress=False).errors
+    # shard=False: each rank passes its own shard (one of them empty), used whole
+    mine = [] if rank == 1 else whole[0::2]
+    result["uneven"] = toast.analyze(model, mine, estimator="gcv", shard=False,
+                                     progress=False).errors
     np.savez(f"{out}/rank{rank}.npz", **result)
     dist.destroy_process_group()
     """
@@ -211,22 +217,42 @@ def test_analyze_and_compress_agree_across_ranks_and_with_one_process(tmp_path):
 
     torch.set_num_threads(1)
     model = hf_models.build(hf_models.FAMILIES[0])
-    images = hf_models.images(16, seed=1)
-    whole = [images[k : k + 4] for k in range(0, 16, 4)]
+    images = hf_models.images(20, seed=1)
+    whole = [images[k : k + 4] for k in range(0, 20, 4)]
     iu = np.triu_indices(hf_models.LAYERS + 1, 1)
-    for estimator in ("gcv", "in_sample"):
+    # cv too: the folds are dealt by one process's row numbers
+    for estimator in ("cv", "gcv", "in_sample"):
         single = toast.analyze(model, whole, estimator=estimator, progress=False).errors
-        assert_rel(ranks[0][estimator][iu], single[iu], 1e-12, estimator)
-    half = [images[0::2][k : k + 4] for k in range(0, 8, 4)]
-    single = toast.analyze(model, half, estimator="gcv", progress=False).errors
-    assert_rel(ranks[0]["uneven"][iu], single[iu], 1e-12, "one empty shard")
+        assert_rel(ranks[0][estimator][iu], single[iu], 1e-10, estimator)
+    single = toast.analyze(model, whole[0::2], estimator="gcv", progress=False).errors
+    assert_rel(ranks[0]["uneven"][iu], single[iu], 1e-12, "shard=False, one empty shard")
+    for fit in ("independent", "sequential"):
+        m, _ = toast.compress(
+            hf_models.build(hf_models.FAMILIES[0]),
+            whole,
+            spans=[(1, 2), (3, 4)],
+            estimator="gcv",
+            fit=fit,
+            check_fraction=0,
+            progress=False,
+        )
+        expected = toast.hf.find_blocks(m).blocks[3].translator.weight.detach().numpy()
+        assert_rel(ranks[0][fit], expected, 1e-6, fit)
+    m, _ = toast.compress(hf_models.build(hf_models.FAMILIES[0]), whole, budget=2, progress=False)
+    state = m.state_dict()
+    got = {k.removeprefix("checked/"): v for k, v in ranks[0].items() if k.startswith("checked/")}
+    assert sorted(got) == sorted(state), "the same blocks removed and replaced"
+    for name, p in state.items():
+        assert_rel(got[name], p.detach().numpy(), 1e-6, name)
     m, _ = toast.compress(
         hf_models.build(hf_models.FAMILIES[0]),
         whole,
-        spans=[(1, 2), (3, 4)],
+        spans=[(1, 3)],
         estimator="gcv",
-        check_fraction=0,  # every batch fits, as on the ranks
+        translator="mlp",
+        train_steps=3,
+        check_fraction=0,
         progress=False,
     )
-    expected = toast.hf.find_blocks(m).blocks[3].translator.weight.detach().numpy()
-    assert_rel(ranks[0]["independent"], expected, 1e-5, "translator")
+    expected = toast.hf.find_blocks(m).blocks[1].translator.net[0].weight.detach().numpy()
+    assert_rel(ranks[0]["mlp"], expected, 1e-6, "mlp: every rank samples every row")

@@ -48,14 +48,28 @@ Notes:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from toast import _core
 from toast.core.moments import PRECISIONS
 
-__all__ = ["all_reduce_moments"]
+if TYPE_CHECKING:
+    from toast.hf.data.calibration import Calibration
+
+__all__ = [
+    "Observers",
+    "Ranks",
+    "all_gather_rows",
+    "all_reduce_moments",
+    "all_reduce_sums",
+    "broadcast_object",
+    "owned_batches",
+    "ranks_of",
+]
 
 # Layout fields that must agree on every rank, in the order they are gathered
 # (the layout's, then what the moments form: precision, row statistics, sources).
@@ -189,3 +203,121 @@ def broadcast_module(module: Any, group: Any = None, src: int = 0) -> Any:
         with __import__("torch").no_grad():
             tensor.copy_(staged.to(tensor.device))
     return module
+
+
+# -- sharding a pass over ranks ----------------------------------------------
+#
+# The one rule every sharded pass follows (calibration passes through
+# toast.hf.capture.states.stream_states, held-out passes through
+# toast.hf.evaluate.quality.Evaluator): every rank is given the same data,
+# makes the same deterministic split a single process makes (held-out
+# fraction, CheckSplit, max_batches / max_samples), and then forwards only
+# the batches ``k`` of that list with ``k % world == rank``. Sums (counts,
+# moments, distance and loss sums) are all_reduced in float64, so that
+# whatever is chosen from them is the same on every rank and equal to one
+# process's choice up to the order of the additions.
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The ranks a pass is sharded over: this process is ``rank`` of
+    ``world`` in ``group`` (None: the default group)."""
+
+    rank: int
+    world: int
+    group: Any = None
+
+    def owns(self, index: int) -> bool:
+        """Whether batch ``index`` (of the list every rank sees) is this rank's."""
+        return index % self.world == self.rank
+
+
+def ranks_of(calibration: Calibration | None = None) -> Ranks | None:
+    """The ranks a pass with ``calibration`` shards over: None for one
+    process (no process group, ``distributed=False``, or a group of one),
+    and for ``shard=False`` (each rank passes its own shard, used whole)."""
+    from toast.hf.data.calibration import Calibration
+
+    cal = calibration if calibration is not None else Calibration()
+    if not cal.is_distributed or not cal.shard:
+        return None
+    import torch.distributed as dist
+
+    world = dist.get_world_size(cal.group)
+    return Ranks(dist.get_rank(cal.group), world, cal.group) if world > 1 else None
+
+
+def owned_batches(batches: Iterable, ranks: Ranks | None) -> Iterator[Any]:
+    """The batches of ``batches`` that are this rank's (all of them without ``ranks``)."""
+    for index, batch in enumerate(batches):
+        if ranks is None or ranks.owns(index):
+            yield batch
+
+
+def all_reduce_sums(values: Any, ranks: Ranks) -> np.ndarray:
+    """``values`` (numbers or an array) summed over the ranks in float64;
+    collective. Counts travel exactly up to 2**53."""
+    import torch
+    import torch.distributed as dist
+
+    buf = np.ascontiguousarray(np.asarray(values, dtype=np.float64))
+    device = _device_for(dist, ranks.group)
+    tensor = torch.from_numpy(buf.copy()).to(device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=ranks.group)
+    return tensor.cpu().numpy().reshape(buf.shape)
+
+
+def all_gather_rows(array: np.ndarray, ranks: Ranks) -> np.ndarray:
+    """Every rank's ``array`` (the same trailing shape and dtype; any number
+    of rows, none included) concatenated in rank order; collective."""
+    import torch
+    import torch.distributed as dist
+
+    if array.dtype == np.bool_:  # not every backend gathers bools: as bytes
+        return all_gather_rows(array.astype(np.uint8), ranks).astype(np.bool_)
+    device = _device_for(dist, ranks.group)
+    array = np.ascontiguousarray(array)
+    count = torch.tensor([array.shape[0]], dtype=torch.int64, device=device)
+    counts = [torch.empty_like(count) for _ in range(ranks.world)]
+    dist.all_gather(counts, count, group=ranks.group)
+    sizes = [int(c.item()) for c in counts]
+    most = max(sizes)
+    if most == 0:
+        return array[:0]
+    # all_gather needs equal shapes: pad every rank's rows to the most any has
+    padded = np.zeros((most, *array.shape[1:]), dtype=array.dtype)
+    padded[: array.shape[0]] = array
+    mine = torch.from_numpy(padded).to(device)
+    parts = [torch.empty_like(mine) for _ in range(ranks.world)]
+    dist.all_gather(parts, mine, group=ranks.group)
+    return np.concatenate([p.cpu().numpy()[:n] for p, n in zip(parts, sizes, strict=True)])
+
+
+def broadcast_object(value: Any, ranks: Ranks, src: int = 0) -> Any:
+    """Rank ``src``'s ``value`` on every rank (collective; picklable values):
+    for what is measured by the clock (throughput, time left), which
+    differs between processes, so that every rank decides alike."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=src, group=ranks.group)
+    return box[0]
+
+
+class Observers:
+    """Several ``observe(rows, mask)`` callables as one, each seeing every
+    batch; :meth:`reduce_over` combines each one's statistic over the ranks
+    of a sharded pass (those that define ``reduce_over``)."""
+
+    def __init__(self, *observers: Callable[[list[Any], Any], Any] | None) -> None:
+        self.observers = [o for o in observers if o is not None]
+
+    def __call__(self, rows: list[Any], mask: Any) -> None:
+        for observe in self.observers:
+            observe(rows, mask)
+
+    def reduce_over(self, ranks: Any) -> None:
+        for observe in self.observers:
+            reduce = getattr(observe, "reduce_over", None)
+            if callable(reduce):
+                reduce(ranks)

@@ -18,6 +18,7 @@ inputs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -67,6 +68,25 @@ class MassiveRows:
         else:
             self.states = np.concatenate([self.states, picked])
             self.flags = np.concatenate([self.flags, new_flags])
+
+    def reduce_over(self, ranks: Any) -> None:
+        """Every rank's recorded rows, in rank order (collective; after a pass
+        sharded over ``ranks``, :class:`toast.hf.capture.distributed.Ranks`):
+        the rows are flagged batch by batch, so the union is what one
+        process records."""
+        from toast.hf.capture.distributed import all_gather_rows, all_reduce_sums
+
+        # a rank that recorded nothing knows no shape: the others say it
+        mine = [0.0, 0.0, 0.0] if self.flags.size == 0 else [1.0, *self.states.shape[1:]]
+        has, states, dim = all_reduce_sums(mine, ranks)
+        if has == 0:
+            return
+        num_states, dim = round(states / has), round(dim / has)
+        if self.flags.size == 0:
+            self.states = np.zeros((0, num_states, dim))
+            self.flags = np.zeros((0, num_states), dtype=bool)
+        self.states = all_gather_rows(self.states, ranks)
+        self.flags = all_gather_rows(self.flags, ranks)
 
     def of(self, i: int, j: int) -> MassiveRows:
         """The rows of states ``i`` and ``j`` alone (as states 0 and 1), for

@@ -13,7 +13,7 @@ import inspect
 import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -23,7 +23,7 @@ from toast.core import Moments, NonFiniteError, Pairs
 from toast.core.chunked import ChunkedMoments, resolve_bound
 from toast.core.errors import non_finite_error
 from toast.hf.capture.compute import forwards_in
-from toast.hf.capture.distributed import reduce_captured
+from toast.hf.capture.distributed import ranks_of, reduce_captured
 from toast.hf.capture.torch_moments import TorchMoments
 from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens, limited, warn_if_small
 from toast.hf.data.progress import expected_samples, progress_bar
@@ -34,6 +34,7 @@ __all__ = [
     "TOKENS",
     "ForwardError",
     "MomentsSink",
+    "RowNumbers",
     "Tokens",
     "capture_moments",
     "check_materialized",
@@ -308,6 +309,69 @@ def check_states(states: Sequence[int] | None, num_states: int) -> list[int]:
     return chosen
 
 
+class _Skipped:
+    """What a rank keeps of another rank's batch to number the rows after
+    it: its size, its attention mask and the shape of its first input."""
+
+    def __init__(self, size: int, mask: torch.Tensor | None, shape: tuple, ids: int | None):
+        self.size, self.mask, self.shape, self.ids = size, mask, shape, ids
+
+    @classmethod
+    def of(cls, args: tuple, kwargs: dict) -> _Skipped:
+        mask = kwargs.get("attention_mask")
+        mask = mask.detach().bool().cpu() if isinstance(mask, torch.Tensor) else None
+        ids = kwargs.get("input_ids")
+        length = int(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
+        return cls(_batch_size(args, kwargs), mask, _input_shape(args, kwargs), length)
+
+    def rows(self, tokens: str, own_shape: tuple, own_tokens: int) -> int:
+        """The rows this batch gives a pass taking ``tokens`` (as
+        :func:`select_tokens` selects them)."""
+        if self.mask is not None:
+            return int(self.mask.sum() if tokens == "all" else self.mask.any(dim=1).sum())
+        if tokens != "all":
+            return self.size
+        if self.ids is not None:  # a token model: one state per input token
+            return self.size * self.ids
+        if self.shape == own_shape:  # inputs of one shape give states of one length
+            return self.size * own_tokens
+        raise ValueError(
+            "under torch.distributed, folds are dealt by the row numbers of one process, "
+            "which needs each batch's token count without running it: give batches of one "
+            "shape, or an attention_mask, or use estimator='gcv' (no folds)"
+        )
+
+
+def _input_shape(args: tuple, kwargs: dict) -> tuple:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            return tuple(value.shape[1:])
+    return ()
+
+
+class RowNumbers:
+    """The number one process would give the first row of the batch a
+    sharded pass consumes (:attr:`first_row`): the rows of every batch
+    before it, this rank's and the others' (counted from their inputs,
+    never run). Moments deal rows to folds by these numbers, so a sharded
+    K-fold split is one process's."""
+
+    def __init__(self) -> None:
+        self.first_row = 0
+
+    def skip(
+        self, skipped: list[_Skipped], tokens: str, args: tuple, kwargs: dict, first: torch.Tensor
+    ) -> None:
+        """Counts the other ranks' batches before this one (``first``: its
+        first state, whose length states of inputs of its shape share)."""
+        own_shape, own_tokens = _input_shape(args, kwargs), int(first.shape[1])
+        self.first_row += sum(b.rows(tokens, own_shape, own_tokens) for b in skipped)
+
+    def advance(self, first: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """Counts this rank's batch, once consumed."""
+        self.first_row += int(first.shape[:-1].numel() if mask is None else mask.sum())
+
+
 def stream_states(
     model: nn.Module,
     loader: Iterable,
@@ -318,6 +382,8 @@ def stream_states(
     states: Sequence[int] | None = None,
     tokens: Tokens = "all",
     desc: str = "capturing",
+    shard: bool = False,
+    numbers: RowNumbers | None = None,
     **options: Any,
 ) -> BlockStack:
     """Runs ``model`` over ``loader`` and hands each batch's states to ``consume``.
@@ -328,7 +394,14 @@ def stream_states(
     count shown in the progress bar. ``calibration`` (or its fields as
     keywords, see :class:`toast.Calibration`) bounds and orders the pass;
     ``stack`` is the model's block stack when the caller has found it
-    already. Hooks are removed and the model's mode restored on every exit,
+    already. ``shard``: under ``torch.distributed`` (``Calibration.shard``)
+    this rank forwards only its batches, ``k % world == rank``
+    (:mod:`toast.hf.capture.distributed`): the caller then sums what
+    ``consume`` gathered over the ranks; passes that cannot be summed
+    (row samples) leave it False and every rank forwards every batch.
+    ``numbers`` (a :class:`RowNumbers`) is told, before each ``consume``,
+    the number a single process would give the batch's first row.
+    Hooks are removed and the model's mode restored on every exit,
     including ``KeyboardInterrupt``; the model's weights are never touched.
     Returns the block stack.
     """
@@ -338,21 +411,37 @@ def stream_states(
     check_materialized(model)
     recorder = _StateRecorder(stack, check_states(states, stack.num_blocks + 1))
     was_training = model.training
+    ranks = ranks_of(cal) if shard else None
+    skipped: list[_Skipped] = []  # other ranks' batches since this rank's last one
     bar = None
     try:
         bar = progress_bar(desc, None, "sample", disable=not cal.progress)
         model.eval()
         with torch.inference_mode():
-            for index, (args, kwargs) in enumerate(calibration_inputs(model, loader, cal)):
+            inputs = calibration_inputs(model, loader, cal)
+            first = True
+            for index, (args, kwargs) in enumerate(inputs):
+                if ranks is not None and not ranks.owns(index):
+                    if numbers is not None:
+                        skipped.append(_Skipped.of(args, kwargs))
+                    continue
                 with forwards_in(model, cal.compute_dtype):
                     _run_forward(model, args, kwargs, index)
                 rows, row_mask = select_tokens(
                     recorder.take(), kwargs.get("attention_mask"), tokens
                 )
+                if numbers is not None:
+                    numbers.skip(skipped, tokens, args, kwargs, rows[0])
+                    skipped.clear()
                 total = consume(rows, row_mask)
+                if numbers is not None:
+                    numbers.advance(rows[0], row_mask)
                 size = _batch_size(args, kwargs)
-                if index == 0:
+                if first:
+                    first = False
                     bar.total = expected_samples(loader, cal.max_samples, cal.max_batches, size)
+                    if ranks is not None and bar.total is not None:
+                        bar.total = -(-bar.total // ranks.world)  # about this rank's share
                 # the postfix first: the redraw of update() shows this batch's rows
                 bar.set_postfix(tokens=f"{total:,}", rss=f"{rss_mib():.0f}MiB", refresh=False)
                 bar.update(size)
@@ -426,12 +515,16 @@ def capture_moments(
     for activations on an accelerator and ``"c"`` on the CPU.
 
     Under ``torch.distributed`` (``distributed=None`` detects an initialised
-    process group; ``group`` chooses one), each rank passes its own shard of
-    the data and the moments are summed over the ranks, so every rank
-    returns the same moments. Without explicit fold ids each rank deals its
-    rows to folds by its own counter: a valid K-fold split, though not the
-    one a single process would make (``gcv`` and ``in_sample`` errors equal
-    the single-process ones to rounding).
+    process group; ``group`` chooses one), every rank passes the same data
+    and forwards its share of the batches (batch ``k`` on rank
+    ``k % world``); the moments are summed over the ranks, the rows dealt to
+    folds by one process's row numbers, so every rank returns one process's
+    moments (to rounding). With ``shard=False`` each rank passes its own
+    shard instead, used whole, its rows dealt to folds by its own counter
+    (a valid K-fold split, not one process's). ``observe`` may define
+    ``reduce_over(ranks)``, called after a sharded pass to combine what
+    every rank observed (:class:`toast.hf.capture.distributed.Observers`
+    joins several).
 
     ``observe(rows, mask)``, when given, sees every batch the moments see
     (e.g. :class:`toast.hf.capture.massive.MassiveRows`).
@@ -444,13 +537,23 @@ def capture_moments(
     check("backend", backend, Options(BACKENDS))
     bound = statistics_bound(statistics_bytes, cal)
     sink = MomentsSink(states, folds, pairs, precision, backend, bound)
+    ranks = ranks_of(cal)
+    sink.sharded = ranks is not None
+    # one process's row numbers deal the folds, so a sharded split is its split
+    sink.numbers = RowNumbers() if ranks is not None and folds else None
 
     def consume(rows: list[torch.Tensor], mask: torch.Tensor | None) -> int:
         if observe is not None:
             observe(rows, mask)
         return sink(rows, mask)
 
-    stack = stream_states(model, loader, consume, cal, stack=stack, states=states, tokens=tokens)
+    stack = stream_states(
+        model, loader, consume, cal, stack=stack, states=states, tokens=tokens,
+        shard=True, numbers=sink.numbers,
+    )  # fmt: skip
+    reduce = getattr(observe, "reduce_over", None)
+    if ranks is not None and callable(reduce):  # e.g. MassiveRows: every rank's rows
+        reduce(ranks)
     num_states = stack.num_blocks + 1 if states is None else len(states)
     return sink.result(num_states, cal), stack
 
@@ -474,6 +577,10 @@ class MomentsSink:
         self.precision, self.backend, self.bound = precision, backend, bound
         self.moments: Moments | TorchMoments | ChunkedMoments | None = None
         self.samples = 0  # samples seen here, for the calibration-size warning
+        #: this rank forwarded its share of the batches (the sums then reduce)
+        self.sharded = False
+        #: one process's number of each batch's first row (sharded K-fold moments)
+        self.numbers: RowNumbers | None = None
 
     def _open(self, rows: list[torch.Tensor]) -> Moments | TorchMoments | ChunkedMoments:
         device = rows[0].device
@@ -495,11 +602,12 @@ class MomentsSink:
         self.samples += int(rows[0].shape[0])
         # rows[k] is state chosen[k] (the pass has checked the states)
         chosen = range(len(rows)) if self.states is None else list(self.states)
+        first_row = None if self.numbers is None else self.numbers.first_row
         if isinstance(m, (TorchMoments, ChunkedMoments)):
-            _update(m, rows, mask, chosen)
+            _update(m, rows, mask, chosen, first_row)
         else:
             host = [r.cpu() for r in rows]
-            _update(m, host, None if mask is None else mask.cpu(), chosen)
+            _update(m, host, None if mask is None else mask.cpu(), chosen, first_row)
         return m.rows
 
     def collected(self) -> Moments | ChunkedMoments | None:
@@ -517,7 +625,9 @@ class MomentsSink:
         """The moments summed over ranks, checked for rows (and warned about
         when they are few for the width)."""
         local_rows = 0 if moments is None else moments.rows
-        if cal.is_distributed:
+        # summed when this rank forwarded its share, or was given its own
+        # shard (shard=False); a pass every rank ran whole is whole already
+        if cal.is_distributed and (self.sharded or not cal.shard):
             assert not isinstance(moments, ChunkedMoments)  # bound=None under distributed
             moments = reduce_captured(
                 moments, num_states, self.folds, self.pairs, self.precision, cal.group
@@ -533,13 +643,34 @@ def _update(
     states: list[torch.Tensor],
     mask: torch.Tensor | None,
     chosen: Sequence[int],
+    first_row: int | None = None,
 ) -> None:
     try:
-        moments.update(states, mask=mask)
+        if isinstance(moments, TorchMoments):  # first_row None: its own counter
+            # cast: mypy keeps a Moments subclass in the narrowed union
+            cast(TorchMoments, moments).update(states, mask=mask, first_row=first_row)
+        elif first_row is None or isinstance(moments, ChunkedMoments):
+            moments.update(states, mask=mask)
+        else:
+            moments.update(states, mask=mask, fold=_fold_ids(states[0], mask, first_row, moments))
     except NonFiniteError as exc:
         if exc.state is None:
             raise
         raise naming_state(exc.state, chosen) from exc
+
+
+def _fold_ids(
+    first: torch.Tensor, mask: torch.Tensor | None, first_row: int, moments: Moments
+) -> torch.Tensor:
+    """The fold of each row of a batch (leading shape) as one process deals
+    them: accepted row ``first_row + r`` to fold ``(first_row + r) % folds``
+    (rows the mask drops get any fold; they are not added)."""
+    lead = first.shape[:-1]
+    if mask is None:
+        order = torch.arange(lead.numel())
+    else:
+        order = mask.reshape(-1).to(torch.int64).cumsum(0) - 1
+    return ((first_row + order) % moments.folds).reshape(lead)
 
 
 def naming_state(index: int, chosen: Sequence[int]) -> ValueError:

@@ -76,9 +76,17 @@ class TorchMoments:
     def nbytes(self) -> int:
         return self.data.numel() * 8
 
-    def update(self, states: list[torch.Tensor], mask: torch.Tensor | None = None) -> None:
+    def update(
+        self,
+        states: list[torch.Tensor],
+        mask: torch.Tensor | None = None,
+        first_row: int | None = None,
+    ) -> None:
         """Adds one batch: ``num_states`` tensors of shape ``(rows, dim)`` or
-        ``(batch, tokens, dim)``; ``mask`` (leading shape) drops rows."""
+        ``(batch, tokens, dim)``; ``mask`` (leading shape) drops rows.
+        ``first_row``: the number of the batch's first accepted row in the
+        folds' dealing (default: the rows added so far; a sharded pass gives
+        one process's number, see :class:`toast.hf.capture.states.RowNumbers`)."""
         if len(states) != self.num_states:
             raise ValueError(f"expected {self.num_states} states, got {len(states)}")
         lead = tuple(states[0].shape[:-1])
@@ -101,7 +109,8 @@ class TorchMoments:
         if n == 0:
             return
         if self.folds:
-            fold = (self.rows + torch.arange(n, device=self.device)) % self.folds
+            start = self.rows if first_row is None else first_row
+            fold = (start + torch.arange(n, device=self.device)) % self.folds
             for f in range(self.folds):
                 self._add(z[fold == f], f)
         else:

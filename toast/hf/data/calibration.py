@@ -55,7 +55,13 @@ class Calibration:
     ``seed`` seeds that draw and every sampled buffer. ``progress`` shows a
     tqdm bar with batches, rows and resident memory. ``distributed``: sum
     statistics over ``torch.distributed`` ranks (None: when a process group
-    is initialised); ``group`` picks the group. ``compute_dtype``: what the
+    is initialised); ``group`` picks the group. ``shard``: under a process
+    group every rank passes the same data and forwards its share of the
+    batches (batch ``k`` on rank ``k % world``, after the split a single
+    process makes), the sums reduced in float64, so that every rank gets
+    one process's result (:mod:`toast.hf.capture.distributed`);
+    ``shard=False``: each rank passes its own shard, used whole, and only
+    moments are summed. ``compute_dtype``: what the
     forwards compute in (:mod:`toast.hf.capture.compute`). From a
     checkpoint, block by block: ``"auto"`` keeps a 16-bit checkpoint's dtype
     where its matmuls are measured faster than float32's on this machine
@@ -76,6 +82,7 @@ class Calibration:
     progress: bool = True
     distributed: bool | None = None
     group: Any = None
+    shard: bool = True
     compute_dtype: Literal["auto", "float32", "bfloat16", "checkpoint"] = "auto"
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -86,6 +93,7 @@ class Calibration:
         "seed": [Interval(int, 0, None)],
         "progress": [bool],
         "distributed": [bool, None],
+        "shard": [bool],
         "compute_dtype": [Options(COMPUTE_DTYPES)],
     }
 

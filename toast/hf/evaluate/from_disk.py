@@ -61,6 +61,8 @@ class SequentialEvaluator(Evaluator):
         top_k: int = DEFAULT_TOP_K,
     ) -> None:
         super().__init__(_RowChunks(heldout, disk), metric, progress, top_k)
+        # block by block from disk every rank measures every batch (not sharded)
+        self.ranks = None
         self.disk, self.buffer_dir = disk, buffer_dir
         self.edits = BlockEdits()
         self._runs: bool | None = None  # whether the head alone gives the logits

@@ -40,8 +40,15 @@ from torch import nn
 
 from toast._validation import Options, check
 from toast.hf.capture.compute import forwards_in
+from toast.hf.capture.distributed import (
+    Ranks,
+    all_gather_rows,
+    all_reduce_sums,
+    owned_batches,
+    ranks_of,
+)
 from toast.hf.capture.states import forward_inputs, without_kv_cache
-from toast.hf.data.calibration import COMPUTE_DTYPES
+from toast.hf.data.calibration import COMPUTE_DTYPES, Calibration
 from toast.hf.data.progress import progress_bar
 from toast.hf.evaluate.fidelity import DEFAULT_TOP_K, Recording, TokenFidelity
 from toast.hf.model.blocks import BlockStack
@@ -232,6 +239,14 @@ class Evaluator:
     (``Calibration.compute_dtype``; ``"bfloat16"`` autocasts a float32
     model, :func:`toast.hf.capture.compute.forwards_in`); the scores are
     float32 either way.
+
+    Under ``torch.distributed`` (``calibration``'s process group, default:
+    an initialised one; see :class:`toast.Calibration`) every rank passes
+    the same held-out batches, forwards batch ``k`` when ``k % world`` is
+    its rank, and the sums (losses, token and sample counts, agreements,
+    cosines; the per-token KLs gathered for their percentile) are reduced
+    over the ranks: every rank measures one process's figures (to
+    rounding). Every rank must call :meth:`measure` alike (collective).
     """
 
     def __init__(
@@ -241,6 +256,7 @@ class Evaluator:
         progress: bool = True,
         top_k: int = DEFAULT_TOP_K,
         compute: str = "auto",
+        calibration: Calibration | None = None,
     ) -> None:
         check("metric", metric, Options(QUALITY_METRICS), None)
         check("compute", compute, Options(COMPUTE_DTYPES))
@@ -249,6 +265,8 @@ class Evaluator:
         _check_order(heldout)
         self.heldout, self.metric, self.progress, self.top_k = heldout, metric, progress, top_k
         self.compute = compute
+        #: the ranks the held-out batches are sharded over (None: one process)
+        self.ranks: Ranks | None = ranks_of(calibration)
         self._reference: torch.Tensor | None = None
         self._kept: Recording[Any] = Recording()
         self.samples = 0
@@ -257,12 +275,15 @@ class Evaluator:
 
     def _iterate(self, label: str) -> Iterator[Any]:
         total = len(self.heldout) if isinstance(self.heldout, Sized) else None
+        batches = owned_batches(self.heldout, self.ranks)
         if not self.progress:
-            yield from self.heldout
+            yield from batches
             return
+        if total is not None and self.ranks is not None:
+            total = len(range(self.ranks.rank, total, self.ranks.world))
         bar = progress_bar(f"held-out: {label}", total, "batch", disable=False)
         try:
-            for batch in self.heldout:
+            for batch in batches:
                 yield batch
                 bar.update(1)
         finally:
@@ -300,6 +321,11 @@ class Evaluator:
         self.last = {}
         scorer: _Tokens | _Classes | _Cosine | None = None
         samples = 0
+        if self.ranks is not None and self.metric is None:
+            # from the first batch of all, which a rank need not forward itself
+            first = next(iter(self.heldout), None)
+            if first is not None:
+                self.metric = quality_metric(model, first)
         # closed on every exit: a sequential evaluator's buffers go with it
         with contextlib.closing(self.outputs(model, label)) as outputs:
             for batch, args, kwargs, output in outputs:
@@ -308,6 +334,8 @@ class Evaluator:
                 scorer = self._scorer() if scorer is None else scorer
                 samples += batch_rows(args, kwargs)
                 scorer.add(batch, kwargs, output)
+        if self.ranks is not None:
+            return self._measured_over_ranks(scorer, samples, self.ranks)
         if scorer is None or samples == 0:
             raise ValueError("the held-out data yielded no batch")
         self.samples = samples
@@ -319,6 +347,70 @@ class Evaluator:
             self._kept.end()
             self.last, self.count = scorer.result(), scorer.count
         return self.last[str(self.metric)]
+
+    def _measured_over_ranks(
+        self, scorer: _Tokens | _Classes | _Cosine | None, samples: int, ranks: Ranks
+    ) -> float:
+        """The pass's figures from every rank's sums (collective): each
+        scorer's counters replaced by their totals, then scored as one
+        process scores them."""
+        if self.metric is None:
+            raise ValueError("the held-out data yielded no batch")
+        scorer = self._scorer() if scorer is None else scorer  # a rank given no batch adds 0
+        if isinstance(scorer, _Cosine):
+            metrics, count, total = self._cosine_over_ranks(scorer, samples, ranks)
+        else:
+            if isinstance(scorer, _Tokens):
+                f = scorer.fidelity
+                kl = torch.cat(f.kl).double() if f.kl else torch.zeros(0, dtype=torch.float64)
+                sums = all_reduce_sums([samples, f.nll, f.count, f.agree, f.tail], ranks)
+                f.nll, f.tail = float(sums[1]), float(sums[4])
+                f.count, f.agree = int(sums[2]), int(sums[3])
+                f.kl = [torch.from_numpy(all_gather_rows(kl.numpy(), ranks))]
+            else:
+                sums = all_reduce_sums([samples, scorer.hits, scorer.agree, scorer.count], ranks)
+                scorer.hits, scorer.agree, scorer.count = int(sums[1]), int(sums[2]), int(sums[3])
+            total = int(sums[0])
+            count = scorer.count
+            if total and count:
+                self._kept.end()
+                metrics = scorer.result()
+        if total == 0:
+            raise ValueError("the held-out data yielded no batch")
+        if count == 0:
+            raise ValueError(f"the held-out data has nothing to score for {self.metric}")
+        self.samples, self.last, self.count = total, metrics, count
+        return self.last[str(self.metric)]
+
+    def _cosine_over_ranks(
+        self, scorer: _Cosine, samples: int, ranks: Ranks
+    ) -> tuple[dict[str, float], int, int]:
+        """:meth:`_cosine` of every rank's samples: each against this rank's
+        reference outputs of the same samples, the sums reduced."""
+        cos_sum = agree = 0.0
+        rows = 0
+        if scorer.vectors:
+            vectors = torch.cat(scorer.vectors)
+            if self._reference is None:
+                self._reference = vectors
+            if self._reference.shape != vectors.shape:
+                raise ValueError(
+                    f"the held-out data gave {vectors.shape[0]} outputs of width "
+                    f"{vectors.shape[1]} but the reference {self._reference.shape[0]} of width "
+                    f"{self._reference.shape[1]}: the data must give the same samples on every "
+                    "pass"
+                )
+            reference = self._reference
+            cos = F.cosine_similarity(vectors.double(), reference.double(), dim=-1)
+            cos_sum, rows = float(cos.sum()), int(vectors.shape[0])
+            agree = float((vectors.argmax(dim=-1) == reference.argmax(dim=-1)).sum())
+        # whether every rank's outputs were logits: counted as ranks that were not
+        sums = all_reduce_sums([samples, cos_sum, rows, agree, 0 if scorer.logits else 1], ranks)
+        count = int(sums[2])
+        metrics = {"cosine": float(sums[1] / count)} if count else {}
+        if count and sums[4] == 0:
+            metrics["agreement"] = float(sums[3] / count)
+        return metrics, count, int(sums[0])
 
     def _cosine(self, scorer: _Cosine) -> tuple[dict[str, float], int]:
         vectors = torch.cat(scorer.vectors)

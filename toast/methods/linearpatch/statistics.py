@@ -16,6 +16,7 @@ from torch import nn
 
 from toast.core.hadamard import hadamard
 from toast.core.patch import linear_patch, patch_scales
+from toast.hf.capture.distributed import Ranks, all_gather_rows, all_reduce_sums, ranks_of
 from toast.hf.capture.states import stream_states
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.blocks import BlockStack
@@ -97,6 +98,22 @@ class _Accumulator:
         self.rows += int(valid.sum())
         return self.rows
 
+    def reduce_over(self, ranks: Ranks) -> None:
+        """The sums over the ranks of a sharded pass (collective): the cosine
+        sums and token count reduced, the per-sample magnitudes gathered (in
+        rank order; the scales average them, so only rounding differs from
+        one process's order)."""
+        mine = np.concatenate(self.magnitudes) if self.magnitudes else None
+        has, dim = all_reduce_sums([0.0, 0.0] if mine is None else [1.0, mine.shape[-1]], ranks)
+        if has == 0:
+            return
+        if mine is None:  # a rank given no batch: no sample, of the others' width
+            mine = np.zeros((0, self.cosines.shape[0], round(dim / has)))
+        self.magnitudes = [all_gather_rows(mine, ranks)]
+        total = all_reduce_sums(np.append(self.cosines.ravel(), self.rows), ranks)
+        self.cosines[...] = total[:-1].reshape(self.cosines.shape)
+        self.rows = int(total[-1])
+
 
 def measure_patch_statistics(
     model: nn.Module,
@@ -112,8 +129,12 @@ def measure_patch_statistics(
     states = stack.num_blocks + 1
     acc = _Accumulator(states, max_blocks, rotate)
     stream_states(
-        model, data, acc, calibration, stack=stack, tokens="all", desc="LinearPatch statistics"
-    )
+        model, data, acc, calibration, stack=stack, tokens="all", desc="LinearPatch statistics",
+        shard=True,
+    )  # fmt: skip
+    ranks = ranks_of(calibration)
+    if ranks is not None:  # each rank saw its share of the batches: every rank's sums
+        acc.reduce_over(ranks)
     if not acc.rows:
         raise ValueError("the calibration data gave no token (every sample was padding?)")
     similarity = np.full((states, states), np.nan)

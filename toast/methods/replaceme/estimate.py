@@ -27,6 +27,7 @@ from torch import nn
 from toast.core import Moments, fit_translator
 from toast.core.patch import fit_patch
 from toast.core.solvers import fit_linear_gram
+from toast.hf.capture.distributed import Ranks, all_reduce_moments, all_reduce_sums, ranks_of
 from toast.hf.capture.massive import massive
 from toast.hf.capture.rows import RowSample
 from toast.hf.capture.states import ForwardError, stream_states, uses_torch
@@ -383,6 +384,11 @@ class Estimation:
             for cuts, c, f in zip(passes, configs, folding, strict=True)
         ]
         consume = estimators[0] if len(estimators) == 1 else _Together(estimators, recorder)
+        # sums shard over ranks; the cosine objective's row sample cannot:
+        # then every rank forwards every batch (one process's sample)
+        ranks = (
+            None if any(c.objective == "cosine" for c in configs) else ranks_of(config.calibration)
+        )
         try:
             with no_kv_cache(self.model):
                 stream_states(
@@ -394,6 +400,7 @@ class Estimation:
                     states=wanted,
                     tokens="all",
                     desc="replaceme: estimating",
+                    shard=ranks is not None,
                 )
         except BaseException as exc:
             for cut in (cut for cuts in passes for cut in cuts):
@@ -404,12 +411,33 @@ class Estimation:
         finally:
             if recorder is not None:
                 recorder.remove()
+        if ranks is not None:
+            for cuts, c in zip(passes, configs, strict=True):
+                _reduce_cuts(cuts, c, ranks)
         first, rows = estimators[0], passes[0][0].rows
         if rows == 0:
             raise ValueError("the loader yielded no rows (empty loader, or every token masked out)")
         if config.objective != "identity":  # a d×d transform needs more rows than d
             warn_if_small(rows, first.dim, 0, first.samples, rows)
         return passes
+
+
+def _reduce_cuts(cuts: list[Cut], config: ReplaceMeConfig, ranks: Ranks) -> None:
+    """Every cut's sums over the ranks of a sharded pass (collective): its
+    least-squares moments, rows and ``‖L − Y‖²``, as one process has them."""
+    for cut in cuts:
+        moments = cut.moments
+        if isinstance(moments, TorchMoments):
+            moments = moments.to_moments()
+        mine = [0.0, 0.0] if moments is None else [1.0, float(moments.dim)]
+        has, dim = all_reduce_sums(mine, ranks)
+        if config.needs_moments and has:
+            if moments is None:  # a rank given no batch joins with zeros
+                d = round(dim / has)
+                moments = Moments(2, d, 0, "all", config.precision, row_stats=False, sources=1)
+            cut.moments = all_reduce_moments(moments, group=ranks.group)
+        rows, target_sq = all_reduce_sums([cut.rows, cut.target_sq], ranks)
+        cut.rows, cut.target_sq = int(rows), float(target_sq)
 
 
 class _Together:

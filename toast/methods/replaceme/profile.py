@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from toast._validation import Interval, Options, check
+from toast.hf.capture.distributed import Ranks, all_reduce_sums, ranks_of
 from toast.hf.capture.states import TOKENS, Tokens, select_tokens, stream_states
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.blocks import BlockStack
@@ -308,6 +309,25 @@ class ProfileRows:
         self.count(rows[0], mask)
         return self.add(*self.select(rows, mask))
 
+    def reduce_over(self, ranks: Ranks) -> None:
+        """The sums of every rank's rows (collective; after a pass sharded
+        over ``ranks``): every rank then holds one process's profile."""
+        sums = self.sums
+        mine = [0.0, 0.0] if sums is None else [1.0, float(sums.num_states)]
+        has, states = all_reduce_sums(mine, ranks)
+        if has == 0:
+            return
+        if sums is None:  # this rank had no batch: zeros of the others' shape
+            sums = self.sums = _PairDistances(round(states / has))
+        packed = np.concatenate(
+            [*(sums.sums[m].ravel() for m in DISTANCES), [sums.rows, self.token_rows]]
+        )
+        total = all_reduce_sums(packed, ranks)
+        size = sums.num_states**2
+        for k, m in enumerate(DISTANCES):
+            sums.sums[m] = total[k * size : (k + 1) * size].reshape(sums.num_states, -1)
+        sums.rows, self.token_rows = int(total[-2]), int(total[-1])
+
     def profile(self, block_path: str) -> DistanceProfile:
         """The profile of every row added."""
         if self.sums is None or self.sums.rows == 0:
@@ -349,6 +369,10 @@ def profile_distances(
     # tokens) are counted too; ProfileRows picks the profile's tokens.
     with no_kv_cache(model):
         stack = stream_states(
-            model, loader, consume, cal, stack=stack, tokens="all", desc="replaceme: distances"
-        )
+            model, loader, consume, cal, stack=stack, tokens="all", desc="replaceme: distances",
+            shard=True,
+        )  # fmt: skip
+    ranks = ranks_of(cal)
+    if ranks is not None:  # each rank saw its share of the batches
+        consume.reduce_over(ranks)
     return consume.profile(stack.path)

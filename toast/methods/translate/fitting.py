@@ -38,11 +38,13 @@ class FewRowsWarning(UserWarning):
 def records_massive_rows(config: ToastConfig) -> bool:
     """Whether the analysis records the massive rows for the fits: a plain
     correction of closed-form least squares (``massive_rows="plain"``), on
-    one process's rows."""
+    one process's rows (a sharded pass gathers every rank's: not so when
+    each rank passes its own shard, ``shard=False``)."""
+    cal = config.calibration
     return (
         config.massive_rows == "plain"
         and config.translator in ("linear", "affine")
-        and not config.calibration.is_distributed
+        and not (cal.is_distributed and not cal.shard)
     )
 
 
