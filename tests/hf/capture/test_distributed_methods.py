@@ -55,8 +55,12 @@ SETUP = textwrap.dedent(
 
     def run(case):
         FORWARDS[0] = 0
-        if case == "toast":  # the defaults: cv folds, a held-out check batch, massive rows
+        if case == "toast":  # the defaults: a held-out check batch, massive rows
             model, _ = toast.compress(decoder(), data, budget=2, progress=False)
+        elif case == "toast_cv":  # 5-fold held-out errors: one process's folds on the ranks
+            model, report = toast.compress(decoder(), data, budget=2, estimator="cv",
+                                           progress=False)
+            assert report.analysis.estimator == "cv"
         elif case == "toast_heldout":  # measured quality in the report too
             model, report = toast.compress(decoder(), data, budget=2, heldout=heldout,
                                            progress=False)
@@ -160,7 +164,15 @@ def assert_same_model(ranks: list[dict], model: torch.nn.Module, what: str) -> N
             assert_rel(weights[name], value, 1e-6, f"{what}: rank {rank} {name}")
 
 
-CASES = ["toast", "toast_heldout", "replaceme", "linearpatch", "search", "search_latency"]
+CASES = [
+    "toast",
+    "toast_cv",
+    "toast_heldout",
+    "replaceme",
+    "linearpatch",
+    "search",
+    "search_latency",
+]
 
 
 @pytest.fixture(scope="module")
