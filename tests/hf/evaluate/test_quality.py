@@ -37,6 +37,17 @@ def test_perplexity_equals_the_models_own_language_modelling_loss():
     assert evaluator.metric == "perplexity" and evaluator.count == 12 * 9
 
 
+def test_perplexity_alone_equals_the_perplexity_measured_with_fidelity():
+    model, other = decoder("llama"), decoder("llama", seed=1)
+    batches = _equal_length_batches()
+    full = Evaluator(batches, progress=False)
+    alone = Evaluator(batches, progress=False, fidelity=False)
+    for m in (model, other):  # the second pass is compared with a reference, or not
+        assert alone.measure(m) == full.measure(m)
+        assert set(alone.last) == {"perplexity"} and alone.count == full.count
+    assert "kl" in full.last
+
+
 def test_padding_does_not_change_perplexity():
     model = decoder("llama")
     text = sentences(8, seed=5, min_len=3, max_len=11)

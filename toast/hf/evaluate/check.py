@@ -218,7 +218,8 @@ def check_against_plain(
     keeps what plain removal of spans measured on ``heldout`` (the other
     spans kept), across calls on the same model: a caller checking several
     fits of the same cuts measures their plain removal once."""
-    evaluator = Evaluator(heldout, progress=False) if evaluator is None else evaluator
+    if evaluator is None:  # one figure compared: perplexity without a report's fidelity
+        evaluator = Evaluator(heldout, progress=False, fidelity=False)
     first = next(iter(heldout))
     if quality_metric(model, first) == "cosine":
         evaluator.measure(model, "original")  # the reference the cosine compares with

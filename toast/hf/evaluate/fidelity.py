@@ -141,7 +141,8 @@ class TokenFidelity:
     """One pass's perplexity and fidelity to the reference over predicted
     tokens; :meth:`add` a row of logits at a time, then :meth:`result`."""
 
-    def __init__(self, reference: Recording[_Kept], top_k: int) -> None:
+    def __init__(self, reference: Recording[_Kept] | None, top_k: int) -> None:
+        # None: perplexity alone (no reference kept, nothing compared)
         self.reference, self.top_k = reference, top_k
         self.nll = 0.0
         self.count = 0
@@ -164,6 +165,9 @@ class TokenFidelity:
         e = (x - peak[:, None]).exp_()
         lse = peak.double() + e.sum(dim=-1).double().log()
         self.nll += float((lse - x.gather(-1, targets[:, None])[:, 0].double()).sum())
+        self.count += int(targets.shape[0])
+        if self.reference is None:
+            return
         top1 = top1.int().cpu()
         if self.reference.recording:
             ids = x.topk(min(self.top_k, x.shape[-1]), dim=-1).indices
@@ -177,11 +181,12 @@ class TokenFidelity:
         self.kl.append(coarse_kl(kept.coarse, coarse))
         self.agree += int((top1 == kept.top1).sum())
         self.tail += float(kept.coarse[:, -1].double().exp().sum())
-        self.count += int(targets.shape[0])
 
     def result(self) -> dict[str, float]:
         """The pass's metrics (keys of :data:`toast.hf.evaluate.quality.FIDELITY_METRICS`
-        for causal LMs)."""
+        for causal LMs; perplexity alone without a reference)."""
+        if self.reference is None:
+            return {"perplexity": math.exp(self.nll / self.count)}
         kl = torch.cat(self.kl)
         return {
             "perplexity": math.exp(self.nll / self.count),

@@ -238,7 +238,9 @@ class Evaluator:
     :data:`METRICS`). ``compute``: what the forwards compute in
     (``Calibration.compute_dtype``; ``"bfloat16"`` autocasts a float32
     model, :func:`toast.hf.capture.compute.forwards_in`); the scores are
-    float32 either way.
+    float32 either way. ``fidelity=False``: a causal LM's perplexity alone
+    (no reference kept, no KL or agreement: what a check of one figure
+    reads, without the top-k over the vocabulary each token costs).
 
     Under ``torch.distributed`` (``calibration``'s process group, default:
     an initialised one; see :class:`toast.Calibration`) every rank passes
@@ -257,6 +259,7 @@ class Evaluator:
         top_k: int = DEFAULT_TOP_K,
         compute: str = "auto",
         calibration: Calibration | None = None,
+        fidelity: bool = True,
     ) -> None:
         check("metric", metric, Options(QUALITY_METRICS), None)
         check("compute", compute, Options(COMPUTE_DTYPES))
@@ -264,7 +267,7 @@ class Evaluator:
             raise ValueError(f"top_k={top_k!r}: give the number of tokens kept, an int >= 1")
         _check_order(heldout)
         self.heldout, self.metric, self.progress, self.top_k = heldout, metric, progress, top_k
-        self.compute = compute
+        self.compute, self.fidelity = compute, fidelity
         #: the ranks the held-out batches are sharded over (None: one process)
         self.ranks: Ranks | None = ranks_of(calibration)
         self._reference: torch.Tensor | None = None
@@ -312,7 +315,7 @@ class Evaluator:
     def _scorer(self) -> _Tokens | _Classes | _Cosine:
         self._kept.begin()
         if self.metric == "perplexity":
-            return _Tokens(TokenFidelity(self._kept, self.top_k))
+            return _Tokens(TokenFidelity(self._kept if self.fidelity else None, self.top_k))
         if self.metric == "accuracy":
             return _Classes(self._kept)
         return _Cosine()
