@@ -223,7 +223,7 @@ def _tensors(folder: Path) -> dict[str, np.ndarray]:
     return found
 
 
-@pytest.mark.parametrize("method", ["toast", "replaceme"])
+@pytest.mark.parametrize("method", ["toast", "replaceme", "linearpatch", "search"])
 def test_torchrun_compress_writes_the_folder_of_one_process(tmp_path, method):
     from tests._helpers import replaceme_models as rm
     from tests._helpers.tokenizers import char_tokenizer
@@ -236,9 +236,13 @@ def test_torchrun_compress_writes_the_folder_of_one_process(tmp_path, method):
     g = np.random.default_rng(0)
     lines = ["".join(g.choice(list(letters), size=g.integers(8, 30))) for _ in range(28)]
     (tmp_path / "data.txt").write_text("\n".join(lines) + "\n")
-    size = ["--budget", "2"] if method == "toast" else ["--num-blocks", "2"]
-    argv = ["compress", str(folder), "--method", method, "--data", str(tmp_path / "data.txt"),
-            *size, "--batch-size", "4", "--max-length", "32", "--no-progress"]  # fmt: skip
+    data = ["--data", str(tmp_path / "data.txt"), "--batch-size", "4", "--max-length", "32"]
+    if method == "search":  # `toast search`: the last quarter of the lines held out
+        argv = ["search", str(folder), *data, "--heldout", "0.25", "--target", "params=25%",
+                "--max-measured", "3", "--no-latency", "--no-cache", "--no-progress"]  # fmt: skip
+    else:
+        size = ["--budget", "2"] if method == "toast" else ["--num-blocks", "2"]
+        argv = ["compress", str(folder), "--method", method, *data, *size, "--no-progress"]
 
     torch.set_num_threads(1)
     assert main([*argv, "--out", str(tmp_path / "one")]) == 0
@@ -252,8 +256,13 @@ def test_torchrun_compress_writes_the_folder_of_one_process(tmp_path, method):
         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("saved to") == 1, "rank 0 alone reports"
-    one, two = _tensors(tmp_path / "one"), _tensors(tmp_path / "two")
+    if method != "search":
+        assert done.stdout.count("saved to") == 1, "rank 0 alone reports"
+    if method == "search":  # the chosen model is written in the output's model/ folder
+        one, two = _tensors(tmp_path / "one" / "model"), _tensors(tmp_path / "two" / "model")
+    else:
+        one, two = _tensors(tmp_path / "one"), _tensors(tmp_path / "two")
+    assert one, "a model was written"
     assert sorted(one) == sorted(two), "the same tensors: the same blocks removed"
     for name, value in one.items():
         assert_rel(two[name].astype(np.float64), value.astype(np.float64), 1e-6, name)
