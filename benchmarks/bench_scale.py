@@ -244,8 +244,8 @@ def estimate(
       half of what 8 GiB leaves (``toast.frontier.source.plan_statistics``);
     - disk = the activation buffer 2 × T d × 4, and ReplaceMe's L_start and
       M of its 4 cuts (8 × T d × 4) or, for TOAST and the search, every
-      state's rows twice, 2 (L + 1) × T d × 4: the block-by-block pass keeps
-      them and the bounded moments copy them into their own row buffer.
+      state's rows once, (L + 1) × T d × 4: the block-by-block pass writes
+      each state straight into the bounded moments' row buffer.
     """
     from types import SimpleNamespace
 
@@ -276,7 +276,7 @@ def estimate(
             room = (8 << 30) - block - forward - outside - JOIN_BYTES
             stats = 2 * max(room // 2, pair_nbytes(d, 0)) + JOIN_BYTES
         memory = block + forward + outside + stats
-        disk = (2 * layers + 4) * row
+        disk = (layers + 3) * row
     return {"memory": BASE_BYTES + memory, "disk": disk, "held": block, "statistics": stats}
 
 

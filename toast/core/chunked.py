@@ -249,6 +249,43 @@ class ChunkedMoments:
             file.append(x if keep is None else x[keep])
         return self
 
+    def append_state(self, state: int, rows: Any, mask: Any | None = None) -> ChunkedMoments:
+        """Adds one batch of rows (the masked ones) of one ``state`` alone,
+        for a pass that yields a state of every batch before the next state
+        (block by block from disk): each state's rows are written once,
+        straight into its file. Every state must get the same rows in the
+        same batch order (:meth:`complete` checks the counts); NaN or Inf
+        raises :class:`~toast.core.errors.NonFiniteError` naming ``state``
+        before anything of it is written."""
+        if not 0 <= state < self.num_states:
+            raise ValueError(f"state {state} is not one of the {self.num_states} states")
+        keep = None if mask is None else _host(mask).reshape(-1).astype(bool)
+        x = _host(rows).reshape(-1, self.dim)
+        x = x if keep is None else x[keep]
+        if not np.isfinite(x).all():
+            raise non_finite_error(f"states[{state}] contains NaN or Inf", state)
+        self._files[state].append(x)
+        return self
+
+    def complete(self) -> ChunkedMoments:
+        """Checks that every state has as many rows as the first (after
+        :meth:`append_state`): a replay pairs row ``r`` of every state."""
+        counts = {f.rows for f in self._files}
+        if len(counts) > 1:
+            raise ValueError(
+                f"the states' row buffers hold {sorted(counts)} rows: every state must be "
+                "given the same rows"
+            )
+        return self
+
+    def row_count(self, state: int) -> int:
+        """Rows of ``state`` in the buffer so far."""
+        return self._files[state].rows
+
+    def row_range(self, state: int, start: int, stop: int) -> np.ndarray:
+        """Rows ``start:stop`` of ``state`` as they were added (float32)."""
+        return self._files[state].read(start, stop)
+
     def replay(
         self,
         states: Sequence[int],

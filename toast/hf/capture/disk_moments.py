@@ -12,6 +12,10 @@ temporary directory, freed on every exit, ``kill -9`` included). Two ways, by ``
   (:class:`toast.hf.capture.states.MomentsSink`), batch by batch in the same
   order, so the moments are the in-memory ones. The disk holds every
   chosen state of every calibration token (``states × tokens × dim``).
+- moments above ``statistics_bytes`` (rows on disk,
+  :class:`toast.core.chunked.ChunkedMoments`): each state's rows go
+  straight into the moments' own buffer as the state arrives, written
+  once; an ``observe`` then reads every batch's rows back from it.
 - a bounded span ``m`` (``"consecutive"`` is 1): each state is added as it
   arrives, paired with the ``m`` states before it
   (:class:`toast.hf.capture.torch_moments.WindowedMoments`), and a state's file is
@@ -103,6 +107,18 @@ def capture_moments_from_disk(
     moments: Moments | ChunkedMoments | None
     if windowed:
         moments = _windowed(disk, loader, chosen, tokens, sink, span, cal, buffer_dir)
+    elif chunked and isinstance(width, int):
+        assert bound is not None  # chunked: there is a bound
+        buffer = ChunkedMoments(
+            len(chosen),
+            width,
+            folds,
+            pairs,
+            precision,
+            resolve_bound(bound, width, folds),
+            directory=buffer_dir,
+        )
+        moments = _streamed(disk, loader, chosen, tokens, sink, buffer, observe, cal, buffer_dir)
     else:
         consume = sink if observe is None else _observed(sink, observe)
         _all_pairs(disk, loader, chosen, tokens, consume, cal, buffer_dir)
@@ -148,6 +164,58 @@ def _all_pairs(
     finally:
         for store in stores.values():
             store.close()
+
+
+def _streamed(
+    disk: DiskModel,
+    loader: Iterable,
+    chosen: list[int],
+    tokens: Tokens,
+    sink: MomentsSink,
+    buffer: ChunkedMoments,
+    observe: Observer | None,
+    cal: Calibration,
+    buffer_dir: str | os.PathLike | None,
+) -> ChunkedMoments:
+    """Every chosen state's rows written once, straight into ``buffer``
+    (the moments' rows on disk) as the state arrives; ``observe`` then sees
+    each batch's rows of every state, read back from it (masked already)."""
+    position = {state: p for p, state in enumerate(chosen)}
+    chosen_at = range(len(chosen))
+    counts: list[int] = []  # rows of each batch, in order
+
+    def on_state(state: int, batch: int, hidden: torch.Tensor, mask: torch.Tensor | None) -> None:
+        p = position.get(state)
+        if p is None:
+            return
+        (rows,), row_mask = select_tokens([hidden], mask, tokens)
+        before = buffer.row_count(p)
+        try:
+            buffer.append_state(p, rows, row_mask)
+        except NonFiniteError as exc:
+            raise naming_state(p, chosen) from exc
+        if p == 0:
+            counts.append(buffer.row_count(p) - before)
+            sink.samples += int(rows.shape[0])
+
+    try:
+        stream_blocks(
+            disk, loader, on_state, cal, upto=max(chosen), buffer_dir=buffer_dir, desc="moments"
+        )
+        buffer.complete()
+        if observe is not None:
+            start = 0
+            for count in counts:
+                stop = start + count
+                observe(
+                    [torch.from_numpy(buffer.row_range(p, start, stop).copy()) for p in chosen_at],
+                    None,
+                )
+                start = stop
+    except BaseException:
+        buffer.close()
+        raise
+    return buffer
 
 
 def _windowed(
