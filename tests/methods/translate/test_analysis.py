@@ -165,3 +165,19 @@ def test_compress_default_ranks_spans_as_the_auto_analysis():
         _decoder_and_rows(48)[0], data, estimator="gcv", pairs=2, progress=False
     )
     np.testing.assert_array_equal(report.analysis.errors, expected.errors)
+
+
+def test_auto_keeps_gcv_with_a_warning_when_the_folds_would_not_fit_the_bound():
+    from toast.core.chunked import ChunkedMoments, pair_nbytes
+
+    model, data = _decoder_and_rows(12)  # few rows: auto would pass again with folds
+    bound = pair_nbytes(32, 0)  # one pair without folds, not with them
+    with pytest.warns(UserWarning, match="few for GCV"):
+        auto = toast.analyze(
+            model, data, estimator="auto", pairs=3, statistics_bytes=bound, progress=False
+        )
+    assert auto.estimator == "gcv" and isinstance(auto.moments, ChunkedMoments)
+    same = toast.analyze(
+        model, data, estimator="gcv", pairs=3, statistics_bytes=bound, progress=False
+    )
+    np.testing.assert_array_equal(auto.errors, same.errors)

@@ -229,6 +229,17 @@ def _auto_capture(
     moments, stack, recorder = capture(0)
     if enough_for_gcv(moments.rows, moments.dim, folds):
         return moments, stack, recorder, "gcv"
+    need = pair_nbytes(moments.dim, folds)
+    if isinstance(moments, ChunkedMoments) and need > moments.bound:
+        # the folds' pass would fall back to GCV all the same (within_bound)
+        warnings.warn(
+            f"toast: {moments.rows:,} rows of width {moments.dim} are few for GCV, but "
+            f"{folds} folds' statistics of one pair of states need {need / 2**30:.2f} GiB, more "
+            f"than statistics_bytes={moments.bound / 2**30:.2f} GiB: the errors use GCV; give "
+            f"statistics_bytes >= {need:,} or at least {folds * (moments.dim + 1):,} rows",
+            stacklevel=4,
+        )
+        return moments, stack, recorder, "gcv"
     if isinstance(moments, ChunkedMoments):
         moments.close()
     del moments
