@@ -256,3 +256,44 @@ def test_analyze_and_compress_agree_across_ranks_and_with_one_process(tmp_path):
     )
     expected = toast.hf.find_blocks(m).blocks[1].translator.net[0].weight.detach().numpy()
     assert_rel(ranks[0]["mlp"], expected, 1e-6, "mlp: every rank samples every row")
+
+
+DIFFERENT_DATA_WORKER = textwrap.dedent(
+    """
+    import datetime, sys
+    import numpy as np, torch
+    import torch.distributed as dist
+
+    repo_root, rank, world, out = sys.argv[1:5]
+    rank, world = int(rank), int(world)
+    sys.path.insert(0, repo_root)
+    import toast
+    from tests._helpers import replaceme_models as rm
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=world,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    mine = rm.text_loader(n=16, batch_size=4, seed=rank)  # each rank its own data
+    said = {}
+    try:
+        toast.analyze(rm.decoder("llama"), mine, estimator="gcv", progress=False)
+    except ValueError as exc:
+        said["error"] = np.array(str(exc))
+    # shard=False: each rank's own shard, used whole (the moments summed)
+    kept = toast.analyze(rm.decoder("llama"), mine, estimator="gcv", progress=False, shard=False)
+    said["rows"] = np.array(kept.rows)
+    np.savez(f"{out}/rank{rank}.npz", **said)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.hf
+def test_ranks_passing_different_data_are_told_to_pass_the_same_or_shard_false(tmp_path):
+    pytest.importorskip("tests._helpers.replaceme_models")
+    ranks = _run_workers(tmp_path, worker=DIFFERENT_DATA_WORKER)
+    for got in ranks:
+        assert "same batches" in str(got["error"]) and "shard=False" in str(got["error"])
+    assert int(ranks[0]["rows"]) == int(ranks[1]["rows"])  # summed over both shards

@@ -68,6 +68,8 @@ __all__ = [
     "all_reduce_sums",
     "broadcast_object",
     "owned_batches",
+    "checked_batches",
+    "check_same_batch",
     "ranks_of",
 ]
 
@@ -252,6 +254,51 @@ def owned_batches(batches: Iterable, ranks: Ranks | None) -> Iterator[Any]:
     for index, batch in enumerate(batches):
         if ranks is None or ranks.owns(index):
             yield batch
+
+
+def checked_batches(batches: Iterable, ranks: Ranks | None) -> Iterator[Any]:
+    """:func:`owned_batches` of a sharded pass, its first batch checked to be
+    every rank's (:func:`check_same_batch`; collective)."""
+    for index, batch in enumerate(batches):
+        if ranks is not None and index == 0:
+            check_same_batch(batch, ranks)
+        if ranks is None or ranks.owns(index):
+            yield batch
+
+
+def _tensors_in(value: Any) -> list[Any]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
+
+
+def check_same_batch(batch: Any, ranks: Ranks) -> None:
+    """Raises the same ``ValueError`` on every rank when ``batch`` (the first
+    of a sharded pass) is not the same on every rank (collective): toast
+    shards the data itself, so every rank must pass all of it; a rank
+    passing only its own shard would calibrate on a fraction of it, silently.
+    Compared by each tensor's element count, sum and sum of squares."""
+    tensors = [t.detach() for t in _tensors_in(batch)]
+    stats = [float(len(tensors))]
+    for t in tensors:
+        x = t.double()
+        stats += [float(t.numel()), float(x.sum()), float((x * x).sum())]
+    # ranks compare a fixed-length summary: the first tensors' only
+    summary = np.full(1 + 3 * 8, np.nan)
+    summary[: min(len(stats), summary.size)] = stats[: summary.size]
+    seen = all_gather_rows(summary[None, :], ranks)
+    if not all(np.array_equal(row, seen[0], equal_nan=True) for row in seen):
+        raise ValueError(
+            "under torch.distributed toast shards the data itself: every rank must pass the "
+            "same batches, but the first batch differs between ranks; to calibrate each rank "
+            "on its own shard instead, pass shard=False (toast.Calibration(shard=False))"
+        )
 
 
 def all_reduce_sums(values: Any, ranks: Ranks) -> np.ndarray:

@@ -23,7 +23,7 @@ from toast.core import Moments, NonFiniteError, Pairs
 from toast.core.chunked import ChunkedMoments, resolve_bound
 from toast.core.errors import non_finite_error
 from toast.hf.capture.compute import forwards_in
-from toast.hf.capture.distributed import ranks_of, reduce_captured
+from toast.hf.capture.distributed import check_same_batch, ranks_of, reduce_captured
 from toast.hf.capture.torch_moments import TorchMoments
 from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens, limited, warn_if_small
 from toast.hf.data.progress import expected_samples, progress_bar
@@ -421,6 +421,8 @@ def stream_states(
             inputs = calibration_inputs(model, loader, cal)
             first = True
             for index, (args, kwargs) in enumerate(inputs):
+                if ranks is not None and index == 0:
+                    check_same_batch((args, kwargs), ranks)
                 if ranks is not None and not ranks.owns(index):
                     if numbers is not None:
                         skipped.append(_Skipped.of(args, kwargs))

@@ -44,7 +44,7 @@ from toast.hf.capture.distributed import (
     Ranks,
     all_gather_rows,
     all_reduce_sums,
-    owned_batches,
+    checked_batches,
     ranks_of,
 )
 from toast.hf.capture.states import forward_inputs, without_kv_cache
@@ -278,7 +278,7 @@ class Evaluator:
 
     def _iterate(self, label: str) -> Iterator[Any]:
         total = len(self.heldout) if isinstance(self.heldout, Sized) else None
-        batches = owned_batches(self.heldout, self.ranks)
+        batches = checked_batches(self.heldout, self.ranks)
         if not self.progress:
             yield from batches
             return
