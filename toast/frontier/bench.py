@@ -115,7 +115,7 @@ class MemoryBench:
         # fidelity metrics (KL, agreement, cosine) compare every model with
         self.reference = False
         #: the original's held-out block inputs (None: candidates run whole)
-        self.prefix = PrefixStates(layout.stack.path, prefix_bytes) if prefix_bytes else None
+        self.prefix = PrefixStates(layout.stack, prefix_bytes) if prefix_bytes else None
         #: per measured candidate, the block its held-out pass resumed at (0: whole)
         self.resumed: dict[str, int] = {}
 

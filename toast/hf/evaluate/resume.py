@@ -95,7 +95,8 @@ def _format(output: Any) -> int | None:
 
 
 class PrefixStates:
-    """The hidden states entering some blocks of the stack at ``path``, per
+    """The hidden states entering some blocks of ``stack`` (its path, in
+    whichever model is measured), per
     held-out batch, recorded on one pass (:meth:`recording`) and handed to
     the blocks after them on later passes (:meth:`resumed`).
 
@@ -107,10 +108,10 @@ class PrefixStates:
     (:class:`toast.hf.evaluate.quality.Evaluator`'s ``compute``), which a
     replay must share."""
 
-    def __init__(self, path: str, bound: int = PREFIX_BYTES) -> None:
+    def __init__(self, stack: BlockStack, bound: int = PREFIX_BYTES) -> None:
         if bound < 0:
             raise ValueError(f"bound={bound!r}: give the bytes the states may take, >= 0")
-        self.path, self.bound = path, bound
+        self.stack, self.bound = stack, bound
         self._clear()
 
     def _clear(self) -> None:
@@ -180,7 +181,7 @@ class PrefixStates:
         batch) records the states entering the chosen blocks; what was held
         before is dropped. A pass that fails part way keeps nothing."""
         self._clear()
-        blocks = find_blocks(model, self.path).blocks
+        blocks = find_blocks(model, self.stack).blocks
         self.states = {i: [] for i in range(1, len(blocks))}
         usable, batch = [len(blocks) > 1 and self.bound > 0], [-1]
         handles = []
@@ -218,7 +219,7 @@ class PrefixStates:
         :class:`PrefixMismatch` when a batch is not the recorded one."""
         if at not in self.blocks:
             raise ValueError(f"no states recorded for block {at}; recorded: {self.blocks}")
-        blocks = find_blocks(model, self.path).blocks
+        blocks = find_blocks(model, self.stack).blocks
         recorded = self.states[at]
         batch = [-1]
 
@@ -309,7 +310,7 @@ def unchanged_blocks(original: BlockStack, model: nn.Module, limit: int | None =
     classes, the same weights (shared, or equal), hooks and settings. 0 when
     ``model`` has no block list there."""
     try:
-        blocks = find_blocks(model, original.path).blocks
+        blocks = find_blocks(model, original).blocks
     except ValueError:
         return 0
     stop = min(len(blocks), len(original.blocks), math.inf if limit is None else limit)
