@@ -129,6 +129,32 @@ def test_the_blocks_before_the_resumed_one_do_not_run(llama_case, monkeypatch):
     assert with_reuse == count[0] - at * len(heldout)
 
 
+class _Calls:
+    """A hook's state: the calls it saw (copied with the model, as a
+    bound method's object is)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def hook(self, module, args) -> None:
+        self.calls += 1
+
+
+def test_hooks_the_copies_inherit_do_not_stop_resuming(monkeypatch):
+    # a hook the original's blocks carry (a profiler's, bound to an object
+    # the copy copies) ran on the recorded pass: the candidates still resume
+    model = tiny_llama()
+    calls = _Calls()
+    for block in model.model.layers:
+        block.register_forward_pre_hook(calls.hook)
+    layout, found, plans = _calibrated(model, token_batches(2, CALIBRATION_LENGTH, 1))
+    case = (model, layout, found, plans, token_batches(2, 12, 2))
+    resumed, whole = _benches(case)
+    plan = next(p for p in plans if p.family == "plain")
+    assert_same_measurement(resumed.candidate(plan), whole.candidate(plan), plan.label)
+    assert resumed.resumed[plan.key] > 0
+
+
 def test_a_bound_records_evenly_spaced_block_inputs_and_resumes_at_the_nearest(llama_case):
     model, layout, _, plans, heldout = llama_case
     everything, _ = _benches(llama_case)
@@ -181,7 +207,7 @@ def test_throughput_and_macs_time_the_whole_model(llama_case, monkeypatch):
 
     def timing(candidate, reference, example, rounds):
         blocks = toast.hf.model.blocks.find_blocks(candidate, layout.stack.path).blocks
-        seen.append(any("forward" in vars(b) for b in blocks))
+        seen.append(any(type(b) is not type(layout.stack.blocks[0]) for b in blocks))
         return real(candidate, reference, example, rounds)
 
     monkeypatch.setattr(measure_module, "paired_throughput", timing)
@@ -202,7 +228,8 @@ def test_other_data_on_a_resumed_pass_is_refused(llama_case):
         with prefix.resumed(model, prefix.blocks[-1]):
             other.measure(model)
     # and the blocks are the model's own again
-    assert not any("forward" in vars(b) for b in layout.stack.blocks)
+    assert list(model.model.layers) == list(layout.stack.blocks)
+    assert all(type(b) is type(model.model.layers[0]) for b in model.model.layers)
     assert prefix.resume_point(layout.num_blocks, "bfloat16") == 0  # another compute: none
 
 

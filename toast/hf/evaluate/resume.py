@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -214,8 +214,10 @@ class PrefixStates:
     @contextlib.contextmanager
     def resumed(self, model: nn.Module, at: int) -> Iterator[None]:
         """Within the block, ``model``'s blocks before ``at`` (a block of
-        :meth:`resume_point`) do not run: each hands on the state the
-        original's blocks handed block ``at`` for the current batch.
+        :meth:`resume_point`) do not run: each is replaced in the block
+        list by a stand-in, the one before ``at`` handing on the state the
+        original's blocks handed block ``at`` for the current batch (their
+        hooks do not run either: they ran on the recorded pass).
         :class:`PrefixMismatch` when a batch is not the recorded one."""
         if at not in self.blocks:
             raise ValueError(f"no states recorded for block {at}; recorded: {self.blocks}")
@@ -223,9 +225,9 @@ class PrefixStates:
         recorded = self.states[at]
         batch = [-1]
 
-        def stand_in(index: int):
+        def stand_in(index: int) -> Callable[..., Any]:
             def forward(*args: Any, **kwargs: Any) -> Any:
-                hidden = _hidden(blocks[index], args, kwargs)
+                hidden = _hidden(originals[index], args, kwargs)
                 if index == 0:
                     batch[0] += 1
                     if batch[0] >= self.batches:
@@ -243,22 +245,36 @@ class PrefixStates:
 
             return forward
 
-        saved: list[tuple[nn.Module, Any]] = []
+        originals = [blocks[index] for index in range(at)]
         try:
-            for index in range(at):
-                block = blocks[index]
-                # an instance forward (accelerate's wrapper) is put back afterwards
-                saved.append((block, block.__dict__.get("forward")))
-                block.forward = stand_in(index)  # shadows the class's forward
+            for index, block in enumerate(originals):
+                blocks[index] = _StandIn(block, stand_in(index))
             yield
         finally:
-            for block, previous in saved:
-                if previous is None:
-                    del block.forward
-                else:
-                    block.forward = previous
+            for index, block in enumerate(originals):
+                blocks[index] = block
         if batch[0] + 1 != self.batches:
             raise PrefixMismatch("the held-out data gave fewer batches than recorded")
+
+
+class _StandIn(nn.Module):
+    """A block's place in the block list, held by ``forward``; the block's
+    attributes read through it (a model's loop may read, say, which mask a
+    layer takes), its weights not registered (they do not run)."""
+
+    def __init__(self, block: nn.Module, forward: Callable[..., Any]) -> None:
+        super().__init__()
+        # plain attributes, not submodules: the stand-in has no parameters
+        self.__dict__["block"], self.__dict__["stand_in"] = block, forward
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.stand_in(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        block = self.__dict__.get("block")
+        if block is None:  # while nn.Module sets itself up
+            raise AttributeError(name)
+        return getattr(block, name)
 
 
 def _same_tensor(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -276,7 +292,21 @@ def _same_tensor(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 
 
 _PLAIN = (bool, int, float, str, type(None))
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs")
+_HOOKS = (
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
+
+
+def _hook_functions(module: nn.Module, kind: str) -> list[Any]:
+    """The functions of ``module``'s hooks of ``kind``: a copied model's
+    hooks that are bound methods are bound to copies of their objects,
+    and run the same code."""
+    hooks = getattr(module, kind, {}).values()
+    return [getattr(h, "__func__", getattr(h, "func", h)) for h in hooks]
 
 
 def _same_module(a: nn.Module, b: nn.Module) -> bool:
@@ -288,7 +318,7 @@ def _same_module(a: nn.Module, b: nn.Module) -> bool:
         x, y = getattr(a, tensors), getattr(b, tensors)
         if x.keys() != y.keys() or not all(_same_tensor(x[k], y[k]) for k in x):
             return False
-    if any(list(getattr(a, h).values()) != list(getattr(b, h).values()) for h in _HOOKS):
+    if any(_hook_functions(a, h) != _hook_functions(b, h) for h in _HOOKS):
         return False
     if a.__dict__.get("forward") is not b.__dict__.get("forward"):
         return False
