@@ -227,6 +227,10 @@ def test_other_data_on_a_resumed_pass_is_refused(llama_case):
     with pytest.raises(PrefixMismatch, match="batch 0"):
         with prefix.resumed(model, prefix.blocks[-1]):
             other.measure(model)
+    fewer = Evaluator(heldout[:-1], progress=False, fidelity=False)
+    with pytest.raises(ValueError, match="fewer batches"):
+        with prefix.resumed(model, prefix.blocks[-1]):
+            fewer.measure(model)
     # and the blocks are the model's own again
     assert list(model.model.layers) == list(layout.stack.blocks)
     assert all(type(b) is type(model.model.layers[0]) for b in model.model.layers)

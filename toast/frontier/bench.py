@@ -138,12 +138,12 @@ class MemoryBench:
 
     def _heldout_candidate(self, plan: Plan) -> Callable[[nn.Module, str], float]:
         def heldout(model: nn.Module, label: str) -> float:
-            at = self._resume_point(plan, model)
+            prefix, at = self.prefix, self._resume_point(plan, model)
             self.resumed[plan.key] = at
-            if at == 0:
+            if prefix is None or at == 0:
                 return self.evaluator.measure(model, label)
             try:
-                with self.prefix.resumed(model, at):  # type: ignore[union-attr]
+                with prefix.resumed(model, at):
                     return self.evaluator.measure(model, label)
             except PrefixMismatch:
                 # raised before the pass's scores were formed: measured whole instead

@@ -20,7 +20,8 @@ original's block received; a block whose output carries more than the
 hidden state (a tuple with something besides ``None`` after it, as T5's
 position bias) makes the recording unusable. A replay that finds a
 difference raises :class:`PrefixMismatch` before the pass's scores are
-formed, and the caller measures the whole model instead.
+formed (before any collective of a distributed pass), and the caller
+measures the whole model instead.
 """
 
 from __future__ import annotations
@@ -254,7 +255,10 @@ class PrefixStates:
             for index, block in enumerate(originals):
                 blocks[index] = block
         if batch[0] + 1 != self.batches:
-            raise PrefixMismatch("the held-out data gave fewer batches than recorded")
+            # not a PrefixMismatch: found after the pass's scores (and, under
+            # torch.distributed, their collectives), so no whole pass may follow;
+            # the held-out data must give the same batches on every pass
+            raise ValueError("the held-out data gave fewer batches than on the recorded pass")
 
 
 class _StandIn(nn.Module):
