@@ -5,7 +5,15 @@ parameters, linear-layer MACs and throughput) or a checkpoint on disk
 measured block by block, the exact parameter count of the plan; no MACs
 or throughput, which need the model loaded). Both give
 :class:`~toast.frontier.measure.Measurement` s, so the search above them
-is one."""
+is one.
+
+A candidate in memory changes the original only from some block on (the
+first block of its spans, the block before a ReplaceMe cut, the first
+block whose sub-layers it removes): the held-out states entering the
+blocks before it are the original's. :class:`MemoryBench` records them on
+the original's held-out pass (:class:`toast.hf.evaluate.resume.PrefixStates`,
+within ``prefix_bytes``) and each candidate's pass resumes there; throughput,
+MACs and an objective's extra measures run the whole model."""
 
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ from torch import nn
 from toast.hf.capture.sequential import BlockEdits, DiskModel
 from toast.hf.evaluate.from_disk import SequentialEvaluator
 from toast.hf.evaluate.quality import Evaluator
+from toast.hf.evaluate.resume import PREFIX_BYTES, PrefixMismatch, PrefixStates, unchanged_blocks
 from toast.methods.base import Layout, Plan, Sizes, get_method
 
 from .build import build, finish
@@ -38,8 +47,50 @@ Writer = Callable[[str | os.PathLike], Path]
 Extra = Callable[[nn.Module], dict[str, float]]
 
 
+#: The fields of :class:`Plan` whose changes :func:`first_changed_block` knows.
+_PLAN_FIELDS = frozenset(
+    {
+        "methods",
+        "family",
+        "spans",
+        "translator",
+        "head_sparsity",
+        "params_after",
+        "predicted_error",
+        "schedule",
+        "unseen_macs",
+        "unseen_share",
+        "extendable",
+        "merge",
+        "sublayers",
+    }
+)
+
+
+def first_changed_block(plan: Plan, num_blocks: int) -> int:
+    """The first of the original's blocks (its numbering) that ``plan``
+    changes or removes: those before it run as the original's, on the same
+    inputs. 0 for plans that change every block (head pruning, Token
+    Channel Selection, token merging) and for a plan setting a field this
+    does not know (a new method's)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Plan)}
+    if any(getattr(plan, k) != v for k, v in defaults.items() if k not in _PLAN_FIELDS):
+        return 0
+    if plan.head_sparsity is not None or plan.schedule is not None or plan.merge is not None:
+        return 0
+    # ReplaceMe folds each cut's transform into the block before it
+    before = 1 if "replaceme" in plan.methods else 0
+    starts = [start - before for start, _ in plan.spans]
+    starts += [block for block, _ in plan.sublayers or ()]
+    return max(0, min(starts, default=num_blocks))
+
+
 class MemoryBench:
-    """Candidates built on copies of ``model`` and measured whole."""
+    """Candidates built on copies of ``model`` and measured, each held-out
+    pass resumed past the blocks it shares with the original where their
+    states were recorded (``prefix_bytes``: the bound on those states,
+    :data:`~toast.hf.evaluate.resume.PREFIX_BYTES` by default; 0: every
+    candidate runs whole)."""
 
     def __init__(
         self,
@@ -52,6 +103,7 @@ class MemoryBench:
         extra: Extra | None = None,
         rounds: int = 3,
         compute: str = "auto",
+        prefix_bytes: int = PREFIX_BYTES,
     ) -> None:
         self.model, self.layout, self.calibrated = model, layout, calibrated
         self.latency, self.extra, self.rounds = latency, extra, rounds
@@ -62,6 +114,43 @@ class MemoryBench:
         # whether the evaluator holds the original's outputs, which the
         # fidelity metrics (KL, agreement, cosine) compare every model with
         self.reference = False
+        #: the original's held-out block inputs (None: candidates run whole)
+        self.prefix = PrefixStates(layout.stack, prefix_bytes) if prefix_bytes else None
+        #: per measured candidate, the block its held-out pass resumed at (0: whole)
+        self.resumed: dict[str, int] = {}
+
+    def _heldout_original(self, model: nn.Module, label: str) -> float:
+        """The original's held-out pass, its block inputs recorded."""
+        if self.prefix is None:
+            return self.evaluator.measure(model, label)
+        with self.prefix.recording(model, self.evaluator.compute):
+            return self.evaluator.measure(model, label)
+
+    def _resume_point(self, plan: Plan, model: nn.Module) -> int:
+        """The recorded block ``model``'s pass resumes at (0: none)."""
+        if self.prefix is None:
+            return 0
+        stack = self.layout.stack
+        start = first_changed_block(plan, stack.num_blocks)
+        # the plan says where it changes the model; the blocks must agree
+        start = unchanged_blocks(stack, model, start)
+        return self.prefix.resume_point(start, self.evaluator.compute)
+
+    def _heldout_candidate(self, plan: Plan) -> Callable[[nn.Module, str], float]:
+        def heldout(model: nn.Module, label: str) -> float:
+            prefix, at = self.prefix, self._resume_point(plan, model)
+            self.resumed[plan.key] = at
+            if prefix is None or at == 0:
+                return self.evaluator.measure(model, label)
+            try:
+                with prefix.resumed(model, at):
+                    return self.evaluator.measure(model, label)
+            except PrefixMismatch:
+                # raised before the pass's scores were formed: measured whole instead
+                self.resumed[plan.key] = 0
+                return self.evaluator.measure(model, label)
+
+        return heldout
 
     def _more(self, model: nn.Module, m: Measurement) -> Measurement:
         if self.extra is None:
@@ -81,13 +170,14 @@ class MemoryBench:
             self.latency,
             phases=self.timings,
             rounds=self.rounds,
+            heldout=self._heldout_original,
         )
         return self._more(self.model, m)
 
     def candidate(self, plan: Plan) -> Measurement:
         if not self.reference:  # the original was measured by an earlier call
             with timed(self.timings, "original: held-out"):
-                self.evaluator.measure(self.model, "original")
+                self._heldout_original(self.model, "original")
             self.reference = True
         with timed(self.timings, f"{plan.label}: build"):
             built = build(self.model, self.layout, plan, self.calibrated)
@@ -105,6 +195,7 @@ class MemoryBench:
             macs=macs,
             phases=self.timings,
             rounds=self.rounds,
+            heldout=self._heldout_candidate(plan),
         )
         return self._more(model, m)
 
