@@ -372,6 +372,16 @@ class RowNumbers:
         self.first_row += int(first.shape[:-1].numel() if mask is None else mask.sum())
 
 
+def _same_on_every_rank(
+    inputs: Iterator[tuple[tuple, dict]], ranks: Any
+) -> Iterator[tuple[tuple, dict]]:
+    """``inputs``, the first checked to be every rank's under ``ranks``."""
+    for index, (args, kwargs) in enumerate(inputs):
+        if ranks is not None and index == 0:
+            check_same_batch((args, kwargs), ranks)
+        yield args, kwargs
+
+
 def stream_states(
     model: nn.Module,
     loader: Iterable,
@@ -418,11 +428,9 @@ def stream_states(
         bar = progress_bar(desc, None, "sample", disable=not cal.progress)
         model.eval()
         with torch.inference_mode():
-            inputs = calibration_inputs(model, loader, cal)
+            inputs = _same_on_every_rank(calibration_inputs(model, loader, cal), ranks)
             first = True
             for index, (args, kwargs) in enumerate(inputs):
-                if ranks is not None and index == 0:
-                    check_same_batch((args, kwargs), ranks)
                 if ranks is not None and not ranks.owns(index):
                     if numbers is not None:
                         skipped.append(_Skipped.of(args, kwargs))

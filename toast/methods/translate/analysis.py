@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -352,30 +352,28 @@ def analyze(
     if max_memory is not None or sequential is not None:
         raise ValueError("max_memory= and sequential= choose how a checkpoint folder is read: "
                          "pass the folder, or leave them out for a loaded model")  # fmt: skip
-    batches = as_batches(loader, **text)
+    options = dict(tokens=tokens, pairs=pairs, precision=precision, backend=backend,
+                   calibration=cal, stack=stack, statistics_bytes=statistics_bytes)  # fmt: skip
+    capture = _in_memory(model, as_batches(loader, **text), massive_rows, options)
+    check("estimator", estimator, Options(ESTIMATORS))
+    moments, stack, recorder, resolved = _auto_capture(estimator, metric, folds, capture)
+    resolved = within_bound(moments, metric, resolved)
+    errors = _errors(moments, metric, resolved, ridge, cal.progress)
+    return Analysis(moments, errors, metric, resolved, tokens, stack.path, ridge, recorder)
 
-    def capture(with_folds: int) -> tuple[Moments | ChunkedMoments, BlockStack, Any]:
+
+def _in_memory(
+    model: nn.Module, batches: Any, massive_rows: bool, options: dict[str, Any]
+) -> Callable[[int], tuple[Moments | ChunkedMoments, BlockStack, MassiveRows | None]]:
+    """The capture pass of :func:`analyze` with a given number of folds
+    (what :func:`_auto_capture` calls once or twice)."""
+
+    def capture(folds: int) -> tuple[Moments | ChunkedMoments, BlockStack, MassiveRows | None]:
         recorder = MassiveRows() if massive_rows else None
-        moments, found = capture_moments(
-            model,
-            batches,
-            tokens=tokens,
-            folds=with_folds,
-            pairs=pairs,
-            precision=precision,
-            backend=backend,
-            calibration=cal,
-            stack=stack,
-            observe=recorder,
-            statistics_bytes=statistics_bytes,
-        )
+        moments, found = capture_moments(model, batches, folds=folds, observe=recorder, **options)
         return moments, found, recorder
 
-    check("estimator", estimator, Options(ESTIMATORS))
-    moments, stack, recorder, estimator = _auto_capture(estimator, metric, folds, capture)
-    estimator = within_bound(moments, metric, estimator)
-    errors = _errors(moments, metric, estimator, ridge, cal.progress)
-    return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)
+    return capture
 
 
 def _analyze_folder(
@@ -463,7 +461,7 @@ def analyze_from_disk(
         return moments, stack, recorder
 
     check("estimator", estimator, Options(ESTIMATORS))
-    moments, stack, recorder, estimator = _auto_capture(estimator, metric, folds, capture)
-    estimator = within_bound(moments, metric, estimator)
-    errors = _errors(moments, metric, estimator, ridge, cal.progress)
-    return Analysis(moments, errors, metric, estimator, tokens, stack.path, ridge, recorder)
+    moments, stack, recorder, resolved = _auto_capture(estimator, metric, folds, capture)
+    resolved = within_bound(moments, metric, resolved)
+    errors = _errors(moments, metric, resolved, ridge, cal.progress)
+    return Analysis(moments, errors, metric, resolved, tokens, stack.path, ridge, recorder)
