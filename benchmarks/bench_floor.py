@@ -262,7 +262,17 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--record", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--note", default="", help="what the table should say about the run (its conditions)"
+    )
+    parser.add_argument("--render", action="store_true", help="only rewrite floor.md")
     args = parser.parse_args()
+    if args.render:
+        saved = json.loads(Path(args.out).read_text())
+        saved["note"] = args.note or saved.get("note", "")
+        Path(args.out).write_text(json.dumps(saved, indent=1))
+        Path(args.out).with_suffix(".md").write_text(_table(saved))
+        return
     if args.one:
         one(args.one, args.size, args.dtype, args.threads, Path(args.record))
         return
@@ -297,6 +307,7 @@ def main() -> None:
         "machine": _machine.machine(load),
         "bf16_native": native_matmul(torch.bfloat16),
         "threads": args.threads,
+        "note": args.note,
     }
     out = Path(args.out)
     out.write_text(json.dumps(result, indent=1))
@@ -336,6 +347,8 @@ def _table(result: dict) -> str:
             f"OMP_NUM_THREADS={result.get('threads', 1)} (the machine line below is the parent's).",
         ]
     lines += ["", _machine.describe(result["machine"]), ""]
+    if result.get("note"):
+        lines += [result["note"], ""]
     return "\n".join(lines)
 
 
