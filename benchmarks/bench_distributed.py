@@ -127,7 +127,12 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--render", action="store_true", help="only rewrite distributed.md")
     args = parser.parse_args()
+    if args.render:
+        saved = ROOT / "benchmarks" / "results" / "distributed.json"
+        saved.with_suffix(".md").write_text(_table(json.loads(saved.read_text())))
+        return
     if args.worker:
         worker(args.worker, args.threads, Path(args.out))
         return
@@ -170,7 +175,7 @@ def _table(result: dict) -> str:
         "# Several processes against one (`bench_distributed.py`)",
         "",
         "SmolLM2-135M-Instruct, 32 calibration sequences of 256 tokens; wall time of the",
-        f"compression alone, median of {result['rounds']} interleaved rounds; weights against",
+        f"compression alone, median of {result['rounds']} interleaved round(s); weights against",
         "the one-process, one-thread run's (largest difference over a tensor's largest value).",
         "",
         "| run | setup | wall | speed-up | peak RssAnon (all processes) | weights vs one process |",
@@ -181,7 +186,7 @@ def _table(result: dict) -> str:
             f"| {r['run']} | {r['setup']} | {r['wall_s']:.1f} s | {r['speedup']:.2f}x | "
             f"{r['peak_rss_anon_mib']:,} MiB | {r['max_rel_difference']:.1e} |"
         )
-    lines += ["", f"Machine: {_machine.describe(result['machine'])}.", ""]
+    lines += ["", _machine.describe(result["machine"]), ""]
     return "\n".join(lines)
 
 
