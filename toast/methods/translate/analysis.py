@@ -207,9 +207,10 @@ def enough_for_gcv(rows: int, dim: int, folds: int) -> bool:
     more rows than the width. Below it a span's in-sample fit interpolates
     and its GCV (the in-sample error over ``1 - tr(H)/n``, undefined once
     ``n <= tr(H)``) says little, so ``"auto"`` measures on held-out folds
-    instead; above it the two rank SmolLM2's spans alike at 2, 4, 6 and 8
-    blocks (``benchmarks/results/floor.md``) and GCV costs one triangular
-    solve a span against about ``4 folds`` for the folds."""
+    instead; above it the two plan the same spans at every budget from 1
+    to 8 blocks on SmolLM2 and DINOv2 (``benchmarks/results/estimator.md``)
+    and GCV costs one triangular solve a span against about four solves and
+    products a fold."""
     return rows >= folds * (dim + 1)
 
 
