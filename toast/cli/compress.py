@@ -34,7 +34,7 @@ from toast.cli.checks import (
     check_tokenizer_files,
     staged_output,
 )
-from toast.cli.launch import is_writer, launched_group
+from toast.cli.launch import launched_group, quiet_unless_writer
 from toast.cli.options import (
     EXIT_STATUSES,
     HELDOUT_HELP,
@@ -246,9 +246,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    writer = is_writer()
-    if not writer:  # rank 0 reports for all
-        args.no_progress = args.quiet = True
+    writer = quiet_unless_writer(args)
     out = _check(args, writer)
     quiet_libraries(progress=not args.no_progress, quiet=args.quiet)
     from toast.methods import compress

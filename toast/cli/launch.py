@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["TORCHRUN_VARIABLES", "is_writer", "launched_group"]
+__all__ = ["TORCHRUN_VARIABLES", "is_writer", "launched_group", "quiet_unless_writer"]
 
 #: What torchrun sets in every process it starts.
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -62,3 +63,13 @@ def is_writer() -> bool:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank() == 0
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def quiet_unless_writer(args: Any) -> bool:
+    """Whether this process writes the command's output (:func:`is_writer`);
+    the other ranks are made quiet (``--no-progress``, ``--quiet``): rank 0
+    reports for all."""
+    writer = is_writer()
+    if not writer:
+        args.no_progress = args.quiet = True
+    return writer

@@ -239,15 +239,20 @@ class ChunkedMoments:
         """Adds one batch of rows (the masked ones) to the buffer."""
         if len(states) != self.num_states:
             raise ValueError(f"expected {self.num_states} states, got {len(states)}")
-        keep = None if mask is None else _host(mask).reshape(-1).astype(bool)
-        flat = [_host(x).reshape(-1, self.dim) for x in states]
-        for k, x in enumerate(flat):
-            if not np.isfinite(x if keep is None else x[keep]).all():
-                # refused before anything is written, as the whole moments refuse it
-                raise non_finite_error(f"states[{k}] contains NaN or Inf", k)
-        for file, x in zip(self._files, flat, strict=True):
-            file.append(x if keep is None else x[keep])
+        # every state checked before anything is written, as the whole moments refuse it
+        kept = [self._kept(k, x, mask) for k, x in enumerate(states)]
+        for file, x in zip(self._files, kept, strict=True):
+            file.append(x)
         return self
+
+    def _kept(self, state: int, rows: Any, mask: Any | None) -> np.ndarray:
+        """The rows of ``state`` the mask keeps, refused when NaN or Inf."""
+        x = _host(rows).reshape(-1, self.dim)
+        if mask is not None:
+            x = x[_host(mask).reshape(-1).astype(bool)]
+        if not np.isfinite(x).all():
+            raise non_finite_error(f"states[{state}] contains NaN or Inf", state)
+        return x
 
     def append_state(self, state: int, rows: Any, mask: Any | None = None) -> ChunkedMoments:
         """Adds one batch of rows (the masked ones) of one ``state`` alone,
@@ -259,12 +264,7 @@ class ChunkedMoments:
         before anything of it is written."""
         if not 0 <= state < self.num_states:
             raise ValueError(f"state {state} is not one of the {self.num_states} states")
-        keep = None if mask is None else _host(mask).reshape(-1).astype(bool)
-        x = _host(rows).reshape(-1, self.dim)
-        x = x if keep is None else x[keep]
-        if not np.isfinite(x).all():
-            raise non_finite_error(f"states[{state}] contains NaN or Inf", state)
-        self._files[state].append(x)
+        self._files[state].append(self._kept(state, rows, mask))
         return self
 
     def complete(self) -> ChunkedMoments:

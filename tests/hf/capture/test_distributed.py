@@ -162,7 +162,9 @@ def test_all_reduce_needs_an_initialised_group():
         all_reduce_moments(np.zeros(3))
 
 
-HF_WORKER = textwrap.dedent(
+# What every worker of the HF tests starts with: its rank, the world, the
+# output folder, and the repository on the path.
+WORKER_HEAD = textwrap.dedent(
     """
     import datetime, sys
     import numpy as np, torch
@@ -172,6 +174,11 @@ HF_WORKER = textwrap.dedent(
     rank, world = int(rank), int(world)
     sys.path.insert(0, repo_root)
     import toast
+    """
+)
+
+HF_WORKER = WORKER_HEAD + textwrap.dedent(
+    """
     from tests._helpers import hf_models
 
     torch.set_num_threads(1)
@@ -258,16 +265,8 @@ def test_analyze_and_compress_agree_across_ranks_and_with_one_process(tmp_path):
     assert_rel(ranks[0]["mlp"], expected, 1e-6, "mlp: every rank samples every row")
 
 
-DIFFERENT_DATA_WORKER = textwrap.dedent(
+DIFFERENT_DATA_WORKER = WORKER_HEAD + textwrap.dedent(
     """
-    import datetime, sys
-    import numpy as np, torch
-    import torch.distributed as dist
-
-    repo_root, rank, world, out = sys.argv[1:5]
-    rank, world = int(rank), int(world)
-    sys.path.insert(0, repo_root)
-    import toast
     from tests._helpers import replaceme_models as rm
 
     torch.set_num_threads(1)

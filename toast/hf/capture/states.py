@@ -24,6 +24,7 @@ from toast.core.chunked import ChunkedMoments, resolve_bound
 from toast.core.errors import non_finite_error
 from toast.hf.capture.compute import forwards_in
 from toast.hf.capture.distributed import check_same_batch, ranks_of, reduce_captured
+from toast.hf.capture.row_numbers import RowNumbers, SkippedBatch, batch_size, fold_ids
 from toast.hf.capture.torch_moments import TorchMoments
 from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens, limited, warn_if_small
 from toast.hf.data.progress import expected_samples, progress_bar
@@ -34,7 +35,6 @@ __all__ = [
     "TOKENS",
     "ForwardError",
     "MomentsSink",
-    "RowNumbers",
     "Tokens",
     "capture_moments",
     "check_materialized",
@@ -199,13 +199,6 @@ def check_materialized(model: nn.Module) -> None:
     )
 
 
-def _batch_size(args: tuple, kwargs: dict) -> int:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            return int(value.shape[0])
-    raise ValueError("cannot tell the batch size: the batch holds no tensor")
-
-
 def _truncate(args: tuple, kwargs: dict, n: int) -> tuple[tuple, dict]:
     def cut(v: Any) -> Any:
         return v[:n] if isinstance(v, torch.Tensor) and v.dim() > 0 else v
@@ -309,69 +302,6 @@ def check_states(states: Sequence[int] | None, num_states: int) -> list[int]:
     return chosen
 
 
-class _Skipped:
-    """What a rank keeps of another rank's batch to number the rows after
-    it: its size, its attention mask and the shape of its first input."""
-
-    def __init__(self, size: int, mask: torch.Tensor | None, shape: tuple, ids: int | None):
-        self.size, self.mask, self.shape, self.ids = size, mask, shape, ids
-
-    @classmethod
-    def of(cls, args: tuple, kwargs: dict) -> _Skipped:
-        mask = kwargs.get("attention_mask")
-        mask = mask.detach().bool().cpu() if isinstance(mask, torch.Tensor) else None
-        ids = kwargs.get("input_ids")
-        length = int(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
-        return cls(_batch_size(args, kwargs), mask, _input_shape(args, kwargs), length)
-
-    def rows(self, tokens: str, own_shape: tuple, own_tokens: int) -> int:
-        """The rows this batch gives a pass taking ``tokens`` (as
-        :func:`select_tokens` selects them)."""
-        if self.mask is not None:
-            return int(self.mask.sum() if tokens == "all" else self.mask.any(dim=1).sum())
-        if tokens != "all":
-            return self.size
-        if self.ids is not None:  # a token model: one state per input token
-            return self.size * self.ids
-        if self.shape == own_shape:  # inputs of one shape give states of one length
-            return self.size * own_tokens
-        raise ValueError(
-            "under torch.distributed, folds are dealt by the row numbers of one process, "
-            "which needs each batch's token count without running it: give batches of one "
-            "shape, or an attention_mask, or use estimator='gcv' (no folds)"
-        )
-
-
-def _input_shape(args: tuple, kwargs: dict) -> tuple:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            return tuple(value.shape[1:])
-    return ()
-
-
-class RowNumbers:
-    """The number one process would give the first row of the batch a
-    sharded pass consumes (:attr:`first_row`): the rows of every batch
-    before it, this rank's and the others' (counted from their inputs,
-    never run). Moments deal rows to folds by these numbers, so a sharded
-    K-fold split is one process's."""
-
-    def __init__(self) -> None:
-        self.first_row = 0
-
-    def skip(
-        self, skipped: list[_Skipped], tokens: str, args: tuple, kwargs: dict, first: torch.Tensor
-    ) -> None:
-        """Counts the other ranks' batches before this one (``first``: its
-        first state, whose length states of inputs of its shape share)."""
-        own_shape, own_tokens = _input_shape(args, kwargs), int(first.shape[1])
-        self.first_row += sum(b.rows(tokens, own_shape, own_tokens) for b in skipped)
-
-    def advance(self, first: torch.Tensor, mask: torch.Tensor | None) -> None:
-        """Counts this rank's batch, once consumed."""
-        self.first_row += int(first.shape[:-1].numel() if mask is None else mask.sum())
-
-
 def _same_on_every_rank(
     inputs: Iterator[tuple[tuple, dict]], ranks: Any
 ) -> Iterator[tuple[tuple, dict]]:
@@ -422,7 +352,7 @@ def stream_states(
     recorder = _StateRecorder(stack, check_states(states, stack.num_blocks + 1))
     was_training = model.training
     ranks = ranks_of(cal) if shard else None
-    skipped: list[_Skipped] = []  # other ranks' batches since this rank's last one
+    skipped: list[SkippedBatch] = []  # other ranks' batches since this rank's last one
     bar = None
     try:
         bar = progress_bar(desc, None, "sample", disable=not cal.progress)
@@ -433,7 +363,7 @@ def stream_states(
             for index, (args, kwargs) in enumerate(inputs):
                 if ranks is not None and not ranks.owns(index):
                     if numbers is not None:
-                        skipped.append(_Skipped.of(args, kwargs))
+                        skipped.append(SkippedBatch.of(args, kwargs))
                     continue
                 with forwards_in(model, cal.compute_dtype):
                     _run_forward(model, args, kwargs, index)
@@ -446,7 +376,7 @@ def stream_states(
                 total = consume(rows, row_mask)
                 if numbers is not None:
                     numbers.advance(rows[0], row_mask)
-                size = _batch_size(args, kwargs)
+                size = batch_size(args, kwargs)
                 if first:
                     first = False
                     bar.total = expected_samples(loader, cal.max_samples, cal.max_batches, size)
@@ -476,7 +406,7 @@ def calibration_inputs(
     samples = 0
     for batch in itertools.islice(limited(loader, cal), cal.max_batches):
         args, kwargs = forward_inputs(model, batch, device)
-        size = _batch_size(args, kwargs)
+        size = batch_size(args, kwargs)
         if cal.max_samples is not None:
             remaining = cal.max_samples - samples
             if remaining <= 0:
@@ -662,25 +592,11 @@ def _update(
         elif first_row is None or isinstance(moments, ChunkedMoments):
             moments.update(states, mask=mask)
         else:
-            moments.update(states, mask=mask, fold=_fold_ids(states[0], mask, first_row, moments))
+            moments.update(states, mask=mask, fold=fold_ids(states[0], mask, first_row, moments))
     except NonFiniteError as exc:
         if exc.state is None:
             raise
         raise naming_state(exc.state, chosen) from exc
-
-
-def _fold_ids(
-    first: torch.Tensor, mask: torch.Tensor | None, first_row: int, moments: Moments
-) -> torch.Tensor:
-    """The fold of each row of a batch (leading shape) as one process deals
-    them: accepted row ``first_row + r`` to fold ``(first_row + r) % folds``
-    (rows the mask drops get any fold; they are not added)."""
-    lead = first.shape[:-1]
-    if mask is None:
-        order = torch.arange(lead.numel())
-    else:
-        order = mask.reshape(-1).to(torch.int64).cumsum(0) - 1
-    return ((first_row + order) % moments.folds).reshape(lead)
 
 
 def naming_state(index: int, chosen: Sequence[int]) -> ValueError:

@@ -86,7 +86,7 @@ class TorchMoments:
         ``(batch, tokens, dim)``; ``mask`` (leading shape) drops rows.
         ``first_row``: the number of the batch's first accepted row in the
         folds' dealing (default: the rows added so far; a sharded pass gives
-        one process's number, see :class:`toast.hf.capture.states.RowNumbers`)."""
+        one process's number, see :class:`toast.hf.capture.row_numbers.RowNumbers`)."""
         if len(states) != self.num_states:
             raise ValueError(f"expected {self.num_states} states, got {len(states)}")
         lead = tuple(states[0].shape[:-1])
