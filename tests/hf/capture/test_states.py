@@ -157,6 +157,34 @@ def test_random_subset_is_seeded():
     assert not np.array_equal(runs[0].cross(0, 1), runs[2].cross(0, 1))
 
 
+@pytest.mark.parametrize("family", FAMILIES, ids=IDS)
+def test_pass_ends_at_the_last_wanted_state(family):
+    model = hf_models.build(family)
+    batches = hf_models.loader(family, n=6, batch_size=3)
+    stack = toast.hf.find_blocks(model)
+    calls = {}
+
+    def count(name):
+        def hook(*_):
+            calls[name] = calls.get(name, 0) + 1
+
+        return hook
+
+    handles = [b.register_forward_hook(count(k)) for k, b in enumerate(stack.blocks)]
+    wanted = [0, 2]  # the embedding output and block 1's output
+    try:
+        part, _ = toast.hf.capture_moments(model, batches, states=wanted, folds=0, progress=False)
+    finally:
+        for h in handles:
+            h.remove()
+    # two batches through blocks 0 and 1 only: no later block, norm or head ran
+    assert calls == {0: 2, 1: 2}
+    whole, _ = toast.hf.capture_moments(model, batches, folds=0, progress=False)
+    for a, k in enumerate(wanted):
+        for b, j in enumerate(wanted):
+            np.testing.assert_array_equal(part.cross(a, b), whole.cross(k, j))
+
+
 def test_capture_leaves_training_mode_and_removes_hooks():
     family = FAMILIES[0]
     model = hf_models.build(family)

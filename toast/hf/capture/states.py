@@ -50,12 +50,19 @@ _TARGET_KEYS = frozenset({"labels", "label", "targets"})
 _TOKEN_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids"})
 
 
+class _PassDone(Exception):
+    """Raised once the last wanted state is recorded: the blocks after it,
+    the final norm and the head (a vocabulary-wide matmul per token) would
+    compute nothing any consumer reads."""
+
+
 class _StateRecorder:
     """Forward hooks that keep the last batch's states (all of 0..L, or the
-    chosen ones)."""
+    chosen ones) and end the forward at the last of them."""
 
     def __init__(self, stack: BlockStack, states: list[int]) -> None:
         self.wanted = list(states)
+        self.last = max(self.wanted)
         self.states: dict[int, torch.Tensor] = {}
         self._handles = []
         if 0 in self.wanted:
@@ -74,6 +81,8 @@ class _StateRecorder:
                 "the first positional argument or hidden_states=..."
             )
         self.states[0] = hidden
+        if self.last == 0:
+            raise _PassDone
 
     def _output_hook(self, state: int):
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
@@ -84,6 +93,8 @@ class _StateRecorder:
                     f"{type(output).__name__}; expected a tensor or a tuple starting with one"
                 )
             self.states[state] = hidden
+            if state == self.last:
+                raise _PassDone
 
         return hook
 
@@ -265,6 +276,8 @@ def _describe(args: tuple, kwargs: dict) -> str:
 def _run_forward(model: nn.Module, args: tuple, kwargs: dict, index: int) -> None:
     try:
         model(*args, **kwargs)
+    except _PassDone:
+        pass
     except (MemoryError, torch.OutOfMemoryError):
         raise
     except Exception as exc:
