@@ -106,14 +106,28 @@ class Ledger:
         import torch
 
         self.kind, self.counts, self.calls, self.inputs = kind, counts, {}, {}
-        hook = torch.nn.modules.module.register_module_forward_pre_hook
-        self.handles = [hook(self._count)]
+        #: seconds the counted calls took as the run made them (timed between
+        #: global hooks, which run before a module's own: a capture pass
+        #: ending at its last state stops after them)
+        self.spent = 0.0
+        self._started: dict[int, float] = {}
+        hooks = torch.nn.modules.module
+        self.handles = [
+            hooks.register_module_forward_pre_hook(self._count),
+            hooks.register_module_forward_hook(self._done),
+        ]
         self.handles += [m.register_forward_pre_hook(self._keep, with_kwargs=True) for m in modules]
 
     def _count(self, module: Any, args: tuple) -> None:
         if self.counts(module) and args:
             shape = tuple(args[0].shape)
             self.calls[shape] = self.calls.get(shape, 0) + 1
+            self._started[id(module)] = time.perf_counter()
+
+    def _done(self, module: Any, args: tuple, output: Any) -> None:
+        start = self._started.pop(id(module), None)
+        if start is not None:
+            self.spent += time.perf_counter() - start
 
     def _keep(self, module: Any, args: tuple, kwargs: dict) -> None:
         first = args[0] if args else kwargs.get("hidden_states")
@@ -248,6 +262,7 @@ def one(name: str, size: int, dtype: str, threads: int, out: Path) -> None:
         block_calls=block_calls,
         head_calls=head_calls,
         block_shapes=len(blocks.calls),
+        in_run_s=blocks.spent + heads.spent,
     )
     out.write_text(json.dumps(record))
 
@@ -321,18 +336,23 @@ def _table(result: dict) -> str:
         "# Wall time against the forward floor (`bench_floor.py`)",
         "",
         "SmolLM2-135M-Instruct (30 blocks), 32 calibration sequences of 256 tokens; the floor",
-        "is every block and head call the run made, replayed alone (median of 3).",
+        "is every block and head call the run made, replayed alone (median of 3) after the run;",
+        "*as run* is the same calls timed while the run made them (between hooks), which a",
+        "change of this machine's speed between the run and the replay does not move.",
         "",
-        "| run | dtype | blocks removed | wall | forward floor | wall / floor | block calls | "
-        "head calls | peak RssAnon | test perplexity (float32) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| run | dtype | blocks removed | wall | forward floor | wall / floor | forwards as run "
+        "| wall / as run | block calls | head calls | peak RssAnon | test perplexity (float32) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         if "floor_s" in r:
             floor = f"{r['floor_s']:.1f} s | {r['wall_s'] / r['floor_s']:.2f}x"
+            spent = r.get("in_run_s")
+            ran = f"{spent:.1f} s | {r['wall_s'] / spent:.2f}x" if spent else "— | —"
+            floor += f" | {ran}"
             calls = f"{r['block_calls']:,} | {r['head_calls']:,}"
         else:
-            floor, calls = "— | —", "— | —"
+            floor, calls = "— | — | — | —", "— | —"
         lines.append(
             f"| {LABELS[r['run']]} | {r['dtype']} | {r['size']} | {r['wall_s']:.1f} s "
             f"| {floor} | {calls} | {r['peak_rss_anon_mib']:,} MiB | {r['test_perplexity']:.3f} |"

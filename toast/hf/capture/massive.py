@@ -53,8 +53,11 @@ class MassiveRows:
         """Adds one batch (``rows[k]``: state ``k``, ``(batch, tokens, d)``;
         ``mask``: the token rows that enter the statistics)."""
         d = int(rows[0].shape[-1])
-        keep = None if mask is None else mask.reshape(-1).bool()
-        flat = [r.reshape(-1, d) if keep is None else r.reshape(-1, d)[keep] for r in rows]
+        flat = [r.reshape(-1, d) for r in rows]
+        if mask is not None and not bool(mask.all()):
+            # the kept rows' numbers once: a boolean index would find them per state
+            keep = mask.reshape(-1).bool().nonzero().squeeze(1)
+            flat = [x.index_select(0, keep) for x in flat]
         if flat[0].shape[0] == 0:
             return
         flags = torch.stack([massive(x.float()) for x in flat], dim=1)
