@@ -354,7 +354,11 @@ def stream_states(
     (row samples) leave it False and every rank forwards every batch.
     ``numbers`` (a :class:`RowNumbers`) is told, before each ``consume``,
     the number a single process would give the batch's first row.
-    Hooks are removed and the model's mode restored on every exit,
+    Each forward ends once the last chosen state is recorded (an exception
+    raised by the hook, caught here): the blocks after it, the final norm
+    and the head compute nothing ``consume`` reads, and a causal LM's head
+    is a vocabulary-wide matmul per token (on SmolLM2 it cost as much as
+    eight blocks). Hooks are removed and the model's mode restored on every exit,
     including ``KeyboardInterrupt``; the model's weights are never touched.
     Returns the block stack.
     """
