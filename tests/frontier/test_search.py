@@ -298,6 +298,23 @@ def test_timings_name_every_phase_of_every_measured_candidate(tmp_path):
     assert "Time (s): preparation" in result.to_markdown()
 
 
+@pytest.mark.parametrize("caller_froze", [False, True])
+def test_search_leaves_the_collectors_frozen_set_as_it_found_it(caller_froze):
+    import gc
+
+    model = tiny_llama()
+    data, heldout = token_batches(3, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
+    if caller_froze:
+        gc.freeze()
+    try:
+        toast.search(model, data, heldout, max_measured=2, cache=False, latency=False,
+                     progress=False)  # fmt: skip
+        # thawed after its measurements; a caller's frozen objects stay frozen
+        assert (gc.get_freeze_count() > 0) == caller_froze
+    finally:
+        gc.unfreeze()
+
+
 def test_each_candidate_is_freed_before_the_next_is_built(monkeypatch):
     import weakref
 

@@ -471,19 +471,23 @@ class _Tokens:
         targets = _targets(kwargs, _labels(batch)).to(logits.device)
         for row in range(logits.shape[0]):  # one row at a time bounds the temporaries
             target = targets[row, 1:]
-            valid = target != -100
-            if bool(valid.any()):
-                self.fidelity.add(logits[row, :-1][valid], target[valid])
+            self._add_valid(logits[row, :-1], target)
 
     def _add_runs(self, batch: Any, kwargs: dict, output: HeadRuns) -> None:
         targets = _targets(kwargs, _labels(batch)).to(output.hidden.device)
         for row in range(output.hidden.shape[0]):
             target = targets[row, 1:]
             for start, logits in output.runs(row, int(target.shape[0])):
-                run = target[start : start + logits.shape[0]]
-                valid = run != -100
-                if bool(valid.any()):
-                    self.fidelity.add(logits[valid], run[valid])
+                self._add_valid(logits, target[start : start + logits.shape[0]])
+
+    def _add_valid(self, logits: torch.Tensor, target: torch.Tensor) -> None:
+        """The positions of ``target`` not ignored (``-100``); a view, not a
+        vocabulary-wide copy per row, when none is."""
+        valid = target != -100
+        if bool(valid.all()):
+            self.fidelity.add(logits, target)
+        elif bool(valid.any()):
+            self.fidelity.add(logits[valid], target[valid])
 
     def result(self) -> dict[str, float]:
         return self.fidelity.result()
