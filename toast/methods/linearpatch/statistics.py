@@ -92,9 +92,13 @@ class _Accumulator:
             per_state.append((rotated * valid[..., None]).sum(dim=1)[keep] / counts[keep, None])
             units.append(torch.nn.functional.normalize(x, dim=-1))
         self.magnitudes.append(torch.stack(per_state, dim=1).numpy())
-        for i, a in enumerate(units):
+        # the kept tokens' cosines between every two states, summed, in one product
+        # (a pair at a time read the states S x max_blocks times: 3x slower here)
+        stacked = torch.stack(units, dim=2).reshape(-1, len(units), first.shape[-1])
+        sums = torch.einsum("tsd,tud,t->su", stacked, stacked, valid.reshape(-1)).numpy()
+        for i in range(len(units)):
             for j in range(i + 1, min(i + self.max_blocks, len(units) - 1) + 1):
-                self.cosines[i, j] += float(((a * units[j]).sum(-1) * valid).sum())
+                self.cosines[i, j] += sums[i, j]
         self.rows += int(valid.sum())
         return self.rows
 
