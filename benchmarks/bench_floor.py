@@ -14,8 +14,9 @@ the head replays each shape's inputs alone (median of 3); the floor is
 the sum over shapes of calls x that time: the forwards the run made,
 timed with nothing else. The same calls are also timed as the run makes
 them (``in_run_s``, between global hooks): a change of the machine's
-speed between the run and the replay moves the floor, not that. Blocks are timed as block 0 (every block of a
-decoder costs the same); translators and the statistics are overhead.
+speed between the run and the replay moves the floor, not that. Blocks
+are timed as block 0 (every block of a decoder costs the same);
+translators and the statistics are overhead.
 
 The result is measured in float32 on the test split (16 x 256 tokens
 nobody selects on), whatever the run computed in: what bf16 forwards do

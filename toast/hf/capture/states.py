@@ -51,9 +51,10 @@ _TOKEN_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "posit
 
 
 class _PassDone(Exception):
-    """Raised once the last wanted state is recorded: the blocks after it,
-    the final norm and the head (a vocabulary-wide matmul per token) would
-    compute nothing any consumer reads."""
+    """Raised by the hook of the last wanted state once it is recorded, and
+    caught around the forward: the blocks after it, the final norm and the
+    head (a vocabulary-wide matmul per token, on SmolLM2 about eight
+    blocks' cost) would compute nothing any consumer reads."""
 
 
 class _StateRecorder:
@@ -354,11 +355,8 @@ def stream_states(
     (row samples) leave it False and every rank forwards every batch.
     ``numbers`` (a :class:`RowNumbers`) is told, before each ``consume``,
     the number a single process would give the batch's first row.
-    Each forward ends once the last chosen state is recorded (an exception
-    raised by the hook, caught here): the blocks after it, the final norm
-    and the head compute nothing ``consume`` reads, and a causal LM's head
-    is a vocabulary-wide matmul per token (on SmolLM2 it cost as much as
-    eight blocks). Hooks are removed and the model's mode restored on every exit,
+    Each forward ends at the last chosen state: the rest reads nothing.
+    Hooks are removed and the model's mode restored on every exit,
     including ``KeyboardInterrupt``; the model's weights are never touched.
     Returns the block stack.
     """
