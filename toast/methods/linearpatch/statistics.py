@@ -85,19 +85,23 @@ class _Accumulator:
         )
         counts = valid.sum(dim=1)
         keep = counts > 0
-        per_state, units = [], []
-        for x in states:
+        per_state = []
+        # every state's unit rows, masked rows zeroed, one state after another: the
+        # kept tokens' cosines of every two states summed are then one product
+        # (a pair at a time read the states S x max_blocks times, 3x slower here)
+        units = torch.empty(len(states), valid.numel(), first.shape[-1], dtype=torch.float64)
+        for k, x in enumerate(states):
             x = x.to(device="cpu", dtype=torch.float64)
             rotated = (x @ self.rotation).abs()
             per_state.append((rotated * valid[..., None]).sum(dim=1)[keep] / counts[keep, None])
-            units.append(torch.nn.functional.normalize(x, dim=-1))
+            units[k] = torch.nn.functional.normalize(x, dim=-1).reshape(-1, x.shape[-1])
         self.magnitudes.append(torch.stack(per_state, dim=1).numpy())
-        # the kept tokens' cosines between every two states, summed, in one product
-        # (a pair at a time read the states S x max_blocks times: 3x slower here)
-        stacked = torch.stack(units, dim=2).reshape(-1, len(units), first.shape[-1])
-        sums = torch.einsum("tsd,tud,t->su", stacked, stacked, valid.reshape(-1)).numpy()
-        for i in range(len(units)):
-            for j in range(i + 1, min(i + self.max_blocks, len(units) - 1) + 1):
+        if mask is not None:
+            units[:, valid.reshape(-1) == 0] = 0.0
+        flat = units.reshape(len(states), -1)
+        sums = (flat @ flat.T).numpy()
+        for i in range(len(states)):
+            for j in range(i + 1, min(i + self.max_blocks, len(states) - 1) + 1):
                 self.cosines[i, j] += sums[i, j]
         self.rows += int(valid.sum())
         return self.rows
