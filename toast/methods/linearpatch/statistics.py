@@ -99,10 +99,8 @@ class _Accumulator:
         if mask is not None:
             units[:, valid.reshape(-1) == 0] = 0.0
         flat = units.reshape(len(states), -1)
-        sums = (flat @ flat.T).numpy()
-        for i in range(len(states)):
-            for j in range(i + 1, min(i + self.max_blocks, len(states) - 1) + 1):
-                self.cosines[i, j] += sums[i, j]
+        # the pairs up to max_blocks apart, i < j (the band the windows read)
+        self.cosines += np.triu(np.tril((flat @ flat.T).numpy(), self.max_blocks), 1)
         self.rows += int(valid.sum())
         return self.rows
 
