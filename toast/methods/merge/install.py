@@ -1,12 +1,16 @@
-"""Installing token merging on a model: :func:`enable_merging` /
-:func:`disable_merging`.
+"""Installing token reduction on a model: :func:`enable_reduction` (any
+reducer of :mod:`toast.methods.merge.reducers`), :func:`enable_merging`
+(ToMe's) and :func:`disable_merging`.
 
-Every merging block's ``forward`` is replaced (an instance attribute, so
+Every reducing block's ``forward`` is replaced (an instance attribute, so
 the block's modules, parameters and paths are unchanged and a save holds
 the same tensors) by one that computes attention itself from the block's
 modules, with proportional attention over the current token sizes, adds
-it to the residual, merges ``r`` tokens (:mod:`toast.methods.merge.matching`,
-metric: the keys averaged over heads), then runs the block's own ``mlp``.
+it to the residual, asks the reducer which tokens to merge, prune or mix
+(metric: the keys averaged over heads; the class token's attention row
+when the reducer reads it), reduces them by size
+(:func:`toast.methods.merge.matching.merge_tokens`), then runs the block's
+own ``mlp``.
 
 State (token sizes and the source map, original token → current token)
 lives for one forward: the first merging block starts it, the last one
@@ -34,7 +38,8 @@ from torch import nn
 from toast.hf.model.vit import TOKEN_MAP_ATTR
 from toast.io.guard import guard_save
 from toast.methods.merge.macs import merge_schedule
-from toast.methods.merge.matching import bipartite_soft_matching, merge_tokens
+from toast.methods.merge.matching import Matching, carry_source, merge_tokens, unmerge
+from toast.methods.merge.reducers import Reducer, TokenView, TomeReducer
 from toast.methods.merge.sites import MergeSites, Site, find_sites
 
 __all__ = [
@@ -42,6 +47,7 @@ __all__ = [
     "MergeHandle",
     "disable_merging",
     "enable_merging",
+    "enable_reduction",
     "merging_of",
 ]
 
@@ -60,21 +66,27 @@ class _Pass:
 
 @dataclass
 class MergeHandle:
-    """What :func:`enable_merging` installed. ``r``: merges per site;
-    ``tokens``: the token counts each site saw in the last forward
-    (entering it, ``(in, after merging)``); ``sizes`` / ``source``: the
-    last forward's final sizes and source map (None: nothing merged)."""
+    """What :func:`enable_reduction` installed. ``reducer``: the rule each
+    block asks (:mod:`toast.methods.merge.reducers`); ``tokens``: the token
+    counts each site saw in the last forward (entering it, ``(in, after
+    reducing)``); ``sizes`` / ``source``: the last forward's final sizes
+    and source map (None: nothing reduced)."""
 
     model: nn.Module
     sites: MergeSites
-    r: tuple[int, ...]
-    schedule: str
+    reducer: Reducer
     proportional_attention: bool = True
     unmerge_output: bool = True
     tokens: list[tuple[int, int]] = field(default_factory=list)
     sizes: torch.Tensor | None = None
     source: torch.Tensor | None = None
     _pass: _Pass | None = None
+
+    @property
+    def r(self) -> tuple[int, ...]:
+        """ToMe's merges per site (``AttributeError`` for other reducers)."""
+        r: tuple[int, ...] = getattr(self.reducer, "r")  # noqa: B009  (the reducer's own field)
+        return r
 
     def disable(self) -> None:
         """Puts every block's own forward back."""
@@ -84,10 +96,12 @@ class MergeHandle:
             delattr(self.model, HANDLE_ATTR)
 
     def state(self) -> dict[str, Any]:
-        """The JSON-able description a save records."""
+        """The JSON-able description a save records (a ToMe state names no
+        reducer, so it reads as saves before other reducers did)."""
+        named = {} if self.reducer.name == "tome" else {"reducer": self.reducer.name}
         return {
-            "r": list(self.r),
-            "schedule": self.schedule,
+            **named,
+            **self.reducer.state(),
             "proportional_attention": self.proportional_attention,
             "unmerge_output": self.unmerge_output,
             "blocks": [s.path for s in self.sites.sites],
@@ -95,7 +109,7 @@ class MergeHandle:
 
 
 class _MergingForward:
-    """A merging block's forward. A class, not a closure, so that
+    """A reducing block's forward. A class, not a closure, so that
     ``copy.deepcopy(model)`` gets its own bound to the copied block."""
 
     def __init__(self, handle: MergeHandle, position: int) -> None:
@@ -107,56 +121,60 @@ class _MergingForward:
         site = h.sites.sites[self.position]
         mask = args[0] if args else kwargs.get("attention_mask")
         if mask is not None:
-            raise ValueError("token merging takes no attention mask (every image token is valid)")
+            raise ValueError("token reduction takes no attention mask (every image token is valid)")
         if site.block.training:
             raise RuntimeError(
-                "token merging is inference-only (no dropout, no drop-path): call model.eval()"
+                "token reduction is inference-only (no dropout, no drop-path): call model.eval()"
             )
         if self.position == 0 or h._pass is None:
             h._pass, h.tokens = _Pass(), []
         state = h._pass
-        x, keys = _attention_residual(site, hidden_states, state, h.proportional_attention)
-        tokens_in = x.shape[1]
-        matching = bipartite_soft_matching(keys, h.r[self.position], h.sites.prefix)
+        view = _attention_residual(site, hidden_states, state, h)
+        x = view.x
+        matching = h.reducer.reduce(self.position, view)
         if matching is not None:
             sizes = state.sizes if state.sizes is not None else torch.ones_like(x[..., :1])
             x, state.sizes = merge_tokens(x, sizes, matching)
-            moved = matching.new_index
-            state.source = moved if state.source is None else moved.gather(1, state.source)
-        h.tokens.append((tokens_in, x.shape[1]))
+            state.source = carry_source(state.source, matching)
+        h.tokens.append((view.x.shape[1], x.shape[1]))
         x = _mlp_residual(site, x, matching)
         if self.position == len(h.sites.sites) - 1:
             x = _finish_pass(h, x)
         return x
 
 
-def _attention_residual(
-    site: Site, x: torch.Tensor, state: _Pass, proportional: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` plus the block's attention (proportional to the token sizes),
-    and the merge metric (the keys averaged over heads, ``(B, N, d)``)."""
+def _attention_residual(site: Site, x: torch.Tensor, state: _Pass, h: MergeHandle) -> TokenView:
+    """``x`` plus the block's attention (proportional to the token sizes
+    when asked), with the merge metric (the keys averaged over heads) and,
+    when the reducer asks, the first token's attention row."""
     norm1, _ = site.norms()
     scale1, _ = site.scales()
     q, k, v = site.qkv(norm1(x))
     _, _, scaling = site.heads()
     bias = None
-    if proportional and state.sizes is not None:
+    if h.proportional_attention and state.sizes is not None:
         bias = state.sizes.log().transpose(1, 2).unsqueeze(1).to(q.dtype)  # (B, 1, 1, N)
     context = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scaling)
     out = site.out(context)
     if scale1 is not None:
         out = scale1(out)
-    return x + out, k.mean(dim=1)
+    cls_attention = None
+    if h.reducer.needs_attention:
+        logits = (q[:, :, :1] @ k.transpose(-1, -2)) * scaling  # (B, H, 1, N)
+        if bias is not None:
+            logits = logits + bias
+        cls_attention = logits.softmax(dim=-1).mean(dim=1)[:, 0]
+    return TokenView(k.mean(dim=1), x + out, state.sizes, cls_attention, h.sites.prefix)
 
 
-def _mlp_residual(site: Site, x: torch.Tensor, matching: Any) -> torch.Tensor:
+def _mlp_residual(site: Site, x: torch.Tensor, matching: Matching | None) -> torch.Tensor:
     """``x`` plus the block's MLP (whatever module ``mlp`` is now), with the
     attention → MLP token map published for MLPs that read the attention
     (Token Channel Selection's CLS row)."""
     _, norm2 = site.norms()
     _, scale2 = site.scales()
     attention = site.attention
-    setattr(attention, TOKEN_MAP_ATTR, None if matching is None else matching.new_index)
+    setattr(attention, TOKEN_MAP_ATTR, None if matching is None else matching.token_map())
     try:
         out = site.block.mlp(norm2(x))
     finally:
@@ -172,9 +190,39 @@ def _finish_pass(h: MergeHandle, x: torch.Tensor) -> torch.Tensor:
     assert state is not None  # started by the first site of this forward
     h.sizes, h.source = state.sizes, state.source
     if h.unmerge_output and state.source is not None:
-        index = state.source.unsqueeze(-1).expand(-1, -1, x.shape[-1])
-        return x.gather(1, index)
+        return unmerge(x, state.source)
     return x
+
+
+def enable_reduction(
+    model: nn.Module,
+    reducer: Reducer,
+    *,
+    proportional_attention: bool = True,
+    unmerge_output: bool = True,
+    sites: MergeSites | None = None,
+) -> MergeHandle:
+    """Installs token reduction by ``reducer`` on ``model``, in place (see
+    the module docstring); ``sites``: the model's blocks when found
+    already. Returns a :class:`MergeHandle` (``handle.disable()`` or
+    :func:`disable_merging` undoes it)."""
+    found = find_sites(model) if sites is None else sites
+    if getattr(model, HANDLE_ATTR, None) is not None:
+        raise ValueError(
+            "token reduction is already enabled on this model; call "
+            "toast.methods.merge.disable_merging(model) first"
+        )
+    if reducer.num_blocks != found.num_blocks:
+        raise ValueError(
+            f"the {reducer.name} reducer is set for {reducer.num_blocks} blocks; the model has "
+            f"{found.num_blocks}"
+        )
+    handle = MergeHandle(model, found, reducer, bool(proportional_attention), bool(unmerge_output))
+    for position, site in enumerate(found.sites):
+        site.block.forward = _MergingForward(handle, position)
+    object.__setattr__(model, HANDLE_ATTR, handle)
+    guard_save(model)  # model.save_pretrained now records the reduction
+    return handle
 
 
 def enable_merging(
@@ -198,20 +246,14 @@ def enable_merging(
     :func:`disable_merging` undoes it).
     """
     found = find_sites(model) if sites is None else sites
-    if getattr(model, HANDLE_ATTR, None) is not None:
-        raise ValueError(
-            "token merging is already enabled on this model; call "
-            "toast.methods.merge.disable_merging(model) first"
-        )
-    rs = merge_schedule(r, found.num_blocks, schedule)
-    handle = MergeHandle(
-        model, found, rs, schedule, bool(proportional_attention), bool(unmerge_output)
+    reducer = TomeReducer(merge_schedule(r, found.num_blocks, schedule), schedule)
+    return enable_reduction(
+        model,
+        reducer,
+        proportional_attention=proportional_attention,
+        unmerge_output=unmerge_output,
+        sites=found,
     )
-    for position, site in enumerate(found.sites):
-        site.block.forward = _MergingForward(handle, position)
-    object.__setattr__(model, HANDLE_ATTR, handle)
-    guard_save(model)  # model.save_pretrained now records the merge state
-    return handle
 
 
 def merging_of(model: nn.Module) -> MergeHandle | None:

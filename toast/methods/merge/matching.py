@@ -28,23 +28,58 @@ import torch
 
 from toast.methods.merge.macs import effective_r
 
-__all__ = ["Matching", "bipartite_soft_matching", "effective_r", "merge_tokens"]
+__all__ = [
+    "Matching",
+    "bipartite_soft_matching",
+    "carry_source",
+    "effective_r",
+    "merge_tokens",
+    "unmerge",
+]
 
 
 @dataclass(frozen=True)
 class Matching:
-    """One merge of a ``(B, N)`` sequence: ``target[b, i]``, the current
-    position token ``i`` merges into (itself when kept); ``kept[b]``, the
-    kept positions in order (``(B, N − r)``); ``new_index[b, i]``, the
-    position in the merged sequence that token ``i`` ends up in."""
+    """One reduction of a ``(B, N)`` sequence to ``(B, N')``, the form every
+    token reducer returns.
+
+    ``target[b, i]``: the current position token ``i`` goes into (itself
+    when kept); ``kept[b]``: the kept positions in order (``(B, N')``);
+    ``new_index[b, i]``: the position in the reduced sequence token ``i``
+    ends up in (its state when the output is unmerged).
+
+    ``weight`` (``(B, N)``, None: all 1): the share of a token's size that
+    goes into its target; 0 prunes it (it adds nothing to its target, and
+    an unmerged output gives it its target's state). ``spread``
+    (``(B, N', N)``, None: none): a many-to-many reduction instead
+    (Token Transforming): column ``i`` says how token ``i``'s size is
+    shared among the outputs (each column sums to 1); every output is the
+    size-weighted mean of what it received, and an unmerged token is the
+    mix of the outputs in its column's proportions. With ``spread`` set,
+    ``target`` / ``new_index`` name each token's largest share."""
 
     target: torch.Tensor
     kept: torch.Tensor
     new_index: torch.Tensor
+    weight: torch.Tensor | None = None
+    spread: torch.Tensor | None = None
 
     @property
     def r(self) -> int:
         return self.target.shape[1] - self.kept.shape[1]
+
+    def token_map(self) -> torch.Tensor:
+        """What :func:`toast.hf.model.vit.merged_row` carries a row of the
+        attention by: ``new_index`` for a merge, else the ``(B, N', N)``
+        shares (a pruned token's are 0)."""
+        if self.spread is not None:
+            return self.spread
+        if self.weight is None:
+            return self.new_index
+        b, n = self.new_index.shape
+        shape = (b, self.kept.shape[1], n)
+        shares = torch.zeros(shape, dtype=self.weight.dtype, device=self.weight.device)
+        return shares.scatter_(1, self.new_index.unsqueeze(1), self.weight.unsqueeze(1))
 
 
 def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int) -> Matching | None:
@@ -82,14 +117,50 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int) -> Matchi
 def merge_tokens(
     x: torch.Tensor, sizes: torch.Tensor, matching: Matching
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` (``(B, N, D)``) and its ``sizes`` (``(B, N, 1)``) merged by
-    ``matching``: every group's size-weighted mean and summed size, in the
-    kept order."""
+    """``x`` (``(B, N, D)``) and its ``sizes`` (``(B, N, 1)``) reduced by
+    ``matching``: every output's size-weighted mean of what it receives
+    and its received size, in the kept order."""
+    if matching.spread is not None:
+        spread = matching.spread.to(x.dtype)
+        new_sizes = spread @ sizes.to(x.dtype)
+        return spread @ (x * sizes) / new_sizes, new_sizes.to(sizes.dtype)
     b, n, d = x.shape
+    mass = sizes if matching.weight is None else sizes * matching.weight.unsqueeze(-1)
     total = torch.zeros(b, n, d, dtype=x.dtype, device=x.device)
-    total.scatter_add_(1, matching.target.unsqueeze(-1).expand(b, n, d), x * sizes)
+    total.scatter_add_(1, matching.target.unsqueeze(-1).expand(b, n, d), x * mass)
     size = torch.zeros(b, n, 1, dtype=sizes.dtype, device=sizes.device)
-    size.scatter_add_(1, matching.target.unsqueeze(-1), sizes)
+    size.scatter_add_(1, matching.target.unsqueeze(-1), mass)
     kept = matching.kept.unsqueeze(-1)
     new_sizes = size.gather(1, kept)
     return total.gather(1, kept.expand(-1, -1, d)) / new_sizes, new_sizes
+
+
+def carry_source(source: torch.Tensor | None, matching: Matching) -> torch.Tensor:
+    """The source map after ``matching``: from every input token to the
+    current tokens, as an index (``(B, N₀)``, while every reduction was
+    one-to-one or many-to-one) or as mixing weights (``(B, N₀, N')``, once a
+    many-to-many reduction ran). ``source`` None: the identity."""
+    if matching.spread is None:
+        moved = matching.new_index
+        if source is None:
+            return moved
+        if source.dim() == 2:
+            return moved.gather(1, source)
+        # a mix of current tokens: each current token's weight moves to its new slot
+        shape = (*source.shape[:2], matching.kept.shape[1])
+        out = torch.zeros(shape, dtype=source.dtype, device=source.device)
+        return out.scatter_add_(2, moved.unsqueeze(1).expand_as(source), source)
+    back = matching.spread.transpose(1, 2)  # (B, N, N'): each column's shares
+    if source is None:
+        return back
+    if source.dim() == 2:
+        return back.gather(1, source.unsqueeze(-1).expand(-1, -1, back.shape[2]))
+    return source @ back.to(source.dtype)
+
+
+def unmerge(x: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """Every input token's state from the current tokens ``x`` (``(B, N', D)``)
+    by the ``source`` map :func:`carry_source` keeps."""
+    if source.dim() == 2:
+        return x.gather(1, source.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+    return source.to(x.dtype) @ x

@@ -1,12 +1,13 @@
-"""Token merging in a saved plan.
+"""Token reduction (ToMe, ATM, Token Transforming, RAPID) in a saved plan.
 
-Merging changes no tensor and no module shape: it replaces the blocks'
+Reduction changes no tensor and no module shape: it replaces the blocks'
 forwards at run time, which plain ``transformers`` cannot express. The
-``"tome"`` :class:`toast.io.registry.ModelPatch` records the merge state
-(``r`` per block, the schedule's name, the options and the merging
-blocks' paths) with ``needs_toast``: ``toast.load_pretrained`` (and
+``"tome"`` :class:`toast.io.registry.ModelPatch` records the reducer
+(its name, absent for ToMe, and its settings: ``r`` per block and the
+schedule's name for ToMe), the options and the reducing blocks' paths,
+with ``needs_toast``: ``toast.load_pretrained`` (and
 ``AutoModel.from_pretrained(..., trust_remote_code=True)``, which hands the
-save to toast) installs merging again, so outputs are identical. Importing
+save to toast) installs it again, so outputs are identical. Importing
 this module registers the patch (the ``toast.serializers`` entry point of
 the same name imports it).
 """
@@ -18,7 +19,8 @@ from typing import Any
 from torch import nn
 
 from toast.io.registry import ModelPatch, register_model_patch
-from toast.methods.merge.install import enable_merging, merging_of
+from toast.methods.merge.install import enable_reduction, merging_of
+from toast.methods.merge.reducers import reducer_from_state
 from toast.methods.merge.sites import find_sites
 
 __all__ = ["PATCH"]
@@ -35,20 +37,17 @@ def _describe(model: nn.Module) -> dict[str, Any] | None:
 
 def _check(state: Any) -> None:
     if not isinstance(state, dict):
-        raise ValueError("the tome state must be a mapping with 'r', 'schedule' and 'blocks'")
-    r, blocks = state.get("r"), state.get("blocks")
-    if not (isinstance(r, list) and all(isinstance(v, int) and v >= 0 for v in r)):
-        raise ValueError(f"the tome state's 'r' must be a list of ints >= 0; got {r!r}")
-    if not (isinstance(blocks, list) and len(blocks) == len(r)):
-        raise ValueError("the tome state's 'blocks' must list one block path per merge count")
+        raise ValueError("the tome state must map the reducer's settings and 'blocks'")
+    reducer = reducer_from_state(state)
+    blocks = state.get("blocks")
+    if not (isinstance(blocks, list) and len(blocks) == reducer.num_blocks):
+        raise ValueError("the tome state's 'blocks' must list one block path per reducing block")
     if not all(isinstance(state.get(flag), bool) for flag in _FLAGS):
         raise ValueError(f"the tome state must set {list(_FLAGS)} to true or false")
-    if not isinstance(state.get("schedule"), str):
-        raise ValueError("the tome state's 'schedule' must be a name")
 
 
 def _finish(model: nn.Module, state: Any) -> None:
-    """Installs merging again on the loaded model, on the saved blocks."""
+    """Installs the reducer again on the loaded model, on the saved blocks."""
     sites = find_sites(model)
     paths = [s.path for s in sites.sites]
     if paths != state["blocks"]:
@@ -56,7 +55,7 @@ def _finish(model: nn.Module, state: Any) -> None:
             f"the save merges tokens in blocks {state['blocks']} but the loaded model has {paths}"
         )
     options = {flag: state[flag] for flag in _FLAGS}
-    enable_merging(model, state["r"], schedule=state["schedule"], sites=sites, **options)
+    enable_reduction(model, reducer_from_state(state), sites=sites, **options)
 
 
 PATCH = register_model_patch(
