@@ -336,8 +336,10 @@ class Plan:
     ``unseen_share`` the MACs saved that the parameter count does not show,
     as a share of the original's (that saving; token merging's fewer tokens);
     ``extendable``: whether another method may extend it; ``merge``: token
-    merging's ``r`` in every block (None: no merging; keys, labels and
-    dicts name it only when set, so plans without it keep their keys);
+    reduction's setting: ToMe's ``r`` in every block (an int) or another
+    reducer's named setting (a str, e.g. ``"RAPID r=11, prune<6"``; None:
+    no reduction; keys, labels and dicts name it only when set, so plans
+    without it keep their keys);
     ``sublayers``: the ``(block, kind)`` sub-layers removed, ``kind``
     ``"attention"`` or ``"mlp"`` (None: none; named only when set, as
     ``merge``).
@@ -354,7 +356,7 @@ class Plan:
     unseen_macs: int = 0
     unseen_share: float = 0.0
     extendable: bool = False
-    merge: int | None = None
+    merge: int | str | None = None
     sublayers: tuple[tuple[int, str], ...] | None = None
 
     @property
@@ -363,7 +365,10 @@ class Plan:
         spans = ",".join(f"{a}-{b}" for a, b in self.spans)
         rho = "" if self.head_sparsity is None else f"{self.head_sparsity:g}"
         key = f"{self.family}|{self.translator or ''}|{spans}|{rho}|{self.schedule or ''}"
-        key = key if self.merge is None else f"{key}|r{self.merge}"
+        if isinstance(self.merge, int):
+            key = f"{key}|r{self.merge}"
+        elif self.merge is not None:
+            key = f"{key}|{self.merge}"
         return key if self.sublayers is None else f"{key}|sub{self._sublayer_text(',')}"
 
     def _sublayer_text(self, sep: str) -> str:
@@ -386,8 +391,10 @@ class Plan:
             parts.append(f"heads ρ={self.head_sparsity:g}")
         if self.schedule is not None:
             parts.append(f"TCS {self.schedule}")
-        if self.merge is not None:
+        if isinstance(self.merge, int):
             parts.append(f"ToMe r={self.merge}")
+        elif self.merge is not None:
+            parts.append(self.merge)
         if self.sublayers is not None:
             parts.append(f"remove sub-layers {self._sublayer_text(' ')}")
         return f"{self.family}: " + ", ".join(parts)

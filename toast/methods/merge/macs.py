@@ -36,6 +36,7 @@ __all__ = [
     "MergeWidths",
     "effective_r",
     "merged_macs",
+    "reduced_macs",
     "tokens_per_block",
 ]
 
@@ -122,19 +123,19 @@ class MergeMacs:
     per block the ``linear`` part and the attention ``products``, plus the
     ``patch_embed`` and ``outside`` terms."""
 
-    tokens: tuple[tuple[int, int], ...]
-    linear_blocks: tuple[int, ...]
-    products: tuple[int, ...]
+    tokens: tuple[tuple[float, float], ...]
+    linear_blocks: tuple[float, ...]
+    products: tuple[float, ...]
     patch_embed: int
     outside: int
 
     @property
-    def linear(self) -> int:
+    def linear(self) -> float:
         """What hooks on every ``nn.Linear`` count (``convention="linear"``)."""
         return sum(self.linear_blocks) + self.outside
 
     @property
-    def total(self) -> int:
+    def total(self) -> float:
         """Every matmul: linear layers, attention products, patch embedding."""
         return self.linear + sum(self.products) + self.patch_embed
 
@@ -146,7 +147,19 @@ def merged_macs(widths: MergeWidths, rs: Sequence[int]) -> MergeMacs:
         raise ValueError(
             f"rs must give one merge count per block ({widths.num_blocks}); got {len(rs)}"
         )
-    tokens = tokens_per_block(widths.tokens, rs, widths.prefix)
+    return reduced_macs(widths, tokens_per_block(widths.tokens, rs, widths.prefix))
+
+
+def reduced_macs(widths: MergeWidths, tokens: Sequence[tuple[float, float]]) -> MergeMacs:
+    """The MACs per image of the model ``widths`` describes when its blocks
+    see ``tokens`` (``(entering, after reducing)`` per block; averages over
+    images are fine: a data-dependent reducer's counts)."""
+    if len(tokens) != widths.num_blocks:
+        raise ValueError(
+            f"tokens must give one (in, after) pair per block ({widths.num_blocks}); "
+            f"got {len(tokens)}"
+        )
+    tokens = tuple((n, kept) for n, kept in tokens)
     linear = tuple(
         n * b.attention + kept * b.mlp for (n, kept), b in zip(tokens, widths.blocks, strict=True)
     )

@@ -1,73 +1,97 @@
-"""Token merging's stages: weight-free (nothing captured), every
-constant-``r`` schedule that merges something (only for MAC and latency
-targets), alone or extending another method's extendable plan (block
-removal, ToaSt's head pruning, both; not Token Channel Selection). Sizes
-are exact (merging removes no parameter); MACs per ``r`` are analytic
-(:mod:`toast.methods.merge.macs`) and the search's hooks count the same,
-since :meth:`TomeStages.apply` installs merging on the built copy before
-it is measured. The prediction is a weight-free proxy (the share of
-token-block visits merged away), so it ranks merging plans among
-themselves only."""
+"""Token reduction's stages, one class for every reducer (ToMe, ATM, Token
+Transforming, RAPID): weight-free (nothing captured), every setting of the
+reducer's grid that reduces something (only for MAC and latency targets),
+alone or, for reducers whose token counts do not depend on the images,
+extending another method's extendable plan (block removal, ToaSt's head
+pruning, both; not Token Channel Selection).
+
+Sizes are exact (reduction removes no parameter). MACs per setting are
+analytic where the counts are (:mod:`toast.methods.merge.macs`), and
+measured on the first calibration batch where they depend on the images
+(ATM's thresholds); the search's hooks count the built model either way,
+since :meth:`ReducerStages.apply` installs the reducer on the built copy
+before it is measured. The prediction is a weight-free proxy (the share
+of token-block visits reduced away), so it ranks a reducer's plans among
+themselves only.
+
+A plan names its setting in ``Plan.merge``: ToMe's ``r`` (an int, as
+before other reducers existed) or another reducer's setting label (a
+str such as ``"RAPID r=11, prune<6"``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
+import torch
 from torch import nn
 
+from toast.hf.capture.states import forward_inputs
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.vit import vit_view
-from toast.methods.merge.install import enable_merging
-from toast.methods.merge.macs import MergeWidths, merge_schedule, merged_macs
+from toast.methods.merge.install import enable_reduction, merging_of
+from toast.methods.merge.macs import (
+    MergeWidths,
+    merge_schedule,
+    merged_macs,
+    reduced_macs,
+    tokens_per_block,
+)
+from toast.methods.merge.reducers import Reducer, TomeReducer
 from toast.methods.merge.sites import MERGE_TYPES, MergeSites, Site, timm_sites
 from toast.methods.merge.widths import example_input, merge_widths
 from toast.methods.stages import BaseStages, Layout, Plan, Shared, Sizes, Stats
 
-__all__ = ["EXTEND_SAVINGS", "STAGES", "TomeStages", "TomeStats"]
+__all__ = ["EXTEND_SAVINGS", "STAGES", "ReducerStages", "TomeStages", "TomeStats"]
 
-#: Merging alone is proposed at every constant ``r`` (a dozen to a few
-#: dozen plans), so that a MAC target finds the ``r`` that just meets it.
-#: The linear-MAC savings whose smallest ``r`` extends other methods' plans
-#: (every extendable plan times each of these).
+#: A reducer alone is proposed at every setting of its grid (a dozen to a
+#: few dozen plans), so that a MAC target finds the one that just meets it.
+#: The linear-MAC savings whose smallest setting extends other methods'
+#: plans (every extendable plan times each of these).
 EXTEND_SAVINGS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
+
+#: A setting's reducer for a model of that many reducing blocks (a partial
+#: of a module-level function: the search's cache pickles the stats).
+Build = Callable[[int], Reducer]
 
 
 @dataclass
 class TomeStats(Stats):
-    """The merged model's widths (None: not a ViT merging supports), and
-    per candidate ``r`` its linear-MAC saving and proxy."""
+    """The reduced model's widths (None: not a ViT reduction supports), and
+    per setting its linear-MAC saving, proxy and reducer builder, in the
+    grid's order (savings grow along it)."""
 
     widths: MergeWidths | None = None
-    savings: dict[int, float] | None = None
-    proxies: dict[int, float] | None = None
+    savings: dict[Hashable, float] | None = None
+    proxies: dict[Hashable, float] | None = None
+    builds: dict[Hashable, Build] | None = None
+    extendable: bool = True
 
-    def r_for(self, saving: float) -> int | None:
-        """The smallest ``r`` saving at least ``saving`` (None: none does)."""
+    def r_for(self, saving: float) -> Hashable | None:
+        """The first setting saving at least ``saving`` (None: none does)."""
         assert self.savings is not None
-        return next((r for r, s in sorted(self.savings.items()) if s >= saving), None)
+        return next((k for k, s in self.savings.items() if s >= saving), None)
 
 
-def _candidates(widths: MergeWidths) -> tuple[dict[int, float], dict[int, float]]:
-    """Linear-MAC saving and proxy of every constant ``r`` that merges something."""
-    n = widths.num_blocks
-    base = merged_macs(widths, (0,) * n)
-    visits = sum(n_in for n_in, _ in base.tokens)
-    savings, proxies = {}, {}
-    last = 0
-    for r in range(1, widths.tokens):
-        macs = merged_macs(widths, merge_schedule(r, n))
-        merged = sum(n_in - kept for n_in, kept in macs.tokens)
-        if merged == last:
-            break  # the cap: a larger r merges nothing more
-        savings[r], proxies[r], last = 1.0 - macs.linear / base.linear, merged / visits, merged
-    return savings, proxies
+def _visits(tokens: Iterable[tuple[float, float]]) -> tuple[float, float]:
+    """Token-block visits, and those reduced away."""
+    pairs = list(tokens)
+    return sum(n for n, _ in pairs), sum(n - kept for n, kept in pairs)
 
 
-class TomeStages(BaseStages):
-    """Token merging as stages (family ``"tome"``; extends other methods'
-    extendable plans as ``"<family>+tome"``)."""
+class ReducerStages(BaseStages):
+    """A token reducer as stages (family ``name``; extends other methods'
+    extendable plans as ``"<family>+<name>"``). Subclasses give the grid."""
+
+    name = "tome"
+
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
+        """Every setting to propose, in order of growing reduction."""
+        raise NotImplementedError
 
     def structure(self, model: nn.Module, stack: BlockStack) -> MergeSites | None:
         if getattr(getattr(model, "config", None), "model_type", None) in MERGE_TYPES:
@@ -87,76 +111,147 @@ class TomeStages(BaseStages):
         calibration: Calibration,
         max_blocks: int,
     ) -> TomeStats:
-        sites = layout.part("tome")
+        sites = layout.part(self.name)
         if sites is None:
             return TomeStats()
         try:
             example = example_input(model, data)
         except ValueError:
-            return TomeStats(note="token merging: the image size is unknown")
+            return TomeStats(note=f"{self.name}: the image size is unknown")
         widths = merge_widths(model, sites, layout.stack, example)
-        savings, proxies = _candidates(widths)
-        return TomeStats(widths=widths, savings=savings, proxies=proxies)
+        return self._settings(model, sites, widths, example)
 
-    def _plan(self, stats: TomeStats, base: Plan | None, r: int, params: int) -> Plan:
-        # the MACs merging saves show in no parameter count: the search's
+    def _settings(
+        self, model: nn.Module, sites: MergeSites, widths: MergeWidths, example: Any
+    ) -> TomeStats:
+        base = merged_macs(widths, (0,) * widths.num_blocks)
+        visits, _ = _visits(base.tokens)
+        savings: dict[Hashable, float] = {}
+        proxies: dict[Hashable, float] = {}
+        builds: dict[Hashable, Build] = {}
+        analytic = True
+        for key, build in self.grid(widths).items():
+            reducer = build(widths.num_blocks)
+            tokens: Sequence[tuple[float, float]] | None = reducer.tokens(
+                widths.tokens, widths.prefix
+            )
+            if tokens is None:
+                analytic = False
+                tokens = _measured_tokens(model, sites, reducer, example)
+            _, reduced = _visits(tokens)
+            if reduced <= 0:
+                continue
+            macs = reduced_macs(widths, tokens)
+            savings[key] = 1.0 - macs.linear / base.linear
+            proxies[key], builds[key] = reduced / visits, build
+        return TomeStats(
+            widths=widths, savings=savings, proxies=proxies, builds=builds, extendable=analytic
+        )
+
+    def _plan(self, stats: TomeStats, base: Plan | None, key: Hashable, params: int) -> Plan:
+        # the MACs reduction saves show in no parameter count: the search's
         # pre-measurement filter reads them as unseen_share (the hooks see them)
         assert stats.proxies is not None and stats.savings is not None
+        merge = key if isinstance(key, (int, str)) else str(key)
         if base is None:
-            saving = stats.savings[r]
+            saving = stats.savings[key]
             return Plan(
-                ("tome",),
-                "tome",
+                (self.name,),
+                self.name,
                 (),
                 None,
                 None,
                 params,
-                stats.proxies[r],
+                stats.proxies[key],
                 unseen_share=saving,
-                merge=r,
+                merge=merge,
             )
         kept = 1.0 - base.blocks_removed / stats.widths.num_blocks if stats.widths else 0.0
         return Plan(
-            (*base.methods, "tome"),
-            f"{base.family}+tome",
+            (*base.methods, self.name),
+            f"{base.family}+{self.name}",
             base.spans,
             base.translator,
             base.head_sparsity,
             base.params_after,
-            base.predicted_error + stats.proxies[r],
+            base.predicted_error + stats.proxies[key],
             schedule=base.schedule,
             unseen_macs=base.unseen_macs,
-            unseen_share=base.unseen_share + kept * stats.savings[r],
-            merge=r,
+            unseen_share=base.unseen_share + kept * stats.savings[key],
+            merge=merge,
         )
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         assert isinstance(stats, TomeStats)
         if not macs_matter or not stats.savings:
             return []
-        return [self._plan(stats, None, r, sizes.params) for r in sorted(stats.savings)]
+        return [self._plan(stats, None, key, sizes.params) for key in stats.savings]
 
     def extend(self, plan: Plan, stats: Stats, sizes: Sizes) -> list[Plan]:
         assert isinstance(stats, TomeStats)
         # Not over Token Channel Selection: its saving is counted analytically
-        # at the full token count, which merging would make wrong.
-        if not stats.savings or plan.merge is not None or plan.schedule is not None:
+        # at the full token count, which reduction would make wrong; not
+        # for image-dependent counts, measured on the whole model only.
+        if not stats.savings or not stats.extendable:
             return []
-        rs = dict.fromkeys(r for r in map(stats.r_for, EXTEND_SAVINGS) if r is not None)
-        return [self._plan(stats, plan, r, plan.params_after) for r in rs]
+        if plan.merge is not None or plan.schedule is not None:
+            return []
+        keys = dict.fromkeys(k for k in map(stats.r_for, EXTEND_SAVINGS) if k is not None)
+        return [self._plan(stats, plan, key, plan.params_after) for key in keys]
 
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
         # installed here, not in finish: the search's hook count then sees the fewer tokens
-        if plan.merge is not None:
-            enable_merging(model, plan.merge, sites=_remaining(model, layout))
+        assert isinstance(stats, TomeStats)
+        if plan.merge is None or stats.builds is None:
+            return
+        sites = _remaining(model, layout, self.name)
+        enable_reduction(model, stats.builds[plan.merge](sites.num_blocks), sites=sites)
 
 
-def _remaining(model: nn.Module, layout: Layout) -> MergeSites:
-    """The layout's merge sites still in ``model``'s block list (another
+class TomeStages(ReducerStages):
+    """ToMe: every constant ``r`` that merges something (the paper's schedule)."""
+
+    name = "tome"
+
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
+        grid: dict[Hashable, Build] = {}
+        last = 0
+        for r in range(1, widths.tokens):
+            counts = tokens_per_block(widths.tokens, (r,) * widths.num_blocks, widths.prefix)
+            merged = sum(n_in - kept for n_in, kept in counts)
+            if merged == last:
+                break  # the cap: a larger r merges nothing more
+            grid[r], last = partial(tome_reducer, r), merged
+        return grid
+
+
+def tome_reducer(r: int, num_blocks: int) -> TomeReducer:
+    """ToMe at a constant ``r`` over ``num_blocks`` blocks."""
+    return TomeReducer(merge_schedule(r, num_blocks))
+
+
+def _measured_tokens(
+    model: nn.Module, sites: MergeSites, reducer: Reducer, example: Any
+) -> tuple[tuple[float, float], ...]:
+    """The tokens every block sees with ``reducer`` installed, on ``example``
+    (one forward of a copy; the counts of a batch are the batch's)."""
+    args, kwargs = forward_inputs(model, example)
+    handle = enable_reduction(model, reducer, sites=sites)
+    try:
+        with torch.inference_mode():
+            model(*args, **kwargs)
+        return tuple((float(n), float(kept)) for n, kept in handle.tokens)
+    finally:
+        handle.disable()
+        assert merging_of(model) is None
+
+
+def _remaining(model: nn.Module, layout: Layout, name: str) -> MergeSites:
+    """The layout's reduction sites still in ``model``'s block list (another
     method's plan may have removed or replaced some), numbered and named
     by their place in the list now."""
-    found = layout.part("tome")
-    assert found is not None  # no merging plan without it
+    found = layout.part(name)
+    assert found is not None  # no reduction plan without it
     stack = find_blocks(model, layout.stack)  # the path, looked up again
     mine = {id(s.block): s for s in found.sites}
     sites = tuple(

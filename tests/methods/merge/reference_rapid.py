@@ -1,0 +1,85 @@
+"""An independent NumPy (float64) forward of RAPID's blocks, written from
+the reading in ``rapid.md`` (§1.4–1.6) that toast implements, one image at
+a time with plain loops: the tests compare
+:class:`toast.methods.merge.rapid.RapidReducer` against it.
+
+Per block: attention with proportional attention (sizes as ``log s`` on
+the logits); ToMe's split (even positions are sources, odd destinations,
+the prefix out of both); in a pruning block the ``r`` sources with the
+largest ``(s·Num, s)`` are dropped (their mass lost, the source map sends
+them to their best destination); in a merging block the ``r`` sources with
+the largest ``s·(1 − Î)`` merge into their best destinations by size
+(``Î``: the class token's attention, averaged over heads, over its maximum
+on the non-prefix tokens); then the MLP."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .reference import _attention, _gelu, _layer_norm
+
+
+def cls_attention(x, s, p):
+    """The first token's attention over the keys, averaged over heads:
+    ``softmax(q₀·kᵀ·scale + log s)`` per head (``x``: the normed tokens)."""
+    n = x.shape[0]
+    h, d = p["heads"], p["head_dim"]
+    q0 = (x[0] @ p["wq"].T + p["bq"]).reshape(h, d)
+    k = (x @ p["wk"].T + p["bk"]).reshape(n, h, d)
+    row = np.zeros(n)
+    for head in range(h):
+        logits = np.array([q0[head] @ k[j, head] * p["scale"] + np.log(s[j]) for j in range(n)])
+        weights = np.exp(logits - logits.max())
+        row += weights / weights.sum() / h
+    return row
+
+
+def choose(metric, attention, r, prefix, prune, tau):
+    """The sources removed this block: {source position: its best destination}."""
+    n = len(metric)
+    a_set = [i for i in range(0, n, 2) if i >= prefix]
+    b_set = [j for j in range(1, n, 2) if j >= prefix]
+    r = min(r, (n - prefix) // 2, len(a_set)) if b_set else 0
+    unit = metric / np.linalg.norm(metric, axis=1, keepdims=True)
+    peak = max(attention[prefix:])
+    key, best = {}, {}
+    for i in a_set:
+        sims = [float(unit[i] @ unit[j]) for j in b_set]
+        s = max(sims)
+        best[i] = b_set[int(np.argmax(sims))]
+        if prune:
+            num = sum(1 for v in sims if v > tau)  # destinations similar to i
+            key[i] = (-(s * num), -s)
+        else:
+            key[i] = (-(s * (1.0 - attention[i] / peak)),)
+    chosen = sorted(a_set, key=lambda i: key[i])[:r]  # stable: ties by position
+    return {i: best[i] for i in chosen}
+
+
+def rapid_forward(weights, x, r_per_block, prune_until, tau, prefix):
+    """The blocks on one image ``x`` (N, D): returns the final tokens, their
+    sizes and, for every input token, the index of the token it ended in."""
+    s = np.ones(len(x))
+    where = np.arange(len(x))
+    for block, (p, r) in enumerate(zip(weights, r_per_block, strict=True)):
+        normed = _layer_norm(x, p["ln1"])
+        attended, metric = _attention(normed, s, p)
+        attention = cls_attention(normed, s, p)
+        x = x + (attended if p["ls1"] is None else attended * p["ls1"])
+        prune = block < prune_until
+        pairs = choose(metric, attention, r, prefix, prune, tau)
+        kept = [i for i in range(len(x)) if i not in pairs]
+        slot = {i: k for k, i in enumerate(kept)}
+        new_x, new_s = np.zeros((len(kept), x.shape[1])), np.zeros(len(kept))
+        for i in range(len(x)):
+            if prune and i in pairs:
+                continue  # a pruned token's mass is dropped
+            dst = slot[pairs.get(i, i)]
+            new_x[dst] += s[i] * x[i]
+            new_s[dst] += s[i]
+        x, s = new_x / new_s[:, None], new_s
+        where = np.array([slot[pairs.get(i, i)] for i in where])
+        hidden = _gelu(_layer_norm(x, p["ln2"]) @ p["w1"].T + p["b1"])
+        mlp = hidden @ p["w2"].T + p["b2"]
+        x = x + (mlp if p["ls2"] is None else mlp * p["ls2"])
+    return x, s, where
