@@ -12,7 +12,8 @@ from toast.methods.translate.config import ToastConfig
 
 
 def test_every_method_is_registered():
-    expected = ["linearpatch", "remove", "replaceme", "sublayer", "toast", "toast-vit", "tome"]
+    expected = ["atm", "linearpatch", "rapid", "remove", "replaceme", "sublayer", "toast"]
+    expected += ["toast-vit", "token-transforming", "tome"]
     assert available_methods() == expected
 
 
@@ -24,7 +25,7 @@ def test_every_registered_method_has_stages_the_search_can_run():
 
 
 def test_an_unknown_method_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"method must be one of \['linearpatch', 'remove', 'repl"):
+    with pytest.raises(ValueError, match=r"method must be one of \['atm', 'linearpatch', 'rapid'"):
         toast.compress(object(), [], method="prune")
 
 

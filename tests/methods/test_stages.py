@@ -100,8 +100,12 @@ def test_every_plan_applied_has_exactly_its_stated_parameters(make, data):
     expected = {"plain", "shortgpt", "toast", "ghosted", "replaceme", "sublayer", "linearpatch"}
     if make is _vit:
         expected |= {"toast-vit", "plain+toast-vit", "toast+toast-vit"}
-        expected |= {"tome", "plain+tome", "toast+tome", "toast-vit+tome"}
-        expected |= {"plain+toast-vit+tome", "toast+toast-vit+tome"}
+        for reducer in ("tome", "rapid", "token-transforming"):
+            expected |= {reducer, f"plain+{reducer}", f"toast+{reducer}"}
+            expected |= {f"toast-vit+{reducer}", f"plain+toast-vit+{reducer}"}
+            expected |= {f"toast+toast-vit+{reducer}"}
+        # ATM's counts depend on the images: alone only, where its thresholds merge
+        expected |= {"atm"} & families
     assert families == expected
     before = {k: v.clone() for k, v in model.state_dict().items()}
     for plan in plans:

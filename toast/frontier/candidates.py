@@ -40,7 +40,10 @@ def enumerate_candidates(
         for plan in method.stages.propose(stats, sizes, max_blocks, macs_matter):
             found.setdefault(plan.key, plan)
     # Extensions chain (block removal + heads + merging), each method at most
-    # once and in registry order, so that one combination has one key.
+    # once and in one order, so that one combination has one key: by name,
+    # with the methods that act on the tokens at run time last (a reducer
+    # extends a plan; nothing extends a reducer's).
+    methods = sorted(methods, key=lambda m: (bool(getattr(m.stages, "chain_last", False)), m.name))
     order = {m.name: k for k, m in enumerate(methods)}
     bases = [plan for plan in found.values() if plan.extendable]
     while bases:

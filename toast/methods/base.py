@@ -199,6 +199,12 @@ METHODS = {
         "toast.methods.sublayer.config:SublayerConfig",
     ),
     "tome": ("toast.methods.merge.method", "toast.methods.merge.config:TomeConfig"),
+    "rapid": ("toast.methods.merge.method", "toast.methods.merge.config:RapidConfig"),
+    "token-transforming": (
+        "toast.methods.merge.method",
+        "toast.methods.merge.config:TransformingConfig",
+    ),
+    "atm": ("toast.methods.merge.method", "toast.methods.merge.config:AtmConfig"),
 }
 
 

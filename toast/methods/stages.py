@@ -490,7 +490,11 @@ class Stages(Protocol):
 class BaseStages:
     """Defaults for :class:`Stages`: no structure of its own, nothing
     captured, no extension, nothing at run time, and no disk path (the
-    method runs in memory only)."""
+    method runs in memory only). ``chain_last``: the method extends other
+    methods' plans after every method that does not say so (the token
+    reducers, which act on a built model's tokens at run time)."""
+
+    chain_last = False
 
     def structure(self, model: nn.Module, stack: BlockStack) -> Any:
         return None

@@ -1,4 +1,5 @@
-"""The options of ``toast.compress(..., method="tome")`` (imports no torch)."""
+"""The options of the token reducers' methods (``toast.compress(..., method=
+"tome" | "rapid" | "token-transforming" | "atm")``; imports no torch)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.hf.data.calibration import Calibration
 from toast.methods.merge.macs import SCHEDULES
 
-__all__ = ["TomeConfig"]
+__all__ = ["AtmConfig", "RapidConfig", "TomeConfig", "TransformingConfig"]
 
 _PER_BLOCK = Predicate(
     lambda v: (
@@ -70,3 +71,167 @@ class TomeConfig:
         validate_fields(self, self._parameter_constraints)
         if not isinstance(self.r, int):
             object.__setattr__(self, "r", tuple(self.r))
+
+
+_THRESHOLDS = Predicate(
+    lambda v: (
+        isinstance(v, Sequence)
+        and not isinstance(v, str)
+        and all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in v)
+    ),
+    "a list with one cosine threshold per block",
+)
+
+#: The options every reducer shares, and what they mean on the command line.
+_SHARED_HELP = {
+    "proportional_attention": "weigh the attention to a merged token by its size",
+    "unmerge_output": "expand the final tokens back to every input token (outputs keep "
+    "their shapes)",
+    "image_size": "input size the MAC report counts when --data is not given (default the "
+    "config's; DINOv2 checkpoints say 518 and run at 224)",
+}
+_SHARED_CONSTRAINTS: dict[str, list[Any]] = {
+    "proportional_attention": [bool],
+    "unmerge_output": [bool],
+    "image_size": [Interval(int, 1, None), None],
+    "calibration": [Calibration],
+}
+
+
+def _as_tuple(config: Any, name: str) -> None:
+    value = getattr(config, name)
+    if value is not None and not isinstance(value, (int, float)):
+        object.__setattr__(config, name, tuple(value))
+
+
+@dataclass(frozen=True)
+class RapidConfig:
+    """How RAPID runs (Choi & Jang, arXiv 2606.08156; see
+    :mod:`toast.methods.merge.rapid` for what is the paper's and what is
+    toast's reading).
+
+    ``r``: tokens removed per block (an int spread by ``schedule`` as
+    ToMe's, or one count per block). Blocks before ``prune_until`` prune
+    by redundancy (a token whose keys have many near-copies, cosine above
+    ``tau``, goes without being merged); the rest merge by similarity
+    weighed by the class token's attention. ``prune_until`` None: the
+    first half of the blocks prune. Other fields as :class:`TomeConfig`.
+    """
+
+    r: int | Sequence[int] = 8
+    schedule: str = "constant"
+    prune_until: int | None = None
+    tau: float = 0.8
+    proportional_attention: bool = True
+    unmerge_output: bool = True
+    image_size: int | None = None
+    calibration: Calibration = field(default_factory=Calibration)
+
+    HELP: ClassVar[dict[str, str]] = {
+        "r": "tokens removed in every block (pruned in the first blocks, merged after)",
+        "schedule": "how r spreads over the blocks: constant, or decreasing from 2r to 0",
+        "prune_until": "blocks before this index prune, the rest merge (default half)",
+        "tau": "cosine above which a destination counts as a near-copy of a token",
+        **_SHARED_HELP,
+    }
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "r": [Interval(int, 0, None), _PER_BLOCK],
+        "schedule": [Options(SCHEDULES)],
+        "prune_until": [Interval(int, 0, None), None],
+        "tau": [Interval(float, -1.0, 1.0)],
+        **_SHARED_CONSTRAINTS,
+    }
+
+    def __post_init__(self) -> None:
+        validate_fields(self, self._parameter_constraints)
+        _as_tuple(self, "r")
+
+
+@dataclass(frozen=True)
+class TransformingConfig:
+    """How Token Transforming runs (arXiv 2506.05709; see
+    :mod:`toast.methods.merge.transforming` for what is the paper's and
+    what is toast's reading).
+
+    ``r``: tokens removed per block (an int spread by ``schedule``, or one
+    count per block); every removed token is shared among the kept ones
+    (chosen by the class token's attention) by a softmax of key cosine
+    over ``temperature``. Other fields as :class:`TomeConfig`.
+    """
+
+    r: int | Sequence[int] = 8
+    schedule: str = "constant"
+    temperature: float = 0.1
+    proportional_attention: bool = True
+    unmerge_output: bool = True
+    image_size: int | None = None
+    calibration: Calibration = field(default_factory=Calibration)
+
+    HELP: ClassVar[dict[str, str]] = {
+        "r": "tokens removed in every block (each shared among the kept tokens)",
+        "schedule": "how r spreads over the blocks: constant, or decreasing from 2r to 0",
+        "temperature": "softmax temperature of the sharing (small: each goes to one token)",
+        **_SHARED_HELP,
+    }
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "r": [Interval(int, 0, None), _PER_BLOCK],
+        "schedule": [Options(SCHEDULES)],
+        "temperature": [Interval(float, 0.0, None, closed="neither")],
+        **_SHARED_CONSTRAINTS,
+    }
+
+    def __post_init__(self) -> None:
+        validate_fields(self, self._parameter_constraints)
+        _as_tuple(self, "r")
+
+
+@dataclass(frozen=True)
+class AtmConfig:
+    """How ATM runs (adaptive token merging, Lee & Choi, arXiv 2505.15160;
+    see :mod:`toast.methods.merge.atm`).
+
+    A block merges every token whose best match's key cosine exceeds the
+    block's threshold: ``θ_l = max(alpha − (exp(beta·(l − 1)) − 1),
+    theta_min)`` for blocks ``l = 1..L`` (the paper's schedule), or
+    ``thresholds`` given per block. From block ``split_from`` (0-based;
+    None: the last third) tokens are matched small to large by size. In a
+    batch every image merges the batch's smallest count. The paper's
+    values of alpha, beta and theta_min could not be read; the defaults
+    here are toast's, and on DINOv2 the schedule merges half of a block's
+    tokens wherever its keys are nearly parallel (see
+    ``benchmarks/README.md``).
+    """
+
+    alpha: float = 0.99
+    beta: float = 0.01
+    theta_min: float = 0.5
+    thresholds: Sequence[float] | None = None
+    split_from: int | None = None
+    proportional_attention: bool = True
+    unmerge_output: bool = True
+    image_size: int | None = None
+    calibration: Calibration = field(default_factory=Calibration)
+
+    HELP: ClassVar[dict[str, str]] = {
+        "alpha": "the first block's cosine threshold",
+        "beta": "how fast the threshold falls with depth (alpha - (exp(beta (l-1)) - 1))",
+        "theta_min": "the lowest threshold",
+        "split_from": "first block (0-based) that matches small tokens to large (default: the "
+        "last third)",
+        **_SHARED_HELP,
+    }
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "alpha": [Interval(float, -1.0, 2.0)],
+        "beta": [Interval(float, 0.0, None)],
+        "theta_min": [Interval(float, -1.0, 2.0)],
+        "thresholds": [_THRESHOLDS, None],
+        "split_from": [Interval(int, 0, None), None],
+        **_SHARED_CONSTRAINTS,
+    }
+
+    def __post_init__(self) -> None:
+        validate_fields(self, self._parameter_constraints)
+        _as_tuple(self, "thresholds")

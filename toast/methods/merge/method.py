@@ -1,61 +1,85 @@
-"""Token merging as a registered method: ``toast.compress(model, None,
-method="tome", r=8)`` and ``toast compress MODEL --method tome --r 8``."""
+"""The token reducers as registered methods: ``toast.compress(model, None,
+method="tome", r=8)`` (``"rapid"``, ``"token-transforming"``, ``"atm"``
+alike) and ``toast compress MODEL --method tome --r 8``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
+from toast.hf.capture.states import forward_inputs
 from toast.hf.model.blocks import find_blocks
 from toast.hf.model.params import count_params
 from toast.methods.base import BeforeSurgery, Method, Report, register
 from toast.methods.merge import persist  # noqa: F401  (registers the "tome" model patch)
-from toast.methods.merge.config import TomeConfig
-from toast.methods.merge.install import enable_merging
-from toast.methods.merge.macs import MergeMacs, merge_schedule, merged_macs
+from toast.methods.merge.config import AtmConfig, RapidConfig, TomeConfig, TransformingConfig
+from toast.methods.merge.install import MergeHandle, enable_reduction
+from toast.methods.merge.macs import MergeMacs, merge_schedule, merged_macs, reduced_macs
+from toast.methods.merge.reducers import Reducer, TomeReducer
 from toast.methods.merge.sites import find_sites
-from toast.methods.merge.stages import STAGES
+from toast.methods.merge.stages import ATM_STAGES, RAPID_STAGES, STAGES, TRANSFORMING_STAGES
 from toast.methods.merge.widths import example_input, merge_widths
 
-__all__ = ["METHOD", "TomeReport", "compress_tome"]
+__all__ = ["METHODS", "METHOD", "TomeReport", "compress_reduction", "compress_tome"]
+
+_TITLES = {
+    "tome": "token merging",
+    "rapid": "RAPID token pruning and merging",
+    "token-transforming": "Token Transforming",
+    "atm": "adaptive token merging (ATM)",
+}
 
 
 @dataclass
 class TomeReport(Report):
-    """What ``compress(..., method="tome")`` did: no block and no parameter
-    removed; ``r`` per block, and the MACs per image before and after
+    """What a token reducer's ``compress`` did: no block and no parameter
+    removed; ``r`` per block (the tokens each block removes; for ATM the
+    count on the data it ran on), and the MACs per image before and after
     (:mod:`toast.methods.merge.macs`, ToaSt's convention) with the tokens
-    every block sees."""
+    every block sees (averages over the images when they depend on them).
+    ``macs_after`` is None when the counts depend on the images and no
+    data was given."""
 
     method: str
     blocks_before: int
     blocks_after: int
     params_before: int
     params_after: int
-    r: tuple[int, ...]
+    r: tuple[float, ...]
     macs_before: MergeMacs
-    macs_after: MergeMacs
+    macs_after: MergeMacs | None
+    setting: dict[str, Any] | None = None
 
     @property
     def mac_reduction(self) -> float:
-        """``1 − MACs_after / MACs_before`` (every matmul)."""
+        """``1 − MACs_after / MACs_before`` (every matmul; 0 when not counted)."""
+        if self.macs_after is None:
+            return 0.0
         return 1.0 - self.macs_after.total / self.macs_before.total
 
     def to_markdown(self) -> str:
-        before, after = self.macs_before, self.macs_after
+        title = _TITLES.get(self.method, self.method)
+        after = self.macs_after
+        if after is None:
+            return (
+                f"**{self.method}**: {title} on {self.blocks_after} block(s); its token counts "
+                f"depend on the images: pass data to count them. {self.params_line()}."
+            ) + self.quality_markdown()
+        before = self.macs_before
         merged = sum(n - kept for n, kept in after.tokens)
         lines = [
-            f"**{self.method}**: token merging on {self.blocks_after} block(s), "
-            f"{merged} of {after.tokens[0][0]} tokens merged per image.",
+            f"**{self.method}**: {title} on {self.blocks_after} block(s), "
+            f"{merged:g} of {after.tokens[0][0]:g} tokens removed per image.",
             "",
             "| block | r | tokens in | tokens after |",
             "|---:|---:|---:|---:|",
         ]
-        for b, (r, (n, kept)) in enumerate(zip(self.r, after.tokens, strict=True)):
-            lines.append(f"| {b} | {r} | {n} | {kept} |")
+        for b, (n, kept) in enumerate(after.tokens):
+            lines.append(f"| {b} | {n - kept:g} | {n:g} | {kept:g} |")
         lines += [
             "",
             f"GMACs: {before.total / 1e9:.4g} → {after.total / 1e9:.4g} "
@@ -65,6 +89,101 @@ class TomeReport(Report):
         return "\n".join(lines) + self.quality_markdown()
 
 
+def _counted_tokens(
+    model: nn.Module, handle: MergeHandle, data: Iterable[Any]
+) -> tuple[tuple[float, float], ...] | None:
+    """The tokens per block averaged over ``data``'s batches (by images),
+    from the installed reducer's own counts; None without data."""
+    totals: list[list[float]] | None = None
+    images = 0
+    with torch.inference_mode():
+        for batch in data:
+            args, kwargs = forward_inputs(model, batch)
+            model(*args, **kwargs)
+            rows = next(t.shape[0] for t in (*args, *kwargs.values()) if torch.is_tensor(t))
+            pairs = [[float(rows * n), float(rows * kept)] for n, kept in handle.tokens]
+            totals = (
+                pairs
+                if totals is None
+                else [[a + c, b + d] for (a, b), (c, d) in zip(totals, pairs, strict=True)]
+            )
+            images += rows
+    if totals is None or images == 0:
+        return None
+    return tuple((a / images, b / images) for a, b in totals)
+
+
+def compress_reduction(
+    model: nn.Module,
+    data: Iterable[Any] | None,
+    config: Any,
+    reducer: Callable[[Any, int], Reducer],
+    name: str,
+) -> tuple[nn.Module, TomeReport]:
+    """Installs ``reducer(config, num_blocks)`` on ``model`` in place and
+    reports it. It uses no data and removes no block: ``data``, when given,
+    sets the image size the report's MACs count (its first batch) and, for
+    a reducer whose counts depend on the images (ATM), the counts."""
+    stack = find_blocks(model)
+    sites = find_sites(model, stack)
+    widths = merge_widths(model, sites, stack, example_input(model, data, config.image_size))
+    built = reducer(config, sites.num_blocks)
+    handle = enable_reduction(
+        model,
+        built,
+        proportional_attention=config.proportional_attention,
+        unmerge_output=config.unmerge_output,
+        sites=sites,
+    )
+    tokens: Sequence[tuple[float, float]] | None = built.tokens(widths.tokens, widths.prefix)
+    if tokens is None and data is not None:
+        tokens = _counted_tokens(model, handle, data)
+    params = count_params(model)
+    report = TomeReport(
+        method=name,
+        blocks_before=sites.num_blocks,
+        blocks_after=sites.num_blocks,
+        params_before=params,
+        params_after=params,
+        r=tuple(n - kept for n, kept in tokens) if tokens else (),
+        macs_before=merged_macs(widths, (0,) * sites.num_blocks),
+        macs_after=None if tokens is None else reduced_macs(widths, tokens),
+        setting=built.state(),
+    )
+    if isinstance(built, TomeReducer):
+        report.r = built.r  # what was asked per block (a capped count may be less)
+    return model, report
+
+
+def _tome(config: TomeConfig, n: int) -> Reducer:
+    return TomeReducer(merge_schedule(config.r, n, config.schedule), config.schedule)
+
+
+def _rapid(config: RapidConfig, n: int) -> Reducer:
+    from toast.methods.merge.rapid import RapidReducer
+
+    until = n // 2 if config.prune_until is None else config.prune_until
+    return RapidReducer(merge_schedule(config.r, n, config.schedule), min(until, n), config.tau)
+
+
+def _transforming(config: TransformingConfig, n: int) -> Reducer:
+    from toast.methods.merge.transforming import TransformingReducer
+
+    return TransformingReducer(merge_schedule(config.r, n, config.schedule), config.temperature)
+
+
+def _atm(config: AtmConfig, n: int) -> Reducer:
+    from toast.methods.merge.atm import AtmReducer, atm_thresholds
+
+    thresholds = config.thresholds
+    if thresholds is None:
+        thresholds = atm_thresholds(n, config.alpha, config.beta, config.theta_min)
+    elif len(thresholds) != n:
+        raise ValueError(f"thresholds must give one value per block ({n}); got {len(thresholds)}")
+    split = n - n // 3 if config.split_from is None else config.split_from
+    return AtmReducer(tuple(thresholds), split if split < n else None)
+
+
 def compress_tome(
     model: nn.Module,
     data: Iterable[Any] | None,
@@ -72,32 +191,21 @@ def compress_tome(
     before_surgery: BeforeSurgery | None = None,
 ) -> tuple[nn.Module, TomeReport]:
     """Installs token merging on ``model`` in place (the fields are described
-    on :class:`TomeConfig`). Merging uses no data and removes no block:
-    ``data``, when given, only sets the image size the report's MACs count
-    (its first batch), and ``before_surgery`` is never called."""
-    stack = find_blocks(model)
-    sites = find_sites(model, stack)
-    widths = merge_widths(model, sites, stack, example_input(model, data, config.image_size))
-    rs = merge_schedule(config.r, sites.num_blocks, config.schedule)
-    enable_merging(
-        model,
-        rs,
-        proportional_attention=config.proportional_attention,
-        unmerge_output=config.unmerge_output,
-        sites=sites,
-    )
-    params = count_params(model)
-    report = TomeReport(
-        method="tome",
-        blocks_before=sites.num_blocks,
-        blocks_after=sites.num_blocks,
-        params_before=params,
-        params_after=params,
-        r=rs,
-        macs_before=merged_macs(widths, (0,) * sites.num_blocks),
-        macs_after=merged_macs(widths, rs),
-    )
-    return model, report
+    on :class:`TomeConfig`); ``before_surgery`` is never called."""
+    return compress_reduction(model, data, config, _tome, "tome")
+
+
+def _runner(name: str, build: Callable[[Any, int], Reducer]) -> Callable[..., Any]:
+    def run(
+        model: nn.Module,
+        data: Iterable[Any] | None,
+        config: Any,
+        before_surgery: BeforeSurgery | None = None,
+    ) -> tuple[nn.Module, TomeReport]:
+        return compress_reduction(model, data, config, build, name)
+
+    run.__doc__ = f"Installs {_TITLES[name]} on ``model`` in place (see its config)."
+    return run
 
 
 METHOD = register(
@@ -109,4 +217,38 @@ METHOD = register(
         summary="ViT token merging (ToMe): bipartite soft matching, no training",
         stages=STAGES,
     )
+)
+
+METHODS = (
+    METHOD,
+    register(
+        Method(
+            name="rapid",
+            config=RapidConfig,
+            run=_runner("rapid", _rapid),
+            needs_data=False,
+            summary="ViT token pruning (early blocks) then merging by CLS attention (RAPID)",
+            stages=RAPID_STAGES,
+        )
+    ),
+    register(
+        Method(
+            name="token-transforming",
+            config=TransformingConfig,
+            run=_runner("token-transforming", _transforming),
+            needs_data=False,
+            summary="ViT many-to-many token reduction (Token Transforming), no training",
+            stages=TRANSFORMING_STAGES,
+        )
+    ),
+    register(
+        Method(
+            name="atm",
+            config=AtmConfig,
+            run=_runner("atm", _atm),
+            needs_data=False,
+            summary="ViT adaptive token merging by per-block similarity thresholds (ATM)",
+            stages=ATM_STAGES,
+        )
+    ),
 )

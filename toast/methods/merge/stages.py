@@ -46,7 +46,16 @@ from toast.methods.merge.sites import MERGE_TYPES, MergeSites, Site, timm_sites
 from toast.methods.merge.widths import example_input, merge_widths
 from toast.methods.stages import BaseStages, Layout, Plan, Shared, Sizes, Stats
 
-__all__ = ["EXTEND_SAVINGS", "STAGES", "ReducerStages", "TomeStages", "TomeStats"]
+__all__ = [
+    "ATM_STAGES",
+    "EXTEND_SAVINGS",
+    "RAPID_STAGES",
+    "STAGES",
+    "TRANSFORMING_STAGES",
+    "ReducerStages",
+    "TomeStages",
+    "TomeStats",
+]
 
 #: A reducer alone is proposed at every setting of its grid (a dozen to a
 #: few dozen plans), so that a MAC target finds the one that just meets it.
@@ -88,6 +97,7 @@ class ReducerStages(BaseStages):
     extendable plans as ``"<family>+<name>"``). Subclasses give the grid."""
 
     name = "tome"
+    chain_last = True
 
     def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
         """Every setting to propose, in order of growing reduction."""
@@ -214,15 +224,7 @@ class TomeStages(ReducerStages):
     name = "tome"
 
     def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
-        grid: dict[Hashable, Build] = {}
-        last = 0
-        for r in range(1, widths.tokens):
-            counts = tokens_per_block(widths.tokens, (r,) * widths.num_blocks, widths.prefix)
-            merged = sum(n_in - kept for n_in, kept in counts)
-            if merged == last:
-                break  # the cap: a larger r merges nothing more
-            grid[r], last = partial(tome_reducer, r), merged
-        return grid
+        return {r: partial(tome_reducer, r) for r in _constant_counts(widths)}
 
 
 def tome_reducer(r: int, num_blocks: int) -> TomeReducer:
@@ -262,4 +264,106 @@ def _remaining(model: nn.Module, layout: Layout, name: str) -> MergeSites:
     return MergeSites(sites, found.prefix, found.kind)
 
 
+def _constant_counts(widths: MergeWidths) -> list[int]:
+    """Every constant per-block count that removes something more than the
+    one before it (ToMe's cap ends the list)."""
+    counts, last = [], 0
+    for r in range(1, widths.tokens):
+        pairs = tokens_per_block(widths.tokens, (r,) * widths.num_blocks, widths.prefix)
+        removed = sum(n_in - kept for n_in, kept in pairs)
+        if removed == last:
+            break
+        counts.append(r)
+        last = removed
+    return counts
+
+
+#: RAPID's switch from pruning to merging, as shares of the blocks: the
+#: search measures which suits the model (the paper's is not known; toast's
+#: config defaults to half).
+RAPID_SPLITS = (1 / 3, 1 / 2, 2 / 3)
+
+
+def rapid_reducer(r: int, split: float, num_blocks: int) -> Reducer:
+    """RAPID at a constant ``r``, pruning in the first ``split`` of the blocks."""
+    from toast.methods.merge.rapid import RapidReducer
+
+    return RapidReducer((r,) * num_blocks, round(split * num_blocks))
+
+
+class RapidStages(ReducerStages):
+    """RAPID: every constant ``r`` times every switch of :data:`RAPID_SPLITS`."""
+
+    name = "rapid"
+
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
+        n = widths.num_blocks
+        return {
+            f"RAPID r={r}, prune<{round(split * n)}": partial(rapid_reducer, r, split)
+            for r in _constant_counts(widths)
+            for split in RAPID_SPLITS
+        }
+
+
+#: Token Transforming's temperatures the search measures (toast's reading;
+#: the paper's value is not known): near-hard sharing and the config's default.
+TEMPERATURES = (0.02, 0.1)
+
+
+def transforming_reducer(r: int, temperature: float, num_blocks: int) -> Reducer:
+    """Token Transforming at a constant ``r`` and ``temperature``."""
+    from toast.methods.merge.transforming import TransformingReducer
+
+    return TransformingReducer((r,) * num_blocks, temperature)
+
+
+class TransformingStages(ReducerStages):
+    """Token Transforming: every constant ``r`` times every temperature of
+    :data:`TEMPERATURES`."""
+
+    name = "token-transforming"
+
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
+        return {
+            f"Token Transforming r={r}, τ={t:g}": partial(transforming_reducer, r, t)
+            for r in _constant_counts(widths)
+            for t in TEMPERATURES
+        }
+
+
+#: ATM's schedules the search measures: the first block's threshold and
+#: the decay (``θ_l = max(α − (exp(β(l − 1)) − 1), 0.5)``, small-to-large
+#: matching in the last third); their counts are measured on the first
+#: calibration batch, since they depend on the images.
+ATM_ALPHAS = (0.9, 0.95, 0.98, 0.99, 0.995, 0.999)
+ATM_BETAS = (0.005, 0.01, 0.02, 0.05)
+ATM_THETA_MIN = 0.5
+
+
+def atm_reducer(alpha: float, beta: float, num_blocks: int) -> Reducer:
+    """ATM with the paper's threshold schedule at ``alpha`` and ``beta``."""
+    from toast.methods.merge.atm import AtmReducer, atm_thresholds
+
+    thresholds = atm_thresholds(num_blocks, alpha, beta, ATM_THETA_MIN)
+    split = num_blocks - num_blocks // 3
+    return AtmReducer(thresholds, split if split < num_blocks else None)
+
+
+class AtmStages(ReducerStages):
+    """ATM: the paper's threshold schedule over :data:`ATM_ALPHAS` ×
+    :data:`ATM_BETAS`, strictest first."""
+
+    name = "atm"
+
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
+        return {
+            f"ATM α={a:g}, β={b:g}": partial(atm_reducer, a, b)
+            for a in sorted(ATM_ALPHAS, reverse=True)
+            for b in ATM_BETAS
+        }
+
+
 STAGES = TomeStages()
+RAPID_STAGES = RapidStages()
+TRANSFORMING_STAGES = TransformingStages()
+ATM_STAGES = AtmStages()
