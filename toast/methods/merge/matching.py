@@ -125,14 +125,21 @@ def merge_tokens(
         new_sizes = spread @ sizes.to(x.dtype)
         return spread @ (x * sizes) / new_sizes, new_sizes.to(sizes.dtype)
     b, n, d = x.shape
-    mass = sizes if matching.weight is None else sizes * matching.weight.unsqueeze(-1)
-    total = torch.zeros(b, n, d, dtype=x.dtype, device=x.device)
-    total.scatter_add_(1, matching.target.unsqueeze(-1).expand(b, n, d), x * mass)
-    size = torch.zeros(b, n, 1, dtype=sizes.dtype, device=sizes.device)
-    size.scatter_add_(1, matching.target.unsqueeze(-1), mass)
     kept = matching.kept.unsqueeze(-1)
-    new_sizes = size.gather(1, kept)
-    return total.gather(1, kept.expand(-1, -1, d)) / new_sizes, new_sizes
+    kept_sizes = sizes.gather(1, kept)
+    # only the tokens that leave are added in (a few dozen of a few hundred):
+    # the kept ones start their own sums, in their order
+    moved = matching.target != torch.arange(n, device=x.device)
+    src = torch.sort(moved.to(torch.int8), dim=-1, descending=True, stable=True).indices
+    src = src[:, : n - kept.shape[1]].unsqueeze(-1)
+    mass = sizes.gather(1, src)
+    if matching.weight is not None:
+        mass = mass * matching.weight.unsqueeze(-1).gather(1, src)
+    slot = matching.new_index.unsqueeze(-1).gather(1, src)
+    total = x.gather(1, kept.expand(-1, -1, d)) * kept_sizes
+    total.scatter_add_(1, slot.expand(-1, -1, d), x.gather(1, src.expand(-1, -1, d)) * mass)
+    new_sizes = kept_sizes.scatter_add(1, slot, mass)
+    return total / new_sizes, new_sizes
 
 
 def carry_source(source: torch.Tensor | None, matching: Matching) -> torch.Tensor:
