@@ -95,6 +95,22 @@ def _attention(x, s, p):
     return out.reshape(n, h * d) @ p["wo"].T + p["bo"], k.mean(axis=1)
 
 
+def cls_attention(x, s, p):
+    """The first token's attention over the keys, proportional to the sizes
+    ``s`` (``softmax(q₀·kᵀ·scale + log s)``), averaged over the heads
+    (``x``: the normed tokens); what RAPID and Token Transforming read."""
+    n = x.shape[0]
+    h, d = p["heads"], p["head_dim"]
+    q0 = (x[0] @ p["wq"].T + p["bq"]).reshape(h, d)
+    k = (x @ p["wk"].T + p["bk"]).reshape(n, h, d)
+    mean = np.zeros(n)
+    for head in range(h):
+        logits = np.array([q0[head] @ k[j, head] * p["scale"] + np.log(s[j]) for j in range(n)])
+        weights = np.exp(logits - logits.max())
+        mean += weights / weights.sum()
+    return mean / h
+
+
 def _match(metric, r, prefix):
     """Bipartite soft matching: {source position: destination position}."""
     n = len(metric)

@@ -16,22 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import _attention, _gelu, _layer_norm
-
-
-def cls_attention(x, s, p):
-    """The first token's attention over the keys, averaged over heads:
-    ``softmax(q₀·kᵀ·scale + log s)`` per head (``x``: the normed tokens)."""
-    n = x.shape[0]
-    h, d = p["heads"], p["head_dim"]
-    q0 = (x[0] @ p["wq"].T + p["bq"]).reshape(h, d)
-    k = (x @ p["wk"].T + p["bk"]).reshape(n, h, d)
-    row = np.zeros(n)
-    for head in range(h):
-        logits = np.array([q0[head] @ k[j, head] * p["scale"] + np.log(s[j]) for j in range(n)])
-        weights = np.exp(logits - logits.max())
-        row += weights / weights.sum() / h
-    return row
+from .reference import _attention, _gelu, _layer_norm, cls_attention
 
 
 def choose(metric, attention, r, prefix, prune, tau):
