@@ -16,6 +16,7 @@ from toast.hf.model.blocks import find_blocks  # noqa: E402
 from toast.hf.model.surgery import remove_blocks  # noqa: E402
 from toast.methods.base import Plan, Sizes, find_layout  # noqa: E402
 from toast.methods.heads.scwp import prune_heads  # noqa: E402
+from toast.methods.merge import enable_merging, merging_of  # noqa: E402
 from toast.methods.merge.macs import merge_schedule, merged_macs  # noqa: E402
 from toast.methods.merge.sites import find_sites  # noqa: E402
 from toast.methods.merge.stages import STAGES  # noqa: E402
@@ -38,7 +39,12 @@ def _analytic_linear(model, plan):
     stack = find_blocks(model)
     sites = find_sites(model, stack)
     widths = merge_widths(model, sites, stack)
-    return merged_macs(widths, merge_schedule(plan.merge, sites.num_blocks)).linear
+    if isinstance(plan.merge, int):
+        rs = merge_schedule(plan.merge, sites.num_blocks)
+    else:  # "ToMe r=R, decreasing"
+        r = int(plan.merge.split("r=")[1].split(",")[0])
+        rs = merge_schedule(r, sites.num_blocks, "decreasing")
+    return merged_macs(widths, rs).linear
 
 
 def test_a_mac_search_measures_merging_alone_and_combined_at_the_analytic_macs(tmp_path):
@@ -73,11 +79,30 @@ def test_every_r_that_merges_something_is_proposed_with_growing_savings():
     stats = _stats(tiny_vit())
     sizes = Sizes(1000, (100,) * 6)
     plans = STAGES.propose(stats, sizes, 3, macs_matter=True)
-    savings = [stats.savings[p.merge] for p in plans]
-    assert [p.merge for p in plans] == list(range(1, len(plans) + 1))
+    constant = [p for p in plans if isinstance(p.merge, int)]
+    savings = [stats.savings[p.merge] for p in constant]
+    assert [p.merge for p in constant] == list(range(1, len(constant) + 1))
     assert all(a < b for a, b in zip(savings, savings[1:], strict=False))
     assert max(savings) >= 0.4
     assert all(p.params_after == 1000 and p.spans == () for p in plans)
+    # and ToMe's decreasing schedule at every one of those r
+    decreasing = [p.merge for p in plans if not isinstance(p.merge, int)]
+    assert decreasing == [f"ToMe r={r}, decreasing" for r in range(1, len(constant) + 1)]
+
+
+def test_a_decreasing_plan_applies_tomes_decreasing_schedule():
+    model = tiny_vit()
+    layout = find_layout(model)
+    stats = STAGES.calibrate(model, [], layout, None, toast.Calibration(), 3)
+    plan = Plan(("tome",), "tome", (), None, None, 1000, 0.1, merge="ToMe r=3, decreasing")
+    built, copied = copy.deepcopy((model, layout))
+    STAGES.apply(built, plan, stats, copied)
+    twin = copy.deepcopy(model)
+    enable_merging(twin, 3, schedule="decreasing")
+    images = image_batches(1, 3)[0]
+    with torch.inference_mode():
+        torch.testing.assert_close(built(images)[0], twin(images)[0], rtol=0, atol=0)
+    assert merging_of(built).r == merging_of(twin).r
 
 
 def test_nothing_is_proposed_when_macs_do_not_matter():

@@ -219,17 +219,23 @@ class ReducerStages(BaseStages):
 
 
 class TomeStages(ReducerStages):
-    """ToMe: every constant ``r`` that merges something (the paper's schedule)."""
+    """ToMe: every constant ``r`` that merges something (the paper's
+    schedule, keyed by ``r``), then ToMe's decreasing schedule (``2r`` in the
+    first block down to 0) at the same ``r``."""
 
     name = "tome"
 
     def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
-        return {r: partial(tome_reducer, r) for r in _constant_counts(widths)}
+        counts = _constant_counts(widths)
+        grid: dict[Hashable, Build] = {r: partial(tome_reducer, r) for r in counts}
+        for r in counts:
+            grid[f"ToMe r={r}, decreasing"] = partial(tome_reducer, r, schedule="decreasing")
+        return grid
 
 
-def tome_reducer(r: int, num_blocks: int) -> TomeReducer:
-    """ToMe at a constant ``r`` over ``num_blocks`` blocks."""
-    return TomeReducer(merge_schedule(r, num_blocks))
+def tome_reducer(r: int, num_blocks: int, schedule: str = "constant") -> TomeReducer:
+    """ToMe at ``r`` spread over ``num_blocks`` blocks by ``schedule``."""
+    return TomeReducer(merge_schedule(r, num_blocks, schedule), schedule)
 
 
 def _measured_tokens(
