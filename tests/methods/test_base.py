@@ -12,7 +12,8 @@ from toast.methods.translate.config import ToastConfig
 
 
 def test_every_method_is_registered():
-    expected = ["atm", "linearpatch", "rapid", "remove", "replaceme", "sublayer", "toast"]
+    expected = ["atm", "linearpatch", "pitome", "rapid", "remove", "replaceme", "sublayer"]
+    expected += ["toast"]
     expected += ["toast-vit", "token-transforming", "tome"]
     assert available_methods() == expected
 
@@ -25,7 +26,7 @@ def test_every_registered_method_has_stages_the_search_can_run():
 
 
 def test_an_unknown_method_lists_the_registered_ones():
-    with pytest.raises(ValueError, match=r"method must be one of \['atm', 'linearpatch', 'rapid'"):
+    with pytest.raises(ValueError, match=r"method must be one of \['atm', 'linearpatch', 'pitome'"):
         toast.compress(object(), [], method="prune")
 
 

@@ -100,7 +100,7 @@ def test_every_plan_applied_has_exactly_its_stated_parameters(make, data):
     expected = {"plain", "shortgpt", "toast", "ghosted", "replaceme", "sublayer", "linearpatch"}
     if make is _vit:
         expected |= {"toast-vit", "plain+toast-vit", "toast+toast-vit"}
-        for reducer in ("tome", "rapid", "token-transforming"):
+        for reducer in ("tome", "rapid", "token-transforming", "pitome"):
             expected |= {reducer, f"plain+{reducer}", f"toast+{reducer}"}
             expected |= {f"toast-vit+{reducer}", f"plain+toast-vit+{reducer}"}
             expected |= {f"toast+toast-vit+{reducer}"}

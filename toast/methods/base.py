@@ -205,6 +205,7 @@ METHODS = {
         "toast.methods.merge.config:TransformingConfig",
     ),
     "atm": ("toast.methods.merge.method", "toast.methods.merge.config:AtmConfig"),
+    "pitome": ("toast.methods.merge.method", "toast.methods.merge.config:PitomeConfig"),
 }
 
 

@@ -1,4 +1,4 @@
-"""RAPID, Token Transforming and ATM as registered methods: ``compress``
+"""RAPID, Token Transforming, ATM and PiToMe as registered methods: ``compress``
 gives the model :func:`enable_reduction` gives with the same reducer, the
 report counts what the model does, bad options are refused by name, saved
 equals reloaded, and the command line gives the library's model."""
@@ -15,8 +15,14 @@ from tests._helpers import hf_models as H  # noqa: E402
 from toast.cli import main  # noqa: E402
 from toast.methods.merge import merging_of  # noqa: E402
 from toast.methods.merge.atm import AtmReducer, atm_thresholds  # noqa: E402
-from toast.methods.merge.config import AtmConfig, RapidConfig, TransformingConfig  # noqa: E402
+from toast.methods.merge.config import (  # noqa: E402
+    AtmConfig,
+    PitomeConfig,
+    RapidConfig,
+    TransformingConfig,
+)
 from toast.methods.merge.install import enable_reduction  # noqa: E402
+from toast.methods.merge.pitome import PitomeReducer, pitome_margins  # noqa: E402
 from toast.methods.merge.rapid import RapidReducer  # noqa: E402
 from toast.methods.merge.transforming import TransformingReducer  # noqa: E402
 
@@ -34,6 +40,7 @@ CASES = {
         {"alpha": 0.3, "beta": 0.2, "theta_min": -0.2},
         AtmReducer(atm_thresholds(4, 0.3, 0.2, -0.2), 3),
     ),
+    "pitome": ({"r": 3, "margin": 0.5}, PitomeReducer((3,) * 4, pitome_margins(4, 0.5))),
 }
 
 
@@ -83,6 +90,8 @@ def test_atm_reports_the_average_count_over_the_data():
         (TransformingConfig, {"schedule": "steep"}, "schedule must be"),
         (AtmConfig, {"beta": -0.1}, "beta must be"),
         (AtmConfig, {"thresholds": "high"}, "thresholds must be"),
+        (PitomeConfig, {"alpha": 0.0}, "alpha must be"),
+        (PitomeConfig, {"margin": 1.5}, "margin must be"),
     ],
 )
 def test_bad_options_are_refused_with_their_name(config, options, message):

@@ -53,19 +53,10 @@ from typing import Any, ClassVar
 import torch
 
 from toast.methods.merge.macs import effective_r
-from toast.methods.merge.matching import Matching
-from toast.methods.merge.reducers import TokenView, register_reducer
+from toast.methods.merge.matching import Matching, matching_from_pairs
+from toast.methods.merge.reducers import TokenView, is_real, register_reducer
 
 __all__ = ["AtmReducer", "atm_thresholds", "threshold_matching"]
-
-
-def _real(value: Any) -> bool:
-    """Whether ``value`` is a finite real number (a bool is not)."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-    )
 
 
 def atm_thresholds(
@@ -77,7 +68,7 @@ def atm_thresholds(
     if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
         raise ValueError(f"num_blocks must be an int >= 1; got {num_blocks!r}")
     for field, value in (("alpha", alpha), ("beta", beta), ("theta_min", theta_min)):
-        if not _real(value):
+        if not is_real(value):
             raise ValueError(f"{field} must be a finite real number; got {value!r}")
     if beta < 0:
         raise ValueError(f"beta is a decay rate and must be >= 0; got {beta!r}")
@@ -107,7 +98,7 @@ class AtmReducer:
             raise ValueError(
                 f"thresholds must be a non-empty tuple, one threshold per block; got {values!r}"
             )
-        bad = [v for v in values if not _real(v)]
+        bad = [v for v in values if not is_real(v)]
         if bad:
             raise ValueError(
                 "thresholds must be finite real numbers (one above 1 turns its block off); "
@@ -198,28 +189,12 @@ def threshold_matching(
         order = torch.sort(best, dim=-1, descending=True, stable=True).indices[:, :r]
         src = a_pos.gather(1, order)  # (B, r) positions merged away
         dst = b_pos.gather(1, match.gather(1, order))  # their destinations
-        return _merge_of(src, dst, n)
-
-
-def _merge_of(src: torch.Tensor, dst: torch.Tensor, n: int) -> Matching:
-    """The :class:`Matching` merging positions ``src`` into ``dst``
-    (``(B, r)``) of ``n`` tokens, the kept ones in positional order."""
-    b, r = src.shape
-    device = src.device
-    target = torch.arange(n, device=device).expand(b, n).clone()
-    target.scatter_(1, src, dst)
-    merged = torch.zeros(b, n, dtype=torch.int8, device=device)
-    merged.scatter_(1, src, 1)
-    # a stable sort of "merged away" puts the kept positions first, in order
-    kept = torch.sort(merged, dim=-1, stable=True).indices[:, : n - r]
-    slot = torch.zeros(b, n, dtype=torch.long, device=device)
-    slot.scatter_(1, kept, torch.arange(n - r, device=device).expand(b, n - r))
-    return Matching(target, kept, slot.gather(1, target))
+        return matching_from_pairs(src, dst, n)
 
 
 def _atm_from_state(state: Mapping[str, Any]) -> AtmReducer:
     thresholds, split_from = state.get("thresholds"), state.get("split_from")
-    if not (isinstance(thresholds, list) and thresholds and all(_real(v) for v in thresholds)):
+    if not (isinstance(thresholds, list) and thresholds and all(is_real(v) for v in thresholds)):
         raise ValueError(
             "the atm state's 'thresholds' must be a non-empty list of finite numbers; "
             f"got {thresholds!r}"

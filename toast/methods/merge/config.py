@@ -1,5 +1,5 @@
 """The options of the token reducers' methods (``toast.compress(..., method=
-"tome" | "rapid" | "token-transforming" | "atm")``; imports no torch)."""
+"tome" | "rapid" | "token-transforming" | "atm" | "pitome")``; imports no torch)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.hf.data.calibration import Calibration
 from toast.methods.merge.macs import SCHEDULES
 
-__all__ = ["AtmConfig", "RapidConfig", "TomeConfig", "TransformingConfig"]
+__all__ = ["AtmConfig", "PitomeConfig", "RapidConfig", "TomeConfig", "TransformingConfig"]
 
 _PER_BLOCK = Predicate(
     lambda v: (
@@ -235,3 +235,48 @@ class AtmConfig:
     def __post_init__(self) -> None:
         validate_fields(self, self._parameter_constraints)
         _as_tuple(self, "thresholds")
+
+
+@dataclass(frozen=True)
+class PitomeConfig:
+    """How PiToMe runs (spectrum-preserving token merging, Tran et al.,
+    arXiv 2405.16148; see :mod:`toast.methods.merge.pitome`).
+
+    ``r``: tokens merged per block (an int spread by ``schedule``, or one
+    count per block; toast's constant count, so MACs compare with ToMe's,
+    where the paper's code keeps a share of the tokens). Every token's
+    energy is its mean ``ELU(cos − margin_l, alpha)`` over the others (key
+    cosine); the ``2r`` most energetic are matched and merged, the rest
+    protected. ``margin``: the first block's, falling linearly to 0 at the
+    last (the paper's 0.9; the code's DeiT setting is 0.75). Other fields
+    as :class:`TomeConfig`.
+    """
+
+    r: int | Sequence[int] = 8
+    schedule: str = "constant"
+    margin: float = 0.9
+    alpha: float = 1.0
+    proportional_attention: bool = True
+    unmerge_output: bool = True
+    image_size: int | None = None
+    calibration: Calibration = field(default_factory=Calibration)
+
+    HELP: ClassVar[dict[str, str]] = {
+        "r": "tokens merged in every block (among the most energetic)",
+        "schedule": "how r spreads over the blocks: constant, or decreasing from 2r to 0",
+        "margin": "the first block's energy margin (falls linearly to 0 at the last)",
+        "alpha": "the ELU's alpha in the energy",
+        **_SHARED_HELP,
+    }
+
+    _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
+        "r": [Interval(int, 0, None), _PER_BLOCK],
+        "schedule": [Options(SCHEDULES)],
+        "margin": [Interval(float, -1.0, 1.0)],
+        "alpha": [Interval(float, 0.0, None, closed="neither")],
+        **_SHARED_CONSTRAINTS,
+    }
+
+    def __post_init__(self) -> None:
+        validate_fields(self, self._parameter_constraints)
+        _as_tuple(self, "r")

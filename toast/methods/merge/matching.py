@@ -33,6 +33,7 @@ __all__ = [
     "bipartite_soft_matching",
     "carry_source",
     "effective_r",
+    "matching_from_pairs",
     "merge_tokens",
     "unmerge",
 ]
@@ -102,16 +103,31 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int) -> Matchi
         order = torch.sort(best, dim=-1, descending=True, stable=True).indices
         src = a_pos[order[:, :r]]  # (B, r) positions merged away
         dst = b_pos[match.gather(1, order[:, :r])]  # their destinations
-        target = torch.arange(n, device=device).expand(b, n).clone()
-        target.scatter_(1, src, dst)
-        merged = torch.zeros(b, n, dtype=torch.int8, device=device)
-        merged.scatter_(1, src, 1)
-        # a stable sort of "merged away" puts the kept positions first, in order
-        kept = torch.sort(merged, dim=-1, stable=True).indices[:, : n - r]
-        slot = torch.zeros(b, n, dtype=torch.long, device=device)
-        slot.scatter_(1, kept, torch.arange(n - r, device=device).expand(b, n - r))
-        new_index = slot.gather(1, target)
-    return Matching(target, kept, new_index)
+        return matching_from_pairs(src, dst, n)
+
+
+def matching_from_pairs(
+    src: torch.Tensor, dst: torch.Tensor, n: int, prune_dtype: torch.dtype | None = None
+) -> Matching:
+    """The reduction of ``n`` tokens sending positions ``src`` into ``dst``
+    (both ``(B, r)``), the kept positions in order; ``prune_dtype`` set:
+    the sources are pruned (weight 0, of that dtype; an unmerged output
+    gives them their destination's state) instead of merged."""
+    batch, r = src.shape
+    device = src.device
+    target = torch.arange(n, device=device).expand(batch, n).clone()
+    target.scatter_(1, src, dst)
+    removed = torch.zeros(batch, n, dtype=torch.int8, device=device)
+    removed.scatter_(1, src, 1)
+    # a stable sort of "removed" puts the kept positions first, in order
+    kept = torch.sort(removed, dim=-1, stable=True).indices[:, : n - r]
+    slot = torch.zeros(batch, n, dtype=torch.long, device=device)
+    slot.scatter_(1, kept, torch.arange(n - r, device=device).expand(batch, n - r))
+    weight = None
+    if prune_dtype is not None:
+        weight = torch.ones(batch, n, dtype=prune_dtype, device=device)
+        weight.scatter_(1, src, 0.0)
+    return Matching(target, kept, slot.gather(1, target), weight)
 
 
 def merge_tokens(

@@ -1,6 +1,6 @@
 """The token reducers as registered methods: ``toast.compress(model, None,
-method="tome", r=8)`` (``"rapid"``, ``"token-transforming"``, ``"atm"``
-alike) and ``toast compress MODEL --method tome --r 8``."""
+method="tome", r=8)`` (``"rapid"``, ``"token-transforming"``, ``"atm"``,
+``"pitome"`` alike) and ``toast compress MODEL --method tome --r 8``."""
 
 from __future__ import annotations
 
@@ -16,12 +16,24 @@ from toast.hf.model.blocks import find_blocks
 from toast.hf.model.params import count_params
 from toast.methods.base import BeforeSurgery, Method, Report, register
 from toast.methods.merge import persist  # noqa: F401  (registers the "tome" model patch)
-from toast.methods.merge.config import AtmConfig, RapidConfig, TomeConfig, TransformingConfig
+from toast.methods.merge.config import (
+    AtmConfig,
+    PitomeConfig,
+    RapidConfig,
+    TomeConfig,
+    TransformingConfig,
+)
 from toast.methods.merge.install import MergeHandle, enable_reduction
 from toast.methods.merge.macs import MergeMacs, merge_schedule, merged_macs, reduced_macs
 from toast.methods.merge.reducers import Reducer, TomeReducer
 from toast.methods.merge.sites import find_sites
-from toast.methods.merge.stages import ATM_STAGES, RAPID_STAGES, STAGES, TRANSFORMING_STAGES
+from toast.methods.merge.stages import (
+    ATM_STAGES,
+    PITOME_STAGES,
+    RAPID_STAGES,
+    STAGES,
+    TRANSFORMING_STAGES,
+)
 from toast.methods.merge.widths import example_input, merge_widths
 
 __all__ = ["METHODS", "METHOD", "TomeReport", "compress_reduction", "compress_tome"]
@@ -31,6 +43,7 @@ _TITLES = {
     "rapid": "RAPID token pruning and merging",
     "token-transforming": "Token Transforming",
     "atm": "adaptive token merging (ATM)",
+    "pitome": "PiToMe energy-protected token merging",
 }
 
 
@@ -184,6 +197,13 @@ def _atm(config: AtmConfig, n: int) -> Reducer:
     return AtmReducer(tuple(thresholds), split if split < n else None)
 
 
+def _pitome(config: PitomeConfig, n: int) -> Reducer:
+    from toast.methods.merge.pitome import PitomeReducer, pitome_margins
+
+    rs = merge_schedule(config.r, n, config.schedule)
+    return PitomeReducer(rs, pitome_margins(n, config.margin), config.alpha)
+
+
 def compress_tome(
     model: nn.Module,
     data: Iterable[Any] | None,
@@ -249,6 +269,16 @@ METHODS = (
             needs_data=False,
             summary="ViT adaptive token merging by per-block similarity thresholds (ATM)",
             stages=ATM_STAGES,
+        )
+    ),
+    register(
+        Method(
+            name="pitome",
+            config=PitomeConfig,
+            run=_runner("pitome", _pitome),
+            needs_data=False,
+            summary="ViT token merging that protects low-energy (informative) tokens (PiToMe)",
+            stages=PITOME_STAGES,
         )
     ),
 )

@@ -53,7 +53,6 @@ What toast chooses where they differ or are silent:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -61,18 +60,10 @@ from typing import Any, ClassVar
 import torch
 
 from toast.methods.merge.macs import effective_r, tokens_per_block
-from toast.methods.merge.matching import Matching
-from toast.methods.merge.reducers import TokenView, register_reducer
+from toast.methods.merge.matching import Matching, matching_from_pairs
+from toast.methods.merge.reducers import TokenView, is_int, is_real, register_reducer
 
 __all__ = ["PitomeReducer", "pitome_margins"]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def pitome_margins(num_blocks: int, start: float = 0.9) -> tuple[float, ...]:
@@ -84,9 +75,9 @@ def pitome_margins(num_blocks: int, start: float = 0.9) -> tuple[float, ...]:
     ``0.75``, a per-model tuning for those checkpoints; toast reduces many
     families (ViT, DeiT, DINOv2, timm), so it defaults to the published
     value. Pass ``start=0.75`` to reproduce the DeiT/MAE code."""
-    if not _is_int(num_blocks) or num_blocks < 1:
+    if not is_int(num_blocks) or num_blocks < 1:
         raise ValueError(f"num_blocks must be an int >= 1; got {num_blocks!r}")
-    if not (_is_real(start) and -1.0 <= start <= 1.0):
+    if not (is_real(start) and -1.0 <= start <= 1.0):
         raise ValueError(f"start must be a cosine margin in [-1, 1]; got {start!r}")
     start = float(start)
     return tuple(start - start * layer / num_blocks for layer in range(num_blocks))
@@ -107,9 +98,9 @@ class PitomeReducer:
 
     def __post_init__(self) -> None:
         r, margins = _sequence("r", self.r), _sequence("margins", self.margins)
-        if not all(_is_int(v) and v >= 0 for v in r):
+        if not all(is_int(v) and v >= 0 for v in r):
             raise ValueError(f"PiToMe's r must hold ints >= 0 (tokens merged per block); got {r!r}")
-        if not all(_is_real(m) and -1.0 <= m <= 1.0 for m in margins):
+        if not all(is_real(m) and -1.0 <= m <= 1.0 for m in margins):
             raise ValueError(
                 f"PiToMe's margins must be cosine margins in [-1, 1], one per block "
                 f"(see pitome_margins); got {margins!r}"
@@ -119,7 +110,7 @@ class PitomeReducer:
                 f"PiToMe's margins must give one margin per block of r ({len(r)}); "
                 f"got {len(margins)}"
             )
-        if not (_is_real(self.alpha) and self.alpha > 0):
+        if not (is_real(self.alpha) and self.alpha > 0):
             raise ValueError(f"PiToMe's alpha (the ELU's) must be a number > 0; got {self.alpha!r}")
         object.__setattr__(self, "r", r)
         object.__setattr__(self, "margins", tuple(float(m) for m in margins))
@@ -150,7 +141,7 @@ class PitomeReducer:
             rows = sims.gather(1, src.unsqueeze(-1).expand(-1, -1, sims.shape[-1]))
             scores = rows.gather(2, dst.unsqueeze(1).expand(-1, r, -1))  # (B, r sources, r dsts)
             best = dst.gather(1, scores.argmax(dim=-1))
-            return _matching(src + prefix, best + prefix, n)
+            return matching_from_pairs(src + prefix, best + prefix, n)
 
     def state(self) -> dict[str, Any]:
         return {"r": list(self.r), "margins": list(self.margins), "alpha": self.alpha}
@@ -163,24 +154,10 @@ class PitomeReducer:
 def _sequence(field: str, value: Any) -> tuple[Any, ...]:
     """``value`` as a tuple, or a ValueError naming PiToMe's ``field``."""
     if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
-        raise ValueError(f"PiToMe's {field} must be a sequence with one entry per block; got {value!r}")
+        raise ValueError(
+            f"PiToMe's {field} must be a sequence with one entry per block; got {value!r}"
+        )
     return tuple(value)
-
-
-def _matching(src: torch.Tensor, dst: torch.Tensor, n: int) -> Matching:
-    """The merge sending positions ``src`` into ``dst`` (``(B, r)``), the
-    kept positions in order."""
-    batch, r = src.shape
-    device = src.device
-    target = torch.arange(n, device=device).expand(batch, n).clone()
-    target.scatter_(1, src, dst)
-    merged = torch.zeros(batch, n, dtype=torch.int8, device=device)
-    merged.scatter_(1, src, 1)
-    # a stable sort of "merged away" puts the kept positions first, in order
-    kept = torch.sort(merged, dim=-1, stable=True).indices[:, : n - r]
-    slot = torch.zeros(batch, n, dtype=torch.long, device=device)
-    slot.scatter_(1, kept, torch.arange(n - r, device=device).expand(batch, n - r))
-    return Matching(target, kept, slot.gather(1, target))
 
 
 def _pitome_from_state(state: Mapping[str, Any]) -> PitomeReducer:
@@ -188,9 +165,9 @@ def _pitome_from_state(state: Mapping[str, Any]) -> PitomeReducer:
     if missing:
         raise ValueError(f"the pitome state must set {missing}")
     r, margins, alpha = state["r"], state["margins"], state["alpha"]
-    if not (isinstance(r, list) and all(_is_int(v) and v >= 0 for v in r)):
+    if not (isinstance(r, list) and all(is_int(v) and v >= 0 for v in r)):
         raise ValueError(f"the pitome state's 'r' must be a list of ints >= 0; got {r!r}")
-    if not (isinstance(margins, list) and all(_is_real(m) and -1 <= m <= 1 for m in margins)):
+    if not (isinstance(margins, list) and all(is_real(m) and -1 <= m <= 1 for m in margins)):
         raise ValueError(
             f"the pitome state's 'margins' must be a list of numbers in [-1, 1]; got {margins!r}"
         )
@@ -199,7 +176,7 @@ def _pitome_from_state(state: Mapping[str, Any]) -> PitomeReducer:
             f"the pitome state's 'margins' must give one margin per block of 'r' ({len(r)}); "
             f"got {len(margins)}"
         )
-    if not (_is_real(alpha) and alpha > 0):
+    if not (is_real(alpha) and alpha > 0):
         raise ValueError(f"the pitome state's 'alpha' must be a number > 0; got {alpha!r}")
     return PitomeReducer(tuple(r), tuple(float(m) for m in margins), float(alpha))
 

@@ -43,7 +43,6 @@ paper's):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -51,8 +50,8 @@ from typing import Any, ClassVar
 import torch
 
 from toast.methods.merge.macs import effective_r, tokens_per_block
-from toast.methods.merge.matching import Matching
-from toast.methods.merge.reducers import TokenView, register_reducer
+from toast.methods.merge.matching import Matching, matching_from_pairs
+from toast.methods.merge.reducers import TokenView, is_int, is_real, register_reducer
 
 __all__ = ["RapidReducer"]
 
@@ -76,16 +75,16 @@ class RapidReducer:
         if isinstance(r, str | bytes) or not hasattr(r, "__iter__"):
             raise ValueError(f"RAPID's r must be a sequence of ints >= 0, one per block; got {r!r}")
         r = tuple(r)
-        if not all(_is_int(v) and v >= 0 for v in r):
+        if not all(is_int(v) and v >= 0 for v in r):
             raise ValueError(f"RAPID's r must hold ints >= 0 (tokens removed per block); got {r!r}")
         object.__setattr__(self, "r", r)
-        if not (_is_int(self.prune_until) and 0 <= self.prune_until <= len(r)):
+        if not (is_int(self.prune_until) and 0 <= self.prune_until <= len(r)):
             raise ValueError(
                 f"RAPID's prune_until must be an int from 0 to the number of blocks ({len(r)}): "
                 f"the blocks before it prune; got {self.prune_until!r}"
             )
         tau = self.tau
-        if not (_is_real(tau) and -1.0 <= tau <= 1.0):
+        if not (is_real(tau) and -1.0 <= tau <= 1.0):
             raise ValueError(f"RAPID's tau must be a cosine threshold in [-1, 1]; got {tau!r}")
         object.__setattr__(self, "tau", float(tau))
 
@@ -113,7 +112,7 @@ class RapidReducer:
                 order = _importance_order(view.cls_attention, a_pos, best, free, view.prefix)
             src = a_pos[order[:, :r]]
             dst = b_pos[match.gather(1, order[:, :r])]
-            return _matching(src, dst, n, view.x.dtype if prune else None)
+            return matching_from_pairs(src, dst, n, view.x.dtype if prune else None)
 
     def state(self) -> dict[str, Any]:
         return {"r": list(self.r), "prune_until": self.prune_until, "tau": self.tau}
@@ -121,14 +120,6 @@ class RapidReducer:
     def tokens(self, tokens: int, prefix: int) -> tuple[tuple[int, int], ...]:
         # pruning and merging remove the same capped r tokens as ToMe
         return tokens_per_block(tokens, self.r, prefix)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _split_similarity(
@@ -173,45 +164,21 @@ def _importance_order(
     return torch.sort(score, dim=-1, descending=True, stable=True).indices
 
 
-def _matching(
-    src: torch.Tensor, dst: torch.Tensor, n: int, prune_dtype: torch.dtype | None
-) -> Matching:
-    """The reduction sending positions ``src`` to ``dst`` (``(B, r)``), the
-    kept positions in order; ``prune_dtype`` set: the sources are pruned
-    (weight 0, of that dtype) instead of merged."""
-    batch, r = src.shape
-    device = src.device
-    target = torch.arange(n, device=device).expand(batch, n).clone()
-    target.scatter_(1, src, dst)
-    removed = torch.zeros(batch, n, dtype=torch.int8, device=device)
-    removed.scatter_(1, src, 1)
-    # a stable sort of "removed" puts the kept positions first, in order
-    kept = torch.sort(removed, dim=-1, stable=True).indices[:, : n - r]
-    slot = torch.zeros(batch, n, dtype=torch.long, device=device)
-    slot.scatter_(1, kept, torch.arange(n - r, device=device).expand(batch, n - r))
-    new_index = slot.gather(1, target)
-    weight = None
-    if prune_dtype is not None:
-        weight = torch.ones(batch, n, dtype=prune_dtype, device=device)
-        weight.scatter_(1, src, 0.0)
-    return Matching(target, kept, new_index, weight)
-
-
 def _rapid_from_state(state: Mapping[str, Any]) -> RapidReducer:
     missing = [key for key in ("r", "prune_until", "tau") if key not in state]
     if missing:
         raise ValueError(f"the rapid state must set {missing}")
     r = state["r"]
-    if not (isinstance(r, list) and all(_is_int(v) and v >= 0 for v in r)):
+    if not (isinstance(r, list) and all(is_int(v) and v >= 0 for v in r)):
         raise ValueError(f"the rapid state's 'r' must be a list of ints >= 0; got {r!r}")
     prune_until = state["prune_until"]
-    if not (_is_int(prune_until) and 0 <= prune_until <= len(r)):
+    if not (is_int(prune_until) and 0 <= prune_until <= len(r)):
         raise ValueError(
             f"the rapid state's 'prune_until' must be an int from 0 to len(r) = {len(r)}; "
             f"got {prune_until!r}"
         )
     tau = state["tau"]
-    if not (_is_real(tau) and -1.0 <= tau <= 1.0):
+    if not (is_real(tau) and -1.0 <= tau <= 1.0):
         raise ValueError(f"the rapid state's 'tau' must be a number in [-1, 1]; got {tau!r}")
     return RapidReducer(tuple(r), prune_until, float(tau))
 

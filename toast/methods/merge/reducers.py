@@ -19,6 +19,7 @@ modules.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -32,9 +33,21 @@ __all__ = [
     "Reducer",
     "TokenView",
     "TomeReducer",
+    "is_int",
+    "is_real",
     "reducer_from_state",
     "register_reducer",
 ]
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an int (a bool is not): a reducer's settings check."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a finite real number (a bool is not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,7 @@ _MODULES = {
     "atm": "toast.methods.merge.atm",
     "rapid": "toast.methods.merge.rapid",
     "token-transforming": "toast.methods.merge.transforming",
+    "pitome": "toast.methods.merge.pitome",
 }
 
 

@@ -49,6 +49,7 @@ from toast.methods.stages import BaseStages, Layout, Plan, Shared, Sizes, Stats
 __all__ = [
     "ATM_STAGES",
     "EXTEND_SAVINGS",
+    "PITOME_STAGES",
     "RAPID_STAGES",
     "STAGES",
     "TRANSFORMING_STAGES",
@@ -369,7 +370,33 @@ class AtmStages(ReducerStages):
         }
 
 
+#: PiToMe's first-block margins the search measures: the paper's and the
+#: code's DeiT setting.
+PITOME_MARGINS = (0.9, 0.75)
+
+
+def pitome_reducer(r: int, margin: float, num_blocks: int) -> Reducer:
+    """PiToMe at a constant ``r``, margins falling linearly from ``margin``."""
+    from toast.methods.merge.pitome import PitomeReducer, pitome_margins
+
+    return PitomeReducer((r,) * num_blocks, pitome_margins(num_blocks, margin))
+
+
+class PitomeStages(ReducerStages):
+    """PiToMe: every constant ``r`` times every margin of :data:`PITOME_MARGINS`."""
+
+    name = "pitome"
+
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
+        return {
+            f"PiToMe r={r}, margin {m:g}": partial(pitome_reducer, r, m)
+            for r in _constant_counts(widths)
+            for m in PITOME_MARGINS
+        }
+
+
 STAGES = TomeStages()
+PITOME_STAGES = PitomeStages()
 RAPID_STAGES = RapidStages()
 TRANSFORMING_STAGES = TransformingStages()
 ATM_STAGES = AtmStages()
