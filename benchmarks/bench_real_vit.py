@@ -41,6 +41,8 @@ its method that reaches the target):
   τ = 0.1), the same ``r`` in every block;
 - **RAPID**: pruning by redundancy in blocks 0–5, merging weighed by CLS
   attention in blocks 6–11 (toast's reading), the same ``r`` in every block;
+- **PiToMe**: merging among the most energetic tokens, the rest protected
+  (margin 0.9 falling to 0, the paper's), the same ``r`` in every block;
 - **ToaSt heads**: dense head pruning at sparsity ρ (block 0 kept);
 - **TCS**: Token Channel Selection alone, the same FC2 (then FC1) ratio in
   every block;
@@ -243,7 +245,13 @@ def _tcs(
     return model, dense - int(round(full - cut)) - linear_macs(model, example)
 
 
-def _rows(original: torch.nn.Module, calib: list, goal: int, example: torch.Tensor) -> dict:
+def _rows(
+    original: torch.nn.Module,
+    calib: list,
+    goal: int,
+    example: torch.Tensor,
+    only: set[str] | None = None,
+) -> dict:
     """Every single-method row at one MAC goal: name → (setting, model, linear, products)."""
 
     def tome(r: int) -> tuple[torch.nn.Module, int]:
@@ -272,12 +280,15 @@ def _rows(original: torch.nn.Module, calib: list, goal: int, example: torch.Tens
         "ATM": (reducer("atm"), ALPHA_GRID, "α={}, β=0.01, θmin=0.5"),
         "Token Transforming": (reducer("token-transforming"), R_GRID, "r={}, τ=0.1"),
         "RAPID": (reducer("rapid"), R_GRID, "r={}, prune<6"),
+        "PiToMe": (reducer("pitome"), R_GRID, "r={}, margin 0.9"),
         "ToaSt heads": (heads, RHO_GRID, "ρ={}"),
         "TCS": (lambda ratio: _tcs(original, ratio, example), TCS_GRID, "FC2 {0}, FC1 {0}/2"),
         "TOAST spans": (spans, SPAN_GRID, "{} blocks"),
     }
     rows = {}
     for name, (build, grid, label) in builders.items():
+        if only is not None and name not in only:
+            continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             found = _smallest(build, grid, goal, example)
@@ -484,8 +495,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batches", default="1,64")
     parser.add_argument(
-        "--seeds", default="0,3,4", help="the search's calibration crops, one search per seed"
+        "--seeds",
+        default="0,3,4",
+        help="the search's calibration crops, one search per seed ('' : no search)",
     )
+    parser.add_argument("--rows", default=None, help="only these rows, e.g. ToMe,PiToMe")
     parser.add_argument("--calibration", type=int, default=128)
     parser.add_argument("--selection", type=int, default=64)
     parser.add_argument("--max-measured", type=int, default=24)
@@ -494,7 +508,8 @@ def main() -> None:
     load = os.getloadavg()
     targets = [float(t) for t in args.targets.split(",")]
     batches = tuple(int(b) for b in args.batches.split(","))
-    seeds = [int(x) for x in args.seeds.split(",")]
+    seeds = [int(x) for x in args.seeds.split(",") if x]
+    only = None if args.rows is None else set(args.rows.split(","))
     if 1 in seeds or 2 in seeds:
         parser.error("--seeds must avoid 1 and 2 (the selection crops and the scored photos)")
 
@@ -523,7 +538,7 @@ def main() -> None:
             goal = math.floor((1 - target) * base_linear)
             tag = f"{100 * target:g}%"
             print(f"target {tag} (linear MACs ≤ {goal:,})", flush=True)
-            for name, row in _rows(original, calib, goal, example).items():
+            for name, row in _rows(original, calib, goal, example, only).items():
                 if row is None:
                     labels[f"{tag} {name}"] = None
                     continue
