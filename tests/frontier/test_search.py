@@ -352,6 +352,17 @@ def test_candidates_are_timed_in_three_paired_rounds_only_for_a_latency_target(s
     assert rounds(timed) == {3}
 
 
+def test_an_int_latency_times_every_candidate_and_the_original_at_that_batch():
+    model = tiny_vit()
+    data, heldout = image_batches(2, 1), image_batches(1, 2)  # held-out batches of 8
+    options = {"max_measured": 2, "cache": False, "progress": False, "methods": ["remove"]}
+    result = toast.search(model, data, heldout, latency=3, **options)
+    timed = [m.measurement.throughput for m in result.measured]
+    assert timed and all(t["batch_size"] == 3 and t["reference_forward_per_s"] for t in timed)
+    with pytest.raises(ValueError, match="latency"):
+        toast.search(model, data, heldout, latency=0, **options)
+
+
 def test_methods_limits_the_search_to_the_named_methods():
     model = tiny_llama()
     data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)

@@ -65,6 +65,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-minutes", type=float, default=None, help="time budget (none)")
     p.add_argument("--max-blocks", type=int, default=None, help="most blocks removed (half)")
     p.add_argument("--no-latency", action="store_true", help="do not measure throughput")
+    p.add_argument(
+        "--latency-batch",
+        type=int,
+        default=None,
+        help="time candidates and the original at this batch size, e.g. 1 for one request "
+        "(default: the held-out batch as it comes; one sequence for text)",
+    )
     p.add_argument("--cache", default=None, help="cache folder (~/.cache/toast/search)")
     p.add_argument("--no-cache", action="store_true", help="keep nothing between calls")
     p.add_argument("--batch-size", type=int, default=8, help="samples per batch (8)")
@@ -150,7 +157,7 @@ def _run(args: argparse.Namespace) -> int:
             max_measured=args.max_measured,
             max_minutes=args.max_minutes,
             max_blocks=args.max_blocks,
-            latency=not args.no_latency,
+            latency=False if args.no_latency else (args.latency_batch or True),
             cache=cache,
             calibration=calibration,
             max_memory=args.max_memory,

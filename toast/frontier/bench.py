@@ -99,7 +99,7 @@ class MemoryBench:
         calibrated: Calibrated,
         heldout: Iterable,
         metric: str | None,
-        latency: bool,
+        latency: bool | int,
         extra: Extra | None = None,
         rounds: int = 3,
         compute: str = "auto",

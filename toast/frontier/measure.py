@@ -78,13 +78,21 @@ def _median(values: list[float | None]) -> float | None:
 
 
 def paired_throughput(
-    model: nn.Module, reference: nn.Module | None, example: Any, rounds: int = 3
+    model: nn.Module,
+    reference: nn.Module | None,
+    example: Any,
+    rounds: int = 3,
+    batch_size: int | None = None,
 ) -> dict[str, Any]:
     """``model``'s throughput, timed in rounds that alternate with
     ``reference`` (the original) so that both see the same machine load;
     medians of the rounds, the reference's under ``reference_*``. Without
-    a reference, ``model`` alone."""
+    a reference, ``model`` alone. ``batch_size``: timed at that batch
+    (``example``'s rows repeated to fill it; default as it comes, one
+    sequence for text)."""
     options = _options(example)
+    if batch_size is not None:
+        options["batch_size"] = batch_size
     if reference is None:
         return measure_throughput(model, example, rounds=rounds, **options).to_dict()
     own: list[dict[str, Any]] = []
@@ -107,7 +115,7 @@ def measure(
     evaluator: Evaluator,
     example: Any,
     label: str,
-    latency: bool = True,
+    latency: bool | int = True,
     reference: nn.Module | None = None,
     macs: int | None = None,
     phases: dict[str, float] | None = None,
@@ -115,7 +123,8 @@ def measure(
     heldout: Callable[[nn.Module, str], float] | None = None,
 ) -> Measurement:
     """``model`` measured on the evaluator's held-out data and ``example``
-    (throughput paired with ``reference``'s, see :func:`paired_throughput`;
+    (throughput paired with ``reference``'s, see :func:`paired_throughput`,
+    at the batch size ``latency`` gives when it is an int;
     ``macs``: counted already, where the linear layers' hooks cannot see
     them, as in Token Channel Selection's gathered products). ``phases``
     gets the seconds of each part under ``"<label>: held-out"``,
@@ -131,7 +140,8 @@ def measure(
     throughput = None
     if latency:
         with timed(times, f"{label}: latency"):
-            throughput = paired_throughput(model, reference, example, rounds)
+            batch = None if isinstance(latency, bool) else latency
+            throughput = paired_throughput(model, reference, example, rounds, batch)
         if evaluator.ranks is not None:
             # timings differ between processes: rank 0's, so that every rank
             # ranks the candidates (a latency target, the front) alike

@@ -78,7 +78,7 @@ class _Run:
     calibration: Calibration
     cache: SearchCache
     key: str
-    latency: bool
+    latency: bool | int
     started: float
     max_seconds: float | None
     objective: Objective
@@ -102,7 +102,7 @@ def search(
     max_measured: int = 12,
     max_minutes: float | None = None,
     max_blocks: int | None = None,
-    latency: bool = True,
+    latency: bool | int = True,
     cache: bool | str | os.PathLike = True,
     output: str | os.PathLike | None = None,
     backend: str = "auto",
@@ -131,8 +131,11 @@ def search(
     smallest model within it, by bisection. Each is built from the
     calibration and measured on ``heldout``: quality (as
     :func:`toast.compress` reports it), parameters, MACs and, with
-    ``latency``, throughput. ``max_minutes`` stops measuring when the next
-    candidate would not fit in it.
+    ``latency``, throughput paired with the original's (True: at the
+    held-out batch's size, one sequence for text; an int: at that batch
+    size, the held-out rows repeated to fill it, e.g. 1 for a single
+    request). ``max_minutes`` stops measuring when the next candidate
+    would not fit in it.
 
     ``cache`` (True: ``$TOAST_CACHE/search`` or ``~/.cache/toast/search``;
     a folder; False: none) keeps the calibration and the measurements, so
@@ -199,14 +202,14 @@ def _prepare(
     target: Any,
     max_blocks: int | None,
     max_minutes: float | None,
-    latency: bool,
+    latency: bool | int,
     cache: bool | str | os.PathLike,
     options: dict[str, Any],
 ) -> _Run:
     goal = Target.parse(target)
     check("max_blocks", max_blocks, Interval(int, 1, None), None)
     check("max_minutes", max_minutes, Interval(float, 0, None, closed="neither"), None)
-    check("latency", latency, bool)
+    check("latency", latency, bool, Interval(int, 1, None))
     check("cache", cache, bool, Predicate(is_path, "a folder"))
     backend = options.pop("backend")
     max_memory, sequential = options.pop("max_memory"), options.pop("sequential")
