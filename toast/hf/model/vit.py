@@ -164,11 +164,14 @@ def merged_row(attention: object, row: torch.Tensor) -> torch.Tensor:
     the keys) carried to the MLP's tokens when the block merged tokens in
     between (:data:`TOKEN_MAP_ATTR`): a merged token gets the summed
     attention of the tokens it stands for (a mixed one, their attention in
-    the shares it took: the map is then ``(B, N_mlp, N_attention)``).
+    the shares it took: the map is then ``(B, N_mlp, N_attention)``; the
+    map may be a callable that builds it).
     Unchanged without a merge."""
     index = getattr(attention, TOKEN_MAP_ATTR, None)
     if index is None:
         return row
+    if callable(index):  # built on demand (see the merge's installed forward)
+        index = index()
     if index.dim() == 3:
         return (index.to(row.dtype) @ row.unsqueeze(-1))[..., 0]
     out = torch.zeros(row.shape[0], int(index.max()) + 1, dtype=row.dtype, device=row.device)

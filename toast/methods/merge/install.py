@@ -174,7 +174,9 @@ def _mlp_residual(site: Site, x: torch.Tensor, matching: Matching | None) -> tor
     _, norm2 = site.norms()
     _, scale2 = site.scales()
     attention = site.attention
-    setattr(attention, TOKEN_MAP_ATTR, None if matching is None else matching.token_map())
+    # a callable: the dense shares of a pruning or mixing reduction cost a
+    # (B, N', N) tensor, built only when an MLP reads the attention (TCS)
+    setattr(attention, TOKEN_MAP_ATTR, None if matching is None else matching.token_map)
     try:
         out = site.block.mlp(norm2(x))
     finally:
