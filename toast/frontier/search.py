@@ -131,11 +131,9 @@ def search(
     smallest model within it, by bisection. Each is built from the
     calibration and measured on ``heldout``: quality (as
     :func:`toast.compress` reports it), parameters, MACs and, with
-    ``latency``, throughput paired with the original's (True: at the
-    held-out batch's size, one sequence for text; an int: at that batch
-    size, the held-out rows repeated to fill it, e.g. 1 for a single
-    request). ``max_minutes`` stops measuring when the next candidate
-    would not fit in it.
+    ``latency``, throughput paired with the original's (an int: at that
+    batch size, e.g. 1). ``max_minutes`` stops measuring when the next
+    candidate would not fit in it.
 
     ``cache`` (True: ``$TOAST_CACHE/search`` or ``~/.cache/toast/search``;
     a folder; False: none) keeps the calibration and the measurements, so
