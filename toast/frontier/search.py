@@ -132,8 +132,7 @@ def search(
     calibration and measured on ``heldout``: quality (as
     :func:`toast.compress` reports it), parameters, MACs and, with
     ``latency``, throughput paired with the original's (an int: at that
-    batch size, e.g. 1). ``max_minutes`` stops measuring when the next
-    candidate would not fit in it.
+    batch size). ``max_minutes`` stops when the next would not fit.
 
     ``cache`` (True: ``$TOAST_CACHE/search`` or ``~/.cache/toast/search``;
     a folder; False: none) keeps the calibration and the measurements, so
