@@ -205,7 +205,7 @@ def test_throughput_and_macs_time_the_whole_model(llama_case, monkeypatch):
     seen = []
     real = measure_module.paired_throughput
 
-    def timing(candidate, reference, example, rounds):
+    def timing(candidate, reference, example, rounds, batch_size=None):
         blocks = toast.hf.model.blocks.find_blocks(candidate, layout.stack.path).blocks
         seen.append(any(type(b) is not type(layout.stack.blocks[0]) for b in blocks))
         return real(candidate, reference, example, rounds)

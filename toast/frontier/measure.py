@@ -141,7 +141,7 @@ def measure(
     if latency:
         with timed(times, f"{label}: latency"):
             batch = None if isinstance(latency, bool) else latency
-            throughput = paired_throughput(model, reference, example, rounds, batch)
+            throughput = paired_throughput(model, reference, example, rounds, batch_size=batch)
         if evaluator.ranks is not None:
             # timings differ between processes: rank 0's, so that every rank
             # ranks the candidates (a latency target, the front) alike

@@ -134,17 +134,27 @@ def merge_forward(weights, x, r_per_block, prefix):
     for p, r in zip(weights, r_per_block, strict=True):
         attended, metric = _attention(_layer_norm(x, p["ln1"]), s, p)
         x = x + (attended if p["ls1"] is None else attended * p["ls1"])
-        pairs = _match(metric, r, prefix)
-        kept = [i for i in range(len(x)) if i not in pairs]
-        slot = {i: k for k, i in enumerate(kept)}
-        new_x, new_s = np.zeros((len(kept), x.shape[1])), np.zeros(len(kept))
-        for i in range(len(x)):
-            dst = slot[pairs.get(i, i)]
-            new_x[dst] += s[i] * x[i]
-            new_s[dst] += s[i]
-        x, s = new_x / new_s[:, None], new_s
-        where = np.array([slot[pairs.get(i, i)] for i in where])
-        hidden = _gelu(_layer_norm(x, p["ln2"]) @ p["w1"].T + p["b1"])
-        mlp = hidden @ p["w2"].T + p["b2"]
-        x = x + (mlp if p["ls2"] is None else mlp * p["ls2"])
+        x, s, where = reduce_then_mlp(p, x, s, where, _match(metric, r, prefix))
     return x, s, where
+
+
+def reduce_then_mlp(p, x, s, where, pairs, prune=False):
+    """The rest of a block after its attention: every source of ``pairs``
+    ({source: destination}) goes into its destination by size (``prune``:
+    its mass dropped instead; it still maps to the destination), the kept
+    tokens in order; then the MLP. Returns ``(x, s, where)``, ``where``
+    each input token's current index."""
+    kept = [i for i in range(len(x)) if i not in pairs]
+    slot = {i: k for k, i in enumerate(kept)}
+    new_x, new_s = np.zeros((len(kept), x.shape[1])), np.zeros(len(kept))
+    for i in range(len(x)):
+        if prune and i in pairs:
+            continue  # a pruned token's mass is dropped
+        dst = slot[pairs.get(i, i)]
+        new_x[dst] += s[i] * x[i]
+        new_s[dst] += s[i]
+    x, s = new_x / new_s[:, None], new_s
+    where = np.array([slot[pairs.get(i, i)] for i in where])
+    hidden = _gelu(_layer_norm(x, p["ln2"]) @ p["w1"].T + p["b1"])
+    mlp = hidden @ p["w2"].T + p["b2"]
+    return x + (mlp if p["ls2"] is None else mlp * p["ls2"]), s, where

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import _attention, _gelu, _layer_norm
+from .reference import _attention, _layer_norm, reduce_then_mlp
 
 
 def _sets(n, s, prefix, size_distinctive):
@@ -51,19 +51,7 @@ def atm_block(p, x, s, where, threshold, prefix, size_distinctive, count=None):
     attended, metric = _attention(_layer_norm(x, p["ln1"]), s, p)
     x = x + (attended if p["ls1"] is None else attended * p["ls1"])
     pairs, c = atm_match(metric, s, threshold, prefix, size_distinctive, count)
-    kept = [i for i in range(len(x)) if i not in pairs]
-    slot = {i: k for k, i in enumerate(kept)}
-    new_x, new_s = np.zeros((len(kept), x.shape[1])), np.zeros(len(kept))
-    for i in range(len(x)):
-        dst = slot[pairs.get(i, i)]
-        new_x[dst] += s[i] * x[i]
-        new_s[dst] += s[i]
-    x, s = new_x / new_s[:, None], new_s
-    where = np.array([slot[pairs.get(i, i)] for i in where])
-    hidden = _gelu(_layer_norm(x, p["ln2"]) @ p["w1"].T + p["b1"])
-    mlp = hidden @ p["w2"].T + p["b2"]
-    x = x + (mlp if p["ls2"] is None else mlp * p["ls2"])
-    return x, s, where, c
+    return (*reduce_then_mlp(p, x, s, where, pairs), c)
 
 
 def atm_forward(weights, x, thresholds, split_from, prefix):

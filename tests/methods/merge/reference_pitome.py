@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from .reference import _attention, _gelu, _layer_norm
+from .reference import _attention, _layer_norm, reduce_then_mlp
 
 
 def energies(metric, margin, alpha, prefix):
@@ -62,16 +62,5 @@ def pitome_forward(weights, x, r_per_block, margins, alpha, prefix):
         attended, metric = _attention(_layer_norm(x, p["ln1"]), s, p)
         x = x + (attended if p["ls1"] is None else attended * p["ls1"])
         pairs = choose(metric, r, margin, alpha, prefix)
-        kept = [i for i in range(len(x)) if i not in pairs]
-        slot = {i: k for k, i in enumerate(kept)}
-        new_x, new_s = np.zeros((len(kept), x.shape[1])), np.zeros(len(kept))
-        for i in range(len(x)):
-            dst = slot[pairs.get(i, i)]
-            new_x[dst] += s[i] * x[i]
-            new_s[dst] += s[i]
-        x, s = new_x / new_s[:, None], new_s
-        where = np.array([slot[pairs.get(i, i)] for i in where])
-        hidden = _gelu(_layer_norm(x, p["ln2"]) @ p["w1"].T + p["b1"])
-        mlp = hidden @ p["w2"].T + p["b2"]
-        x = x + (mlp if p["ls2"] is None else mlp * p["ls2"])
+        x, s, where = reduce_then_mlp(p, x, s, where, pairs)
     return x, s, where

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reference import _attention, _gelu, _layer_norm, cls_attention
+from .reference import _attention, _layer_norm, cls_attention, reduce_then_mlp
 
 
 def choose(metric, attention, r, prefix, prune, tau):
@@ -53,18 +53,5 @@ def rapid_forward(weights, x, r_per_block, prune_until, tau, prefix):
         x = x + (attended if p["ls1"] is None else attended * p["ls1"])
         prune = block < prune_until
         pairs = choose(metric, attention, r, prefix, prune, tau)
-        kept = [i for i in range(len(x)) if i not in pairs]
-        slot = {i: k for k, i in enumerate(kept)}
-        new_x, new_s = np.zeros((len(kept), x.shape[1])), np.zeros(len(kept))
-        for i in range(len(x)):
-            if prune and i in pairs:
-                continue  # a pruned token's mass is dropped
-            dst = slot[pairs.get(i, i)]
-            new_x[dst] += s[i] * x[i]
-            new_s[dst] += s[i]
-        x, s = new_x / new_s[:, None], new_s
-        where = np.array([slot[pairs.get(i, i)] for i in where])
-        hidden = _gelu(_layer_norm(x, p["ln2"]) @ p["w1"].T + p["b1"])
-        mlp = hidden @ p["w2"].T + p["b2"]
-        x = x + (mlp if p["ls2"] is None else mlp * p["ls2"])
+        x, s, where = reduce_then_mlp(p, x, s, where, pairs, prune)
     return x, s, where
