@@ -213,8 +213,14 @@ class ReducerStages(BaseStages):
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
         # installed here, not in finish: the search's hook count then sees the fewer tokens
         assert isinstance(stats, TomeStats)
-        if plan.merge is None or stats.builds is None:
+        if plan.merge is None:
             return
+        if stats.builds is None or plan.merge not in stats.builds:
+            # never measure a reduction plan without its reduction
+            raise ValueError(
+                f"{self.name}: the calibration has no setting {plan.merge!r}; calibrate again "
+                "(a search cache from another toast version: toast cache clear)"
+            )
         sites = _remaining(model, layout, self.name)
         enable_reduction(model, stats.builds[plan.merge](sites.num_blocks), sites=sites)
 
