@@ -53,7 +53,7 @@ from typing import Any, ClassVar
 import torch
 
 from toast.methods.merge.macs import effective_r
-from toast.methods.merge.matching import Matching, matching_from_pairs
+from toast.methods.merge.matching import Matching, bipartite_scores, matching_from_pairs
 from toast.methods.merge.reducers import TokenView, is_real, register_reducer
 
 __all__ = ["AtmReducer", "atm_thresholds", "threshold_matching"]
@@ -135,23 +135,20 @@ class AtmReducer:
         return None
 
 
-_Sets = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
-
-
-def _alternating_sets(b: int, n: int, prefix: int, device: torch.device) -> _Sets:
-    """ToMe's sets: sources at even positions, destinations at odd ones
-    (``(B, |A|)``, ``(B, |B|)``), with masks of the protected ones."""
-    a_pos = torch.arange(0, n, 2, device=device)
-    b_pos = torch.arange(1, n, 2, device=device)
-    return a_pos.expand(b, -1), b_pos.expand(b, -1), a_pos < prefix, b_pos < prefix
-
-
-def _size_sets(sizes: torch.Tensor, prefix: int) -> _Sets:
-    """The size-distinctive sets: the unprotected tokens by size (a stable
-    sort, so ties go by position), the smaller half the sources."""
+def _size_scores(
+    metric: torch.Tensor, sizes: torch.Tensor, prefix: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Size-distinctive sets: the unprotected tokens sorted by size (a
+    stable sort, so ties go by position), the smaller half the sources
+    (``(B, |A|)``) and the rest the destinations (``(B, |B|)``), with their
+    cosine similarities ``(B, |A|, |B|)``."""
     order = torch.sort(sizes[:, prefix:], dim=-1, stable=True).indices + prefix
     half = order.shape[1] // 2
-    return order[:, :half], order[:, half:], None, None
+    a_pos, b_pos = order[:, :half], order[:, half:]
+    unit = metric / metric.norm(dim=-1, keepdim=True)
+    rows = unit.gather(1, a_pos.unsqueeze(-1).expand(-1, -1, unit.shape[-1]))
+    cols = unit.gather(1, b_pos.unsqueeze(-1).expand(-1, -1, unit.shape[-1]))
+    return a_pos, b_pos, rows @ cols.transpose(-1, -2)
 
 
 def threshold_matching(
@@ -168,19 +165,12 @@ def threshold_matching(
         cap = (n - prefix) // 2 if n > prefix else 0
     if cap == 0:
         return None
-    device = metric.device
     with torch.no_grad():
-        unit = metric / metric.norm(dim=-1, keepdim=True)
         if sizes is None:
-            a_pos, b_pos, a_prot, b_prot = _alternating_sets(b, n, prefix, device)
+            a_pos, b_pos, scores = bipartite_scores(metric, prefix)
+            a_pos, b_pos = a_pos.expand(b, -1), b_pos.expand(b, -1)
         else:
-            a_pos, b_pos, a_prot, b_prot = _size_sets(sizes, prefix)
-        rows = unit.gather(1, a_pos.unsqueeze(-1).expand(-1, -1, unit.shape[-1]))
-        cols = unit.gather(1, b_pos.unsqueeze(-1).expand(-1, -1, unit.shape[-1]))
-        scores = rows @ cols.transpose(-1, -2)  # (B, |A|, |B|)
-        if a_prot is not None and b_prot is not None:
-            scores[:, a_prot, :] = -torch.inf
-            scores[:, :, b_prot] = -torch.inf
+            a_pos, b_pos, scores = _size_scores(metric, sizes, prefix)
         best, match = scores.max(dim=-1)  # each source's most similar destination
         counts = (best > threshold).sum(dim=-1).clamp(max=cap)
         r = int(counts.min())

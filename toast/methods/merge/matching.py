@@ -30,6 +30,7 @@ from toast.methods.merge.macs import effective_r
 
 __all__ = [
     "Matching",
+    "bipartite_scores",
     "bipartite_soft_matching",
     "carry_source",
     "effective_r",
@@ -91,19 +92,29 @@ def bipartite_soft_matching(metric: torch.Tensor, r: int, prefix: int) -> Matchi
     r = effective_r(r, n, prefix)
     if r == 0:
         return None
-    device = metric.device
     with torch.no_grad():
-        unit = metric / metric.norm(dim=-1, keepdim=True)
-        a_pos = torch.arange(0, n, 2, device=device)
-        b_pos = torch.arange(1, n, 2, device=device)
-        scores = unit[:, a_pos] @ unit[:, b_pos].transpose(-1, -2)  # (B, |A|, |B|)
-        scores[:, a_pos < prefix, :] = -torch.inf
-        scores[:, :, b_pos < prefix] = -torch.inf
+        a_pos, b_pos, scores = bipartite_scores(metric, prefix)
         best, match = scores.max(dim=-1)  # each A token's most similar B token
         order = torch.sort(best, dim=-1, descending=True, stable=True).indices
         src = a_pos[order[:, :r]]  # (B, r) positions merged away
         dst = b_pos[match.gather(1, order[:, :r])]  # their destinations
         return matching_from_pairs(src, dst, n)
+
+
+def bipartite_scores(
+    metric: torch.Tensor, prefix: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ToMe's split of ``metric`` (``(B, N, C)``): the source (even) and
+    destination (odd) positions and their cosine similarities
+    ``(B, |A|, |B|)``, −∞ where either is in the protected prefix."""
+    n = metric.shape[1]
+    unit = metric / metric.norm(dim=-1, keepdim=True)
+    a_pos = torch.arange(0, n, 2, device=metric.device)
+    b_pos = torch.arange(1, n, 2, device=metric.device)
+    scores = unit[:, a_pos] @ unit[:, b_pos].transpose(-1, -2)
+    scores[:, a_pos < prefix, :] = -torch.inf
+    scores[:, :, b_pos < prefix] = -torch.inf
+    return a_pos, b_pos, scores
 
 
 def matching_from_pairs(

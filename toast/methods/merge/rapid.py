@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 import torch
 
 from toast.methods.merge.macs import effective_r, tokens_per_block
-from toast.methods.merge.matching import Matching, matching_from_pairs
+from toast.methods.merge.matching import Matching, bipartite_scores, matching_from_pairs
 from toast.methods.merge.reducers import TokenView, is_int, is_real, register_reducer
 
 __all__ = ["RapidReducer"]
@@ -102,7 +102,7 @@ class RapidReducer:
         if not prune and view.cls_attention is None:
             raise ValueError("RAPID's merging blocks need the class token's attention in the view")
         with torch.no_grad():
-            a_pos, b_pos, sims = _split_similarity(view.metric, view.prefix)
+            a_pos, b_pos, sims = bipartite_scores(view.metric, view.prefix)
             best, match = sims.max(dim=-1)  # each source's best destination
             free = (a_pos >= view.prefix).expand(batch, -1)
             if prune:
@@ -120,21 +120,6 @@ class RapidReducer:
     def tokens(self, tokens: int, prefix: int) -> tuple[tuple[int, int], ...]:
         # pruning and merging remove the same capped r tokens as ToMe
         return tokens_per_block(tokens, self.r, prefix)
-
-
-def _split_similarity(
-    metric: torch.Tensor, prefix: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ToMe's split: the source (even) and destination (odd) positions and
-    their cosine similarities ``(B, |A|, |B|)``, −∞ for protected ones."""
-    n = metric.shape[1]
-    unit = metric / metric.norm(dim=-1, keepdim=True)
-    a_pos = torch.arange(0, n, 2, device=metric.device)
-    b_pos = torch.arange(1, n, 2, device=metric.device)
-    sims = unit[:, a_pos] @ unit[:, b_pos].transpose(-1, -2)
-    sims[:, a_pos < prefix, :] = -torch.inf
-    sims[:, :, b_pos < prefix] = -torch.inf
-    return a_pos, b_pos, sims
 
 
 def _redundancy_order(
