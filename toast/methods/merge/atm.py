@@ -56,7 +56,7 @@ from toast.methods.merge.macs import effective_r
 from toast.methods.merge.matching import Matching, bipartite_scores, matching_from_pairs
 from toast.methods.merge.reducers import TokenView, is_real, register_reducer
 
-__all__ = ["AtmReducer", "atm_thresholds", "threshold_matching"]
+__all__ = ["AtmReducer", "atm_thresholds", "default_split_from", "threshold_matching"]
 
 
 def atm_thresholds(
@@ -76,6 +76,13 @@ def atm_thresholds(
         max(alpha - (math.exp(beta * (layer - 1)) - 1.0), theta_min)
         for layer in range(1, num_blocks + 1)
     )
+
+
+def default_split_from(num_blocks: int) -> int | None:
+    """toast's default first size-distinctive block: the last third of the
+    blocks (None for a single block; the paper's value could not be read)."""
+    split = num_blocks - num_blocks // 3
+    return split if split < num_blocks else None
 
 
 @dataclass(frozen=True)

@@ -38,14 +38,6 @@ from toast.methods.merge.widths import example_input, merge_widths
 
 __all__ = ["METHODS", "METHOD", "TomeReport", "compress_reduction", "compress_tome"]
 
-_TITLES = {
-    "tome": "token merging",
-    "rapid": "RAPID token pruning and merging",
-    "token-transforming": "Token Transforming",
-    "atm": "adaptive token merging (ATM)",
-    "pitome": "PiToMe energy-protected token merging",
-}
-
 
 @dataclass
 class TomeReport(Report):
@@ -75,7 +67,8 @@ class TomeReport(Report):
         return 1.0 - self.macs_after.total / self.macs_before.total
 
     def to_markdown(self) -> str:
-        title = _TITLES.get(self.method, self.method)
+        entry = _ENTRIES.get(self.method)
+        title = self.method if entry is None else entry.title
         after = self.macs_after
         if after is None:
             return (
@@ -186,15 +179,15 @@ def _transforming(config: TransformingConfig, n: int) -> Reducer:
 
 
 def _atm(config: AtmConfig, n: int) -> Reducer:
-    from toast.methods.merge.atm import AtmReducer, atm_thresholds
+    from toast.methods.merge.atm import AtmReducer, atm_thresholds, default_split_from
 
     thresholds = config.thresholds
     if thresholds is None:
         thresholds = atm_thresholds(n, config.alpha, config.beta, config.theta_min)
     elif len(thresholds) != n:
         raise ValueError(f"thresholds must give one value per block ({n}); got {len(thresholds)}")
-    split = n - n // 3 if config.split_from is None else config.split_from
-    return AtmReducer(tuple(thresholds), split if split < n else None)
+    split = default_split_from(n) if config.split_from is None else config.split_from
+    return AtmReducer(tuple(thresholds), split if split is None or split < n else None)
 
 
 def _pitome(config: PitomeConfig, n: int) -> Reducer:
@@ -204,15 +197,56 @@ def _pitome(config: PitomeConfig, n: int) -> Reducer:
     return PitomeReducer(rs, pitome_margins(n, config.margin), config.alpha)
 
 
-def compress_tome(
-    model: nn.Module,
-    data: Iterable[Any] | None,
-    config: TomeConfig,
-    before_surgery: BeforeSurgery | None = None,
-) -> tuple[nn.Module, TomeReport]:
-    """Installs token merging on ``model`` in place (the fields are described
-    on :class:`TomeConfig`); ``before_surgery`` is never called."""
-    return compress_reduction(model, data, config, _tome, "tome")
+@dataclass(frozen=True)
+class _Entry:
+    """One reducer as a registered method: its config, how a config builds
+    its reducer, its stages, what the report calls it and the registry's
+    one-line summary."""
+
+    config: type
+    build: Callable[[Any, int], Reducer]
+    stages: Any
+    title: str
+    summary: str
+
+
+_ENTRIES = {
+    "tome": _Entry(
+        TomeConfig,
+        _tome,
+        STAGES,
+        "token merging",
+        "ViT token merging (ToMe): bipartite soft matching, no training",
+    ),
+    "rapid": _Entry(
+        RapidConfig,
+        _rapid,
+        RAPID_STAGES,
+        "RAPID token pruning and merging",
+        "ViT token pruning (early blocks) then merging by CLS attention (RAPID)",
+    ),
+    "token-transforming": _Entry(
+        TransformingConfig,
+        _transforming,
+        TRANSFORMING_STAGES,
+        "Token Transforming",
+        "ViT many-to-many token reduction (Token Transforming), no training",
+    ),
+    "atm": _Entry(
+        AtmConfig,
+        _atm,
+        ATM_STAGES,
+        "adaptive token merging (ATM)",
+        "ViT adaptive token merging by per-block similarity thresholds (ATM)",
+    ),
+    "pitome": _Entry(
+        PitomeConfig,
+        _pitome,
+        PITOME_STAGES,
+        "PiToMe energy-protected token merging",
+        "ViT token merging that protects low-energy (informative) tokens (PiToMe)",
+    ),
+}
 
 
 def _runner(name: str, build: Callable[[Any, int], Reducer]) -> Callable[..., Any]:
@@ -224,61 +258,23 @@ def _runner(name: str, build: Callable[[Any, int], Reducer]) -> Callable[..., An
     ) -> tuple[nn.Module, TomeReport]:
         return compress_reduction(model, data, config, build, name)
 
-    run.__doc__ = f"Installs {_TITLES[name]} on ``model`` in place (see its config)."
+    run.__doc__ = f"Installs {_ENTRIES[name].title} on ``model`` in place (see its config)."
     return run
 
 
-METHOD = register(
-    Method(
-        name="tome",
-        config=TomeConfig,
-        run=compress_tome,
-        needs_data=False,
-        summary="ViT token merging (ToMe): bipartite soft matching, no training",
-        stages=STAGES,
+METHODS = tuple(
+    register(
+        Method(
+            name=name,
+            config=entry.config,
+            run=_runner(name, entry.build),
+            needs_data=False,
+            summary=entry.summary,
+            stages=entry.stages,
+        )
     )
+    for name, entry in _ENTRIES.items()
 )
-
-METHODS = (
-    METHOD,
-    register(
-        Method(
-            name="rapid",
-            config=RapidConfig,
-            run=_runner("rapid", _rapid),
-            needs_data=False,
-            summary="ViT token pruning (early blocks) then merging by CLS attention (RAPID)",
-            stages=RAPID_STAGES,
-        )
-    ),
-    register(
-        Method(
-            name="token-transforming",
-            config=TransformingConfig,
-            run=_runner("token-transforming", _transforming),
-            needs_data=False,
-            summary="ViT many-to-many token reduction (Token Transforming), no training",
-            stages=TRANSFORMING_STAGES,
-        )
-    ),
-    register(
-        Method(
-            name="atm",
-            config=AtmConfig,
-            run=_runner("atm", _atm),
-            needs_data=False,
-            summary="ViT adaptive token merging by per-block similarity thresholds (ATM)",
-            stages=ATM_STAGES,
-        )
-    ),
-    register(
-        Method(
-            name="pitome",
-            config=PitomeConfig,
-            run=_runner("pitome", _pitome),
-            needs_data=False,
-            summary="ViT token merging that protects low-energy (informative) tokens (PiToMe)",
-            stages=PITOME_STAGES,
-        )
-    ),
-)
+METHOD = METHODS[0]
+#: ``toast.compress(..., method="tome")``'s driver.
+compress_tome = METHOD.run

@@ -355,11 +355,10 @@ ATM_THETA_MIN = 0.5
 
 def atm_reducer(alpha: float, beta: float, num_blocks: int) -> Reducer:
     """ATM with the paper's threshold schedule at ``alpha`` and ``beta``."""
-    from toast.methods.merge.atm import AtmReducer, atm_thresholds
+    from toast.methods.merge.atm import AtmReducer, atm_thresholds, default_split_from
 
     thresholds = atm_thresholds(num_blocks, alpha, beta, ATM_THETA_MIN)
-    split = num_blocks - num_blocks // 3
-    return AtmReducer(thresholds, split if split < num_blocks else None)
+    return AtmReducer(thresholds, default_split_from(num_blocks))
 
 
 class AtmStages(ReducerStages):
