@@ -46,6 +46,17 @@ def test_ranked_measures_every_method_alone_before_any_combination():
     assert [c.family for c in asked] == ["remove", "tome", "remove+tome"]
 
 
+def test_ranked_measures_every_method_before_a_second_family_of_one():
+    def plan(methods: tuple[str, ...], family: str, predicted: float) -> Plan:
+        return Plan(methods, family, ((1, 2),), "identity", None, 990, predicted)
+
+    pool = [plan(("tome",), "tome-delayed", 0.1), plan(("tome",), "tome-front", 0.2)]
+    pool += [plan(("tome",), "tome", 0.3), plan(("rapid",), "rapid", 0.4)]
+    pool += [plan(("remove", "tome"), "remove+tome", 0.05)]
+    asked = _drain(Ranked(pool, 4), lambda c: True)
+    assert [c.family for c in asked] == ["rapid", "tome", "tome-delayed", "tome-front"]
+
+
 @pytest.mark.parametrize("threshold", range(0, 18))
 def test_bisection_finds_the_smallest_model_within_the_floor(threshold):
     pool = [_candidate("a", k, float(k)) for k in range(1, 17)]

@@ -21,6 +21,7 @@ from toast.methods.base import (
     get_method,
     staged_methods,
 )
+from toast.methods.merge.macs import SCHEDULES
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -104,6 +105,9 @@ def test_every_plan_applied_has_exactly_its_stated_parameters(make, data):
             expected |= {reducer, f"plain+{reducer}", f"toast+{reducer}"}
             expected |= {f"toast-vit+{reducer}", f"plain+toast-vit+{reducer}"}
             expected |= {f"toast+toast-vit+{reducer}"}
+        # ToMe and RAPID alone at every other schedule (each its own family)
+        for reducer in ("tome", "rapid"):
+            expected |= {f"{reducer}-{s}" for s in SCHEDULES if s != "constant"}
         # ATM's counts depend on the images: alone only, where its thresholds merge
         expected |= {"atm"} & families
     assert families == expected

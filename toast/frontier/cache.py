@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Bumped when what a key stands for changes (old entries are then ignored).
-VERSION = 5  # 5: the token reducers' stats carry their builders
+VERSION = 6  # 6: the token reducers' stats carry their schedules
 #: Files of a checkpoint folder up to this size are digested whole (config,
 #: index, tokenizer); larger ones (the weights) by name, size and mtime.
 SMALL_FILE = 1 << 20

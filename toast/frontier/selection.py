@@ -21,14 +21,22 @@ __all__ = ["Bisection", "Ranked", "by_family"]
 def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
     """Plans grouped by family, best predicted first (ties: the
     smaller model, then the key, so the order is deterministic); single
-    methods before their combinations (then by name), so that a budget
-    smaller than the number of families measures every method alone
-    before any combination of them."""
+    methods before their combinations, and a method's first family (by
+    name: ``"tome"`` before ``"tome-delayed"``) before its others, so that
+    a budget smaller than the number of families measures every method
+    alone before another schedule of one or any combination."""
     families: dict[str, list[Plan]] = {}
     for c in sorted(candidates, key=lambda c: (c.predicted_error, c.params_after, c.key)):
         families.setdefault(c.family, []).append(c)
-    order = sorted(families, key=lambda f: (len(families[f][0].methods), f))
-    return {f: families[f] for f in order}
+    siblings: dict[tuple[str, ...], list[str]] = {}
+    for f in sorted(families):
+        siblings.setdefault(families[f][0].methods, []).append(f)
+
+    def rank(f: str) -> tuple[int, int, str]:
+        methods = families[f][0].methods
+        return len(methods), siblings[methods].index(f), f
+
+    return {f: families[f] for f in sorted(families, key=rank)}
 
 
 class Ranked:

@@ -15,7 +15,7 @@ from toast.linear_macs import linear_counts  # noqa: E402
 from toast.methods.heads.macs import toast_macs  # noqa: E402
 from toast.methods.heads.scwp import prune_heads  # noqa: E402
 from toast.methods.merge import enable_merging, merge_schedule  # noqa: E402
-from toast.methods.merge.macs import merged_macs, tokens_per_block  # noqa: E402
+from toast.methods.merge.macs import SCHEDULES, merged_macs, tokens_per_block  # noqa: E402
 from toast.methods.merge.sites import find_sites  # noqa: E402
 from toast.methods.merge.widths import merge_widths  # noqa: E402
 
@@ -29,7 +29,7 @@ def _widths(model):
 
 
 @pytest.mark.parametrize("family", M.FAMILIES)
-@pytest.mark.parametrize("schedule", ["constant", "decreasing"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 def test_linear_macs_equal_the_hooks_count_of_a_merged_forward(family, schedule):
     model = M.build(family)
     widths = _widths(model)
@@ -79,3 +79,21 @@ def test_a_schedule_of_the_wrong_length_is_refused():
     widths = _widths(M.build("vit"))
     with pytest.raises(ValueError, match="one merge count per block"):
         merged_macs(widths, (1,))
+
+
+def test_the_named_schedules_spread_r_as_documented():
+    # ToMe's two, written out from its parse_r: constant, and 2r down to 0
+    assert merge_schedule(4, 5, "constant") == (4, 4, 4, 4, 4)
+    assert merge_schedule(4, 5, "decreasing") == (8, 6, 4, 2, 0)
+    # toast's: nothing in the first block; 2r in the first sixth (at least one block)
+    assert merge_schedule(4, 5, "delayed") == (0, 4, 4, 4, 4)
+    assert merge_schedule(4, 12, "front") == (8, 8) + (4,) * 10
+    assert merge_schedule(4, 5, "front") == (8, 4, 4, 4, 4)
+    assert merge_schedule(3, 4, "delayed-decreasing") == (0, 6, 3, 0)
+    for schedule in SCHEDULES:  # one block: the schedules stay defined
+        assert len(merge_schedule(3, 1, schedule)) == 1
+
+
+def test_an_unknown_schedule_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="delayed-decreasing"):
+        merge_schedule(3, 4, "increasing")

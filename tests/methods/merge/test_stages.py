@@ -17,7 +17,7 @@ from toast.hf.model.surgery import remove_blocks  # noqa: E402
 from toast.methods.base import Plan, Sizes, find_layout  # noqa: E402
 from toast.methods.heads.scwp import prune_heads  # noqa: E402
 from toast.methods.merge import enable_merging, merging_of  # noqa: E402
-from toast.methods.merge.macs import merge_schedule, merged_macs  # noqa: E402
+from toast.methods.merge.macs import SCHEDULES, merge_schedule, merged_macs  # noqa: E402
 from toast.methods.merge.sites import find_sites  # noqa: E402
 from toast.methods.merge.stages import STAGES  # noqa: E402
 from toast.methods.merge.widths import merge_widths  # noqa: E402
@@ -41,9 +41,9 @@ def _analytic_linear(model, plan):
     widths = merge_widths(model, sites, stack)
     if isinstance(plan.merge, int):
         rs = merge_schedule(plan.merge, sites.num_blocks)
-    else:  # "ToMe r=R, decreasing"
-        r = int(plan.merge.split("r=")[1].split(",")[0])
-        rs = merge_schedule(r, sites.num_blocks, "decreasing")
+    else:  # "ToMe r=R, <schedule>"
+        head, schedule = plan.merge.split(", ", 1)
+        rs = merge_schedule(int(head.split("r=")[1]), sites.num_blocks, schedule)
     return merged_macs(widths, rs).linear
 
 
@@ -85,20 +85,39 @@ def test_every_r_that_merges_something_is_proposed_with_growing_savings():
     assert all(a < b for a, b in zip(savings, savings[1:], strict=False))
     assert max(savings) >= 0.4
     assert all(p.params_after == 1000 and p.spans == () for p in plans)
-    # and ToMe's decreasing schedule at every one of those r
-    decreasing = [p.merge for p in plans if not isinstance(p.merge, int)]
-    assert decreasing == [f"ToMe r={r}, decreasing" for r in range(1, len(constant) + 1)]
+    assert {p.family for p in constant} == {"tome"}
 
 
-def test_a_decreasing_plan_applies_tomes_decreasing_schedule():
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s != "constant"])
+def test_every_other_schedule_is_its_own_family_with_growing_savings(schedule):
+    stats = _stats(tiny_vit())
+    plans = STAGES.propose(stats, Sizes(1000, (100,) * 6), 3, macs_matter=True)
+    mine = [p for p in plans if p.family == f"tome-{schedule}"]
+    assert mine and all(p.merge.endswith(f", {schedule}") for p in mine)
+    # in grid order: each r merges more tokens than the one before, so saves more
+    keys = [k for k in stats.savings if isinstance(k, str) and k.endswith(f", {schedule}")]
+    assert [p.merge for p in mine] == keys
+    savings = [stats.savings[k] for k in keys]
+    assert all(a < b for a, b in zip(savings, savings[1:], strict=False))
+
+
+def test_other_methods_plans_are_extended_by_the_constant_schedule_only():
+    stats = _stats(tiny_vit())
+    base = Plan(("remove",), "plain", ((1, 2),), "identity", None, 900, 0.5, extendable=True)
+    extended = STAGES.extend(base, stats, Sizes(1000, (100,) * 6))
+    assert extended and all(isinstance(p.merge, int) for p in extended)
+
+
+@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if s != "constant"])
+def test_a_scheduled_plan_applies_that_schedule(schedule):
     model = tiny_vit()
     layout = find_layout(model)
     stats = STAGES.calibrate(model, [], layout, None, toast.Calibration(), 3)
-    plan = Plan(("tome",), "tome", (), None, None, 1000, 0.1, merge="ToMe r=3, decreasing")
+    plan = Plan(("tome",), "tome", (), None, None, 1000, 0.1, merge=f"ToMe r=3, {schedule}")
     built, copied = copy.deepcopy((model, layout))
     STAGES.apply(built, plan, stats, copied)
     twin = copy.deepcopy(model)
-    enable_merging(twin, 3, schedule="decreasing")
+    enable_merging(twin, 3, schedule=schedule)
     images = image_batches(1, 3)[0]
     with torch.inference_mode():
         torch.testing.assert_close(built(images)[0], twin(images)[0], rtol=0, atol=0)
@@ -134,3 +153,21 @@ def test_the_calibration_counts_the_tokens_of_the_data_not_of_the_config():
         patches = model.embeddings(images).shape[1]
     assert stats.widths.tokens == patches
     assert patches != _stats(model).widths.tokens  # the config's size differs
+
+
+def test_a_scheduled_rapid_plan_prunes_and_merges_by_that_schedule():
+    from toast.methods.merge.rapid import RapidReducer
+    from toast.methods.merge.stages import RAPID_STAGES
+
+    model = tiny_vit()
+    layout = find_layout(model)
+    stats = RAPID_STAGES.calibrate(model, [], layout, None, toast.Calibration(), 3)
+    n = find_sites(model).num_blocks
+    split = next(k for k in stats.savings if k.endswith("delayed-decreasing"))
+    plan = Plan(("rapid",), "rapid-delayed-decreasing", (), None, None, 1000, 0.1, merge=split)
+    built, copied = copy.deepcopy((model, layout))
+    RAPID_STAGES.apply(built, plan, stats, copied)
+    r = int(split.split("r=")[1].split(",")[0])
+    until = int(split.split("prune<")[1].split(",")[0])
+    expected = RapidReducer(merge_schedule(r, n, "delayed-decreasing"), until)
+    assert merging_of(built).reducer == expected

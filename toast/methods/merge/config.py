@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.hf.data.calibration import Calibration
-from toast.methods.merge.macs import SCHEDULES
+from toast.methods.merge.macs import SCHEDULE_HELP, SCHEDULES
 
 __all__ = ["AtmConfig", "PitomeConfig", "RapidConfig", "TomeConfig", "TransformingConfig"]
 
@@ -30,8 +30,9 @@ class TomeConfig:
 
     ``r``: tokens merged per block, an int spread over the blocks by
     ``schedule`` (``"constant"``: the same ``r`` in every block, the paper's;
-    ``"decreasing"``: ``2r`` in the first block down to 0 in the last) or a
-    list with one count per block. ``proportional_attention``: weigh the
+    ``"decreasing"``: ``2r`` in the first block down to 0 in the last; the
+    others of :data:`~toast.methods.merge.macs.SCHEDULES`) or a list with
+    one count per block. ``proportional_attention``: weigh the
     attention to a merged key by its size (the paper's). ``unmerge_output``:
     expand the final tokens back to every input token, so outputs keep their
     shapes. ``image_size``: the input size the report's MACs are counted at
@@ -50,7 +51,7 @@ class TomeConfig:
     #: What each option means on the command line (``toast compress --method tome``).
     HELP: ClassVar[dict[str, str]] = {
         "r": "tokens merged in every block (the same r everywhere, the paper's schedule)",
-        "schedule": "how r spreads over the blocks: constant, or decreasing from 2r to 0",
+        "schedule": SCHEDULE_HELP,
         "proportional_attention": "weigh the attention to a merged token by its size",
         "unmerge_output": "expand the final tokens back to every input token (outputs keep "
         "their shapes)",
@@ -129,7 +130,7 @@ class RapidConfig:
 
     HELP: ClassVar[dict[str, str]] = {
         "r": "tokens removed in every block (pruned in the first blocks, merged after)",
-        "schedule": "how r spreads over the blocks: constant, or decreasing from 2r to 0",
+        "schedule": SCHEDULE_HELP,
         "prune_until": "blocks before this index prune, the rest merge (default half)",
         "tau": "cosine above which a destination counts as a near-copy of a token",
         **_SHARED_HELP,
@@ -170,7 +171,7 @@ class TransformingConfig:
 
     HELP: ClassVar[dict[str, str]] = {
         "r": "tokens removed in every block (each shared among the kept tokens)",
-        "schedule": "how r spreads over the blocks: constant, or decreasing from 2r to 0",
+        "schedule": SCHEDULE_HELP,
         "temperature": "softmax temperature of the sharing (small: each goes to one token)",
         **_SHARED_HELP,
     }
@@ -263,7 +264,7 @@ class PitomeConfig:
 
     HELP: ClassVar[dict[str, str]] = {
         "r": "tokens merged in every block (among the most energetic)",
-        "schedule": "how r spreads over the blocks: constant, or decreasing from 2r to 0",
+        "schedule": SCHEDULE_HELP,
         "margin": "the first block's energy margin (falls linearly to 0 at the last)",
         "alpha": "the ELU's alpha in the energy",
         **_SHARED_HELP,

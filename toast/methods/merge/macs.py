@@ -34,6 +34,8 @@ __all__ = [
     "BlockWidths",
     "MergeMacs",
     "MergeWidths",
+    "SCHEDULES",
+    "SCHEDULE_HELP",
     "effective_r",
     "merged_macs",
     "reduced_macs",
@@ -41,17 +43,36 @@ __all__ = [
 ]
 
 
-#: Named schedules: ToMe's constant ``r`` per block, and its decreasing one
-#: (``2r`` in the first block down to 0 in the last, the same total).
-SCHEDULES = ("constant", "decreasing")
+#: Named schedules, how an int ``r`` spreads over the blocks:
+#:
+#: - ``"constant"``: ``r`` in every block (ToMe's default);
+#: - ``"decreasing"``: ToMe's ``2r`` in the first block down to 0 in the
+#:   last, the same total;
+#: - ``"delayed"``: nothing in the first block, ``r`` in every later one
+#:   (the first block's inputs are bare patch embeddings, whose keys say
+#:   least about which tokens are alike);
+#: - ``"front"``: ``2r`` in the first sixth of the blocks (at least one),
+#:   ``r`` after (reducing early saves the most MACs per token removed);
+#: - ``"delayed-decreasing"``: nothing in the first block, then ToMe's
+#:   decreasing schedule over the others.
+#:
+#: Which suits a model and a target is measured, not assumed: the search
+#: proposes every one (:mod:`toast.methods.merge.stages`).
+SCHEDULES = ("constant", "decreasing", "delayed", "front", "delayed-decreasing")
+
+#: What ``--schedule`` means on the command line, for every reducer's config.
+SCHEDULE_HELP = (
+    "how r spreads over the blocks: constant; decreasing (2r down to 0); delayed (none in the "
+    "first block); front (2r in the first sixth); delayed-decreasing"
+)
 
 
 def merge_schedule(
     r: int | Sequence[int], num_blocks: int, schedule: str = "constant"
 ) -> tuple[int, ...]:
     """``r`` per block: an int spread by ``schedule`` over ``num_blocks``
-    blocks (ToMe's ``parse_r``: constant, or decreasing linearly from
-    ``2r`` to 0), or a sequence of one ``r`` per block as given."""
+    blocks (one of :data:`SCHEDULES`; ``"constant"`` and ``"decreasing"``
+    are ToMe's ``parse_r``), or a sequence of one ``r`` per block as given."""
     check("schedule", schedule, Options(SCHEDULES))
     if isinstance(r, Sequence):
         rs = tuple(int(check("r", v, Interval(int, 0, None))) for v in r)
@@ -59,6 +80,14 @@ def merge_schedule(
             raise ValueError(f"r must give one merge count per block ({num_blocks}); got {len(rs)}")
         return rs
     r = int(check("r", r, Interval(int, 0, None)))
+    if schedule == "delayed" or schedule == "delayed-decreasing":
+        if num_blocks == 1:
+            return (0,)
+        rest = "constant" if schedule == "delayed" else "decreasing"
+        return (0, *merge_schedule(r, num_blocks - 1, rest))
+    if schedule == "front":
+        early = max(1, round(num_blocks / 6))
+        return tuple(2 * r if i < early else r for i in range(num_blocks))
     if schedule == "constant" or num_blocks == 1:
         return (r,) * num_blocks
     step = 2 * r / (num_blocks - 1)

@@ -17,6 +17,14 @@ themselves only.
 A plan names its setting in ``Plan.merge``: ToMe's ``r`` (an int, as
 before other reducers existed) or another reducer's setting label (a
 str such as ``"RAPID r=11, prune<6"``).
+
+ToMe and RAPID are proposed at every schedule of
+:data:`~toast.methods.merge.macs.SCHEDULES`, each schedule its own family
+(``"tome"``, ``"tome-delayed"``, ...): the search measures the best of
+each, so the shape that suits the model and the target is chosen by
+measurement (on DINOv2 the delayed one leads at 40% fewer MACs, the front
+one at 55%, ToMe's constant one at neither; ``benchmarks/README.md``).
+Other methods' plans are extended by the constant schedule only.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.vit import vit_view
 from toast.methods.merge.install import enable_reduction, merging_of
 from toast.methods.merge.macs import (
+    SCHEDULES,
     MergeWidths,
     merge_schedule,
     merged_macs,
@@ -69,22 +78,48 @@ EXTEND_SAVINGS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
 Build = Callable[[int], Reducer]
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One entry of a reducer's grid: its builder, and the schedule that
+    spreads its counts over the blocks (plans of one schedule form one
+    family, so the search measures every schedule)."""
+
+    build: Build
+    schedule: str = "constant"
+
+
 @dataclass
 class TomeStats(Stats):
     """The reduced model's widths (None: not a ViT reduction supports), and
-    per setting its linear-MAC saving, proxy and reducer builder, in the
-    grid's order (savings grow along it)."""
+    per setting its linear-MAC saving, proxy, reducer builder and schedule,
+    in the grid's order (savings grow along it within a schedule)."""
 
     widths: MergeWidths | None = None
     savings: dict[Hashable, float] | None = None
     proxies: dict[Hashable, float] | None = None
     builds: dict[Hashable, Build] | None = None
     extendable: bool = True
+    schedules: dict[Hashable, str] | None = None
 
     def r_for(self, saving: float) -> Hashable | None:
-        """The first setting saving at least ``saving`` (None: none does)."""
+        """The first constant-schedule setting saving at least ``saving``
+        (None: none does)."""
         assert self.savings is not None
-        return next((k for k, s in self.savings.items() if s >= saving), None)
+        schedules = self.schedules or {}
+        return next(
+            (
+                k
+                for k, s in self.savings.items()
+                if s >= saving and schedules.get(k, "constant") == "constant"
+            ),
+            None,
+        )
+
+    def family(self, name: str, key: Hashable) -> str:
+        """The family of a plan of reducer ``name`` alone at setting ``key``:
+        the name, suffixed by the schedule unless it is the constant one."""
+        schedule = (self.schedules or {}).get(key, "constant")
+        return name if schedule == "constant" else f"{name}-{schedule}"
 
 
 def _visits(tokens: Iterable[tuple[float, float]]) -> tuple[float, float]:
@@ -100,8 +135,9 @@ class ReducerStages(BaseStages):
     name = "tome"
     chain_last = True
 
-    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
-        """Every setting to propose, in order of growing reduction."""
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
+        """Every setting to propose, in order of growing reduction within
+        each schedule."""
         raise NotImplementedError
 
     def structure(self, model: nn.Module, stack: BlockStack) -> MergeSites | None:
@@ -140,9 +176,10 @@ class ReducerStages(BaseStages):
         savings: dict[Hashable, float] = {}
         proxies: dict[Hashable, float] = {}
         builds: dict[Hashable, Build] = {}
+        schedules: dict[Hashable, str] = {}
         analytic = True
-        for key, build in self.grid(widths).items():
-            reducer = build(widths.num_blocks)
+        for key, setting in self.grid(widths).items():
+            reducer = setting.build(widths.num_blocks)
             tokens: Sequence[tuple[float, float]] | None = reducer.tokens(
                 widths.tokens, widths.prefix
             )
@@ -154,9 +191,15 @@ class ReducerStages(BaseStages):
                 continue
             macs = reduced_macs(widths, tokens)
             savings[key] = 1.0 - macs.linear / base.linear
-            proxies[key], builds[key] = reduced / visits, build
+            proxies[key], builds[key] = reduced / visits, setting.build
+            schedules[key] = setting.schedule
         return TomeStats(
-            widths=widths, savings=savings, proxies=proxies, builds=builds, extendable=analytic
+            widths=widths,
+            savings=savings,
+            proxies=proxies,
+            builds=builds,
+            extendable=analytic,
+            schedules=schedules,
         )
 
     def _plan(self, stats: TomeStats, base: Plan | None, key: Hashable, params: int) -> Plan:
@@ -168,7 +211,7 @@ class ReducerStages(BaseStages):
             saving = stats.savings[key]
             return Plan(
                 (self.name,),
-                self.name,
+                stats.family(self.name, key),
                 (),
                 None,
                 None,
@@ -226,18 +269,20 @@ class ReducerStages(BaseStages):
 
 
 class TomeStages(ReducerStages):
-    """ToMe: every constant ``r`` that merges something (the paper's
-    schedule, keyed by ``r``), then ToMe's decreasing schedule (``2r`` in the
-    first block down to 0) at the same ``r``."""
+    """ToMe: every ``r`` that merges more than the one before, at every
+    schedule of :data:`~toast.methods.merge.macs.SCHEDULES` (the paper's
+    constant one keyed by ``r``, the others by their label)."""
 
     name = "tome"
 
-    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
-        counts = _constant_counts(widths)
-        grid: dict[Hashable, Build] = {r: partial(tome_reducer, r) for r in counts}
-        for r in counts:
-            grid[f"ToMe r={r}, decreasing"] = partial(tome_reducer, r, schedule="decreasing")
-        return grid
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
+        return {
+            (r if schedule == "constant" else f"ToMe r={r}, {schedule}"): Setting(
+                partial(tome_reducer, r, schedule=schedule), schedule
+            )
+            for schedule in SCHEDULES
+            for r in _counts(widths, schedule)
+        }
 
 
 def tome_reducer(r: int, num_blocks: int, schedule: str = "constant") -> TomeReducer:
@@ -277,12 +322,13 @@ def _remaining(model: nn.Module, layout: Layout, name: str) -> MergeSites:
     return MergeSites(sites, found.prefix, found.kind)
 
 
-def _constant_counts(widths: MergeWidths) -> list[int]:
-    """Every constant per-block count that removes something more than the
+def _counts(widths: MergeWidths, schedule: str = "constant") -> list[int]:
+    """Every ``r`` whose spread by ``schedule`` removes more tokens than the
     one before it (ToMe's cap ends the list)."""
     counts, last = [], 0
     for r in range(1, widths.tokens):
-        pairs = tokens_per_block(widths.tokens, (r,) * widths.num_blocks, widths.prefix)
+        rs = merge_schedule(r, widths.num_blocks, schedule)
+        pairs = tokens_per_block(widths.tokens, rs, widths.prefix)
         removed = sum(n_in - kept for n_in, kept in pairs)
         if removed == last:
             break
@@ -297,25 +343,35 @@ def _constant_counts(widths: MergeWidths) -> list[int]:
 RAPID_SPLITS = (1 / 3, 1 / 2, 2 / 3)
 
 
-def rapid_reducer(r: int, split: float, num_blocks: int) -> Reducer:
-    """RAPID at a constant ``r``, pruning in the first ``split`` of the blocks."""
+def rapid_reducer(r: int, split: float, num_blocks: int, schedule: str = "constant") -> Reducer:
+    """RAPID at ``r`` spread by ``schedule``, pruning in the first ``split``
+    of the blocks."""
     from toast.methods.merge.rapid import RapidReducer
 
-    return RapidReducer((r,) * num_blocks, round(split * num_blocks))
+    return RapidReducer(merge_schedule(r, num_blocks, schedule), round(split * num_blocks))
 
 
 class RapidStages(ReducerStages):
-    """RAPID: every constant ``r`` times every switch of :data:`RAPID_SPLITS`."""
+    """RAPID: every ``r`` times every switch of :data:`RAPID_SPLITS`, at
+    every schedule of :data:`~toast.methods.merge.macs.SCHEDULES`."""
 
     name = "rapid"
 
-    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
         n = widths.num_blocks
         return {
-            f"RAPID r={r}, prune<{round(split * n)}": partial(rapid_reducer, r, split)
-            for r in _constant_counts(widths)
+            f"RAPID r={r}, prune<{round(split * n)}{_suffix(schedule)}": Setting(
+                partial(rapid_reducer, r, split, schedule=schedule), schedule
+            )
+            for schedule in SCHEDULES
+            for r in _counts(widths, schedule)
             for split in RAPID_SPLITS
         }
+
+
+def _suffix(schedule: str) -> str:
+    """A setting label's schedule part: none for the constant schedule."""
+    return "" if schedule == "constant" else f", {schedule}"
 
 
 #: Token Transforming's temperatures the search measures (toast's reading;
@@ -336,10 +392,10 @@ class TransformingStages(ReducerStages):
 
     name = "token-transforming"
 
-    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
         return {
-            f"Token Transforming r={r}, τ={t:g}": partial(transforming_reducer, r, t)
-            for r in _constant_counts(widths)
+            f"Token Transforming r={r}, τ={t:g}": Setting(partial(transforming_reducer, r, t))
+            for r in _counts(widths)
             for t in TEMPERATURES
         }
 
@@ -367,9 +423,9 @@ class AtmStages(ReducerStages):
 
     name = "atm"
 
-    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
         return {
-            f"ATM α={a:g}, β={b:g}": partial(atm_reducer, a, b)
+            f"ATM α={a:g}, β={b:g}": Setting(partial(atm_reducer, a, b))
             for a in sorted(ATM_ALPHAS, reverse=True)
             for b in ATM_BETAS
         }
@@ -392,10 +448,10 @@ class PitomeStages(ReducerStages):
 
     name = "pitome"
 
-    def grid(self, widths: MergeWidths) -> dict[Hashable, Build]:
+    def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
         return {
-            f"PiToMe r={r}, margin {m:g}": partial(pitome_reducer, r, m)
-            for r in _constant_counts(widths)
+            f"PiToMe r={r}, margin {m:g}": Setting(partial(pitome_reducer, r, m))
+            for r in _counts(widths)
             for m in PITOME_MARGINS
         }
 
