@@ -66,7 +66,7 @@ the search's worst and best seed, their spread, and whether the worst seed
 beats ToMe by more than the spread.
 
 Usage: ``python benchmarks/bench_real_vit.py [--targets 0.25,0.4,0.55]
-[--seeds 0,3,4] [--max-measured 24] [--rounds 3] [--batches 1,64]
+[--seeds 0,3,4] [--max-measured 32] [--rounds 3] [--batches 1,64]
 [--out benchmarks/results/real_vit.json]`` (about two hours on 2 cores).
 """
 
@@ -502,7 +502,7 @@ def main() -> None:
     parser.add_argument("--rows", default=None, help="only these rows, e.g. ToMe,PiToMe")
     parser.add_argument("--calibration", type=int, default=128)
     parser.add_argument("--selection", type=int, default=64)
-    parser.add_argument("--max-measured", type=int, default=24)
+    parser.add_argument("--max-measured", type=int, default=32)
     parser.add_argument("--out", default=str(RESULTS / "real_vit.json"))
     args = parser.parse_args()
     load = os.getloadavg()

@@ -191,7 +191,7 @@ def test_vit_plans_changing_every_block_run_whole():
     for plan in plans:
         if plan.merge is None and plan.head_sparsity is None:
             continue
-        families.add(plan.family.split("+")[-1])
+        families.add(plan.methods[-1])
         assert first_changed_block(plan, layout.num_blocks) == 0
         assert_same_measurement(resumed.candidate(plan), whole.candidate(plan), plan.label)
         assert resumed.resumed[plan.key] == 0
