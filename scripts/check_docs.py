@@ -228,14 +228,22 @@ def _vit_bullet(r: dict[str, Any]) -> str:
     # one search per calibration seed: the first seed's
     search = next(x for x in rows if x["row"].startswith("search"))
     target, chosen = search["target"], search["setting"].split(": ", 1)[1]
-    row = next(x for x in rows if x["target"] == target and f"{x['row']} {x['setting']}" == chosen)
+    # a setting no row has (another schedule than the rows'): the search's own row
+    row = next(
+        (x for x in rows if x["target"] == target and f"{x['row']} {x['setting']}" == chosen),
+        search,
+    )
     original = _find(rows, row="original")
     spans, heads = (_find(rows, target=target, row=n) for n in ("TOAST spans", "ToaSt heads"))
     batch = max(row["speedup"], key=int)
-    method = "token merging" if row["row"] == "ToMe" else row["row"]
+    if row is search:
+        what = f"{chosen} (`toast.search`'s choice)"
+    else:
+        method = "token merging" if row["row"] == "ToMe" else row["row"]
+        what = f"{method} (`toast.search`'s choice, {row['setting'].replace('=', ' = ')})"
     return (
         f"the pretrained {r['model'].split(' (')[0]} with {target} fewer linear-layer MACs: "
-        f"{method} (`toast.search`'s choice, {row['setting'].replace('=', ' = ')}) keeps cosine "
+        f"{what} keeps cosine "
         f"**{row['photos_cosine']:.4f}** to the original's CLS feature and a digits probe at "
         f"{row['digits_probe']:.3f} (original {original['digits_probe']:.3f}), "
         f"{row['speedup'][batch]:.2f}× faster at batch {batch}; "
