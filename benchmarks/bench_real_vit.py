@@ -277,6 +277,9 @@ def _rows(
 
     builders = {
         "ToMe": (tome, R_GRID, "r={}"),
+        # the schedules the search measures beside ToMe's constant one
+        "ToMe delayed": (reducer("tome", schedule="delayed"), R_GRID, "r={}, delayed"),
+        "ToMe front": (reducer("tome", schedule="front"), R_GRID, "r={}, front"),
         "ATM": (reducer("atm"), ALPHA_GRID, "α={}, β=0.01, θmin=0.5"),
         "Token Transforming": (reducer("token-transforming"), R_GRID, "r={}, τ=0.1"),
         "RAPID": (reducer("rapid"), R_GRID, "r={}, prune<6"),
