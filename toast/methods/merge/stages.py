@@ -22,8 +22,8 @@ ToMe and RAPID are proposed at every schedule of
 :data:`~toast.methods.merge.macs.SCHEDULES`, each schedule its own family
 (``"tome"``, ``"tome-delayed"``, ...): the search measures the best of
 each, so the shape that suits the model and the target is chosen by
-measurement (on DINOv2 the delayed one leads at 40% fewer MACs, the front
-one at 55%, ToMe's constant one at neither; ``benchmarks/README.md``).
+measurement (on DINOv2's scored photographs ToMe's delayed schedule leads
+at 40% fewer MACs and the front one at 55%; ``benchmarks/README.md``).
 Other methods' plans are extended by the constant schedule only.
 """
 
