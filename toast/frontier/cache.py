@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Bumped when what a key stands for changes (old entries are then ignored).
-VERSION = 6  # 6: the token reducers' stats carry their schedules
+VERSION = 7  # 7: the token reducers' stats keep one grid entry per setting
 #: Files of a checkpoint folder up to this size are digested whole (config,
 #: index, tokenizer); larger ones (the weights) by name, size and mtime.
 SMALL_FILE = 1 << 20

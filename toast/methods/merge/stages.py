@@ -91,34 +91,34 @@ class Setting:
 @dataclass
 class TomeStats(Stats):
     """The reduced model's widths (None: not a ViT reduction supports), and
-    per setting its linear-MAC saving, proxy, reducer builder and schedule,
-    in the grid's order (savings grow along it within a schedule)."""
+    per setting its linear-MAC saving, proxy and grid entry (builder and
+    schedule), in the grid's order (savings grow along it within a
+    schedule)."""
 
     widths: MergeWidths | None = None
     savings: dict[Hashable, float] | None = None
     proxies: dict[Hashable, float] | None = None
-    builds: dict[Hashable, Build] | None = None
+    settings: dict[Hashable, Setting] | None = None
     extendable: bool = True
-    schedules: dict[Hashable, str] | None = None
+
+    def schedule(self, key: Hashable) -> str:
+        """The schedule of setting ``key``."""
+        assert self.settings is not None
+        return self.settings[key].schedule
 
     def r_for(self, saving: float) -> Hashable | None:
         """The first constant-schedule setting saving at least ``saving``
         (None: none does)."""
         assert self.savings is not None
-        schedules = self.schedules or {}
         return next(
-            (
-                k
-                for k, s in self.savings.items()
-                if s >= saving and schedules.get(k, "constant") == "constant"
-            ),
+            (k for k, s in self.savings.items() if s >= saving and self.schedule(k) == "constant"),
             None,
         )
 
     def family(self, name: str, key: Hashable) -> str:
         """The family of a plan of reducer ``name`` alone at setting ``key``:
         the name, suffixed by the schedule unless it is the constant one."""
-        schedule = (self.schedules or {}).get(key, "constant")
+        schedule = self.schedule(key)
         return name if schedule == "constant" else f"{name}-{schedule}"
 
 
@@ -175,8 +175,7 @@ class ReducerStages(BaseStages):
         visits, _ = _visits(base.tokens)
         savings: dict[Hashable, float] = {}
         proxies: dict[Hashable, float] = {}
-        builds: dict[Hashable, Build] = {}
-        schedules: dict[Hashable, str] = {}
+        settings: dict[Hashable, Setting] = {}
         analytic = True
         for key, setting in self.grid(widths).items():
             reducer = setting.build(widths.num_blocks)
@@ -191,15 +190,13 @@ class ReducerStages(BaseStages):
                 continue
             macs = reduced_macs(widths, tokens)
             savings[key] = 1.0 - macs.linear / base.linear
-            proxies[key], builds[key] = reduced / visits, setting.build
-            schedules[key] = setting.schedule
+            proxies[key], settings[key] = reduced / visits, setting
         return TomeStats(
             widths=widths,
             savings=savings,
             proxies=proxies,
-            builds=builds,
+            settings=settings,
             extendable=analytic,
-            schedules=schedules,
         )
 
     def _plan(self, stats: TomeStats, base: Plan | None, key: Hashable, params: int) -> Plan:
@@ -258,14 +255,15 @@ class ReducerStages(BaseStages):
         assert isinstance(stats, TomeStats)
         if plan.merge is None:
             return
-        if stats.builds is None or plan.merge not in stats.builds:
+        if stats.settings is None or plan.merge not in stats.settings:
             # never measure a reduction plan without its reduction
             raise ValueError(
                 f"{self.name}: the calibration has no setting {plan.merge!r}; calibrate again "
                 "(a search cache from another toast version: toast cache clear)"
             )
         sites = _remaining(model, layout, self.name)
-        enable_reduction(model, stats.builds[plan.merge](sites.num_blocks), sites=sites)
+        build = stats.settings[plan.merge].build
+        enable_reduction(model, build(sites.num_blocks), sites=sites)
 
 
 class TomeStages(ReducerStages):
