@@ -57,6 +57,16 @@ def test_ranked_measures_every_method_before_a_second_family_of_one():
     assert [c.family for c in asked] == ["rapid", "tome", "tome-delayed", "tome-front"]
 
 
+def test_ranked_keeps_families_of_one_method_that_are_no_variants_by_name():
+    def plan(methods: tuple[str, ...], family: str) -> Plan:
+        return Plan(methods, family, ((1, 2),), "identity", None, 990, 0.1)
+
+    pool = [plan(("sublayer",), "sublayer"), plan(("remove",), "shortgpt")]
+    pool += [plan(("remove",), "plain")]
+    asked = _drain(Ranked(pool, 3), lambda c: True)
+    assert [c.family for c in asked] == ["plain", "shortgpt", "sublayer"]
+
+
 @pytest.mark.parametrize("threshold", range(0, 18))
 def test_bisection_finds_the_smallest_model_within_the_floor(threshold):
     pool = [_candidate("a", k, float(k)) for k in range(1, 17)]

@@ -21,20 +21,19 @@ __all__ = ["Bisection", "Ranked", "by_family"]
 def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
     """Plans grouped by family, best predicted first (ties: the
     smaller model, then the key, so the order is deterministic); single
-    methods before their combinations, and a method's first family (by
-    name: ``"tome"`` before ``"tome-delayed"``) before its others, so that
-    a budget smaller than the number of families measures every method
-    alone before another schedule of one or any combination."""
+    methods before their combinations, and a variant of a family (named
+    ``"<family>-<variant>"`` with the same methods, e.g. ``"tome-delayed"``,
+    a schedule of ``"tome"``) after every family that is not one, so that a
+    budget smaller than the number of families measures every method alone
+    before a variant of one or any combination."""
     families: dict[str, list[Plan]] = {}
     for c in sorted(candidates, key=lambda c: (c.predicted_error, c.params_after, c.key)):
         families.setdefault(c.family, []).append(c)
-    siblings: dict[tuple[str, ...], list[str]] = {}
-    for f in sorted(families):
-        siblings.setdefault(families[f][0].methods, []).append(f)
 
-    def rank(f: str) -> tuple[int, int, str]:
+    def rank(f: str) -> tuple[int, bool, str]:
         methods = families[f][0].methods
-        return len(methods), siblings[methods].index(f), f
+        variant = any(f.startswith(f"{g}-") and families[g][0].methods == methods for g in families)
+        return len(methods), variant, f
 
     return {f: families[f] for f in sorted(families, key=rank)}
 
