@@ -22,6 +22,7 @@ from toast._validation import Options, check
 from toast.core import Moments, NonFiniteError, Pairs
 from toast.core.chunked import ChunkedMoments, resolve_bound
 from toast.core.errors import non_finite_error
+from toast.hf.capture.beside import Beside, spare_cores
 from toast.hf.capture.compute import forwards_in
 from toast.hf.capture.distributed import check_same_batch, ranks_of, reduce_captured
 from toast.hf.capture.row_numbers import RowNumbers, SkippedBatch, batch_size, fold_ids
@@ -502,10 +503,16 @@ def capture_moments(
             observe(rows, mask)
         return sink(rows, mask)
 
-    stack = stream_states(
-        model, loader, consume, cal, stack=stack, states=states, tokens=tokens,
-        shard=True, numbers=sink.numbers,
-    )  # fmt: skip
+    # the sums of a batch beside the next forward where the cores allow (bit for bit the same)
+    sink.beside = Beside(spare_cores())
+    try:
+        stack = stream_states(
+            model, loader, consume, cal, stack=stack, states=states, tokens=tokens,
+            shard=True, numbers=sink.numbers,
+        )  # fmt: skip
+    except BaseException:
+        sink.beside.abandon()
+        raise
     reduce = getattr(observe, "reduce_over", None)
     if ranks is not None and callable(reduce):  # e.g. MassiveRows: every rank's rows
         reduce(ranks)
@@ -536,6 +543,9 @@ class MomentsSink:
         self.sharded = False
         #: one process's number of each batch's first row (sharded K-fold moments)
         self.numbers: RowNumbers | None = None
+        #: where the C core's updates run (:mod:`toast.hf.capture.beside`; default in line)
+        self.beside = Beside(enabled=False)
+        self._rows_sent = 0  # rows handed to the moments (some maybe still being added)
 
     def _open(self, rows: list[torch.Tensor]) -> Moments | TorchMoments | ChunkedMoments:
         device = rows[0].device
@@ -560,14 +570,18 @@ class MomentsSink:
         first_row = None if self.numbers is None else self.numbers.first_row
         if isinstance(m, (TorchMoments, ChunkedMoments)):
             _update(m, rows, mask, chosen, first_row)
-        else:
-            host = [r.cpu() for r in rows]
-            _update(m, host, None if mask is None else mask.cpu(), chosen, first_row)
-        return m.rows
+            return m.rows
+        host = [r.cpu() for r in rows]
+        host_mask = None if mask is None else mask.cpu()
+        self.beside.run(_update, m, host, host_mask, chosen, first_row)
+        lead = host[0].shape[:-1].numel()
+        self._rows_sent += lead if host_mask is None else int(host_mask.sum())
+        return self._rows_sent
 
     def collected(self) -> Moments | ChunkedMoments | None:
         """The sums so far as :class:`toast.Moments` (None before any batch;
         the rows on disk when the moments would exceed the sink's bound)."""
+        self.beside.close()
         moments = self.moments
         return moments.to_moments() if isinstance(moments, TorchMoments) else moments
 
