@@ -18,6 +18,8 @@
 /* Workspace target for one chunk of converted rows. */
 #define CHUNK_BYTES ((size_t)96 << 20)
 #define CHUNK_MIN_ROWS 64
+/* Bytes between the values touch_pages writes: the smallest page size. */
+#define TOUCH_STRIDE ((size_t)4096)
 
 #ifndef M_PI
 #define M_PI 3.14159265358979323846
@@ -36,6 +38,7 @@ struct toast_moments {
     int diagonals;     /* 1: and the diagonal blocks of states >= sources */
     int64_t next_row;  /* rows accepted so far: row id of the next row */
     void *workspace;   /* update scratch kept between updates, or NULL */
+    int touched;       /* 1: the storage updates write is resident */
 };
 
 /* ------------------------------------------------------------ sizes */
@@ -923,6 +926,44 @@ static void add_cross_blocks(const toast_moments *m, const chunk *c, int a,
     }
 }
 
+/* Reads and writes back one value on every page of p[0:n] (volatile: the
+ * stores stay), faulting the pages in without changing them. */
+static void touch_pages(double *p, size_t n)
+{
+    volatile double *v = p;
+    const size_t step = TOUCH_STRIDE / sizeof(double);
+    for (size_t k = 0; k < n; k += step)
+        v[k] = v[k];
+    if (n > 0)
+        v[n - 1] = v[n - 1];
+}
+
+/* Faults in, from the calling thread, the storage that updates write:
+ * the sums, the row statistics and the panels (of the sources; the
+ * diagonal blocks of the other states). The calloc'ed storage is
+ * otherwise first touched inside the BLAS calls, by all of its threads at
+ * once: on the project's 2-core VM the first update of SmolLM2's moments
+ * (385 MB) took 1.5 s with two OpenBLAS threads, 0.3 s with one, and the
+ * second 0.03 s either way. */
+static void touch_storage(toast_moments *m)
+{
+    const int S = m->lay.num_states, d = m->lay.dim;
+    for (int f = 0; f < m->lay.nsets; f++) {
+        double *set = m->data + (size_t)f * m->lay.set_len;
+        touch_pages(set, m->lay.off_blocks);
+        for (int i = 0; i < (m->diagonals ? S : m->sources); i++) {
+            const size_t width = (size_t)m->panel_blocks[i] * d;
+            double *P = set + m->panel_off[i];
+            if (i < m->sources)
+                touch_pages(P, (size_t)d * width);
+            else
+                for (int r = 0; r < d; r++)
+                    touch_pages(P + (size_t)r * width, (size_t)d);
+        }
+    }
+    m->touched = 1;
+}
+
 static void chunk_accumulate(toast_moments *m, const chunk *c)
 {
     for (int f = 0; f < m->lay.nsets; f++) {
@@ -1003,6 +1044,8 @@ toast_status toast_moments_update(toast_moments *m, const toast_view *views,
     st = chunk_get(m, rows, &c, err);
     if (st != TOAST_OK)
         return st;
+    if (!m->touched)
+        touch_storage(m);
     const int direct =
         mask == NULL && m->lay.nsets == 1 &&
         views_direct(views, m->lay.num_states, m->lay.dim,

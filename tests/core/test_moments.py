@@ -138,6 +138,20 @@ def test_merge_two_halves_equals_whole():
     assert_moments_equal(a, whole, tol=1e-12)
 
 
+@pytest.mark.parametrize("restricted", [{}, {"sources": 1, "diagonals": True}])
+def test_the_first_update_keeps_sums_restored_before_it(restricted):
+    # the first update faults its storage in page by page; values already there stay
+    S, n, d = 3, 600, 64
+    X = make_states(11, S, n, d)
+    first = toast.Moments(S, d, row_stats=False, **restricted).update([x[:250] for x in X])
+    restored = pickle.loads(pickle.dumps(first))
+    merged = toast.Moments(S, d, row_stats=False, **restricted).merge(first)
+    whole = toast.Moments(S, d, row_stats=False, **restricted).update(X)
+    for m in (restored, merged):
+        m.update([x[250:] for x in X])
+        assert_moments_equal(m, whole, tol=1e-12)
+
+
 def test_merge_returns_self_and_leaves_other_unchanged():
     X = make_states(10, 2, 100, 4)
     a = toast.Moments(2, 4).update([x[:50] for x in X])
