@@ -503,16 +503,10 @@ def capture_moments(
             observe(rows, mask)
         return sink(rows, mask)
 
-    # the sums of a batch beside the next forward where the cores allow (bit for bit the same)
-    sink.beside = Beside(spare_cores())
-    try:
-        stack = stream_states(
-            model, loader, consume, cal, stack=stack, states=states, tokens=tokens,
-            shard=True, numbers=sink.numbers,
-        )  # fmt: skip
-    except BaseException:
-        sink.beside.abandon()
-        raise
+    stack = sink.beside_the_forward(lambda: stream_states(
+        model, loader, consume, cal, stack=stack, states=states, tokens=tokens,
+        shard=True, numbers=sink.numbers,
+    ))  # fmt: skip
     reduce = getattr(observe, "reduce_over", None)
     if ranks is not None and callable(reduce):  # e.g. MassiveRows: every rank's rows
         reduce(ranks)
@@ -546,6 +540,17 @@ class MomentsSink:
         #: where the C core's updates run (:mod:`toast.hf.capture.beside`; default in line)
         self.beside = Beside(enabled=False)
         self._rows_sent = 0  # rows handed to the moments (some maybe still being added)
+
+    def beside_the_forward(self, run: Callable[[], BlockStack]) -> BlockStack:
+        """``run()``, the pass that feeds this sink, with each batch's sums
+        added beside the next batch's forward where the cores allow
+        (:func:`toast.hf.capture.beside.spare_cores`; bit for bit the same)."""
+        self.beside = Beside(spare_cores())
+        try:
+            return run()
+        except BaseException:
+            self.beside.abandon()
+            raise
 
     def _open(self, rows: list[torch.Tensor]) -> Moments | TorchMoments | ChunkedMoments:
         device = rows[0].device
