@@ -57,8 +57,11 @@ class Matching:
     (Token Transforming): column ``i`` says how token ``i``'s size is
     shared among the outputs (each column sums to 1); every output is the
     size-weighted mean of what it received, and an unmerged token is the
-    mix of the outputs in its column's proportions. With ``spread`` set,
-    ``target`` / ``new_index`` name each token's largest share."""
+    mix of the outputs in its column's proportions; a kept token's column
+    is one-hot on its own output (a kept token is never shared), so only
+    the ``r`` columns of the tokens that leave are products to form. With
+    ``spread`` set, ``target`` / ``new_index`` name each token's largest
+    share."""
 
     target: torch.Tensor
     kept: torch.Tensor
@@ -147,18 +150,20 @@ def merge_tokens(
     """``x`` (``(B, N, D)``) and its ``sizes`` (``(B, N, 1)``) reduced by
     ``matching``: every output's size-weighted mean of what it receives
     and its received size, in the kept order."""
-    if matching.spread is not None:
-        spread = matching.spread.to(x.dtype)
-        new_sizes = spread @ sizes.to(x.dtype)
-        return spread @ (x * sizes) / new_sizes, new_sizes.to(sizes.dtype)
     b, n, d = x.shape
     kept = matching.kept.unsqueeze(-1)
     kept_sizes = sizes.gather(1, kept)
     # only the tokens that leave are added in (a few dozen of a few hundred):
     # the kept ones start their own sums, in their order
-    moved = matching.target != torch.arange(n, device=x.device)
-    src = torch.sort(moved.to(torch.int8), dim=-1, descending=True, stable=True).indices
-    src = src[:, : n - kept.shape[1]].unsqueeze(-1)
+    src = _leaving(matching).unsqueeze(-1)
+    if matching.spread is not None:
+        shares = _leaving_shares(matching, src[..., 0]).to(x.dtype)  # (B, N', r)
+        weighted = x * sizes
+        total = weighted.gather(1, kept.expand(-1, -1, d)) + shares @ weighted.gather(
+            1, src.expand(-1, -1, d)
+        )
+        received = kept_sizes.to(x.dtype) + shares @ sizes.gather(1, src).to(x.dtype)
+        return total / received, received.to(sizes.dtype)
     mass = sizes.gather(1, src)
     if matching.weight is not None:
         mass = mass * matching.weight.unsqueeze(-1).gather(1, src)
@@ -167,6 +172,22 @@ def merge_tokens(
     total.scatter_add_(1, slot.expand(-1, -1, d), x.gather(1, src.expand(-1, -1, d)) * mass)
     new_sizes = kept_sizes.scatter_add(1, slot, mass)
     return total / new_sizes, new_sizes
+
+
+def _leaving(matching: Matching) -> torch.Tensor:
+    """The positions (``(B, r)``, ascending) of the tokens that leave: those
+    whose target is not themselves."""
+    n = matching.target.shape[1]
+    moved = matching.target != torch.arange(n, device=matching.target.device)
+    order = torch.sort(moved.to(torch.int8), dim=-1, descending=True, stable=True).indices
+    return order[:, : matching.r]
+
+
+def _leaving_shares(matching: Matching, src: torch.Tensor) -> torch.Tensor:
+    """The spread's columns of the tokens ``src`` that leave (``(B, N', r)``)."""
+    assert matching.spread is not None
+    spread = matching.spread
+    return spread.gather(2, src.unsqueeze(1).expand(-1, spread.shape[1], -1))
 
 
 def carry_source(source: torch.Tensor | None, matching: Matching) -> torch.Tensor:
@@ -189,7 +210,12 @@ def carry_source(source: torch.Tensor | None, matching: Matching) -> torch.Tenso
         return back
     if source.dim() == 2:
         return back.gather(1, source.unsqueeze(-1).expand(-1, -1, back.shape[2]))
-    return source @ back.to(source.dtype)
+    # source @ back, with the kept tokens' one-hot rows of back as a gather
+    src = _leaving(matching)
+    shares = _leaving_shares(matching, src).to(source.dtype)  # (B, N', r)
+    kept = matching.kept.unsqueeze(1).expand(-1, source.shape[1], -1)
+    leaving = src.unsqueeze(1).expand(-1, source.shape[1], -1)
+    return source.gather(2, kept) + source.gather(2, leaving) @ shares.transpose(1, 2)
 
 
 def unmerge(x: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
