@@ -52,33 +52,46 @@ class Matching:
 
     ``weight`` (``(B, N)``, None: all 1): the share of a token's size that
     goes into its target; 0 prunes it (it adds nothing to its target, and
-    an unmerged output gives it its target's state). ``spread``
-    (``(B, N', N)``, None: none): a many-to-many reduction instead
-    (Token Transforming): column ``i`` says how token ``i``'s size is
-    shared among the outputs (each column sums to 1); every output is the
+    an unmerged output gives it its target's state). ``shares``
+    (``(B, N', r)``, None: none): a many-to-many reduction instead (Token
+    Transforming): column ``k`` says how the ``k``-th token that leaves (in
+    positional order) shares its size among the outputs (each column sums
+    to 1); a kept token goes whole into its own output. Every output is the
     size-weighted mean of what it received, and an unmerged token is the
-    mix of the outputs in its column's proportions; a kept token's column
-    is one-hot on its own output (a kept token is never shared), so only
-    the ``r`` columns of the tokens that leave are products to form. With
-    ``spread`` set, ``target`` / ``new_index`` name each token's largest
-    share."""
+    mix of the outputs in its column's proportions. :attr:`spread` is the
+    same as a dense ``(B, N', N)`` matrix, built on demand. With ``shares``
+    set, ``target`` / ``new_index`` name each token's largest share."""
 
     target: torch.Tensor
     kept: torch.Tensor
     new_index: torch.Tensor
     weight: torch.Tensor | None = None
-    spread: torch.Tensor | None = None
+    shares: torch.Tensor | None = None
 
     @property
     def r(self) -> int:
         return self.target.shape[1] - self.kept.shape[1]
 
+    @property
+    def spread(self) -> torch.Tensor | None:
+        """The many-to-many reduction as a dense ``(B, N', N)`` matrix
+        (column ``i``: token ``i``'s shares; a kept token's is one-hot), or
+        None for a one-to-one or many-to-one reduction."""
+        if self.shares is None:
+            return None
+        b, n = self.target.shape
+        dense = self.shares.new_zeros(b, self.kept.shape[1], n)
+        dense.scatter_(2, self.kept.unsqueeze(-1), 1.0)
+        leaving = _leaving(self).unsqueeze(1).expand(-1, self.kept.shape[1], -1)
+        return dense.scatter_(2, leaving, self.shares)
+
     def token_map(self) -> torch.Tensor:
         """What :func:`toast.hf.model.vit.merged_row` carries a row of the
         attention by: ``new_index`` for a merge, else the ``(B, N', N)``
         shares (a pruned token's are 0)."""
-        if self.spread is not None:
-            return self.spread
+        spread = self.spread
+        if spread is not None:
+            return spread
         if self.weight is None:
             return self.new_index
         b, n = self.new_index.shape
@@ -156,8 +169,8 @@ def merge_tokens(
     # only the tokens that leave are added in (a few dozen of a few hundred):
     # the kept ones start their own sums, in their order
     src = _leaving(matching).unsqueeze(-1)
-    if matching.spread is not None:
-        shares = _leaving_shares(matching, src[..., 0]).to(x.dtype)  # (B, N', r)
+    if matching.shares is not None:
+        shares = matching.shares.to(x.dtype)  # (B, N', r)
         weighted = x * sizes
         total = weighted.gather(1, kept.expand(-1, -1, d)) + shares @ weighted.gather(
             1, src.expand(-1, -1, d)
@@ -183,19 +196,12 @@ def _leaving(matching: Matching) -> torch.Tensor:
     return order[:, : matching.r]
 
 
-def _leaving_shares(matching: Matching, src: torch.Tensor) -> torch.Tensor:
-    """The spread's columns of the tokens ``src`` that leave (``(B, N', r)``)."""
-    assert matching.spread is not None
-    spread = matching.spread
-    return spread.gather(2, src.unsqueeze(1).expand(-1, spread.shape[1], -1))
-
-
 def carry_source(source: torch.Tensor | None, matching: Matching) -> torch.Tensor:
     """The source map after ``matching``: from every input token to the
     current tokens, as an index (``(B, N₀)``, while every reduction was
     one-to-one or many-to-one) or as mixing weights (``(B, N₀, N')``, once a
     many-to-many reduction ran). ``source`` None: the identity."""
-    if matching.spread is None:
+    if matching.shares is None:
         moved = matching.new_index
         if source is None:
             return moved
@@ -205,14 +211,16 @@ def carry_source(source: torch.Tensor | None, matching: Matching) -> torch.Tenso
         shape = (*source.shape[:2], matching.kept.shape[1])
         out = torch.zeros(shape, dtype=source.dtype, device=source.device)
         return out.scatter_add_(2, moved.unsqueeze(1).expand_as(source), source)
-    back = matching.spread.transpose(1, 2)  # (B, N, N'): each column's shares
-    if source is None:
-        return back
-    if source.dim() == 2:
+    if source is None or source.dim() == 2:
+        spread = matching.spread
+        assert spread is not None  # shares are set
+        back = spread.transpose(1, 2)  # (B, N, N'): each token's shares
+        if source is None:
+            return back
         return back.gather(1, source.unsqueeze(-1).expand(-1, -1, back.shape[2]))
-    # source @ back, with the kept tokens' one-hot rows of back as a gather
+    # source @ spreadᵀ, with the kept tokens' one-hot columns as a gather
     src = _leaving(matching)
-    shares = _leaving_shares(matching, src).to(source.dtype)  # (B, N', r)
+    shares = matching.shares.to(source.dtype)  # (B, N', r)
     kept = matching.kept.unsqueeze(1).expand(-1, source.shape[1], -1)
     leaving = src.unsqueeze(1).expand(-1, source.shape[1], -1)
     return source.gather(2, kept) + source.gather(2, leaving) @ shares.transpose(1, 2)

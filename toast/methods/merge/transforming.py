@@ -1,5 +1,5 @@
 """Token Transforming (Zeng, Yu, Kong, Tang, arXiv 2506.05709, 2025) as a
-token reducer: a many-to-many reduction, the ``spread`` form of
+token reducer: a many-to-many reduction, the ``shares`` form of
 :class:`~toast.methods.merge.matching.Matching`.
 
 What is the paper's (its abstract and Fig. 1 caption, the only parts of
@@ -53,7 +53,7 @@ import torch
 from toast.methods.merge.matching import Matching
 from toast.methods.merge.reducers import TokenView, register_reducer
 
-__all__ = ["TransformingReducer", "transforming_r", "transforming_spread"]
+__all__ = ["TransformingReducer", "transforming_r", "transforming_shares"]
 
 
 def transforming_r(r: int, tokens: int, prefix: int) -> int:
@@ -71,23 +71,28 @@ def _anchors(scores: torch.Tensor, count: int, prefix: int) -> torch.Tensor:
     return torch.sort(order, dim=-1).values + prefix
 
 
-def transforming_spread(
-    metric: torch.Tensor, kept: torch.Tensor, prefix: int, temperature: float
+def transforming_shares(
+    metric: torch.Tensor, kept: torch.Tensor, leaving: torch.Tensor, prefix: int, temperature: float
 ) -> torch.Tensor:
-    """The ``(B, N', N)`` spread matrix for the outputs ``kept`` (``(B, N')``:
-    the prefix, then the anchors): kept tokens' columns are one-hot on their
-    own output; every other column is the softmax over the anchors of the
-    metric's cosine similarity divided by ``temperature``."""
-    b, n, _ = metric.shape
+    """How each token of ``leaving`` (``(B, r)``) is shared among the
+    outputs ``kept`` (``(B, N')``: the prefix, then the anchors), as
+    ``(B, N', r)``: the softmax over the anchors of the metric's cosine
+    similarity divided by ``temperature``; the prefix outputs get nothing."""
     unit = metric / metric.norm(dim=-1, keepdim=True)
-    anchor_unit = unit.gather(1, kept[:, prefix:, None].expand(-1, -1, unit.shape[-1]))
-    cosine = anchor_unit @ unit.transpose(1, 2)  # (B, anchors, N)
+    width = unit.shape[-1]
+    anchor_unit = unit.gather(1, kept[:, prefix:, None].expand(-1, -1, width))
+    leaving_unit = unit.gather(1, leaving[:, :, None].expand(-1, -1, width))
+    cosine = anchor_unit @ leaving_unit.transpose(1, 2)  # (B, anchors, r)
     shares = (cosine / temperature).softmax(dim=1)
-    soft = torch.cat([shares.new_zeros(b, prefix, n), shares], dim=1)
-    identity = torch.zeros_like(soft).scatter_(2, kept.unsqueeze(-1), 1.0)
-    is_kept = torch.zeros(b, 1, n, dtype=torch.bool, device=metric.device)
-    is_kept.scatter_(2, kept.unsqueeze(1), True)
-    return torch.where(is_kept, identity, soft)
+    return torch.cat([shares.new_zeros(shares.shape[0], prefix, shares.shape[2]), shares], dim=1)
+
+
+def _leaving_positions(kept: torch.Tensor, n: int) -> torch.Tensor:
+    """The positions (``(B, N − N')``, ascending) that ``kept`` leaves out."""
+    out = torch.ones(kept.shape[0], n, dtype=torch.int8, device=kept.device)
+    out.scatter_(1, kept, 0)
+    order = torch.sort(out, dim=-1, descending=True, stable=True).indices
+    return order[:, : n - kept.shape[1]]
 
 
 @dataclass(frozen=True)
@@ -139,10 +144,14 @@ class TransformingReducer:
             metric = view.metric
             if metric.dtype in (torch.float16, torch.bfloat16):
                 metric = metric.float()  # the softmax at a small temperature needs the range
-            spread = transforming_spread(metric, kept, prefix, self.temperature)
-            new_index = spread.argmax(dim=1)
+            leaving = _leaving_positions(kept, n)
+            shares = transforming_shares(metric, kept, leaving, prefix, self.temperature)
+            # every token's largest share: its own output when kept
+            new_index = torch.zeros(b, n, dtype=torch.long, device=device)
+            new_index.scatter_(1, kept, torch.arange(kept.shape[1], device=device).expand_as(kept))
+            new_index.scatter_(1, leaving, shares.argmax(dim=1))
             target = kept.gather(1, new_index)
-        return Matching(target, kept, new_index, spread=spread)
+        return Matching(target, kept, new_index, shares=shares)
 
     def state(self) -> dict[str, Any]:
         return {"r": list(self.r), "temperature": self.temperature}
