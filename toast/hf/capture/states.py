@@ -506,7 +506,7 @@ def capture_moments(
     stack = sink.beside_the_forward(lambda: stream_states(
         model, loader, consume, cal, stack=stack, states=states, tokens=tokens,
         shard=True, numbers=sink.numbers,
-    ))  # fmt: skip
+    ), alone=ranks is None)  # fmt: skip
     reduce = getattr(observe, "reduce_over", None)
     if ranks is not None and callable(reduce):  # e.g. MassiveRows: every rank's rows
         reduce(ranks)
@@ -541,11 +541,13 @@ class MomentsSink:
         self.beside = Beside(enabled=False)
         self._rows_sent = 0  # rows handed to the moments (some maybe still being added)
 
-    def beside_the_forward(self, run: Callable[[], BlockStack]) -> BlockStack:
+    def beside_the_forward(self, run: Callable[[], BlockStack], alone: bool) -> BlockStack:
         """``run()``, the pass that feeds this sink, with each batch's sums
         added beside the next batch's forward where the cores allow
-        (:func:`toast.hf.capture.beside.spare_cores`; bit for bit the same)."""
-        self.beside = Beside(spare_cores())
+        (:func:`toast.hf.capture.beside.spare_cores`; bit for bit the same);
+        ``alone`` False (ranks of a process group, which share the machine's
+        cores and each count only their own threads): in line."""
+        self.beside = Beside(alone and spare_cores())
         try:
             return run()
         except BaseException:
