@@ -34,6 +34,7 @@ __all__ = [
     "bipartite_soft_matching",
     "carry_source",
     "effective_r",
+    "leaving_positions",
     "matching_from_pairs",
     "merge_tokens",
     "unmerge",
@@ -187,13 +188,18 @@ def merge_tokens(
     return total / new_sizes, new_sizes
 
 
+def leaving_positions(kept: torch.Tensor, n: int) -> torch.Tensor:
+    """The positions (``(B, N − N')``, ascending) of the ``n`` tokens that
+    ``kept`` (``(B, N')``) leaves out."""
+    out = torch.ones(kept.shape[0], n, dtype=torch.int8, device=kept.device)
+    out.scatter_(1, kept, 0)
+    order = torch.sort(out, dim=-1, descending=True, stable=True).indices
+    return order[:, : n - kept.shape[1]]
+
+
 def _leaving(matching: Matching) -> torch.Tensor:
-    """The positions (``(B, r)``, ascending) of the tokens that leave: those
-    whose target is not themselves."""
-    n = matching.target.shape[1]
-    moved = matching.target != torch.arange(n, device=matching.target.device)
-    order = torch.sort(moved.to(torch.int8), dim=-1, descending=True, stable=True).indices
-    return order[:, : matching.r]
+    """The positions (``(B, r)``, ascending) of the tokens ``matching`` reduces away."""
+    return leaving_positions(matching.kept, matching.target.shape[1])
 
 
 def carry_source(source: torch.Tensor | None, matching: Matching) -> torch.Tensor:

@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from toast.methods.merge.matching import Matching
+from toast.methods.merge.matching import Matching, leaving_positions
 from toast.methods.merge.reducers import TokenView, register_reducer
 
 __all__ = ["TransformingReducer", "transforming_r", "transforming_shares"]
@@ -85,14 +85,6 @@ def transforming_shares(
     cosine = anchor_unit @ leaving_unit.transpose(1, 2)  # (B, anchors, r)
     shares = (cosine / temperature).softmax(dim=1)
     return torch.cat([shares.new_zeros(shares.shape[0], prefix, shares.shape[2]), shares], dim=1)
-
-
-def _leaving_positions(kept: torch.Tensor, n: int) -> torch.Tensor:
-    """The positions (``(B, N − N')``, ascending) that ``kept`` leaves out."""
-    out = torch.ones(kept.shape[0], n, dtype=torch.int8, device=kept.device)
-    out.scatter_(1, kept, 0)
-    order = torch.sort(out, dim=-1, descending=True, stable=True).indices
-    return order[:, : n - kept.shape[1]]
 
 
 @dataclass(frozen=True)
@@ -144,7 +136,7 @@ class TransformingReducer:
             metric = view.metric
             if metric.dtype in (torch.float16, torch.bfloat16):
                 metric = metric.float()  # the softmax at a small temperature needs the range
-            leaving = _leaving_positions(kept, n)
+            leaving = leaving_positions(kept, n)
             shares = transforming_shares(metric, kept, leaving, prefix, self.temperature)
             # every token's largest share: its own output when kept
             new_index = torch.zeros(b, n, dtype=torch.long, device=device)
