@@ -126,7 +126,7 @@ def _match(metric, r, prefix):
     return {i: best[i][1] for i in chosen}
 
 
-def merge_forward(weights, x, r_per_block, prefix):
+def merge_forward(weights, x, r_per_block, prefix, norm="average"):
     """The blocks on one image ``x`` (N, D): returns the final tokens, their
     sizes and, for every input token, the index of the token it ended in."""
     s = np.ones(len(x))
@@ -134,26 +134,40 @@ def merge_forward(weights, x, r_per_block, prefix):
     for p, r in zip(weights, r_per_block, strict=True):
         attended, metric = _attention(_layer_norm(x, p["ln1"]), s, p)
         x = x + (attended if p["ls1"] is None else attended * p["ls1"])
-        x, s, where = reduce_then_mlp(p, x, s, where, _match(metric, r, prefix))
+        x, s, where = reduce_then_mlp(p, x, s, where, _match(metric, r, prefix), norm=norm)
     return x, s, where
 
 
-def reduce_then_mlp(p, x, s, where, pairs, prune=False):
+def reduce_then_mlp(p, x, s, where, pairs, prune=False, norm="average"):
     """The rest of a block after its attention: every source of ``pairs``
     ({source: destination}) goes into its destination by size (``prune``:
     its mass dropped instead; it still maps to the destination), the kept
-    tokens in order; then the MLP. Returns ``(x, s, where)``, ``where``
-    each input token's current index."""
+    tokens in order; then the MLP. ``norm``: a merged token's norm, as
+    computed (``"average"``), the largest of its group's tokens (``"max"``,
+    Token Fusion's MLERP) or their size-weighted mean (``"mean"``). Returns
+    ``(x, s, where)``, ``where`` each input token's current index."""
     kept = [i for i in range(len(x)) if i not in pairs]
     slot = {i: k for k, i in enumerate(kept)}
     new_x, new_s = np.zeros((len(kept), x.shape[1])), np.zeros(len(kept))
+    groups = {k: [] for k in range(len(kept))}
     for i in range(len(x)):
         if prune and i in pairs:
             continue  # a pruned token's mass is dropped
         dst = slot[pairs.get(i, i)]
         new_x[dst] += s[i] * x[i]
         new_s[dst] += s[i]
-    x, s = new_x / new_s[:, None], new_s
+        groups[dst].append(i)
+    new_x = new_x / new_s[:, None]
+    for dst, members in groups.items():
+        if norm == "average" or len(members) < 2:
+            continue
+        lengths = [np.linalg.norm(x[i]) for i in members]
+        if norm == "max":
+            target = max(lengths)
+        else:
+            target = sum(s[i] * n for i, n in zip(members, lengths)) / new_s[dst]
+        new_x[dst] *= target / np.linalg.norm(new_x[dst])
+    x, s = new_x, new_s
     where = np.array([slot[pairs.get(i, i)] for i in where])
     hidden = _gelu(_layer_norm(x, p["ln2"]) @ p["w1"].T + p["b1"])
     mlp = hidden @ p["w2"].T + p["b2"]

@@ -41,7 +41,7 @@ def choose(metric, attention, r, prefix, prune, tau):
     return {i: best[i] for i in chosen}
 
 
-def rapid_forward(weights, x, r_per_block, prune_until, tau, prefix):
+def rapid_forward(weights, x, r_per_block, prune_until, tau, prefix, norm="average"):
     """The blocks on one image ``x`` (N, D): returns the final tokens, their
     sizes and, for every input token, the index of the token it ended in."""
     s = np.ones(len(x))
@@ -53,5 +53,5 @@ def rapid_forward(weights, x, r_per_block, prune_until, tau, prefix):
         x = x + (attended if p["ls1"] is None else attended * p["ls1"])
         prune = block < prune_until
         pairs = choose(metric, attention, r, prefix, prune, tau)
-        x, s, where = reduce_then_mlp(p, x, s, where, pairs, prune)
+        x, s, where = reduce_then_mlp(p, x, s, where, pairs, prune, norm)
     return x, s, where

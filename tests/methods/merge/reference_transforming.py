@@ -47,10 +47,12 @@ def spread_matrix(attention, metric, r, prefix, temperature, hard=False):
     return spread
 
 
-def transform_forward(weights, x, r_per_block, prefix, temperature, hard=False):
+def transform_forward(weights, x, r_per_block, prefix, temperature, hard=False, mean_norm=False):
     """The blocks on one image ``x`` (N, D): returns the final tokens, their
     sizes and the (N₀, N') source map (every input token's shares of the
-    final tokens), plus the sizes after every block."""
+    final tokens), plus the sizes after every block. ``mean_norm``: an
+    output that received a share takes its inputs' share-and-size-weighted
+    mean norm."""
     s = np.ones(len(x))
     source = np.eye(len(x))
     history = []
@@ -62,11 +64,18 @@ def transform_forward(weights, x, r_per_block, prefix, temperature, hard=False):
         if spread is not None:
             outputs, n = spread.shape
             new_x, new_s = np.zeros((outputs, x.shape[1])), np.zeros(outputs)
+            lengths = np.zeros(outputs)
             for o in range(outputs):
                 for j in range(n):
                     new_x[o] += spread[o, j] * s[j] * x[j]
                     new_s[o] += spread[o, j] * s[j]
-            x, s = new_x / new_s[:, None], new_s
+                    lengths[o] += spread[o, j] * s[j] * np.linalg.norm(x[j])
+            new_x /= new_s[:, None]
+            for o in range(outputs):
+                received = np.count_nonzero(spread[o]) > 1  # beside its own token
+                if mean_norm and received:
+                    new_x[o] *= lengths[o] / new_s[o] / np.linalg.norm(new_x[o])
+            x, s = new_x, new_s
             source = source @ spread.T
         history.append(s.copy())
         hidden = _gelu(_layer_norm(x, p["ln2"]) @ p["w1"].T + p["b1"])

@@ -12,7 +12,11 @@ torch = pytest.importorskip("torch")
 
 from tests._helpers import hf_models as H  # noqa: E402
 from toast.methods.merge import disable_merging, enable_merging, merge_schedule  # noqa: E402
-from toast.methods.merge.matching import effective_r  # noqa: E402
+from toast.methods.merge.matching import (  # noqa: E402
+    effective_r,
+    matching_from_pairs,
+    merge_tokens,
+)
 
 from . import models as M  # noqa: E402
 from .reference import block_weights, merge_forward  # noqa: E402
@@ -20,12 +24,12 @@ from .reference import block_weights, merge_forward  # noqa: E402
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 
-def _reference(model, images, rs, prefix):
+def _reference(model, images, rs, prefix, norm="average"):
     """The reference's final tokens, sizes and token map, per image."""
     disable_merging(model)
     x, _ = M.block_io(model, images)
     weights = [block_weights(b) for b in M.blocks(model)]
-    return [merge_forward(weights, xi.double().numpy(), rs, prefix) for xi in x]
+    return [merge_forward(weights, xi.double().numpy(), rs, prefix, norm) for xi in x]
 
 
 @pytest.mark.parametrize("family", M.FAMILIES)
@@ -40,6 +44,42 @@ def test_merged_tokens_sizes_and_sources_equal_the_reference(family):
         np.testing.assert_allclose(out[i].numpy(), tokens, rtol=0, atol=1e-6)
         np.testing.assert_allclose(handle.sizes[i, :, 0].numpy(), sizes, rtol=0, atol=1e-9)
         np.testing.assert_array_equal(handle.source[i].numpy(), where)
+
+
+@pytest.mark.parametrize("family", M.FAMILIES)
+@pytest.mark.parametrize("norm", ["max", "mean"])
+def test_merged_norms_equal_the_reference(family, norm):
+    model = M.build(family).double()
+    images = H.images(3, seed=4).double()
+    rs = merge_schedule(3, len(M.blocks(model)))
+    expected = _reference(model, images, rs, M.PREFIX[family], norm)
+    enable_merging(model, 3, unmerge_output=False, merge_norm=norm)
+    _, out = M.block_io(model, images)
+    for i, (tokens, _, _) in enumerate(expected):
+        np.testing.assert_allclose(out[i].numpy(), tokens, rtol=0, atol=1e-6)
+
+
+def test_a_merged_tokens_norm_is_the_largest_or_the_mean_of_its_group():
+    x = torch.tensor([[[3.0, 0.0], [0.0, 1.0], [1.0, 1.0]]], dtype=torch.float64)
+    sizes = torch.tensor([[[1.0], [3.0], [1.0]]], dtype=torch.float64)
+    # token 0 merges into token 1; token 2 is kept alone
+    matching = matching_from_pairs(torch.tensor([[0]]), torch.tensor([[1]]), 3)
+    average, _ = merge_tokens(x, sizes, matching)
+    np.testing.assert_allclose(average[0, 0].numpy(), [0.75, 0.75])
+    largest, _ = merge_tokens(x, sizes, matching, "max")
+    mean, new_sizes = merge_tokens(x, sizes, matching, "mean")
+    direction = np.array([1.0, 1.0]) / np.sqrt(2.0)
+    np.testing.assert_allclose(largest[0, 0].numpy(), 3.0 * direction)
+    np.testing.assert_allclose(mean[0, 0].numpy(), (3.0 + 3 * 1.0) / 4 * direction)
+    np.testing.assert_array_equal(new_sizes[0, :, 0].numpy(), [4.0, 1.0])
+    for out in (largest, mean):  # a token that received nothing is left as it was
+        np.testing.assert_array_equal(out[0, 1].numpy(), x[0, 2].numpy())
+
+
+def test_an_unknown_merge_norm_is_refused():
+    model = M.build("vit")
+    with pytest.raises(ValueError, match="merge_norm must be one of"):
+        enable_merging(model, 2, merge_norm="median")
 
 
 @pytest.mark.parametrize("family", M.FAMILIES)

@@ -39,6 +39,7 @@ def test_compress_equals_enable_merging_and_reports_the_tokens():
         ({"r": -1}, "r must be"),
         ({"r": [1, -2]}, "r must be"),
         ({"schedule": "steep"}, "schedule must be"),
+        ({"merge_norm": "median"}, "merge_norm must be"),
     ],
 )
 def test_bad_options_are_refused_with_their_name(options, message):
@@ -87,6 +88,18 @@ def test_saved_equals_reloaded(family, tmp_path):
     model = M.build(family)
     enable_merging(model, 2, schedule="decreasing", unmerge_output=family != "deit")
     _saved_equals_reloaded(model, tmp_path)
+
+
+@pytest.mark.parametrize("norm", ["max", "mean"])
+def test_a_merge_norm_is_saved_and_reloaded(norm, tmp_path):
+    model, _ = toast.compress(M.build("dinov2"), None, method="tome", r=3, merge_norm=norm)
+    assert merging_of(model).state()["merge_norm"] == norm
+    _saved_equals_reloaded(model, tmp_path)
+
+
+def test_the_papers_average_is_not_written_so_older_saves_read_the_same():
+    model, _ = toast.compress(M.build("vit"), None, method="tome", r=3)
+    assert "merge_norm" not in merging_of(model).state()
 
 
 def test_saved_equals_reloaded_with_heads_tcs_and_a_removed_span(tmp_path):

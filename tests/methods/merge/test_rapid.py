@@ -33,25 +33,25 @@ def _reducer(model, r, schedule="constant", prune_until=None, tau=TAU):
     return RapidReducer(merge_schedule(r, blocks, schedule), until, tau)
 
 
-def _reference(model, images, reducer, prefix):
+def _reference(model, images, reducer, prefix, norm="average"):
     """The reference's final tokens, sizes and token map, per image."""
     disable_merging(model)
     x, _ = M.block_io(model, images)
     weights = [block_weights(b) for b in M.blocks(model)]
     return [
         rapid_forward(
-            weights, xi.double().numpy(), reducer.r, reducer.prune_until, reducer.tau, prefix
+            weights, xi.double().numpy(), reducer.r, reducer.prune_until, reducer.tau, prefix, norm
         )
         for xi in x
     ]
 
 
-def _check_against_reference(family, reducer_of, seed):
+def _check_against_reference(family, reducer_of, seed, norm="average"):
     model = M.build(family).double()
     images = H.images(3, seed=seed).double()
     reducer = reducer_of(model)
-    expected = _reference(model, images, reducer, M.PREFIX[family])
-    handle = enable_reduction(model, reducer, unmerge_output=False)
+    expected = _reference(model, images, reducer, M.PREFIX[family], norm)
+    handle = enable_reduction(model, reducer, unmerge_output=False, merge_norm=norm)
     _, out = M.block_io(model, images)
     for i, (tokens, sizes, where) in enumerate(expected):
         np.testing.assert_allclose(out[i].numpy(), tokens, rtol=0, atol=1e-6)
@@ -63,6 +63,11 @@ def _check_against_reference(family, reducer_of, seed):
 @pytest.mark.parametrize("family", M.FAMILIES)
 def test_reduced_tokens_sizes_and_sources_equal_the_reference(family):
     _check_against_reference(family, lambda m: _reducer(m, 3), seed=1)
+
+
+@pytest.mark.parametrize("family", M.FAMILIES)
+def test_merged_norms_leave_the_pruned_tokens_out_as_the_reference(family):
+    _check_against_reference(family, lambda m: _reducer(m, 3), seed=7, norm="max")
 
 
 @pytest.mark.parametrize(("family", "mode"), [("deit", "prune"), ("dinov2_registers", "merge")])

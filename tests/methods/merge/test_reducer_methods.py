@@ -92,6 +92,8 @@ def test_atm_reports_the_average_count_over_the_data():
         (AtmConfig, {"thresholds": "high"}, "thresholds must be"),
         (PitomeConfig, {"alpha": 0.0}, "alpha must be"),
         (PitomeConfig, {"margin": 1.5}, "margin must be"),
+        (TransformingConfig, {"merge_norm": "max"}, "merge_norm must be"),
+        (RapidConfig, {"merge_norm": "median"}, "merge_norm must be"),
     ],
 )
 def test_bad_options_are_refused_with_their_name(config, options, message):
@@ -123,8 +125,11 @@ def test_the_command_line_gives_the_library_model(tmp_path):
     model = toast.load_pretrained(tmp_path / "vit")
     out = tmp_path / "out"
     argv = ["compress", str(tmp_path / "vit"), "--method", "rapid", "--r", "3"]
-    assert main([*argv, "--prune-until", "1", "--out", str(out), "--no-progress"]) == 0
-    expected, _ = toast.compress(model, method="rapid", r=3, prune_until=1, progress=False)
+    argv += ["--prune-until", "1", "--merge-norm", "max"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    expected, _ = toast.compress(
+        model, method="rapid", r=3, prune_until=1, merge_norm="max", progress=False
+    )
     images = H.images(2, seed=25)
     assert torch.equal(M.run(toast.load_pretrained(out), images), M.run(expected, images))
     assert "RAPID" in (out / "report.md").read_text()

@@ -57,13 +57,16 @@ def _reducer(model, r, temperature=0.1):
     return TransformingReducer((r,) * len(M.blocks(model)), temperature)
 
 
-def _reference(model, images, reducer, prefix, hard=False):
+def _reference(model, images, reducer, prefix, hard=False, mean_norm=False):
     """The reference's final tokens, sizes, source map and size history, per image."""
     disable_merging(model)
     x, _ = M.block_io(model, images)
     weights = [block_weights(b) for b in M.blocks(model)]
     t = reducer.temperature
-    return [transform_forward(weights, xi.double().numpy(), reducer.r, prefix, t, hard) for xi in x]
+    return [
+        transform_forward(weights, xi.double().numpy(), reducer.r, prefix, t, hard, mean_norm)
+        for xi in x
+    ]
 
 
 @pytest.mark.parametrize("family", M.FAMILIES)
@@ -78,6 +81,25 @@ def test_tokens_sizes_and_sources_equal_the_reference(family):
         np.testing.assert_allclose(out[i].numpy(), tokens, rtol=0, atol=1e-6)
         np.testing.assert_allclose(handle.sizes[i, :, 0].numpy(), sizes, rtol=0, atol=1e-9)
         np.testing.assert_allclose(handle.source[i].numpy(), source, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("family", M.FAMILIES)
+def test_the_mean_merge_norm_equals_the_reference(family):
+    model = M.build(family).double()
+    images = H.images(2, seed=8).double()
+    reducer = _reducer(model, 3)
+    expected = _reference(model, images, reducer, M.PREFIX[family], mean_norm=True)
+    enable_reduction(model, reducer, unmerge_output=False, merge_norm="mean")
+    _, out = M.block_io(model, images)
+    for i, (tokens, _, _, _) in enumerate(expected):
+        np.testing.assert_allclose(out[i].numpy(), tokens, rtol=0, atol=1e-6)
+
+
+def test_the_max_merge_norm_is_refused_for_shared_tokens():
+    model = M.build("vit")
+    enable_reduction(model, _reducer(model, 3), merge_norm="max")
+    with pytest.raises(ValueError, match="norm='max' needs each token to go into one output"):
+        M.run(model, H.images(1, seed=0))
 
 
 @pytest.mark.parametrize("family", M.FAMILIES)

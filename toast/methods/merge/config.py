@@ -11,7 +11,24 @@ from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.hf.data.calibration import Calibration
 from toast.methods.merge.macs import SCHEDULE_HELP, SCHEDULES
 
-__all__ = ["AtmConfig", "PitomeConfig", "RapidConfig", "TomeConfig", "TransformingConfig"]
+__all__ = [
+    "MERGE_NORMS",
+    "AtmConfig",
+    "PitomeConfig",
+    "RapidConfig",
+    "TomeConfig",
+    "TransformingConfig",
+]
+
+#: How a merged token's norm is set (:func:`toast.methods.merge.matching.merge_tokens`):
+#: ``"average"``, the size-weighted mean as it comes (ToMe's); ``"max"``,
+#: the mean's direction at the largest norm among the merged tokens (MLERP,
+#: Token Fusion); ``"mean"``, at their size-weighted mean norm (toast's).
+MERGE_NORMS = ("average", "max", "mean")
+_NORM_HELP = (
+    "a merged token's norm: average (the size-weighted mean as it comes, the paper's), max "
+    "(MLERP: the largest norm of the merged tokens), mean (their size-weighted mean norm)"
+)
 
 _PER_BLOCK = Predicate(
     lambda v: (
@@ -33,7 +50,9 @@ class TomeConfig:
     ``"decreasing"``: ``2r`` in the first block down to 0 in the last; the
     others of :data:`~toast.methods.merge.macs.SCHEDULES`) or a list with
     one count per block. ``proportional_attention``: weigh the
-    attention to a merged key by its size (the paper's). ``unmerge_output``:
+    attention to a merged key by its size (the paper's). ``merge_norm``: a
+    merged token's norm (:data:`MERGE_NORMS`; ``"max"`` is Token Fusion's
+    MLERP, Kim et al., WACV 2024). ``unmerge_output``:
     expand the final tokens back to every input token, so outputs keep their
     shapes. ``image_size``: the input size the report's MACs are counted at
     when no data is given (default the model config's; DINOv2 checkpoints
@@ -45,6 +64,7 @@ class TomeConfig:
     schedule: str = "constant"
     proportional_attention: bool = True
     unmerge_output: bool = True
+    merge_norm: str = "average"
     image_size: int | None = None
     calibration: Calibration = field(default_factory=Calibration)
 
@@ -55,6 +75,7 @@ class TomeConfig:
         "proportional_attention": "weigh the attention to a merged token by its size",
         "unmerge_output": "expand the final tokens back to every input token (outputs keep "
         "their shapes)",
+        "merge_norm": _NORM_HELP,
         "image_size": "input size the MAC report counts when --data is not given (default the "
         "config's; DINOv2 checkpoints say 518 and run at 224)",
     }
@@ -64,6 +85,7 @@ class TomeConfig:
         "schedule": [Options(SCHEDULES)],
         "proportional_attention": [bool],
         "unmerge_output": [bool],
+        "merge_norm": [Options(MERGE_NORMS)],
         "image_size": [Interval(int, 1, None), None],
         "calibration": [Calibration],
     }
@@ -88,12 +110,14 @@ _SHARED_HELP = {
     "proportional_attention": "weigh the attention to a merged token by its size",
     "unmerge_output": "expand the final tokens back to every input token (outputs keep "
     "their shapes)",
+    "merge_norm": _NORM_HELP,
     "image_size": "input size the MAC report counts when --data is not given (default the "
     "config's; DINOv2 checkpoints say 518 and run at 224)",
 }
 _SHARED_CONSTRAINTS: dict[str, list[Any]] = {
     "proportional_attention": [bool],
     "unmerge_output": [bool],
+    "merge_norm": [Options(MERGE_NORMS)],
     "image_size": [Interval(int, 1, None), None],
     "calibration": [Calibration],
 }
@@ -125,6 +149,7 @@ class RapidConfig:
     tau: float = 0.8
     proportional_attention: bool = True
     unmerge_output: bool = True
+    merge_norm: str = "average"
     image_size: int | None = None
     calibration: Calibration = field(default_factory=Calibration)
 
@@ -158,7 +183,8 @@ class TransformingConfig:
     ``r``: tokens removed per block (an int spread by ``schedule``, or one
     count per block); every removed token is shared among the kept ones
     (chosen by the class token's attention) by a softmax of key cosine
-    over ``temperature``. Other fields as :class:`TomeConfig`.
+    over ``temperature``. ``merge_norm`` ``"max"`` is not defined for
+    shared tokens. Other fields as :class:`TomeConfig`.
     """
 
     r: int | Sequence[int] = 8
@@ -166,6 +192,7 @@ class TransformingConfig:
     temperature: float = 0.1
     proportional_attention: bool = True
     unmerge_output: bool = True
+    merge_norm: str = "average"
     image_size: int | None = None
     calibration: Calibration = field(default_factory=Calibration)
 
@@ -181,6 +208,8 @@ class TransformingConfig:
         "schedule": [Options(SCHEDULES)],
         "temperature": [Interval(float, 0.0, None, closed="neither")],
         **_SHARED_CONSTRAINTS,
+        # a shared token has no one output whose norm it could set
+        "merge_norm": [Options(("average", "mean"))],
     }
 
     def __post_init__(self) -> None:
@@ -212,6 +241,7 @@ class AtmConfig:
     split_from: int | None = None
     proportional_attention: bool = True
     unmerge_output: bool = True
+    merge_norm: str = "average"
     image_size: int | None = None
     calibration: Calibration = field(default_factory=Calibration)
 
@@ -259,6 +289,7 @@ class PitomeConfig:
     alpha: float = 1.0
     proportional_attention: bool = True
     unmerge_output: bool = True
+    merge_norm: str = "average"
     image_size: int | None = None
     calibration: Calibration = field(default_factory=Calibration)
 

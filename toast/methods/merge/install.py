@@ -9,8 +9,8 @@ modules, with proportional attention over the current token sizes, adds
 it to the residual, asks the reducer which tokens to merge, prune or mix
 (metric: the keys averaged over heads; the class token's attention row
 when the reducer reads it), reduces them by size
-(:func:`toast.methods.merge.matching.merge_tokens`), then runs the block's
-own ``mlp``.
+(:func:`toast.methods.merge.matching.merge_tokens`; ``merge_norm`` sets a
+merged token's norm), then runs the block's own ``mlp``.
 
 State (token sizes and the source map, original token → current token)
 lives for one forward: the first merging block starts it, the last one
@@ -38,7 +38,13 @@ from torch import nn
 from toast.hf.model.vit import TOKEN_MAP_ATTR
 from toast.io.guard import guard_save
 from toast.methods.merge.macs import merge_schedule
-from toast.methods.merge.matching import Matching, carry_source, merge_tokens, unmerge
+from toast.methods.merge.matching import (
+    MERGE_NORMS,
+    Matching,
+    carry_source,
+    merge_tokens,
+    unmerge,
+)
 from toast.methods.merge.reducers import Reducer, TokenView, TomeReducer
 from toast.methods.merge.sites import MergeSites, Site, find_sites
 
@@ -77,6 +83,7 @@ class MergeHandle:
     reducer: Reducer
     proportional_attention: bool = True
     unmerge_output: bool = True
+    merge_norm: str = "average"
     tokens: list[tuple[int, int]] = field(default_factory=list)
     sizes: torch.Tensor | None = None
     source: torch.Tensor | None = None
@@ -99,9 +106,12 @@ class MergeHandle:
         """The JSON-able description a save records (a ToMe state names no
         reducer, so it reads as saves before other reducers did)."""
         named = {} if self.reducer.name == "tome" else {"reducer": self.reducer.name}
+        # the paper's average is left out, so such a save reads as before the option
+        norm = {} if self.merge_norm == "average" else {"merge_norm": self.merge_norm}
         return {
             **named,
             **self.reducer.state(),
+            **norm,
             "proportional_attention": self.proportional_attention,
             "unmerge_output": self.unmerge_output,
             "blocks": [s.path for s in self.sites.sites],
@@ -134,7 +144,7 @@ class _MergingForward:
         matching = h.reducer.reduce(self.position, view)
         if matching is not None:
             sizes = state.sizes if state.sizes is not None else torch.ones_like(x[..., :1])
-            x, state.sizes = merge_tokens(x, sizes, matching)
+            x, state.sizes = merge_tokens(x, sizes, matching, h.merge_norm)
             state.source = carry_source(state.source, matching)
         h.tokens.append((view.x.shape[1], x.shape[1]))
         x = _mlp_residual(site, x, matching)
@@ -202,12 +212,16 @@ def enable_reduction(
     *,
     proportional_attention: bool = True,
     unmerge_output: bool = True,
+    merge_norm: str = "average",
     sites: MergeSites | None = None,
 ) -> MergeHandle:
     """Installs token reduction by ``reducer`` on ``model``, in place (see
-    the module docstring); ``sites``: the model's blocks when found
-    already. Returns a :class:`MergeHandle` (``handle.disable()`` or
-    :func:`disable_merging` undoes it)."""
+    the module docstring); ``merge_norm``: a merged token's norm
+    (:data:`~toast.methods.merge.matching.MERGE_NORMS`); ``sites``: the
+    model's blocks when found already. Returns a :class:`MergeHandle`
+    (``handle.disable()`` or :func:`disable_merging` undoes it)."""
+    if merge_norm not in MERGE_NORMS:
+        raise ValueError(f"merge_norm must be one of {MERGE_NORMS}; got {merge_norm!r}")
     found = find_sites(model) if sites is None else sites
     if getattr(model, HANDLE_ATTR, None) is not None:
         raise ValueError(
@@ -219,7 +233,9 @@ def enable_reduction(
             f"the {reducer.name} reducer is set for {reducer.num_blocks} blocks; the model has "
             f"{found.num_blocks}"
         )
-    handle = MergeHandle(model, found, reducer, bool(proportional_attention), bool(unmerge_output))
+    handle = MergeHandle(
+        model, found, reducer, bool(proportional_attention), bool(unmerge_output), merge_norm
+    )
     for position, site in enumerate(found.sites):
         site.block.forward = _MergingForward(handle, position)
     object.__setattr__(model, HANDLE_ATTR, handle)
@@ -234,6 +250,7 @@ def enable_merging(
     schedule: str = "constant",
     proportional_attention: bool = True,
     unmerge_output: bool = True,
+    merge_norm: str = "average",
     sites: MergeSites | None = None,
 ) -> MergeHandle:
     """Installs token merging on ``model``, in place (see the module docstring).
@@ -243,8 +260,10 @@ def enable_merging(
     block; ``r = 0`` everywhere leaves the outputs unchanged (to rounding).
     ``proportional_attention``: add ``log(size)`` to the attention logits
     (the paper's). ``unmerge_output``: expand the last block's output back
-    to every input token. ``sites``: the model's blocks when found already.
-    Returns a :class:`MergeHandle` (``handle.disable()`` or
+    to every input token. ``merge_norm``: a merged token's norm (``"average"``,
+    the paper's; ``"max"``, Token Fusion's MLERP; ``"mean"``: see
+    :data:`~toast.methods.merge.matching.MERGE_NORMS`). ``sites``: the
+    model's blocks when found already. Returns a :class:`MergeHandle` (``handle.disable()`` or
     :func:`disable_merging` undoes it).
     """
     found = find_sites(model) if sites is None else sites
@@ -254,6 +273,7 @@ def enable_merging(
         reducer,
         proportional_attention=proportional_attention,
         unmerge_output=unmerge_output,
+        merge_norm=merge_norm,
         sites=found,
     )
 

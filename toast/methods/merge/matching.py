@@ -13,6 +13,12 @@
   ``Σ s·x / Σ s`` with size ``Σ s``.
 - **Proportional attention**: ``softmax(q·kᵀ·scale + log s)`` over the keys,
   so a merged key weighs as the tokens it stands for.
+- **A merged token's norm** (:data:`MERGE_NORMS`): the size-weighted mean
+  is shorter than the tokens it merges whenever their directions differ,
+  a shift of the norms the next blocks never saw. ``"max"`` is MLERP (Token
+  Fusion, Kim et al., WACV 2024, §3.3): the mean's direction at the largest
+  norm among the merged tokens; ``"mean"`` (toast's variant) at their
+  size-weighted mean norm. Pruned tokens (weight 0) take no part in either.
 
 The kept tokens keep their positional order (stable), so the protected
 prefix stays first and token 0 stays the CLS token. ``r`` is capped so that
@@ -26,9 +32,11 @@ from dataclasses import dataclass
 
 import torch
 
+from toast.methods.merge.config import MERGE_NORMS
 from toast.methods.merge.macs import effective_r
 
 __all__ = [
+    "MERGE_NORMS",
     "Matching",
     "bipartite_scores",
     "bipartite_soft_matching",
@@ -159,11 +167,14 @@ def matching_from_pairs(
 
 
 def merge_tokens(
-    x: torch.Tensor, sizes: torch.Tensor, matching: Matching
+    x: torch.Tensor, sizes: torch.Tensor, matching: Matching, norm: str = "average"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` (``(B, N, D)``) and its ``sizes`` (``(B, N, 1)``) reduced by
     ``matching``: every output's size-weighted mean of what it receives
-    and its received size, in the kept order."""
+    and its received size, in the kept order; ``norm`` (:data:`MERGE_NORMS`)
+    sets the norm of every output that received a token."""
+    if norm not in MERGE_NORMS:
+        raise ValueError(f"norm must be one of {MERGE_NORMS}; got {norm!r}")
     b, n, d = x.shape
     kept = matching.kept.unsqueeze(-1)
     kept_sizes = sizes.gather(1, kept)
@@ -171,13 +182,23 @@ def merge_tokens(
     # the kept ones start their own sums, in their order
     src = _leaving(matching).unsqueeze(-1)
     if matching.shares is not None:
+        if norm == "max":
+            raise ValueError(
+                "norm='max' needs each token to go into one output; a reduction that shares "
+                "tokens among outputs takes norm='average' or 'mean'"
+            )
         shares = matching.shares.to(x.dtype)  # (B, N', r)
         weighted = x * sizes
         total = weighted.gather(1, kept.expand(-1, -1, d)) + shares @ weighted.gather(
             1, src.expand(-1, -1, d)
         )
         received = kept_sizes.to(x.dtype) + shares @ sizes.gather(1, src).to(x.dtype)
-        return total / received, received.to(sizes.dtype)
+        out = total / received
+        if norm == "mean":
+            lengths = x.norm(dim=-1, keepdim=True) * sizes
+            summed = lengths.gather(1, kept) + shares @ lengths.gather(1, src)
+            out = _at_norm(out, summed / received, received > kept_sizes)
+        return out, received.to(sizes.dtype)
     mass = sizes.gather(1, src)
     if matching.weight is not None:
         mass = mass * matching.weight.unsqueeze(-1).gather(1, src)
@@ -185,7 +206,28 @@ def merge_tokens(
     total = x.gather(1, kept.expand(-1, -1, d)) * kept_sizes
     total.scatter_add_(1, slot.expand(-1, -1, d), x.gather(1, src.expand(-1, -1, d)) * mass)
     new_sizes = kept_sizes.scatter_add(1, slot, mass)
-    return total / new_sizes, new_sizes
+    out = total / new_sizes
+    if norm == "average":
+        return out, new_sizes
+    lengths = x.norm(dim=-1, keepdim=True)
+    leaving = lengths.gather(1, src)
+    if norm == "max":
+        # a pruned token (no mass) takes no part: its length counts as 0
+        target = lengths.gather(1, kept).scatter_reduce(
+            1, slot, torch.where(mass > 0, leaving, 0.0), reduce="amax"
+        )
+    else:
+        summed = (lengths.gather(1, kept) * kept_sizes).scatter_add(1, slot, leaving * mass)
+        target = summed / new_sizes
+    return _at_norm(out, target, new_sizes > kept_sizes), new_sizes
+
+
+def _at_norm(out: torch.Tensor, target: torch.Tensor, merged: torch.Tensor) -> torch.Tensor:
+    """``out`` with the rows where ``merged`` rescaled to the norms ``target``
+    (a zero row stays zero)."""
+    length = out.norm(dim=-1, keepdim=True)
+    scale = torch.where(merged & (length > 0), target / length.clamp_min(1e-30), 1.0)
+    return out * scale
 
 
 def leaving_positions(kept: torch.Tensor, n: int) -> torch.Tensor:

@@ -139,6 +139,7 @@ def compress_reduction(
         built,
         proportional_attention=config.proportional_attention,
         unmerge_output=config.unmerge_output,
+        merge_norm=config.merge_norm,
         sites=sites,
     )
     tokens: Sequence[tuple[float, float]] | None = built.tokens(widths.tokens, widths.prefix)

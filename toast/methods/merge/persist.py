@@ -4,7 +4,9 @@ Reduction changes no tensor and no module shape: it replaces the blocks'
 forwards at run time, which plain ``transformers`` cannot express. The
 ``"tome"`` :class:`toast.io.registry.ModelPatch` records the reducer
 (its name, absent for ToMe, and its settings: ``r`` per block and the
-schedule's name for ToMe), the options and the reducing blocks' paths,
+schedule's name for ToMe), the options (``merge_norm`` only when it is not
+the paper's average, so older saves read unchanged) and the reducing
+blocks' paths,
 with ``needs_toast``: ``toast.load_pretrained`` (and
 ``AutoModel.from_pretrained(..., trust_remote_code=True)``, which hands the
 save to toast) installs it again, so outputs are identical. Importing
@@ -20,6 +22,7 @@ from torch import nn
 
 from toast.io.registry import ModelPatch, register_model_patch
 from toast.methods.merge.install import enable_reduction, merging_of
+from toast.methods.merge.matching import MERGE_NORMS
 from toast.methods.merge.reducers import reducer_from_state
 from toast.methods.merge.sites import find_sites
 
@@ -44,6 +47,8 @@ def _check(state: Any) -> None:
         raise ValueError("the tome state's 'blocks' must list one block path per reducing block")
     if not all(isinstance(state.get(flag), bool) for flag in _FLAGS):
         raise ValueError(f"the tome state must set {list(_FLAGS)} to true or false")
+    if state.get("merge_norm", "average") not in MERGE_NORMS:
+        raise ValueError(f"the tome state's 'merge_norm' must be one of {list(MERGE_NORMS)}")
 
 
 def _finish(model: nn.Module, state: Any) -> None:
@@ -55,7 +60,8 @@ def _finish(model: nn.Module, state: Any) -> None:
             f"the save merges tokens in blocks {state['blocks']} but the loaded model has {paths}"
         )
     options = {flag: state[flag] for flag in _FLAGS}
-    enable_reduction(model, reducer_from_state(state), sites=sites, **options)
+    norm = state.get("merge_norm", "average")
+    enable_reduction(model, reducer_from_state(state), sites=sites, merge_norm=norm, **options)
 
 
 PATCH = register_model_patch(

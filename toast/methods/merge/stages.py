@@ -80,19 +80,21 @@ Build = Callable[[int], Reducer]
 
 @dataclass(frozen=True)
 class Setting:
-    """One entry of a reducer's grid: its builder, and the schedule that
-    spreads its counts over the blocks (plans of one schedule form one
-    family, so the search measures every schedule)."""
+    """One entry of a reducer's grid: its builder, the schedule that
+    spreads its counts over the blocks and how a merged token's norm is set
+    (:data:`~toast.methods.merge.config.MERGE_NORMS`); plans of one
+    schedule and norm form one family, so the search measures each."""
 
     build: Build
     schedule: str = "constant"
+    merge_norm: str = "average"
 
 
 @dataclass
 class TomeStats(Stats):
     """The reduced model's widths (None: not a ViT reduction supports), and
-    per setting its linear-MAC saving, proxy and grid entry (builder and
-    schedule), in the grid's order (savings grow along it within a
+    per setting its linear-MAC saving, proxy and grid entry (builder,
+    schedule and merge norm), in the grid's order (savings grow along it within a
     schedule)."""
 
     widths: MergeWidths | None = None
@@ -101,25 +103,34 @@ class TomeStats(Stats):
     settings: dict[Hashable, Setting] | None = None
     extendable: bool = True
 
-    def schedule(self, key: Hashable) -> str:
-        """The schedule of setting ``key``."""
-        assert self.settings is not None
-        return self.settings[key].schedule
-
     def r_for(self, saving: float) -> Hashable | None:
-        """The first constant-schedule setting saving at least ``saving``
-        (None: none does)."""
-        assert self.savings is not None
+        """The first setting of the constant schedule and the paper's
+        average saving at least ``saving`` (None: none does)."""
+        assert self.savings is not None and self.settings is not None
+        settings = self.settings
         return next(
-            (k for k, s in self.savings.items() if s >= saving and self.schedule(k) == "constant"),
+            (
+                k
+                for k, s in self.savings.items()
+                if s >= saving
+                and settings[k].schedule == "constant"
+                and settings[k].merge_norm == "average"
+            ),
             None,
         )
 
     def family(self, name: str, key: Hashable) -> str:
         """The family of a plan of reducer ``name`` alone at setting ``key``:
-        the name, suffixed by the schedule unless it is the constant one."""
-        schedule = self.schedule(key)
-        return name if schedule == "constant" else f"{name}-{schedule}"
+        the name, suffixed by the schedule unless it is the constant one and
+        by the merge norm unless it is the paper's average."""
+        assert self.settings is not None
+        setting = self.settings[key]
+        parts = [name]
+        if setting.schedule != "constant":
+            parts.append(setting.schedule)
+        if setting.merge_norm != "average":
+            parts.append(setting.merge_norm)
+        return "-".join(parts)
 
 
 def _visits(tokens: Iterable[tuple[float, float]]) -> tuple[float, float]:
@@ -262,8 +273,10 @@ class ReducerStages(BaseStages):
                 "(a search cache from another toast version: toast cache clear)"
             )
         sites = _remaining(model, layout, self.name)
-        build = stats.settings[plan.merge].build
-        enable_reduction(model, build(sites.num_blocks), sites=sites)
+        setting = stats.settings[plan.merge]
+        enable_reduction(
+            model, setting.build(sites.num_blocks), sites=sites, merge_norm=setting.merge_norm
+        )
 
 
 class TomeStages(ReducerStages):
