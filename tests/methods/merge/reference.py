@@ -165,7 +165,7 @@ def reduce_then_mlp(p, x, s, where, pairs, prune=False, norm="average"):
         if norm == "max":
             target = max(lengths)
         else:
-            target = sum(s[i] * n for i, n in zip(members, lengths)) / new_s[dst]
+            target = sum(s[i] * n for i, n in zip(members, lengths, strict=True)) / new_s[dst]
         new_x[dst] *= target / np.linalg.norm(new_x[dst])
     x, s = new_x, new_s
     where = np.array([slot[pairs.get(i, i)] for i in where])
