@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Bumped when what a key stands for changes (old entries are then ignored).
-VERSION = 7  # 7: the token reducers' stats keep one grid entry per setting
+VERSION = 8  # 8: a reducer setting carries its merge norm (ToMe's MLERP plans)
 #: Files of a checkpoint folder up to this size are digested whole (config,
 #: index, tokenizer); larger ones (the weights) by name, size and mtime.
 SMALL_FILE = 1 << 20

@@ -41,8 +41,9 @@ def _analytic_linear(model, plan):
     widths = merge_widths(model, sites, stack)
     if isinstance(plan.merge, int):
         rs = merge_schedule(plan.merge, sites.num_blocks)
-    else:  # "ToMe r=R, <schedule>"
-        head, schedule = plan.merge.split(", ", 1)
+    else:  # "ToMe r=R[, <schedule>][, MLERP]"
+        head, *rest = plan.merge.split(", ")
+        schedule = next((part for part in rest if part != "MLERP"), "constant")
         rs = merge_schedule(int(head.split("r=")[1]), sites.num_blocks, schedule)
     return merged_macs(widths, rs).linear
 
@@ -122,6 +123,35 @@ def test_a_scheduled_plan_applies_that_schedule(schedule):
     with torch.inference_mode():
         torch.testing.assert_close(built(images)[0], twin(images)[0], rtol=0, atol=0)
     assert merging_of(built).r == merging_of(twin).r
+
+
+def test_mlerp_is_a_family_of_each_schedule_with_the_same_savings():
+    stats = _stats(tiny_vit())
+    plans = STAGES.propose(stats, Sizes(1000, (100,) * 6), 3, macs_matter=True)
+    families = {p.family for p in plans if p.merge is not None}
+    assert {"tome-max"} | {f"tome-{s}-max" for s in SCHEDULES if s != "constant"} <= families
+    for p in plans:
+        if p.family.endswith("-max"):
+            paper = p.merge.removesuffix(", MLERP")
+            paper = int(paper.split("r=")[1]) if "," not in paper else paper
+            assert stats.savings[p.merge] == stats.savings[paper]
+
+
+def test_an_mlerp_plan_applies_the_max_merge_norm():
+    model = tiny_vit()
+    layout = find_layout(model)
+    stats = STAGES.calibrate(model, [], layout, None, toast.Calibration(), 3)
+    plan = Plan(("tome",), "tome-max", (), None, None, 1000, 0.1, merge="ToMe r=3, MLERP")
+    built, copied = copy.deepcopy((model, layout))
+    STAGES.apply(built, plan, stats, copied)
+    twin, paper = copy.deepcopy(model), copy.deepcopy(model)
+    enable_merging(twin, 3, merge_norm="max")
+    enable_merging(paper, 3)
+    images = image_batches(1, 3)[0]
+    with torch.inference_mode():
+        torch.testing.assert_close(built(images)[0], twin(images)[0], rtol=0, atol=0)
+        assert not torch.equal(built(images)[0], paper(images)[0])
+    assert merging_of(built).state() == merging_of(twin).state()
 
 
 def test_nothing_is_proposed_when_macs_do_not_matter():

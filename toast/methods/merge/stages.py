@@ -63,6 +63,7 @@ __all__ = [
     "STAGES",
     "TRANSFORMING_STAGES",
     "ReducerStages",
+    "TOME_NORMS",
     "TomeStages",
     "TomeStats",
 ]
@@ -279,21 +280,41 @@ class ReducerStages(BaseStages):
         )
 
 
+#: The merge norms the search measures for ToMe beside the paper's average:
+#: Token Fusion's MLERP (on DINOv2 it keeps the CLS feature closer to the
+#: original's at the same MACs; ``benchmarks/README.md``).
+TOME_NORMS = ("average", "max")
+
+
 class TomeStages(ReducerStages):
     """ToMe: every ``r`` that merges more than the one before, at every
-    schedule of :data:`~toast.methods.merge.macs.SCHEDULES` (the paper's
-    constant one keyed by ``r``, the others by their label)."""
+    schedule of :data:`~toast.methods.merge.macs.SCHEDULES` and merge norm
+    of :data:`TOME_NORMS` (the paper's constant schedule and average keyed
+    by ``r``, the others by their label)."""
 
     name = "tome"
 
     def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
         return {
-            (r if schedule == "constant" else f"ToMe r={r}, {schedule}"): Setting(
-                partial(tome_reducer, r, schedule=schedule), schedule
+            _tome_key(r, schedule, norm): Setting(
+                partial(tome_reducer, r, schedule=schedule), schedule, norm
             )
+            for norm in TOME_NORMS
             for schedule in SCHEDULES
             for r in _counts(widths, schedule)
         }
+
+
+def _tome_key(r: int, schedule: str, norm: str) -> Hashable:
+    """A ToMe setting's key: ``r`` for the paper's own (as before other
+    settings existed), else its label."""
+    if schedule == "constant" and norm == "average":
+        return r
+    return f"ToMe r={r}{_suffix(schedule)}{_NORM_LABELS[norm]}"
+
+
+#: How a setting's label names its merge norm.
+_NORM_LABELS = {"average": "", "max": ", MLERP", "mean": ", mean norm"}
 
 
 def tome_reducer(r: int, num_blocks: int, schedule: str = "constant") -> TomeReducer:
