@@ -30,6 +30,10 @@ its method that reaches the target):
 
 - **ToMe**: token merging alone, the paper's constant schedule (the same
   ``r`` in every block), size-weighted merging and proportional attention;
+  **ToMe delayed** / **ToMe front**: the schedules the search measures;
+  **ToMe MLERP**: the constant schedule with Token Fusion's MLERP merge (a
+  merged token keeps the largest norm of the tokens it merges); **ToMe mean
+  norm**: the same at the tokens' size-weighted mean norm;
 - **ATM**: adaptive token merging, the paper's threshold schedule
   ``max(α − (exp(β(l − 1)) − 1), θ_min)`` over α (β = 0.01, θ_min = 0.5,
   small-to-large matching in the last third: toast's values, the paper's
@@ -280,6 +284,9 @@ def _rows(
         # the schedules the search measures beside ToMe's constant one
         "ToMe delayed": (reducer("tome", schedule="delayed"), R_GRID, "r={}, delayed"),
         "ToMe front": (reducer("tome", schedule="front"), R_GRID, "r={}, front"),
+        # Token Fusion's MLERP merge (the paper's constant schedule otherwise)
+        "ToMe MLERP": (reducer("tome", merge_norm="max"), R_GRID, "r={}, MLERP"),
+        "ToMe mean norm": (reducer("tome", merge_norm="mean"), R_GRID, "r={}, mean norm"),
         "ATM": (reducer("atm"), ALPHA_GRID, "α={}, β=0.01, θmin=0.5"),
         "Token Transforming": (reducer("token-transforming"), R_GRID, "r={}, τ=0.1"),
         "RAPID": (reducer("rapid"), R_GRID, "r={}, prune<6"),
