@@ -16,7 +16,7 @@
 - **A merged token's norm** (:data:`MERGE_NORMS`): the size-weighted mean
   is shorter than the tokens it merges whenever their directions differ,
   a shift of the norms the next blocks never saw. ``"max"`` is MLERP (Token
-  Fusion, Kim et al., WACV 2024, §3.3): the mean's direction at the largest
+  Fusion, Kim et al., WACV 2024): the mean's direction at the largest
   norm among the merged tokens; ``"mean"`` (toast's variant) at their
   size-weighted mean norm. Pruned tokens (weight 0) take no part in either.
 
