@@ -108,6 +108,8 @@ def test_every_plan_applied_has_exactly_its_stated_parameters(make, data):
         # ToMe and RAPID alone at every other schedule (each its own family)
         for reducer in ("tome", "rapid"):
             expected |= {f"{reducer}-{s}" for s in SCHEDULES if s != "constant"}
+        # and ToMe with Token Fusion's MLERP at every schedule
+        expected |= {"tome-max"} | {f"tome-{s}-max" for s in SCHEDULES if s != "constant"}
         # ATM's counts depend on the images: alone only, where its thresholds merge
         expected |= {"atm"} & families
     assert families == expected
