@@ -201,6 +201,8 @@ class TransformingConfig:
         "schedule": SCHEDULE_HELP,
         "temperature": "softmax temperature of the sharing (small: each goes to one token)",
         **_SHARED_HELP,
+        "merge_norm": "an output's norm: average (the size-weighted mean as it comes, the "
+        "paper's), mean (the share-and-size-weighted mean norm of what it received)",
     }
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
