@@ -97,6 +97,15 @@ def test_a_merge_norm_is_saved_and_reloaded(norm, tmp_path):
     _saved_equals_reloaded(model, tmp_path)
 
 
+def test_a_save_with_an_unknown_merge_norm_is_refused_when_loaded(tmp_path):
+    model, _ = toast.compress(M.build("vit"), None, method="tome", r=3, merge_norm="max")
+    toast.save_pretrained(model, tmp_path / "save")
+    plan = tmp_path / "save" / "toast_plan.json"
+    plan.write_text(plan.read_text().replace('"merge_norm": "max"', '"merge_norm": "median"'))
+    with pytest.raises(ValueError, match="merge_norm"):
+        toast.load_pretrained(tmp_path / "save")
+
+
 def test_the_papers_average_is_not_written_so_older_saves_read_the_same():
     model, _ = toast.compress(M.build("vit"), None, method="tome", r=3)
     assert "merge_norm" not in merging_of(model).state()
