@@ -203,23 +203,46 @@ def merge_tokens(
     if matching.weight is not None:
         mass = mass * matching.weight.unsqueeze(-1).gather(1, src)
     slot = matching.new_index.unsqueeze(-1).gather(1, src)
+    moved = x.gather(1, src.expand(-1, -1, d))
     total = x.gather(1, kept.expand(-1, -1, d)) * kept_sizes
-    total.scatter_add_(1, slot.expand(-1, -1, d), x.gather(1, src.expand(-1, -1, d)) * mass)
+    total.scatter_add_(1, slot.expand(-1, -1, d), moved * mass)
     new_sizes = kept_sizes.scatter_add(1, slot, mass)
     out = total / new_sizes
-    if norm == "average":
-        return out, new_sizes
-    lengths = x.norm(dim=-1, keepdim=True)
-    leaving = lengths.gather(1, src)
+    if norm != "average":
+        # only the outputs that received a token change: their rows alone
+        # are read and rescaled (a few dozen of a few hundred)
+        target = _merged_norms(x, sizes, matching, src, moved, mass, slot, new_sizes, norm)
+        rows = out.gather(1, slot.expand(-1, -1, d))
+        merged = (new_sizes > kept_sizes).gather(1, slot)
+        out.scatter_(1, slot.expand(-1, -1, d), _at_norm(rows, target.gather(1, slot), merged))
+    return out, new_sizes
+
+
+def _merged_norms(
+    x: torch.Tensor,
+    sizes: torch.Tensor,
+    matching: Matching,
+    src: torch.Tensor,
+    moved: torch.Tensor,
+    mass: torch.Tensor,
+    slot: torch.Tensor,
+    new_sizes: torch.Tensor,
+    norm: str,
+) -> torch.Tensor:
+    """The norm each output that received a token takes (``(B, N', 1)``;
+    other rows 0): the largest (``"max"``) or the size-weighted mean
+    (``"mean"``) of its tokens' norms, the tokens that leave (``src``,
+    their states ``moved`` and ``mass``) and the one kept in its place."""
+    own = matching.target.unsqueeze(-1).gather(1, src)  # where each leaving token goes
+    own_length = x.gather(1, own.expand_as(moved)).norm(dim=-1, keepdim=True)
+    length = moved.norm(dim=-1, keepdim=True)
+    start = torch.zeros_like(new_sizes, dtype=x.dtype)
     if norm == "max":
         # a pruned token (no mass) takes no part: its length counts as 0
-        target = lengths.gather(1, kept).scatter_reduce(
-            1, slot, torch.where(mass > 0, leaving, 0.0), reduce="amax"
-        )
-    else:
-        summed = (lengths.gather(1, kept) * kept_sizes).scatter_add(1, slot, leaving * mass)
-        target = summed / new_sizes
-    return _at_norm(out, target, new_sizes > kept_sizes), new_sizes
+        start.scatter_(1, slot, own_length)
+        return start.scatter_reduce(1, slot, torch.where(mass > 0, length, 0.0), reduce="amax")
+    start.scatter_(1, slot, own_length * sizes.gather(1, own))
+    return start.scatter_add(1, slot, length * mass) / new_sizes
 
 
 def _at_norm(out: torch.Tensor, target: torch.Tensor, merged: torch.Tensor) -> torch.Tensor:
