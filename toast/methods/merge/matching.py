@@ -29,6 +29,7 @@ the protected tokens and at least one token of each set remain:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -81,6 +82,12 @@ class Matching:
     def r(self) -> int:
         return self.target.shape[1] - self.kept.shape[1]
 
+    @cached_property
+    def leaving(self) -> torch.Tensor:
+        """The positions (``(B, r)``, ascending) of the tokens reduced away:
+        one sort, shared by the merge, the source map and :attr:`spread`."""
+        return leaving_positions(self.kept, self.target.shape[1])
+
     @property
     def spread(self) -> torch.Tensor | None:
         """The many-to-many reduction as a dense ``(B, N', N)`` matrix
@@ -91,7 +98,7 @@ class Matching:
         b, n = self.target.shape
         dense = self.shares.new_zeros(b, self.kept.shape[1], n)
         dense.scatter_(2, self.kept.unsqueeze(-1), 1.0)
-        leaving = _leaving(self).unsqueeze(1).expand(-1, self.kept.shape[1], -1)
+        leaving = self.leaving.unsqueeze(1).expand(-1, self.kept.shape[1], -1)
         return dense.scatter_(2, leaving, self.shares)
 
     def token_map(self) -> torch.Tensor:
@@ -180,7 +187,7 @@ def merge_tokens(
     kept_sizes = sizes.gather(1, kept)
     # only the tokens that leave are added in (a few dozen of a few hundred):
     # the kept ones start their own sums, in their order
-    src = _leaving(matching).unsqueeze(-1)
+    src = matching.leaving.unsqueeze(-1)
     if matching.shares is not None:
         if norm == "max":
             raise ValueError(
@@ -262,11 +269,6 @@ def leaving_positions(kept: torch.Tensor, n: int) -> torch.Tensor:
     return order[:, : n - kept.shape[1]]
 
 
-def _leaving(matching: Matching) -> torch.Tensor:
-    """The positions (``(B, r)``, ascending) of the tokens ``matching`` reduces away."""
-    return leaving_positions(matching.kept, matching.target.shape[1])
-
-
 def carry_source(source: torch.Tensor | None, matching: Matching) -> torch.Tensor:
     """The source map after ``matching``: from every input token to the
     current tokens, as an index (``(B, N₀)``, while every reduction was
@@ -290,7 +292,7 @@ def carry_source(source: torch.Tensor | None, matching: Matching) -> torch.Tenso
             return back
         return back.gather(1, source.unsqueeze(-1).expand(-1, -1, back.shape[2]))
     # source @ spreadᵀ, with the kept tokens' one-hot columns as a gather
-    src = _leaving(matching)
+    src = matching.leaving
     shares = matching.shares.to(source.dtype)  # (B, N', r)
     kept = matching.kept.unsqueeze(1).expand(-1, source.shape[1], -1)
     leaving = src.unsqueeze(1).expand(-1, source.shape[1], -1)
