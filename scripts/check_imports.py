@@ -54,14 +54,17 @@ ALLOWED_PRIVATE = {("toast", "_core")}
 NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_field_defaults", "_make"}
 OWN_OBJECTS = {"self", "cls"}
 BOUNDARY_PACKAGES = ("toast.frontier", "toast.cli")
-#: The framework's own modules: the registry, the stage API, the runner and the
-#: folder pipeline. A method's package (``toast.methods.<name>``) is not among them.
+#: The framework's own modules: the registry, the stage API, the calibration
+#: and the one driver of every method's stages, the runner and the folder
+#: pipeline. A method's package (``toast.methods.<name>``) is not among them.
 METHODS_PUBLIC = {
     "toast.methods",
     "toast.methods.base",
     "toast.methods.stages",
     "toast.methods.runner",
     "toast.methods.pipeline",
+    "toast.methods.calibrate",
+    "toast.methods.driver",
 }
 
 

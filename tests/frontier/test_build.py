@@ -11,10 +11,10 @@ import pytest
 
 from toast.frontier import build as build_module
 from toast.frontier.build import build
-from toast.frontier.calibrate import calibrate, model_sizes
 from toast.frontier.candidates import enumerate_candidates
 from toast.hf.data.calibration import Calibration
 from toast.methods.base import find_layout, get_method, staged_methods
+from toast.methods.calibrate import calibrate, model_sizes
 
 from .conftest import CALIBRATION_LENGTH, tiny_llama, token_batches
 

@@ -31,7 +31,7 @@ def test_a_bad_limit_in_the_environment_fails_before_any_work(tmp_path, monkeypa
 
 def test_a_cached_calibration_states_its_size_and_the_caches(tmp_path):
     from toast._validation import format_size
-    from toast.frontier.calibrate import Calibrated
+    from toast.methods.calibrate import Calibrated
 
     cache = SearchCache(tmp_path, limit="1GiB")
     said = cache.save_calibrated("k", Calibrated(passes=1))

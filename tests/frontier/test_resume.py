@@ -14,12 +14,12 @@ import pytest
 import toast
 from toast.frontier import measure as measure_module
 from toast.frontier.bench import MemoryBench, first_changed_block
-from toast.frontier.calibrate import calibrate, model_sizes
 from toast.frontier.candidates import enumerate_candidates
 from toast.hf.data.calibration import Calibration
 from toast.hf.evaluate.quality import Evaluator
 from toast.hf.evaluate.resume import PrefixMismatch, PrefixStates, unchanged_blocks
 from toast.methods.base import find_layout, get_method
+from toast.methods.calibrate import calibrate, model_sizes
 
 from .conftest import CALIBRATION_LENGTH, image_batches, tiny_llama, tiny_vit, token_batches
 

@@ -209,11 +209,11 @@ def test_each_familys_plan_saved_from_disk_gives_the_built_models_logits(checkpo
     """The disk writer of every family (plain removal, TOAST, ReplaceMe)
     against the plan built in memory, for the best plan of each family."""
     from toast.frontier.build import build, finish
-    from toast.frontier.calibrate import calibrate, calibrate_from_disk, model_sizes
     from toast.frontier.candidates import enumerate_candidates
     from toast.hf.data.calibration import Calibration
     from toast.methods import available_methods, get_method
     from toast.methods.base import Layout, find_layout, staged_methods
+    from toast.methods.calibrate import calibrate, calibrate_from_disk, model_sizes
 
     data, _ = _data()
     for name in available_methods():

@@ -9,7 +9,6 @@ import copy
 import pytest
 
 import toast
-from toast.frontier.calibrate import Calibrated
 from toast.frontier.candidates import enumerate_candidates
 from toast.methods import available_methods
 from toast.methods.base import (
@@ -21,6 +20,7 @@ from toast.methods.base import (
     get_method,
     staged_methods,
 )
+from toast.methods.calibrate import Calibrated
 from toast.methods.merge.macs import SCHEDULES
 
 torch = pytest.importorskip("torch")

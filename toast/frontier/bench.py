@@ -32,9 +32,9 @@ from toast.hf.evaluate.from_disk import SequentialEvaluator
 from toast.hf.evaluate.quality import Evaluator
 from toast.hf.evaluate.resume import PREFIX_BYTES, PrefixMismatch, PrefixStates, unchanged_blocks
 from toast.methods.base import Layout, Plan, Sizes, get_method
+from toast.methods.calibrate import Calibrated
 
 from .build import build, finish
-from .calibrate import Calibrated
 from .measure import Measurement, linear_macs, measure, timed
 
 __all__ = ["Bench", "DiskBench", "MemoryBench"]

@@ -23,8 +23,7 @@ from torch.overrides import TorchFunctionMode
 
 from toast.io.guard import guard_save
 from toast.methods.base import Layout, Plan, get_method
-
-from .calibrate import Calibrated
+from toast.methods.calibrate import Calibrated
 
 __all__ = ["Built", "build", "finish", "shared_copy"]
 

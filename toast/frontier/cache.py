@@ -31,8 +31,7 @@ from torch import nn
 from toast._cachedir import cache_limit, entries, evict, search_cache_dir, touch
 from toast._scratch import owned_name
 from toast._validation import format_size, parse_size
-
-from .calibrate import Calibrated
+from toast.methods.calibrate import Calibrated
 
 __all__ = [
     "SearchCache",
@@ -43,7 +42,7 @@ __all__ = [
 ]
 
 #: Bumped when what a key stands for changes (old entries are then ignored).
-VERSION = 8  # 8: a reducer setting carries its merge norm (ToMe's MLERP plans)
+VERSION = 9  # 9: calibrations pickle as toast.methods.calibrate.Calibrated; 8: merge norms
 #: Files of a checkpoint folder up to this size are digested whole (config,
 #: index, tokenizer); larger ones (the weights) by name, size and mtime.
 SMALL_FILE = 1 << 20

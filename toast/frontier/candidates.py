@@ -14,8 +14,7 @@ from __future__ import annotations
 import math
 
 from toast.methods.base import Method, Plan, Sizes
-
-from .calibrate import Calibrated
+from toast.methods.calibrate import Calibrated
 
 __all__ = ["enumerate_candidates"]
 

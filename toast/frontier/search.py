@@ -35,6 +35,7 @@ from toast.hf.data.calibration import BACKENDS, Calibration
 from toast.hf.data.progress import progress_bar
 from toast.hf.data.text import as_batches
 from toast.methods.base import Layout, Method, Plan, Sizes, staged_methods
+from toast.methods.calibrate import Calibrated, calibrate, calibrate_from_disk, model_sizes
 from toast.methods.runner import heldout_batches, split_text_options
 from toast.methods.stages import SHARED_BYTES
 
@@ -45,7 +46,6 @@ from .cache import (
     default_cache_dir,
     fingerprint_batches,
 )
-from .calibrate import Calibrated, calibrate, calibrate_from_disk, model_sizes
 from .candidates import enumerate_candidates
 from .measure import Measurement, timed
 from .objective import Objective, higher_is_better
@@ -238,7 +238,7 @@ def _prepare(
         calibration.sample,
         calibration.seed,
         opened.layout.stack.path,
-        max_blocks,
+        _limit(opened.layout, goal, max_blocks),  # what the calibration covers
         backend,
         tuple(m.name for m in opened.methods),
         computed_in(opened, calibration),
@@ -308,9 +308,18 @@ def _heldout(data: Iterable, heldout: Any, text: dict[str, Any]) -> tuple[Any, A
 
 
 def _max_blocks(run: _Run, max_blocks: int | None) -> int:
-    total = run.layout.num_blocks
+    return _limit(run.layout, run.target, max_blocks)
+
+
+def _limit(layout: Layout, goal: Target, max_blocks: int | None) -> int:
+    """The most blocks a plan removes: ``max_blocks``, by default half the
+    blocks, or a blocks= target's count when that is more."""
+    total = layout.num_blocks
     chosen = max_blocks if max_blocks is not None else max(1, int(total * MAX_BLOCK_SHARE))
-    return min(chosen, total - 1)
+    asked = goal.num_blocks
+    if asked is not None and asked >= total:
+        raise ValueError(f"target blocks={asked} leaves no block of {total}; remove fewer")
+    return min(max(chosen, asked or 0), total - 1)
 
 
 def _calibrated(run: _Run, backend: str, max_blocks: int | None) -> tuple[Calibrated, int]:
@@ -349,6 +358,8 @@ def _eligible(run: _Run, sizes: Sizes, candidate: Plan) -> bool:
     goal = run.target
     if goal.kind == "quality":
         return True
+    if goal.kind == "blocks":
+        return candidate.blocks_removed == goal.num_blocks
     if goal.kind == "params":
         return candidate.params_after <= (1.0 - goal.value) * sizes.params
     share = (sizes.params - candidate.params_after) / sum(sizes.block_params)
@@ -356,8 +367,11 @@ def _eligible(run: _Run, sizes: Sizes, candidate: Plan) -> bool:
 
 
 def _meets(original: Measurement, m: Measurement, run: _Run, higher: bool) -> bool:
-    """Whether a measured model meets the target."""
+    """Whether a measured model meets the target (a blocks= target: every
+    candidate measured, each eligible by its plan)."""
     goal = run.target
+    if goal.kind == "blocks":
+        return True
     if goal.kind == "params":
         return m.params <= (1.0 - goal.value) * original.params
     if goal.kind == "macs":  # refused before any work where MACs are not counted

@@ -1,9 +1,10 @@
 """Which candidates a search measures, and in what order.
 
-A size target (parameters, MACs, latency) fixes which candidates qualify
-before any is measured: :class:`Ranked` measures the best-predicted ones,
-taking each family in turn (predicted errors compare within a family
-only). A quality floor does not: :class:`Bisection` searches each family
+A size target (parameters, MACs, latency, blocks) fixes which candidates
+qualify before any is measured: :class:`Ranked` measures the best-predicted
+ones, taking each family in turn (predicted errors compare within a family
+only; :func:`toast.methods.driver.by_family`, whose first pick is what
+``toast.compress`` applies). A quality floor does not: :class:`Bisection` searches each family
 for its smallest model within the floor, halving the range of sizes with
 every measurement (the best-predicted candidate stands for each size), so
 ``k`` measurements resolve ``2^k`` sizes per family.
@@ -14,28 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from toast.methods.base import Plan
+from toast.methods.driver import by_family
 
 __all__ = ["Bisection", "Ranked", "by_family"]
-
-
-def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
-    """Plans grouped by family, best predicted first (ties: the
-    smaller model, then the key, so the order is deterministic); single
-    methods before their combinations, and a variant of a family (named
-    ``"<family>-<variant>"`` with the same methods, e.g. ``"tome-delayed"``,
-    a schedule of ``"tome"``) after every family that is not one, so that a
-    budget smaller than the number of families measures every method alone
-    before a variant of one or any combination."""
-    families: dict[str, list[Plan]] = {}
-    for c in sorted(candidates, key=lambda c: (c.predicted_error, c.params_after, c.key)):
-        families.setdefault(c.family, []).append(c)
-
-    def rank(f: str) -> tuple[int, bool, str]:
-        methods = families[f][0].methods
-        variant = any(f.startswith(f"{g}-") and families[g][0].methods == methods for g in families)
-        return len(methods), variant, f
-
-    return {f: families[f] for f in sorted(families, key=rank)}
 
 
 class Ranked:

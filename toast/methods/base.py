@@ -23,8 +23,9 @@ structure is found once per call (:func:`find_layout`) and passed down.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -79,11 +80,13 @@ __all__ = [
     "best_windows",
     "capture_shared",
     "capture_shared_from_disk",
+    "disk_runner_of",
     "find_layout",
     "get_method",
     "make_config",
     "method_names",
     "register",
+    "runner_of",
     "span_error",
     "span_family_plans",
     "span_plans",
@@ -144,7 +147,9 @@ class Method:
     """A registered compression method.
 
     ``config`` is its config dataclass; ``run(model, data, config,
-    before_surgery)`` does the work; ``needs_data`` says whether ``data``
+    before_surgery)`` does the work where the method keeps a driver of its
+    own (None: :func:`toast.methods.driver.compress_with_stages` runs its
+    ``stages``, as the search does); ``needs_data`` says whether ``data``
     may be None; ``stages`` its :class:`Stages` (what ``toast.search``
     runs; None: the search leaves it out);
     ``run_from_disk(disk, batches, output, config, heldout=...)``,
@@ -157,7 +162,7 @@ class Method:
 
     name: str
     config: type
-    run: Callable[[nn.Module, Iterable | None, Any, BeforeSurgery | None], tuple[nn.Module, Report]]
+    run: Callable[..., tuple[nn.Module, Report]] | None = None
     needs_data: bool = True
     summary: str = ""
     stages: Stages | None = None
@@ -282,3 +287,28 @@ def find_layout(model: nn.Module, blocks: str | None = None) -> Layout:
         if found is not None:
             parts[method.name] = found
     return Layout(stack, parts)
+
+
+def runner_of(method: Method) -> Callable[..., tuple[nn.Module, Report]]:
+    """What compresses a model in memory with ``method``: its own ``run``,
+    else the one driver over its stages."""
+    if method.run is not None:
+        return method.run
+    if method.stages is None:
+        raise TypeError(f"method {method.name!r} registered neither run nor stages")
+    from toast.methods.driver import compress_with_stages
+
+    return functools.partial(compress_with_stages, method)
+
+
+def disk_runner_of(method: Method) -> Callable[..., Report] | None:
+    """What compresses a checkpoint block by block with ``method``: its own
+    ``run_from_disk``, else the one driver over stages that run from disk;
+    None where the method needs the model in memory."""
+    if method.run_from_disk is not None:
+        return method.run_from_disk
+    if method.stages is None or not method.stages.from_disk:
+        return None
+    from toast.methods.driver import compress_from_disk_with_stages
+
+    return functools.partial(compress_from_disk_with_stages, method)

@@ -11,13 +11,14 @@ either way:
   rebuild it (:func:`toast.io.save.save_pretrained`), else a standard
   checkpoint with the folder's tokenizer and generation files;
 - **block by block from disk**, for a method that registered a
-  ``run_from_disk`` (:class:`toast.methods.base.Method`): it gets the
+  ``run_from_disk`` or stages that run from disk
+  (:func:`toast.methods.base.disk_runner_of`): it gets the
   checkpoint's structure, found once, and the batches, and writes
   ``output`` without ever loading the model.
 
 Methods never choose the path and never open the folder themselves; both
 paths give the same result (the tests compare them tensor for tensor). A
-method without ``run_from_disk`` always runs in memory.
+method with neither always runs in memory.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from toast.hf.capture.budget import (
     parse_size,
     plan_checkpoint,
 )
+from toast.methods.base import disk_runner_of
 from toast.methods.runner import prepare_data, run_method
 
 if TYPE_CHECKING:
@@ -96,8 +98,9 @@ def compress_folder(
             )
         # heldout only when given: a method's disk run may not measure it
         keywords = {} if held is None else {"heldout": held}
-        assert method.run_from_disk is not None  # _disk_path checked it
-        return method.run_from_disk(disk, batches, target, config, **keywords)
+        run_from_disk = disk_runner_of(method)
+        assert run_from_disk is not None  # _disk_path checked it
+        return run_from_disk(disk, batches, target, config, **keywords)
     from toast.hf.capture.compute import widen_loaded
     from toast.io.local import load_model
 
@@ -163,7 +166,7 @@ def _disk_path(
 ) -> Any:
     """The checkpoint's structure when ``method`` runs block by block from
     disk; None for the in-memory path (the choice said either way)."""
-    if method.run_from_disk is None:
+    if disk_runner_of(method) is None:
         if sequential:
             raise ValueError(
                 f"method={method.name!r} has no block-by-block path (it needs the model in "

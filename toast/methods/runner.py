@@ -61,9 +61,11 @@ def run_method(
     ``tokenizer``, ``max_length``, ``batch_size``, ``num_samples``, ``pack``,
     ``field``). A float ``heldout`` holds out that fraction of raw ``data``'s
     samples (the last ones) and calibrates on the rest."""
+    from toast.methods.base import runner_of
+
     data, heldout = prepare_data(method, data, heldout, text)
     if heldout is None:
-        return method.run(model, data, config, None)
+        return runner_of(method)(model, data, config, None)
     return _run_measured(method, model, data, config, heldout)
 
 
@@ -113,6 +115,7 @@ def _run_measured(
     method: Method, model: nn.Module, data: Iterable | None, config: Any, heldout: Iterable
 ) -> tuple[nn.Module, Report]:
     from toast.hf.evaluate.quality import Evaluator, Quality, skipped_blocks
+    from toast.methods.base import runner_of
 
     calibration = getattr(config, "calibration", None)
     evaluator = Evaluator(
@@ -130,7 +133,7 @@ def _run_measured(
             plain.append(evaluator.measure(model, "plain removal"))
         metrics["plain_removal"] = evaluator.last
 
-    model, report = method.run(model, data, config, before_surgery)
+    model, report = runner_of(method)(model, data, config, before_surgery)
     compressed = evaluator.measure(model, "compressed")
     metrics["compressed"] = evaluator.last
     assert evaluator.metric is not None  # set by the first measurement

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from toast.hf.capture.massive import MassiveRows
     from toast.hf.capture.sequential import BlockEdits, DiskModel
     from toast.hf.model.blocks import BlockStack
+    from toast.spans import Span
 
 __all__ = [
     "ALTERNATIVES",
@@ -444,9 +445,37 @@ class Stages(Protocol):
     they load; ``save_from_disk(disk, plan, stats, output)``: the planned
     model written to the new folder ``output``, reloadable as the
     in-memory model's save is.
+
+    What ``toast.compress`` reads beside them (:mod:`toast.methods.driver`):
+    ``configured(config)``: the stages with the user's options (the search
+    runs the defaults); ``check(request, layout)``: raises ``ValueError``,
+    before any pass, for a request the method can never meet;
+    ``needs_data(request)``: whether the requested spans need calibration
+    to be applied; ``given(spans, stats, sizes)``:
+    the plan of exactly those spans; ``scores(plan, stats)``: each span's
+    score for the report; ``report(plan, stats, sizes, spans, params_after)``:
+    the method's report of the applied plan (None: the driver's own);
+    ``from_disk``: whether ``compress`` may run the stages block by block
+    on a checkpoint (``calibrate_from_disk``, ``edits``, ``save_from_disk``).
     """
 
+    from_disk: bool
+
     def structure(self, model: nn.Module, stack: BlockStack) -> Any: ...
+
+    def configured(self, config: Any) -> Stages: ...
+
+    def check(self, request: Any, layout: Layout) -> None: ...
+
+    def needs_data(self, request: Any) -> bool: ...
+
+    def given(self, spans: tuple[tuple[int, int], ...], stats: Stats, sizes: Sizes) -> Plan: ...
+
+    def scores(self, plan: Plan, stats: Stats) -> list[float]: ...
+
+    def report(
+        self, plan: Plan, stats: Stats, sizes: Sizes, spans: Sequence[Span], params_after: int
+    ) -> Any: ...
 
     def needs(self, layout: Layout) -> Needs: ...
 
@@ -495,8 +524,30 @@ class BaseStages:
     reducers, which act on a built model's tokens at run time)."""
 
     chain_last = False
+    from_disk = False
 
     def structure(self, model: nn.Module, stack: BlockStack) -> Any:
+        return None
+
+    def configured(self, config: Any) -> Stages:
+        assert isinstance(self, Stages)  # every subclass implements the rest
+        return self
+
+    def check(self, request: Any, layout: Layout) -> None:
+        return None
+
+    def needs_data(self, request: Any) -> bool:
+        return True
+
+    def given(self, spans: tuple[tuple[int, int], ...], stats: Stats, sizes: Sizes) -> Plan:
+        raise ValueError(f"{type(self).__name__} takes no explicit spans; give num_blocks=")
+
+    def scores(self, plan: Plan, stats: Stats) -> list[float]:
+        return [math.nan] * len(plan.spans)
+
+    def report(
+        self, plan: Plan, stats: Stats, sizes: Sizes, spans: Sequence[Span], params_after: int
+    ) -> Any:
         return None
 
     def needs(self, layout: Layout) -> Needs:

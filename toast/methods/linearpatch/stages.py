@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from torch import nn
@@ -15,8 +16,10 @@ from torch import nn
 from toast.core import Translator
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.surgery import replace_spans
+from toast.methods.linearpatch.config import LinearPatchConfig
 from toast.methods.linearpatch.statistics import PatchStatistics, measure_patch_statistics
 from toast.methods.stages import ALTERNATIVES, BaseStages, Layout, Plan, Shared, Sizes, Stats
+from toast.spans import Span, validate_spans
 
 __all__ = ["STAGES", "LinearPatchStages", "LinearPatchStats", "patch_translators"]
 
@@ -41,7 +44,22 @@ def patch_translators(
 
 
 class LinearPatchStages(BaseStages):
-    """LinearPatch as stages (family ``"linearpatch"``)."""
+    """LinearPatch as stages (family ``"linearpatch"``); ``rotate=False`` is
+    the paper's ablation without the Hadamard rotation."""
+
+    def __init__(self, rotate: bool = True) -> None:
+        self.rotate = rotate
+
+    def configured(self, config: LinearPatchConfig) -> LinearPatchStages:
+        return LinearPatchStages(config.rotate)
+
+    def check(self, request: Any, layout: Layout) -> None:
+        total, asked = layout.num_blocks, request.num_blocks
+        if asked is not None and asked > total - 2:
+            raise ValueError(
+                f"num_blocks={asked} leaves no window of {total} blocks that starts at block 1 "
+                f"and ends before the last (LinearPatch's range); remove at most {total - 2}"
+            )
 
     def calibrate(
         self,
@@ -52,8 +70,18 @@ class LinearPatchStages(BaseStages):
         calibration: Calibration,
         max_blocks: int,
     ) -> LinearPatchStats:
-        stats = measure_patch_statistics(model, data, layout.stack, calibration, max_blocks)
-        return LinearPatchStats(passes=1, statistics=stats)
+        # windows start at block 1 and end before the last: at most L - 2 blocks
+        reach = min(max_blocks, layout.num_blocks - 2)
+        if reach < 1:
+            return LinearPatchStats(note=f"linearpatch: {layout.num_blocks} blocks leave no window")
+        stats = measure_patch_statistics(model, data, layout.stack, calibration, reach, self.rotate)
+        note = ""
+        if reach < max_blocks:
+            note = (
+                f"linearpatch: a window of {layout.num_blocks} blocks starts at block 1 and ends "
+                f"before the last, so it removes at most {reach}"
+            )
+        return LinearPatchStats(passes=1, note=note, statistics=stats)
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         assert isinstance(stats, LinearPatchStats)
@@ -76,6 +104,37 @@ class LinearPatchStages(BaseStages):
                     )
                 )
         return plans
+
+    def given(self, spans: tuple[tuple[int, int], ...], stats: Stats, sizes: Sizes) -> Plan:
+        assert isinstance(stats, LinearPatchStats) and stats.statistics is not None
+        spans = tuple(validate_spans(spans, sizes.num_blocks))
+        width = stats.statistics.magnitudes.shape[2]
+        after = sizes.after_spans(spans, width * width)
+        return Plan(("linearpatch",), "given", spans, "linearpatch", None, after, math.nan)
+
+    def scores(self, plan: Plan, stats: Stats) -> list[float]:
+        """Each window's ``1 −`` mean cosine similarity."""
+        assert isinstance(stats, LinearPatchStats) and stats.statistics is not None
+        similarity = stats.statistics.similarity
+        return [1.0 - float(np.nan_to_num(similarity[a, b])) for a, b in plan.spans]
+
+    def report(
+        self, plan: Plan, stats: Stats, sizes: Sizes, spans: Sequence[Span], params_after: int
+    ) -> Any:
+        from toast.methods.linearpatch.report import LinearPatchReport
+
+        assert isinstance(stats, LinearPatchStats) and stats.statistics is not None
+        found = stats.statistics
+        return LinearPatchReport(
+            method="linearpatch",
+            spans=list(spans),
+            scales=[found.scales(a, b) for a, b in plan.spans],
+            blocks_before=sizes.num_blocks,
+            blocks_after=sizes.num_blocks - plan.blocks_removed,
+            params_before=sizes.params,
+            params_after=params_after,
+            rows=found.rows,
+        )
 
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
         assert isinstance(stats, LinearPatchStats) and stats.statistics is not None

@@ -1,4 +1,5 @@
-"""The calibration a search needs, in as few passes as possible: the
+"""The calibration ``toast.search`` and ``toast.compress`` need (one code
+for both: :mod:`toast.methods.driver`), in as few passes as possible: the
 union of what the methods declare (:class:`toast.methods.base.Needs`)
 decides whether the one shared pass runs (moments of every pair of block
 states at most ``max_blocks`` apart, all a plan can join, and the massive
@@ -15,26 +16,39 @@ memory is left out there, with a note.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from torch import nn
 
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.params import count_params
-from toast.methods.base import (
+from toast.methods.stages import (
+    SHARED_BYTES,
     Layout,
-    Method,
     Needs,
     Sizes,
+    Stages,
     Stats,
     capture_shared,
     capture_shared_from_disk,
 )
-from toast.methods.stages import SHARED_BYTES
 
-__all__ = ["Calibrated", "calibrate", "calibrate_from_disk", "model_sizes"]
+__all__ = ["Calibrated", "Staged", "calibrate", "calibrate_from_disk", "model_sizes"]
+
+
+class Staged(Protocol):
+    """What calibration reads of a method: its name and its stages (a
+    registered :class:`toast.methods.base.Method`, or a method's stages
+    configured by a user's options)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def stages(self) -> Stages | None: ...
 
 
 @dataclass
@@ -61,7 +75,7 @@ def calibrate(
     model: nn.Module,
     data: Iterable,
     layout: Layout,
-    methods: list[Method],
+    methods: Sequence[Staged],
     calibration: Calibration,
     backend: str,
     max_blocks: int,
@@ -85,7 +99,7 @@ def calibrate(
     return Calibrated(stats, passes)
 
 
-def _needs(methods: list[Method], layout: Layout) -> Needs:
+def _needs(methods: Sequence[Staged], layout: Layout) -> Needs:
     needs = Needs()
     for method in methods:
         assert method.stages is not None  # the search takes staged methods only
@@ -97,7 +111,7 @@ def calibrate_from_disk(
     disk: DiskModel,
     data: Iterable,
     layout: Layout,
-    methods: list[Method],
+    methods: Sequence[Staged],
     calibration: Calibration,
     backend: str,
     max_blocks: int,

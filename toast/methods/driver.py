@@ -1,0 +1,296 @@
+"""One driver for a method's stages: what ``toast.compress`` runs for every
+method without a driver of its own, over the stages ``toast.search`` runs.
+
+A compression is calibrate → propose → choose → apply, whichever front
+door asks for it:
+
+1. the method's stages, configured by the user's config
+   (:meth:`toast.methods.stages.BaseStages.configured`: the options the
+   search leaves at their defaults), say what they need captured;
+2. :func:`toast.methods.calibrate.calibrate` runs the one shared pass and
+   the method's own (the search's calibration, the same code);
+3. the stages propose their plans up to the size asked;
+4. :func:`first_choice` takes the best-predicted plan of the first family
+   among those removing exactly the blocks asked: the plan a search
+   restricted to the method measures first (:func:`by_family` orders both),
+   so ``compress(model, data, method=m, num_blocks=n)`` and
+   ``search(model, data, heldout, methods=[m], target=f"blocks={n}",
+   max_measured=1)`` build the same model;
+5. the stages apply it in place, and report it.
+
+Explicit spans skip the choice: the plan of exactly those spans is applied
+(calibrated first only where applying it needs statistics).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from toast.methods.stages import Plan, Sizes, Stats
+
+if TYPE_CHECKING:
+    import os
+
+    from torch import nn
+
+    from toast.hf.capture.sequential import DiskModel
+    from toast.hf.model.blocks import BlockStack
+    from toast.methods.base import Method, Report
+    from toast.methods.stages import Layout, Stages
+    from toast.spans import Span
+
+__all__ = [
+    "PlanReport",
+    "Request",
+    "by_family",
+    "compress_from_disk_with_stages",
+    "compress_with_stages",
+    "first_choice",
+]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one ``compress`` call asks of a method: exactly ``num_blocks``
+    blocks removed (a span replaced by a translator counts as removed), or
+    exactly ``spans``."""
+
+    num_blocks: int | None = None
+    spans: tuple[tuple[int, int], ...] | None = None
+
+    @classmethod
+    def of(cls, config: Any) -> Request:
+        """The request a config makes through its ``num_blocks`` and
+        ``spans`` fields (one of them set; the config checked that)."""
+        spans = getattr(config, "spans", None)
+        if spans is not None:
+            return cls(spans=tuple((int(a), int(b)) for a, b in spans))
+        return cls(num_blocks=getattr(config, "num_blocks", None))
+
+    @property
+    def reach(self) -> int:
+        """The most blocks one plan may join: what calibration must cover."""
+        if self.spans is not None:
+            return max(b - a for a, b in self.spans)
+        assert self.num_blocks is not None  # one of the two is set
+        return self.num_blocks
+
+
+def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
+    """Plans grouped by family, best predicted first (ties: the
+    smaller model, then the key, so the order is deterministic); single
+    methods before their combinations, and a variant of a family (named
+    ``"<family>-<variant>"`` with the same methods, e.g. ``"tome-delayed"``,
+    a schedule of ``"tome"``) after every family that is not one, so that a
+    budget smaller than the number of families measures every method alone
+    before a variant of one or any combination."""
+    families: dict[str, list[Plan]] = {}
+    for c in sorted(candidates, key=lambda c: (c.predicted_error, c.params_after, c.key)):
+        families.setdefault(c.family, []).append(c)
+
+    def rank(f: str) -> tuple[int, bool, str]:
+        methods = families[f][0].methods
+        variant = any(f.startswith(f"{g}-") and families[g][0].methods == methods for g in families)
+        return len(methods), variant, f
+
+    return {f: families[f] for f in sorted(families, key=rank)}
+
+
+def first_choice(plans: Sequence[Plan], num_blocks: int) -> Plan | None:
+    """The plan a measurement budget of one takes among ``plans`` removing
+    exactly ``num_blocks`` blocks: the best predicted of the first family
+    (:func:`by_family`); None when no plan has that size."""
+    exact = [
+        p for p in plans if p.blocks_removed == num_blocks and math.isfinite(p.predicted_error)
+    ]
+    families = by_family(exact)
+    return next(iter(families.values()))[0] if families else None
+
+
+@dataclass
+class PlanReport:
+    """What a method without a report of its own did: the plan applied."""
+
+    method: str
+    plan: Plan
+    blocks_before: int
+    blocks_after: int
+    params_before: int
+    params_after: int
+
+    def to_markdown(self) -> str:
+        removed = self.blocks_before - self.blocks_after
+        return (
+            f"**{self.method}**: {self.plan.label} ({removed} of {self.blocks_before} blocks).\n\n"
+            f"Parameters: {self.params_before:,} → {self.params_after:,}"
+        )
+
+
+BeforeSurgery = Callable[["Sequence[Span]", "BlockStack"], None]
+
+
+def compress_with_stages(
+    method: Method,
+    model: nn.Module,
+    data: Iterable | None,
+    config: Any,
+    before_surgery: BeforeSurgery | None = None,
+) -> tuple[nn.Module, Report]:
+    """``method`` on ``model`` through its stages configured by ``config``
+    (see the module docstring), in place; the model and the stages' report.
+    ``before_surgery(spans, stack)`` runs just before the model changes (the
+    runner measures plain removal of the same blocks there)."""
+    from toast.hf.model.params import count_params
+    from toast.methods.base import find_layout
+    from toast.methods.calibrate import calibrate, model_sizes
+
+    assert method.stages is not None  # only staged methods reach the driver
+    stages = method.stages.configured(config)
+    calibration = config.calibration
+    layout = find_layout(model, calibration.blocks)
+    sizes = model_sizes(model, layout)
+
+    def calibrated(reach: int) -> Stats | None:
+        backend = getattr(config, "backend", "auto")
+        staged = [_Staged(method.name, stages)]
+        assert data is not None  # _choose asks only with data
+        return calibrate(model, data, layout, staged, calibration, backend, reach).stats[
+            method.name
+        ]
+
+    plan, stats = _choose(method.name, stages, data, layout, sizes, Request.of(config), calibrated)
+    spans = _spans(stages, plan, stats)
+    if before_surgery is not None:
+        before_surgery(spans, layout.stack)
+    stages.apply(model, plan, stats, layout)
+    stages.finish(model, plan, stats, layout)
+    return model, _report(method.name, stages, plan, stats, sizes, spans, count_params(model))
+
+
+def compress_from_disk_with_stages(
+    method: Method,
+    disk: DiskModel,
+    data: Iterable,
+    output: str | os.PathLike,
+    config: Any,
+    *,
+    heldout: Iterable | None = None,
+) -> Report:
+    """:func:`compress_with_stages` on the checkpoint ``disk``, block by
+    block, never loaded: the same calibration from disk, the same choice,
+    the planned model written to the new folder ``output``; ``heldout``
+    adds the original's, plain removal's and the result's quality, measured
+    block by block. Returns the report."""
+    from toast.hf.evaluate.from_disk import measure_from_disk, removal
+    from toast.methods.base import find_layout
+    from toast.methods.calibrate import calibrate_from_disk, model_sizes
+
+    assert method.stages is not None and method.stages.from_disk  # disk_runner_of checked
+    stages = method.stages.configured(config)
+    calibration = config.calibration
+    layout = find_layout(disk.model, calibration.blocks)
+    sizes = model_sizes(disk.model, layout)
+
+    def calibrated(reach: int) -> Stats | None:
+        backend = getattr(config, "backend", "auto")
+        staged = [_Staged(method.name, stages)]
+        found = calibrate_from_disk(disk, data, layout, staged, calibration, backend, reach)
+        return found.stats.get(method.name)
+
+    plan, stats = _choose(method.name, stages, data, layout, sizes, Request.of(config), calibrated)
+    spans = _spans(stages, plan, stats)
+    report = _report(method.name, stages, plan, stats, sizes, spans, plan.params_after)
+    if heldout is not None:
+        report.quality = measure_from_disk(
+            disk,
+            heldout,
+            removal(plan.spans),
+            stages.edits(disk, plan, stats),
+            progress=calibration.progress,
+        )
+    stages.save_from_disk(disk, plan, stats, output)
+    return report
+
+
+def _choose(
+    name: str,
+    stages: Stages,
+    data: Iterable | None,
+    layout: Layout,
+    sizes: Sizes,
+    request: Request,
+    calibrated: Callable[[int], Stats | None],
+) -> tuple[Plan, Stats]:
+    """The plan the request chooses and the statistics applying it reads
+    (``calibrated(reach)``: the method's calibration, in memory or from
+    disk; None where the method cannot calibrate there)."""
+    total = layout.num_blocks
+    if request.num_blocks is not None and request.num_blocks >= total:
+        raise ValueError(
+            f"num_blocks={request.num_blocks} leaves no block of {total}; remove fewer"
+        )
+    stages.check(request, layout)
+    stats: Stats | None
+    if request.spans is not None and not stages.needs_data(request):
+        stats = Stats()
+    elif data is None:
+        what = "num_blocks=" if request.spans is None else "spans= (its statistics)"
+        raise ValueError(
+            f"method={name!r} with {what} needs calibration data (a loader of batches, "
+            "or raw text with tokenizer=)"
+        )
+    else:
+        stats = calibrated(request.reach)
+    if stats is None:
+        raise ValueError(
+            f"method={name!r} with these options needs the model in memory: pass "
+            "sequential=False, or max_memory= enough to load it"
+        )
+    if request.spans is not None:
+        return stages.given(request.spans, stats, sizes), stats
+    assert request.num_blocks is not None
+    chosen = first_choice(stages.propose(stats, sizes, request.reach, False), request.num_blocks)
+    if chosen is None:
+        note = f" ({stats.note})" if stats.note else ""
+        raise ValueError(
+            f"method={name!r} has no plan removing {request.num_blocks} of {total} blocks "
+            f"with a finite predicted error{note}; remove fewer"
+        )
+    return chosen, stats
+
+
+def _spans(stages: Stages, plan: Plan, stats: Stats) -> list[Span]:
+    """The plan's spans with the scores its report shows."""
+    from toast.spans import Span
+
+    scores = stages.scores(plan, stats)
+    return [Span(a, b, score) for (a, b), score in zip(plan.spans, scores, strict=True)]
+
+
+def _report(
+    name: str,
+    stages: Stages,
+    plan: Plan,
+    stats: Stats,
+    sizes: Sizes,
+    spans: list[Span],
+    params_after: int,
+) -> Report:
+    """The stages' report of the applied plan, else the driver's own."""
+    report = stages.report(plan, stats, sizes, spans, params_after)
+    if report is None:
+        blocks_after = sizes.num_blocks - plan.blocks_removed
+        report = PlanReport(name, plan, sizes.num_blocks, blocks_after, sizes.params, params_after)
+    return report
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A method's name with its configured stages, as calibration reads a
+    registered method."""
+
+    name: str
+    stages: Stages
