@@ -55,7 +55,7 @@ def test_first_choice_is_what_the_search_measures_first():
 
 def test_a_request_reaches_as_far_as_its_widest_span():
     assert Request(spans=((1, 3), (4, 8))).reach == 4
-    assert Request(num_blocks=3).reach == 3
+    assert Request(count=3).reach == 3
 
 
 def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -11,7 +11,8 @@ door asks for it:
    the method's own (the search's calibration, the same code);
 3. the stages propose their plans up to the size asked;
 4. :func:`first_choice` takes the best-predicted plan of the first family
-   among those removing exactly the blocks asked: the plan a search
+   among those removing exactly the blocks asked (the sub-layers, for
+   ``sublayer``): the plan a search
    restricted to the method measures first (:func:`by_family` orders both),
    so ``compress(model, data, method=m, num_blocks=n)`` and
    ``search(model, data, heldout, methods=[m], target=f"blocks={n}",
@@ -54,11 +55,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Request:
-    """What one ``compress`` call asks of a method: exactly ``num_blocks``
-    blocks removed (a span replaced by a translator counts as removed), or
-    exactly ``spans``."""
+    """What one ``compress`` call asks of a method: a plan removing exactly
+    ``count`` of the method's units (blocks, a span replaced by a
+    translator counting as removed; sub-layers for ``sublayer``: see
+    :meth:`toast.methods.stages.BaseStages.amount`), or exactly ``spans``."""
 
-    num_blocks: int | None = None
+    count: int | None = None
     spans: tuple[tuple[int, int], ...] | None = None
 
     @classmethod
@@ -68,15 +70,15 @@ class Request:
         spans = getattr(config, "spans", None)
         if spans is not None:
             return cls(spans=tuple((int(a), int(b)) for a, b in spans))
-        return cls(num_blocks=getattr(config, "num_blocks", None))
+        return cls(count=getattr(config, "num_blocks", None))
 
     @property
     def reach(self) -> int:
-        """The most blocks one plan may join: what calibration must cover."""
+        """How far calibration must cover: the widest span, or the count."""
         if self.spans is not None:
             return max(b - a for a, b in self.spans)
-        assert self.num_blocks is not None  # one of the two is set
-        return self.num_blocks
+        assert self.count is not None  # one of the two is set
+        return self.count
 
 
 def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
@@ -99,13 +101,15 @@ def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
     return {f: families[f] for f in sorted(families, key=rank)}
 
 
-def first_choice(plans: Sequence[Plan], num_blocks: int) -> Plan | None:
+def first_choice(
+    plans: Sequence[Plan], count: int, amount: Callable[[Plan], int] | None = None
+) -> Plan | None:
     """The plan a measurement budget of one takes among ``plans`` removing
-    exactly ``num_blocks`` blocks: the best predicted of the first family
-    (:func:`by_family`); None when no plan has that size."""
-    exact = [
-        p for p in plans if p.blocks_removed == num_blocks and math.isfinite(p.predicted_error)
-    ]
+    exactly ``count`` (blocks, or the units ``amount(plan)`` counts): the
+    best predicted of the first family (:func:`by_family`); None when no
+    plan has that size."""
+    size = amount or (lambda p: p.blocks_removed)
+    exact = [p for p in plans if size(p) == count and math.isfinite(p.predicted_error)]
     families = by_family(exact)
     return next(iter(families.values()))[0] if families else None
 
@@ -161,9 +165,11 @@ def compress_with_stages(
             method.name
         ]
 
-    plan, stats = _choose(method.name, stages, data, layout, sizes, Request.of(config), calibrated)
+    plan, stats = _choose(
+        method.name, stages, data, layout, sizes, stages.request(config), calibrated
+    )
     spans = _spans(stages, plan, stats)
-    if before_surgery is not None:
+    if before_surgery is not None and spans:  # no block goes: no plain removal to measure
         before_surgery(spans, layout.stack)
     stages.apply(model, plan, stats, layout)
     stages.finish(model, plan, stats, layout)
@@ -200,10 +206,12 @@ def compress_from_disk_with_stages(
         found = calibrate_from_disk(disk, data, layout, staged, calibration, backend, reach)
         return found.stats.get(method.name)
 
-    plan, stats = _choose(method.name, stages, data, layout, sizes, Request.of(config), calibrated)
+    plan, stats = _choose(
+        method.name, stages, data, layout, sizes, stages.request(config), calibrated
+    )
     spans = _spans(stages, plan, stats)
     report = _report(method.name, stages, plan, stats, sizes, spans, plan.params_after)
-    if heldout is not None:
+    if heldout is not None:  # plain removal of a plan removing no block is the original
         report.quality = measure_from_disk(
             disk,
             heldout,
@@ -227,17 +235,12 @@ def _choose(
     """The plan the request chooses and the statistics applying it reads
     (``calibrated(reach)``: the method's calibration, in memory or from
     disk; None where the method cannot calibrate there)."""
-    total = layout.num_blocks
-    if request.num_blocks is not None and request.num_blocks >= total:
-        raise ValueError(
-            f"num_blocks={request.num_blocks} leaves no block of {total}; remove fewer"
-        )
     stages.check(request, layout)
     stats: Stats | None
     if request.spans is not None and not stages.needs_data(request):
         stats = Stats()
     elif data is None:
-        what = "num_blocks=" if request.spans is None else "spans= (its statistics)"
+        what = "its size" if request.spans is None else "spans= (its statistics)"
         raise ValueError(
             f"method={name!r} with {what} needs calibration data (a loader of batches, "
             "or raw text with tokenizer=)"
@@ -251,13 +254,14 @@ def _choose(
         )
     if request.spans is not None:
         return stages.given(request.spans, stats, sizes), stats
-    assert request.num_blocks is not None
-    chosen = first_choice(stages.propose(stats, sizes, request.reach, False), request.num_blocks)
+    assert request.count is not None
+    plans = stages.propose(stats, sizes, request.reach, False)
+    chosen = first_choice(plans, request.count, stages.amount)
     if chosen is None:
         note = f" ({stats.note})" if stats.note else ""
         raise ValueError(
-            f"method={name!r} has no plan removing {request.num_blocks} of {total} blocks "
-            f"with a finite predicted error{note}; remove fewer"
+            f"method={name!r} has no plan of the size asked ({request.count}) with a finite "
+            f"predicted error{note}; remove fewer"
         )
     return chosen, stats
 

@@ -448,7 +448,10 @@ class Stages(Protocol):
 
     What ``toast.compress`` reads beside them (:mod:`toast.methods.driver`):
     ``configured(config)``: the stages with the user's options (the search
-    runs the defaults); ``check(request, layout)``: raises ``ValueError``,
+    runs the defaults); ``request(config)``: the size or spans the config
+    asks for (:class:`toast.methods.driver.Request`); ``amount(plan)``: the
+    plan's size in the request's unit (blocks removed, by default);
+    ``check(request, layout)``: raises ``ValueError``,
     before any pass, for a request the method can never meet;
     ``needs_data(request)``: whether the requested spans need calibration
     to be applied; ``given(spans, stats, sizes)``:
@@ -464,6 +467,10 @@ class Stages(Protocol):
     def structure(self, model: nn.Module, stack: BlockStack) -> Any: ...
 
     def configured(self, config: Any) -> Stages: ...
+
+    def request(self, config: Any) -> Any: ...
+
+    def amount(self, plan: Plan) -> int: ...
 
     def check(self, request: Any, layout: Layout) -> None: ...
 
@@ -533,8 +540,18 @@ class BaseStages:
         assert isinstance(self, Stages)  # every subclass implements the rest
         return self
 
+    def request(self, config: Any) -> Any:
+        from toast.methods.driver import Request
+
+        return Request.of(config)
+
+    def amount(self, plan: Plan) -> int:
+        return plan.blocks_removed
+
     def check(self, request: Any, layout: Layout) -> None:
-        return None
+        total, asked = layout.num_blocks, request.count
+        if asked is not None and asked >= total:
+            raise ValueError(f"num_blocks={asked} leaves no block of {total}; remove fewer")
 
     def needs_data(self, request: Any) -> bool:
         return True

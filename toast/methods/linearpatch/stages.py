@@ -54,7 +54,7 @@ class LinearPatchStages(BaseStages):
         return LinearPatchStages(config.rotate)
 
     def check(self, request: Any, layout: Layout) -> None:
-        total, asked = layout.num_blocks, request.num_blocks
+        total, asked = layout.num_blocks, request.count
         if asked is not None and asked > total - 2:
             raise ValueError(
                 f"num_blocks={asked} leaves no window of {total} blocks that starts at block 1 "

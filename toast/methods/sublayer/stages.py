@@ -6,16 +6,20 @@ removal by module replacement."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from torch import nn
 
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.blocks import BlockStack
+from toast.methods.driver import Request
 from toast.methods.stages import BaseStages, Layout, Plan, Shared, Sizes, Stats
+from toast.methods.sublayer.config import SublayerConfig
 from toast.methods.sublayer.parts import (
     KINDS,
     SubLayer,
@@ -23,7 +27,8 @@ from toast.methods.sublayer.parts import (
     remove_sublayer,
     sublayer_params,
 )
-from toast.methods.sublayer.scores import sublayer_scores
+from toast.methods.sublayer.scores import greedy_measured, sublayer_scores
+from toast.spans import Span
 
 __all__ = [
     "FAMILY",
@@ -42,11 +47,15 @@ FAMILY = "sublayer"
 @dataclass
 class SublayerStats(Stats):
     """Every sub-layer present (``subs``), its score (lower: removing it
-    changes the residual stream less) and its parameters, in one order."""
+    changes the residual stream less) and its parameters, in one order;
+    under ``selection="measured"``, the greedy's picks (indices into
+    ``subs``) and the calibration quality after each."""
 
     subs: list[SubLayer] = field(default_factory=list)
     scores: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
     params: list[int] = field(default_factory=list)
+    picked: list[int] | None = None
+    qualities: list[float] = field(default_factory=list)
 
 
 def lowest(stats: SublayerStats, kind: str, count: int) -> list[int]:
@@ -80,7 +89,37 @@ def sublayer_plan(stats: SublayerStats, chosen: Sequence[int], sizes: Sizes) -> 
 
 
 class SublayerStages(BaseStages):
-    """Sub-layer pruning as stages (family :data:`FAMILY`)."""
+    """Sub-layer pruning as stages (family :data:`FAMILY`); configured by
+    :class:`~toast.methods.sublayer.config.SublayerConfig`, the plans of its
+    ``kind`` alone, and under ``selection="measured"`` its greedy's (a pass
+    per remaining sub-layer per step, family ``"sublayer-measured"``)."""
+
+    def __init__(self, kind: str | None = None, selection: str = "score") -> None:
+        self.kind, self.selection = kind, selection
+
+    def configured(self, config: SublayerConfig) -> SublayerStages:
+        return SublayerStages(config.kind, config.selection)
+
+    def request(self, config: SublayerConfig) -> Request:
+        return Request(count=config.num_sublayers)
+
+    def amount(self, plan: Plan) -> int:
+        return len(plan.sublayers or ())
+
+    def check(self, request: Request, layout: Layout) -> None:
+        """A count beyond the sub-layers of the kind fails before the pass."""
+        subs = layout.part(FAMILY)
+        if subs is None:  # a layout it cannot split: the error says which it can
+            subs = find_sublayers(layout.stack)
+        kind = self.kind or "any"
+        pool = [s for s in subs if kind == "any" or s.kind == kind]
+        n = request.count
+        if n is not None and n > len(pool):
+            what = "sub-layers" if kind == "any" else f"{kind} sub-layers"
+            raise ValueError(
+                f"num_sublayers={n} but the model has {len(pool)} {what}; give "
+                f"num_sublayers <= {len(pool)}" + ("" if kind == "any" else " or kind='any'")
+            )
 
     def structure(self, model: nn.Module, stack: BlockStack) -> list[SubLayer] | None:
         try:
@@ -101,19 +140,31 @@ class SublayerStages(BaseStages):
         if not subs:
             return SublayerStats(note="no attention or MLP sub-layer it can remove")
         blocks = layout.stack.blocks
-        return SublayerStats(
+        stats = SublayerStats(
             passes=1,
             subs=list(subs),
             scores=sublayer_scores(model, data, layout.stack, subs, calibration),
             params=[sublayer_params(blocks[s.block], s) for s in subs],
         )
+        if self.selection == "measured":
+            allowed = KINDS if self.kind in (None, "any") else (self.kind,)
+            pool = [s for s in subs if s.kind in allowed]
+            picked, stats.qualities = greedy_measured(
+                model, data, layout.stack, pool, max_blocks, calibration
+            )
+            index = {id(s): i for i, s in enumerate(subs)}
+            stats.picked = [index[id(s)] for s in picked]
+            stats.passes += sum(len(pool) - k for k in range(max_blocks)) + 1
+        return stats
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         """For each kind and each ``k`` up to twice ``max_blocks`` (a
         sub-layer is about half a block), the ``k`` lowest-scored."""
         assert isinstance(stats, SublayerStats)
+        if stats.picked is not None:
+            return _measured_plans(stats, sizes, max_blocks)
         plans: dict[str, Plan] = {}
-        for kind in ("attention", "mlp", "any"):
+        for kind in ("attention", "mlp", "any") if self.kind is None else (self.kind,):
             for count in range(1, 2 * max_blocks + 1):
                 chosen = lowest(stats, kind, count)
                 if len(chosen) < count:
@@ -125,6 +176,39 @@ class SublayerStages(BaseStages):
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
         apply_sublayers(layout.stack, plan.sublayers or ())
 
+    def report(
+        self, plan: Plan, stats: Stats, sizes: Sizes, spans: Sequence[Span], params_after: int
+    ) -> Any:
+        from toast.methods.sublayer.report import RemovedSublayer, SublayerReport
+
+        assert isinstance(stats, SublayerStats)
+        where = {(s.block, s.kind): i for i, s in enumerate(stats.subs)}
+        # lowest score first, as chosen (the plan keeps block order)
+        chosen = sorted(
+            (where[r] for r in plan.sublayers or ()), key=lambda i: (stats.scores[i], i)
+        )
+        measured = dict(zip(stats.picked or (), stats.qualities, strict=False))
+        removed = [
+            RemovedSublayer(
+                stats.subs[i].block,
+                stats.subs[i].kind,
+                stats.params[i],
+                float(stats.scores[i]),
+                measured.get(i, math.nan),
+            )
+            for i in (stats.picked[: len(chosen)] if stats.picked is not None else chosen)
+        ]
+        return SublayerReport(
+            method="sublayer",
+            selection=self.selection,
+            removed=removed,
+            sublayers_before=len(stats.subs),
+            blocks_before=sizes.num_blocks,
+            blocks_after=sizes.num_blocks,
+            params_before=sizes.params,
+            params_after=params_after,
+        )
+
 
 def apply_sublayers(stack: BlockStack, removed: Iterable[tuple[int, str]]) -> None:
     """Removes each ``(block, kind)`` sub-layer of ``stack``'s blocks, in
@@ -135,6 +219,21 @@ def apply_sublayers(stack: BlockStack, removed: Iterable[tuple[int, str]]) -> No
         if sub is None:
             raise ValueError(f"block {block} has no {kind} sub-layer left to remove")
         remove_sublayer(stack.blocks[block], sub)
+
+
+def _measured_plans(stats: SublayerStats, sizes: Sizes, max_blocks: int) -> list[Plan]:
+    """The greedy's first ``k`` picks for every ``k`` it made (family
+    ``"sublayer-measured"``, one plan a count, so its prediction, the
+    calibration quality after step ``k``, orders nothing)."""
+    assert stats.picked is not None
+    plans = []
+    for k in range(1, len(stats.picked) + 1):
+        plan = sublayer_plan(stats, stats.picked[:k], sizes)
+        quality = stats.qualities[k - 1]
+        plans.append(
+            dataclasses.replace(plan, family=f"{FAMILY}-measured", predicted_error=quality)
+        )
+    return plans
 
 
 STAGES = SublayerStages()
