@@ -227,12 +227,12 @@ CASES = {
     "budget as large as the depth": (
         lambda: compress(vit(), images(), budget=4),
         ValueError,
-        "budget=4 must be between 1 and 3",
+        "num_blocks=4 must be between 1 and 3",
     ),
     "no budget, bound or spans": (
         lambda: compress(vit(), images()),
         ValueError,
-        "give budget=",
+        "give num_blocks=",
     ),
     "an error bound nothing meets": (
         lambda: compress(vit(), images(16), max_error=1e-300, estimator="gcv"),

@@ -9,6 +9,7 @@ from toast._validation import (
     Options,
     Predicate,
     check,
+    merge_alias,
     validate,
     validate_params,
 )
@@ -102,3 +103,15 @@ def test_format_size_writes_what_parse_size_reads_back(nbytes, text):
 
     assert format_size(nbytes) == text
     assert parse_size(text.replace(" ", "")) == pytest.approx(nbytes, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("value", "given", "expected"), [(3, None, 3), (None, 3, 3), (3, 3, 3), (None, None, None)]
+)
+def test_merge_alias_takes_whichever_name_was_given(value, given, expected):
+    assert merge_alias("num_blocks", value, "budget", given) == expected
+
+
+def test_merge_alias_refuses_two_different_values_naming_both():
+    with pytest.raises(InvalidParameterError, match="num_blocks=2 and budget=3 differ"):
+        merge_alias("num_blocks", 2, "budget", 3)

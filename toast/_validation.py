@@ -34,6 +34,7 @@ __all__ = [
     "Predicate",
     "check",
     "format_size",
+    "merge_alias",
     "parse_size",
     "validate",
     "validate_params",
@@ -223,10 +224,36 @@ def validate(
     }
 
 
-def validate_fields(obj: Any, constraints: Mapping[str, Sequence[Constraint]]) -> None:
+def merge_alias(name: str, value: Any, alias: str, given: Any) -> Any:
+    """The value of parameter ``name``, which is also accepted as ``alias``
+    (another name for it, such as a paper's): ``given`` when only the alias
+    was given (None: not given), else ``value``. Both given with different
+    values raise :class:`InvalidParameterError` naming both."""
+    if given is None:
+        return value
+    if value is not None and value != given:
+        raise InvalidParameterError(
+            f"{name}={_shown(value)} and {alias}={_shown(given)} differ: {alias} is another "
+            f"name for {name}; give one of them"
+        )
+    return given
+
+
+def validate_fields(
+    obj: Any,
+    constraints: Mapping[str, Sequence[Constraint]],
+    aliases: Mapping[str, Any] | None = None,
+) -> None:
     """Checks every field of the frozen dataclass ``obj`` named in
     ``constraints`` and stores the checked values: the first step of every
-    config's ``__post_init__``."""
+    config's ``__post_init__``. ``aliases`` are the values given under
+    another name of a field (init-only arguments; the config's ``ALIASES``
+    maps each to its field): each is checked under the name it was given by
+    its field's constraints and stored in the field (:func:`merge_alias`)."""
+    for alias, given in (aliases or {}).items():
+        name = type(obj).ALIASES[alias]
+        given = check(alias, given, *constraints[name])
+        object.__setattr__(obj, name, merge_alias(name, getattr(obj, name), alias, given))
     fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     for name, value in validate(constraints, fields).items():
         object.__setattr__(obj, name, value)

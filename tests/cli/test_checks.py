@@ -83,7 +83,16 @@ def test_a_missing_budget_is_reported_before_loading(tiny, tmp_path, no_loading,
     argv.remove("--budget")
     argv.remove("1")
     assert main(argv) == 2
-    assert "give budget=" in capsys.readouterr().err
+    assert "give num_blocks=" in capsys.readouterr().err
+
+
+def test_num_blocks_and_budget_that_differ_are_reported_before_loading(
+    tiny, tmp_path, no_loading, capsys
+):
+    argv = _argv("compress", tiny, tmp_path / "out", "--num-blocks", "2")  # and --budget 1
+    assert main(argv) == 2
+    assert "num_blocks=2 and budget=1 differ" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -90,7 +90,7 @@ def test_compress_on_a_text_file_with_a_pretrained_encoder(tmp_path):
             ["compress", "{model}", "--data", "{images}", "--out", "{model}", "--budget", "1"],
             "exists and is not",
         ),
-        (["compress", "{model}", "--data", "{images}"], "give budget="),
+        (["compress", "{model}", "--data", "{images}"], "give num_blocks="),
     ],
 )
 def test_bad_command_lines_exit_with_a_message(local_vit, tmp_path, capsys, argv, message):

@@ -21,7 +21,7 @@ from toast.methods.base import make_config  # noqa: E402
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 SIZES = {
-    "toast": {"budget": 1},
+    "toast": {"num_blocks": 1},
     "replaceme": {"num_blocks": 1},
     "remove": {"num_blocks": 1},
     "linearpatch": {"num_blocks": 1},
@@ -49,8 +49,17 @@ def test_every_option_a_command_line_can_give_is_a_flag(method, capsys):
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     for name in config_fields(config):
         flag = name.replace("_", "-")
-        negated = defaults[name] is True
+        negated = defaults.get(name) is True  # an alias (ToastConfig.budget) has no field
         assert f"--{'no-' if negated else ''}{flag}" in shown, name
+
+
+def test_num_blocks_for_toast_equals_its_other_name_budget():
+    argv = ["compress", "m", "--out", "o", "--no-progress"]  # --method toast: the default
+    parse = _build_parser("toast").parse_args
+    by_num_blocks = config_from_args(parse([*argv, "--num-blocks", "2"]))
+    assert by_num_blocks == config_from_args(parse([*argv, "--budget", "2"]))
+    assert by_num_blocks == make_config(toast.methods.get_method("toast"),
+                                        {"num_blocks": 2, "progress": False})  # fmt: skip
 
 
 @pytest.mark.parametrize(("given", "expected"), [("4GiB", 4 << 30), ("auto", "auto")])

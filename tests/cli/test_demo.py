@@ -87,9 +87,10 @@ def test_demo_keeps_translators_that_beat_dropping_the_blocks_on_held_out_images
     assert all(c.metric == "cosine" and c.fitted > c.plain for c in demo.checks)
 
 
-def test_cli_rejects_a_budget_the_model_cannot_take(capsys):
-    assert main(["demo", "--budget", "8", "--no-progress"]) == 2
-    assert "--budget must be between 1 and 6" in capsys.readouterr().err
+@pytest.mark.parametrize("flag", ["--num-blocks", "--budget"])
+def test_cli_rejects_a_number_of_blocks_the_model_cannot_take(flag, capsys):
+    assert main(["demo", flag, "8", "--no-progress"]) == 2
+    assert "--num-blocks must be between 1 and 6" in capsys.readouterr().err
 
 
 def test_llm_demo_writes_a_loadable_checkpoint_and_measured_perplexity(

@@ -33,13 +33,13 @@ def test_an_unknown_method_lists_the_registered_ones():
 def test_make_config_routes_calibration_options_into_the_calibration_field():
     config = make_config(get_method("toast"), {"budget": 2, "max_samples": 7, "seed": 3})
     assert isinstance(config, ToastConfig)
-    assert config.budget == 2
+    assert config.num_blocks == 2
     assert config.calibration == Calibration(max_samples=7, seed=3)
 
 
 def test_make_config_names_options_the_method_does_not_have():
-    with pytest.raises(TypeError, match=r"method='toast' has no option\(s\) \['num_blocks'\]"):
-        make_config(get_method("toast"), {"budget": 1, "num_blocks": 2})
+    with pytest.raises(TypeError, match=r"method='toast' has no option\(s\) \['num_cuts'\]"):
+        make_config(get_method("toast"), {"num_blocks": 1, "num_cuts": 2})
 
 
 def test_a_config_object_and_keywords_are_not_mixed():
@@ -102,7 +102,7 @@ def test_a_registered_method_runs_through_compress(monkeypatch):
 def test_toast_config_checks_cross_field_rules():
     with pytest.raises(ValueError, match="not both"):
         ToastConfig(budget=1, spans=[(1, 2)])
-    with pytest.raises(ValueError, match="give budget="):
+    with pytest.raises(ValueError, match="give num_blocks="):
         ToastConfig()
     with pytest.raises(ValueError, match="translator must be one of"):
         ToastConfig(budget=1, translator="conv")

@@ -59,8 +59,8 @@ DEFAULT_METHOD = "toast"
 # Help of the config fields that have a clearer text than their name; a
 # field without one is shown by its name, default and allowed values.
 _HELP = {
-    "budget": "blocks to remove",
     "num_blocks": "blocks to remove",
+    "budget": "same as --num-blocks (TOAST's paper name for it)",
     "max_error": "largest predicted error per span",
     "max_span": "most blocks one span may replace (bounds the states kept from disk)",
     "translator": "translator kind",
@@ -178,7 +178,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     calibration = calibration_from_args(args)
     if getattr(args, "paper", False):
         defaults = {f.name: f.default for f in dataclasses.fields(config)}
-        given = {k: v for k, v in values.items() if v != defaults[k]}
+        given = {k: v for k, v in values.items() if v != defaults.get(k)}  # an alias: None
         return config.paper(**given, calibration=calibration)
     return config(**values, calibration=calibration)
 

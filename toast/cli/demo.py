@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from toast._validation import Interval, check
+from toast._validation import Interval, check, merge_alias
 
 __all__ = ["DemoResult", "run_demo"]
 
@@ -107,21 +107,27 @@ def _speedups(times: dict[str, list[float]]) -> list[float]:
 
 def run_demo(
     out: str | Path = "toast-demo",
-    budget: int = 2,
+    num_blocks: int | None = None,
     calibration: int = 512,
     seed: int = 0,
     cache: str | Path | None = None,
     retrain: bool = False,
     progress: bool = True,
+    *,
+    budget: int | None = None,
 ) -> DemoResult:
-    """Runs the demo; writes ``heatmap.png``, ``report.md`` and ``result.json`` into ``out``."""
+    """Runs the demo, removing ``num_blocks`` blocks (None: 2; ``budget``:
+    another name for it, the TOAST paper's); writes ``heatmap.png``, ``report.md`` and
+    ``result.json`` into ``out``."""
     import torch
 
     import toast
     from toast.data import digits
     from toast.zoo import accuracy, digits_vit
 
-    check("budget", budget, Interval(int, 1, None))
+    for name, value in (("num_blocks", num_blocks), ("budget", budget)):
+        check(name, value, Interval(int, 1, None), None)
+    num_blocks = merge_alias("num_blocks", num_blocks, "budget", budget) or 2
     quiet = not progress
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -143,7 +149,7 @@ def run_demo(
         # patches); spans starting at the embeddings are never planned.
         warnings.simplefilter("ignore", toast.core.IllConditionedWarning)
         analysis = toast.analyze(model, batches, metric="linear", estimator="cv", progress=progress)
-    spans = analysis.plan(max_blocks=budget)
+    spans = analysis.plan(max_blocks=num_blocks)
     result.seconds["analyze"] = time.perf_counter() - start
     result.spans = spans
     fig = analysis.heatmap(spans=spans, title="digits ViT: held-out linear error")

@@ -94,7 +94,12 @@ def _build_parser(method: str = DEFAULT_METHOD) -> argparse.ArgumentParser:
         "--out", default=None, help="output folder (default ./toast-demo, --llm ./toast-demo-llm)"
     )
     demo.add_argument(
-        "--budget", type=int, default=None, help="blocks to remove (default 2, --llm 4)"
+        "--num-blocks",
+        "--budget",  # TOAST's paper name for it
+        dest="num_blocks",
+        type=int,
+        default=None,
+        help="blocks to remove (default 2, --llm 4; --budget: the same, TOAST's paper name)",
     )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--cache", default=None, help="model cache folder (default ~/.cache/toast)")
@@ -278,17 +283,18 @@ def _demo(args: argparse.Namespace) -> int:
         return _demo_llm(args)
     from toast.cli.demo import run_demo
 
-    budget = 2 if args.budget is None else args.budget
-    if not 1 <= budget <= 6:
+    num_blocks = 2 if args.num_blocks is None else args.num_blocks
+    if not 1 <= num_blocks <= 6:
         print(
-            "toast demo: --budget must be between 1 and 6 (the ViT has 8 blocks)", file=sys.stderr
+            "toast demo: --num-blocks must be between 1 and 6 (the ViT has 8 blocks)",
+            file=sys.stderr,
         )
         return 2
     # the demo rewrites its own folder on every run, but never another one
     out = check_out(args.out or "toast-demo", overwrite=True)
     run_demo(
         out=out,
-        budget=budget,
+        num_blocks=num_blocks,
         seed=args.seed,
         cache=args.cache,
         retrain=args.retrain,
@@ -298,15 +304,17 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _demo_llm(args: argparse.Namespace) -> int:
-    budget = 4 if args.budget is None else args.budget
-    if not 1 <= budget <= 29:
-        print("toast demo --llm: --budget must be between 1 and 29 (30 blocks)", file=sys.stderr)
+    num_blocks = 4 if args.num_blocks is None else args.num_blocks
+    if not 1 <= num_blocks <= 29:
+        print(
+            "toast demo --llm: --num-blocks must be between 1 and 29 (30 blocks)", file=sys.stderr
+        )
         return 2
     out = check_out(args.out or "toast-demo-llm", overwrite=True)  # as for the ViT demo
     try:
         from toast.cli.demo_llm import run_llm_demo
 
-        run_llm_demo(out=out, blocks=budget, progress=not args.no_progress)
+        run_llm_demo(out=out, blocks=num_blocks, progress=not args.no_progress)
     except ImportError as exc:  # the GGUF package or gguf/accelerate are not installed
         print(f"toast demo --llm: {exc}", file=sys.stderr)
         return 2

@@ -98,8 +98,11 @@ def _value_type(field: dataclasses.Field) -> Any:
 
 
 def config_fields(config: type) -> list[str]:
-    """The fields of ``config`` a command line can give (see :func:`_value_type`)."""
-    return [f.name for f in dataclasses.fields(config) if _value_type(f) is not None]
+    """The fields of ``config`` a command line can give (see :func:`_value_type`),
+    then the other names of those fields (the config's ``ALIASES``)."""
+    names = [f.name for f in dataclasses.fields(config) if _value_type(f) is not None]
+    aliases = getattr(config, "ALIASES", {})
+    return names + [alias for alias, name in aliases.items() if name in names]
 
 
 def _size(text: str) -> int:
@@ -121,10 +124,21 @@ def add_config_arguments(
     helps: dict[str, str] | None = None,
 ) -> None:
     """Adds ``--name`` options for the named fields of ``config`` (a field
-    named ``*_bytes`` takes a size such as ``8GiB``)."""
+    named ``*_bytes`` takes a size such as ``8GiB``), and for the named other
+    names of its fields (its ``ALIASES``): an option of its own, unset by
+    default, that the config merges into its field (both given with
+    different values is the config's error)."""
     fields = {f.name: f for f in dataclasses.fields(config)}
+    aliases = getattr(config, "ALIASES", {})
     constraints = getattr(config, "_parameter_constraints", {})
     for name in names:
+        if name in aliases:
+            field = fields[aliases[name]]
+            help_text = (helps or {}).get(name, f"same as {_flag(aliases[name])}")
+            parser.add_argument(
+                _flag(name), dest=name, type=_value_type(field), default=None, help=help_text
+            )
+            continue
         field = fields[name]
         default = field.default if field.default is not dataclasses.MISSING else None
         help_text = (helps or {}).get(name, name.replace("_", " "))

@@ -124,7 +124,8 @@ def search(
 
     One calibration pass over ``data`` gives every span's predicted error
     and closed-form fit; a second, ReplaceMe's transforms for the best cuts
-    of every size up to ``max_blocks`` (default half the blocks). Each
+    of every size up to ``max_blocks`` (default half the blocks; the largest
+    cut considered, not a number to remove like ``num_blocks``). Each
     method's stages propose its candidates (docs/search.md). For a size
     target the ``max_measured`` best-predicted ones that can meet it (each
     family in turn) are measured; for a quality floor, each family's
@@ -151,8 +152,7 @@ def search(
     writes the chosen model from the checkpoint. ``objective``: what the
     front, target and choice follow (``"kl"``, ``"task:replaceme"``...;
     :class:`toast.frontier.objective.Objective`). ``methods``: the methods
-    searched (default every staged one).
-    """
+    searched (default every staged one)."""
     check("max_measured", max_measured, Interval(int, 1, None))
     check("backend", backend, Options(BACKENDS))
     aim = Objective.parse(objective, task_options)

@@ -140,10 +140,10 @@ def compress(
     (``max_samples``, ``max_batches``, ``sample``, ``seed``, ``blocks``,
     ``progress``, ``distributed``, ``group``; see :class:`toast.Calibration`).
 
-    ``method="toast"`` (:class:`toast.ToastConfig`): ``budget=2`` blocks to
-    remove...; ``"replaceme"`` (:class:`toast.ReplaceMeConfig`):
-    ``num_blocks``...; ``"toast-vit"`` (:class:`toast.ToastVitConfig`):
-    ``head_sparsity``, ``schedule``... (``data`` only for its fine-tune).
+    ``num_blocks=n``: blocks to remove, for every method that removes blocks
+    (``"toast"``, also as ``budget=n``, the TOAST paper's name; ``"replaceme"``,
+    ``"remove"``, ``"linearpatch"``); ``"sublayer"``: ``num_sublayers``;
+    ``"toast-vit"``: ``head_sparsity``... (``data`` only for its fine-tune).
     A compressed model's own ``save_pretrained`` writes a toast save where
     plain ``transformers`` could not rebuild it (:mod:`toast.io.guard`).
     """

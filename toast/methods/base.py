@@ -249,9 +249,11 @@ def get_method(name: str) -> Method:
 def make_config(method: Method, params: Mapping[str, Any]) -> Any:
     """``method.config`` built from keyword ``params``: calibration options
     (``max_samples``, ``seed``...) go into its ``calibration`` field, the
-    rest are its own fields; an option it does not have is a ``TypeError``
-    that lists the ones it has."""
+    rest are its own fields or their other names (its ``ALIASES``, such as
+    TOAST's ``budget`` for ``num_blocks``); an option it does not have is a
+    ``TypeError`` that lists the ones it has."""
     names = {f.name for f in dataclasses.fields(method.config)}
+    names |= set(getattr(method.config, "ALIASES", {}))
     calibration_options, own = Calibration.split(params)
     unknown = sorted(set(own) - names)
     if calibration_options and "calibration" not in names:

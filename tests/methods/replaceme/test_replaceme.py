@@ -681,8 +681,8 @@ def test_compress_refuses_options_of_another_method():
             num_blocks=2,
             translator="linear",
         )
-    with pytest.raises(TypeError, match=r"method='toast' has no option\(s\) \['num_blocks'\]"):
-        toast.compress(R.decoder("llama"), R.text_loader(), budget=1, num_blocks=2)
+    with pytest.raises(TypeError, match=r"method='toast' has no option\(s\) \['num_cuts'\]"):
+        toast.compress(R.decoder("llama"), R.text_loader(), num_blocks=1, num_cuts=2)
 
 
 def test_report_gives_both_index_notations_and_eq10():

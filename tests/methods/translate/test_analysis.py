@@ -81,6 +81,13 @@ def test_top_spans_ranks_ascending_and_filters_by_budget():
     assert all(s.num_blocks == 2 for s in spans)
 
 
+def test_top_spans_takes_num_blocks_or_its_other_name_budget():
+    analysis = _analysis_of(_random_errors(3))
+    assert analysis.top_spans(k=4, num_blocks=2) == analysis.top_spans(k=4, budget=2)
+    with pytest.raises(ValueError, match="num_blocks=1 and budget=2 differ"):
+        analysis.top_spans(k=4, num_blocks=1, budget=2)
+
+
 def test_top_spans_ranks_descending_for_similarity_metrics():
     E = _random_errors(4)
     spans = _analysis_of(E, metric="cka").top_spans(k=3)

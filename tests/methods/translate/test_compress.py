@@ -41,6 +41,31 @@ def test_compress_removes_the_budget_and_reports_it(family):
         assert torch.isfinite(model(**kwargs).last_hidden_state).all()
 
 
+def test_num_blocks_and_budget_give_identical_weights():
+    family = hf_models.FAMILIES[0]
+    batches = hf_models.loader(family, 24, batch_size=8)
+    weights = {}
+    for name in ("num_blocks", "budget"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", toast.core.IllConditionedWarning)
+            model, report = toast.compress(
+                hf_models.build(family), batches, method="toast", folds=3, progress=False,
+                **{name: 2},
+            )  # fmt: skip
+        assert report.blocks_removed == 2
+        weights[name] = model.state_dict()
+    by_num_blocks, by_budget = weights["num_blocks"], weights["budget"]
+    assert by_num_blocks.keys() == by_budget.keys()
+    assert all(torch.equal(by_num_blocks[k], by_budget[k]) for k in by_budget)
+
+
+def test_num_blocks_and_budget_given_with_different_values_raise_naming_both():
+    family = hf_models.FAMILIES[0]
+    with pytest.raises(ValueError, match="num_blocks=2 and budget=3 differ"):
+        toast.compress(hf_models.build(family), hf_models.loader(family, 8, 8), num_blocks=2,
+                       budget=3, progress=False)  # fmt: skip
+
+
 def test_compress_reproduces_an_identity_span():
     family = hf_models.FAMILIES[0]
     model = hf_models.build(family)
@@ -64,7 +89,7 @@ def test_compress_reproduces_an_identity_span():
 
 def test_compress_needs_a_budget_or_a_bound():
     model = hf_models.build(hf_models.FAMILIES[0])
-    with pytest.raises(ValueError, match="budget"):
+    with pytest.raises(ValueError, match="num_blocks"):
         toast.compress(model, hf_models.loader(hf_models.FAMILIES[0], 4, 4), progress=False)
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from torch import nn
 
-from toast._validation import Interval, Options, check
+from toast._validation import Interval, Options, check, merge_alias
 from toast.core import METRICS, Moments, Pairs, error_matrix
 from toast.core.chunked import ChunkedMoments, PairMoments, pair_nbytes
 from toast.hf.capture.massive import MassiveRows
@@ -84,20 +84,28 @@ class Analysis:
         ]
 
     def top_spans(
-        self, k: int = 5, budget: int | None = None, include_first_block: bool = False
+        self,
+        k: int = 5,
+        num_blocks: int | None = None,
+        include_first_block: bool = False,
+        *,
+        budget: int | None = None,
     ) -> list[Span]:
         """TOAST Algorithm 1: the ``k`` most redundant single spans.
 
         Ranked by the metric's redundant direction (ascending error for
-        ``linear``). ``budget`` keeps only spans of exactly that many blocks.
-        Block 0 is never removed unless ``include_first_block`` (the papers
-        always keep it).
+        ``linear``). ``num_blocks`` keeps only spans of exactly that many
+        blocks (``budget``: another name for it, the TOAST paper's). Block 0
+        is never removed unless ``include_first_block`` (the papers always
+        keep it).
         """
         k = check("k", k, Interval(int, 1, None))
+        check("num_blocks", num_blocks, Interval(int, 1, None), None)
         check("budget", budget, Interval(int, 1, None), None)
+        num_blocks = merge_alias("num_blocks", num_blocks, "budget", budget)
         spans = self._candidates(include_first_block)
-        if budget is not None:
-            spans = [s for s in spans if s.num_blocks == budget]
+        if num_blocks is not None:
+            spans = [s for s in spans if s.num_blocks == num_blocks]
         descending = METRICS[self.metric] == "higher"
         spans.sort(key=lambda s: (-s.error if descending else s.error, s.start, s.stop))
         return spans[:k]
@@ -207,8 +215,8 @@ def enough_for_gcv(rows: int, dim: int, folds: int) -> bool:
     more rows than the width. Below it a span's in-sample fit interpolates
     and its GCV (the in-sample error over ``1 - tr(H)/n``, undefined once
     ``n <= tr(H)``) says little, so ``"auto"`` measures on held-out folds
-    instead; above it the two plan the same spans at every budget from 1
-    to 8 blocks on SmolLM2 and DINOv2 (``benchmarks/results/estimator.md``)
+    instead; above it the two plan the same spans at every number of blocks
+    from 1 to 8 on SmolLM2 and DINOv2 (``benchmarks/results/estimator.md``)
     and GCV costs one triangular solve a span against about four solves and
     products a fold."""
     return rows >= folds * (dim + 1)

@@ -191,28 +191,28 @@ def _analyze(model: nn.Module, data: Iterable, config: ToastConfig, stack: Block
 
 def choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
     """The spans ``config`` asks for: given, or planned from the analysis by
-    ``budget`` or ``max_error``."""
-    budget = config.budget
-    if budget is not None and not 1 <= budget < analysis.num_blocks:
+    ``num_blocks`` or ``max_error``."""
+    count = config.num_blocks
+    if count is not None and not 1 <= count < analysis.num_blocks:
         raise ValueError(
-            f"budget={budget} must be between 1 and {analysis.num_blocks - 1}: the model has "
+            f"num_blocks={count} must be between 1 and {analysis.num_blocks - 1}: the model has "
             f"{analysis.num_blocks} blocks and keeps at least one"
         )
     if config.spans is not None:
         chosen = validate_spans(config.spans, analysis.num_blocks)
         return [Span(a, b, float(analysis.errors[a, b])) for a, b in chosen]
     if config.single_window:
-        assert budget is not None  # the config checks it
-        windows = inner_windows(analysis.errors, budget, 0 if config.include_first_block else 1)
+        assert count is not None  # the config checks it
+        windows = inner_windows(analysis.errors, count, 0 if config.include_first_block else 1)
         if not windows:
             raise ValueError(
-                f"no window of {budget} blocks starts at block 1 and ends before the last of "
+                f"no window of {count} blocks starts at block 1 and ends before the last of "
                 f"{analysis.num_blocks} (single_window=True)"
             )
         a, b = windows[0]
         return [Span(a, b, float(analysis.errors[a, b]))]
     spans = analysis.plan(
-        max_blocks=budget,
+        max_blocks=count,
         max_error=config.max_error,
         include_first_block=config.include_first_block,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any, ClassVar, Literal
 
 from toast._validation import Interval, Options, Predicate, validate_fields
@@ -53,10 +53,13 @@ GHOSTED: dict[str, Any] = {
 class ToastConfig:
     """How TOAST analyses, plans and fits (see :func:`toast.compress`).
 
-    Planning: ``budget`` blocks to remove, each span within ``max_error``,
-    or explicit ``spans``; ``include_first_block`` lets a planned span start
-    at block 0 (the papers keep it); ``max_span`` bounds the blocks one
-    span may replace (None: any), and with it the analysis's memory: the
+    Planning: ``num_blocks`` blocks to remove (at most: fewer where
+    ``max_error`` allows fewer), each span within ``max_error``, or explicit
+    ``spans``; ``budget`` is another name for ``num_blocks`` (the TOAST
+    paper's; giving both with different values is an error);
+    ``include_first_block`` lets a planned span start at block 0 (the
+    papers keep it); ``max_span`` bounds the blocks one span may replace
+    (None: any), and with it the analysis's memory: the
     moments keep only pairs of states at most that far apart (and from disk,
     only ``max_span + 1`` states wait there). Analysis: ``metric``,
     ``estimator``, ``folds``, ``tokens``, ``backend``; ``statistics_bytes``
@@ -90,7 +93,7 @@ class ToastConfig:
     (measured on SmolLM2: ``benchmarks/results/few_batches.md``);
     ``refit=False`` keeps the fits the check measured.
 
-    One window: ``single_window=True`` with ``budget=n`` plans a single
+    One window: ``single_window=True`` with ``num_blocks=n`` plans a single
     span of ``n`` blocks, the one of lowest error under ``metric`` among
     those starting at block 1 (0 with ``include_first_block``) and ending
     before the last block (LLM-Streamline's and LinearPatch's range); with
@@ -113,7 +116,7 @@ class ToastConfig:
     error matrix always sees every row as it is.
     """
 
-    budget: int | None = None
+    num_blocks: int | None = None
     max_error: float | None = None
     spans: Sequence[tuple[int, int]] | None = None
     translator: str = "affine"
@@ -137,9 +140,15 @@ class ToastConfig:
     ridge_target: Literal["zero", "identity"] = "zero"
     statistics_bytes: int | Literal["auto"] = STATISTICS_BYTES
     calibration: Calibration = field(default_factory=Calibration)
+    #: another name for ``num_blocks`` (the TOAST paper's), init-only: read
+    #: ``num_blocks`` (a config dict saved with ``budget`` still loads)
+    budget: InitVar[int | None] = None
+
+    #: other names of fields, each accepted as a keyword and on the command line
+    ALIASES: ClassVar[dict[str, str]] = {"budget": "num_blocks"}
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
-        "budget": [Interval(int, 1, None), None],
+        "num_blocks": [Interval(int, 1, None), None],
         "max_error": [Interval(float, 0, None), None],
         "spans": [Predicate(lambda v: isinstance(v, Sequence), "a list of (start, stop)"), None],
         "translator": [Options(CLOSED_FORM + TRAINED)],
@@ -165,16 +174,18 @@ class ToastConfig:
         "calibration": [Calibration],
     }
 
-    def __post_init__(self) -> None:
-        validate_fields(self, self._parameter_constraints)
-        if self.spans is not None and (self.budget is not None or self.max_error is not None):
-            raise ValueError("give either spans=[(start, stop), ...] or budget/max_error, not both")
-        if self.spans is None and self.budget is None and self.max_error is None:
+    def __post_init__(self, budget: int | None) -> None:
+        validate_fields(self, self._parameter_constraints, aliases={"budget": budget})
+        if self.spans is not None and (self.num_blocks is not None or self.max_error is not None):
             raise ValueError(
-                "give budget=<blocks to remove>, max_error=..., or both (or spans=...)"
+                "give either spans=[(start, stop), ...] or num_blocks/max_error, not both"
             )
-        if self.single_window and (self.budget is None or self.max_error is not None):
-            raise ValueError("single_window=True plans one window of budget=<blocks> blocks")
+        if self.spans is None and self.num_blocks is None and self.max_error is None:
+            raise ValueError(
+                "give num_blocks=<blocks to remove>, max_error=..., or both (or spans=...)"
+            )
+        if self.single_window and (self.num_blocks is None or self.max_error is not None):
+            raise ValueError("single_window=True plans one window of num_blocks=<blocks> blocks")
         if self.single_window and METRICS[self.metric] != "lower":
             raise ValueError(
                 f"single_window=True needs a metric where lower means redundant, not "
@@ -193,16 +204,17 @@ class ToastConfig:
             )
 
     @classmethod
-    def ghosted(cls, budget: int, **options: Any) -> ToastConfig:
+    def ghosted(cls, num_blocks: int | None = None, **options: Any) -> ToastConfig:
         """Ghosted Layers (Yun et al., arXiv 2605.15491) as published
-        (:data:`GHOSTED`), removing ``budget`` blocks, with ``options``
-        (fields, and calibration options such as ``progress``) on top: the
-        LLM-Streamline window, replaced by ``h ↦ h W``, ``W = I + (XᵀX +
-        εI)⁻¹ Xᵀ(Y − X)`` (ε = 1e-6, float64), ``X`` and ``Y`` the
-        original model's states entering and leaving the window, every token.
+        (:data:`GHOSTED`), removing ``num_blocks`` blocks (or ``budget=``),
+        with ``options`` (fields, and calibration options such as
+        ``progress``) on top: the LLM-Streamline window, replaced by ``h ↦
+        h W``, ``W = I + (XᵀX + εI)⁻¹ Xᵀ(Y − X)`` (ε = 1e-6, float64), ``X``
+        and ``Y`` the original model's states entering and leaving the
+        window, every token.
         """
         calibration_options, own = Calibration.split(options)
-        merged: dict[str, Any] = {**GHOSTED, "budget": budget, **own}
+        merged: dict[str, Any] = {**GHOSTED, "num_blocks": num_blocks, **own}
         merged["calibration"] = Calibration.from_options(
             merged.get("calibration"), **calibration_options
         )
@@ -211,14 +223,14 @@ class ToastConfig:
     @property
     def pairs(self) -> Pairs:
         """The pairs of states the analysis's moments keep: a plan of
-        ``budget`` blocks joins states at most ``budget`` apart (a span
+        ``num_blocks`` blocks joins states at most ``num_blocks`` apart (a span
         ``(i, j)`` replaces ``j - i`` blocks), given spans their longest, so
         the moments need no pair further apart (``max_span`` bounds it
         further); every pair only for ``max_error`` alone."""
         reach = [self.max_span]
         if self.spans is not None:
             reach.append(max((stop - start for start, stop in self.spans), default=1))
-        elif self.budget is not None:  # with or without max_error
-            reach.append(self.budget)
+        elif self.num_blocks is not None:  # with or without max_error
+            reach.append(self.num_blocks)
         bounded = [r for r in reach if r is not None]
         return min(bounded) if bounded else "all"
