@@ -13,8 +13,8 @@ import pytest
 
 import toast
 from toast.hf.data.calibration import Calibration
-from toast.methods.base import BaseStages, Method, Plan, Stats, runner_of
-from toast.methods.driver import PlanReport, Request, first_choice
+from toast.methods.base import BaseStages, Method, Plan, Stats
+from toast.methods.driver import PlanReport, Request, first_choice, runner_of
 
 from ..frontier.conftest import CALIBRATION_LENGTH, tiny_llama, token_batches
 

@@ -23,7 +23,6 @@ structure is found once per call (:func:`find_layout`) and passed down.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -80,13 +79,11 @@ __all__ = [
     "best_windows",
     "capture_shared",
     "capture_shared_from_disk",
-    "disk_runner_of",
     "find_layout",
     "get_method",
     "make_config",
     "method_names",
     "register",
-    "runner_of",
     "span_error",
     "span_family_plans",
     "span_plans",
@@ -289,28 +286,3 @@ def find_layout(model: nn.Module, blocks: str | None = None) -> Layout:
         if found is not None:
             parts[method.name] = found
     return Layout(stack, parts)
-
-
-def runner_of(method: Method) -> Callable[..., tuple[nn.Module, Report]]:
-    """What compresses a model in memory with ``method``: its own ``run``,
-    else the one driver over its stages."""
-    if method.run is not None:
-        return method.run
-    if method.stages is None:
-        raise TypeError(f"method {method.name!r} registered neither run nor stages")
-    from toast.methods.driver import compress_with_stages
-
-    return functools.partial(compress_with_stages, method)
-
-
-def disk_runner_of(method: Method) -> Callable[..., Report] | None:
-    """What compresses a checkpoint block by block with ``method``: its own
-    ``run_from_disk``, else the one driver over stages that run from disk;
-    None where the method needs the model in memory."""
-    if method.run_from_disk is not None:
-        return method.run_from_disk
-    if method.stages is None or not method.stages.from_disk:
-        return None
-    from toast.methods.driver import compress_from_disk_with_stages
-
-    return functools.partial(compress_from_disk_with_stages, method)

@@ -25,12 +25,13 @@ Explicit spans skip the choice: the plan of exactly those spans is applied
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from toast.methods.stages import Plan, Sizes, Stats
+from toast.methods.stages import Plan, Request, Sizes, Stats
 
 if TYPE_CHECKING:
     import os
@@ -46,39 +47,13 @@ if TYPE_CHECKING:
 __all__ = [
     "PlanReport",
     "Request",
+    "disk_runner_of",
+    "runner_of",
     "by_family",
     "compress_from_disk_with_stages",
     "compress_with_stages",
     "first_choice",
 ]
-
-
-@dataclass(frozen=True)
-class Request:
-    """What one ``compress`` call asks of a method: a plan removing exactly
-    ``count`` of the method's units (blocks, a span replaced by a
-    translator counting as removed; sub-layers for ``sublayer``: see
-    :meth:`toast.methods.stages.BaseStages.amount`), or exactly ``spans``."""
-
-    count: int | None = None
-    spans: tuple[tuple[int, int], ...] | None = None
-
-    @classmethod
-    def of(cls, config: Any) -> Request:
-        """The request a config makes through its ``num_blocks`` and
-        ``spans`` fields (one of them set; the config checked that)."""
-        spans = getattr(config, "spans", None)
-        if spans is not None:
-            return cls(spans=tuple((int(a), int(b)) for a, b in spans))
-        return cls(count=getattr(config, "num_blocks", None))
-
-    @property
-    def reach(self) -> int:
-        """How far calibration must cover: the widest span, or the count."""
-        if self.spans is not None:
-            return max(b - a for a, b in self.spans)
-        assert self.count is not None  # one of the two is set
-        return self.count
 
 
 def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
@@ -298,3 +273,24 @@ class _Staged:
 
     name: str
     stages: Stages
+
+
+def runner_of(method: Method) -> Callable[..., tuple[nn.Module, Report]]:
+    """What compresses a model in memory with ``method``: its own ``run``,
+    else the one driver over its stages."""
+    if method.run is not None:
+        return method.run
+    if method.stages is None:
+        raise TypeError(f"method {method.name!r} registered neither run nor stages")
+    return functools.partial(compress_with_stages, method)
+
+
+def disk_runner_of(method: Method) -> Callable[..., Report] | None:
+    """What compresses a checkpoint block by block with ``method``: its own
+    ``run_from_disk``, else the one driver over stages that run from disk;
+    None where the method needs the model in memory."""
+    if method.run_from_disk is not None:
+        return method.run_from_disk
+    if method.stages is None or not method.stages.from_disk:
+        return None
+    return functools.partial(compress_from_disk_with_stages, method)

@@ -12,7 +12,7 @@ either way:
   checkpoint with the folder's tokenizer and generation files;
 - **block by block from disk**, for a method that registered a
   ``run_from_disk`` or stages that run from disk
-  (:func:`toast.methods.base.disk_runner_of`): it gets the
+  (:func:`toast.methods.driver.disk_runner_of`): it gets the
   checkpoint's structure, found once, and the batches, and writes
   ``output`` without ever loading the model.
 
@@ -41,7 +41,7 @@ from toast.hf.capture.budget import (
     parse_size,
     plan_checkpoint,
 )
-from toast.methods.base import disk_runner_of
+from toast.methods.driver import disk_runner_of
 from toast.methods.runner import prepare_data, run_method
 
 if TYPE_CHECKING:

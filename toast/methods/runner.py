@@ -61,7 +61,7 @@ def run_method(
     ``tokenizer``, ``max_length``, ``batch_size``, ``num_samples``, ``pack``,
     ``field``). A float ``heldout`` holds out that fraction of raw ``data``'s
     samples (the last ones) and calibrates on the rest."""
-    from toast.methods.base import runner_of
+    from toast.methods.driver import runner_of
 
     data, heldout = prepare_data(method, data, heldout, text)
     if heldout is None:
@@ -115,7 +115,7 @@ def _run_measured(
     method: Method, model: nn.Module, data: Iterable | None, config: Any, heldout: Iterable
 ) -> tuple[nn.Module, Report]:
     from toast.hf.evaluate.quality import Evaluator, Quality, skipped_blocks
-    from toast.methods.base import runner_of
+    from toast.methods.driver import runner_of
 
     calibration = getattr(config, "calibration", None)
     evaluator = Evaluator(

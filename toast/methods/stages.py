@@ -57,6 +57,7 @@ __all__ = [
     "Layout",
     "Needs",
     "Plan",
+    "Request",
     "SHARED_BYTES",
     "SHARED_METRICS",
     "Shared",
@@ -419,6 +420,34 @@ class Plan:
         }
 
 
+@dataclass(frozen=True)
+class Request:
+    """What one ``compress`` call asks of a method: a plan removing exactly
+    ``count`` of the method's units (blocks, a span replaced by a
+    translator counting as removed; sub-layers for ``sublayer``: see
+    :meth:`BaseStages.amount`), or exactly ``spans``."""
+
+    count: int | None = None
+    spans: tuple[tuple[int, int], ...] | None = None
+
+    @classmethod
+    def of(cls, config: Any) -> Request:
+        """The request a config makes through its ``num_blocks`` and
+        ``spans`` fields (one of them set; the config checked that)."""
+        spans = getattr(config, "spans", None)
+        if spans is not None:
+            return cls(spans=tuple((int(a), int(b)) for a, b in spans))
+        return cls(count=getattr(config, "num_blocks", None))
+
+    @property
+    def reach(self) -> int:
+        """How far calibration must cover: the widest span, or the count."""
+        if self.spans is not None:
+            return max(b - a for a, b in self.spans)
+        assert self.count is not None  # one of the two is set
+        return self.count
+
+
 @runtime_checkable
 class Stages(Protocol):
     """The parts of a method ``toast.search`` runs (see the module docstring).
@@ -449,7 +478,7 @@ class Stages(Protocol):
     What ``toast.compress`` reads beside them (:mod:`toast.methods.driver`):
     ``configured(config)``: the stages with the user's options (the search
     runs the defaults); ``request(config)``: the size or spans the config
-    asks for (:class:`toast.methods.driver.Request`); ``amount(plan)``: the
+    asks for (:class:`Request`); ``amount(plan)``: the
     plan's size in the request's unit (blocks removed, by default);
     ``check(request, layout)``: raises ``ValueError``,
     before any pass, for a request the method can never meet;
@@ -468,7 +497,7 @@ class Stages(Protocol):
 
     def configured(self, config: Any) -> Stages: ...
 
-    def request(self, config: Any) -> Any: ...
+    def request(self, config: Any) -> Request: ...
 
     def amount(self, plan: Plan) -> int: ...
 
@@ -540,9 +569,7 @@ class BaseStages:
         assert isinstance(self, Stages)  # every subclass implements the rest
         return self
 
-    def request(self, config: Any) -> Any:
-        from toast.methods.driver import Request
-
+    def request(self, config: Any) -> Request:
         return Request.of(config)
 
     def amount(self, plan: Plan) -> int:

@@ -17,8 +17,7 @@ from torch import nn
 
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.blocks import BlockStack
-from toast.methods.driver import Request
-from toast.methods.stages import BaseStages, Layout, Plan, Shared, Sizes, Stats
+from toast.methods.stages import BaseStages, Layout, Plan, Request, Shared, Sizes, Stats
 from toast.methods.sublayer.config import SublayerConfig
 from toast.methods.sublayer.parts import (
     KINDS,
