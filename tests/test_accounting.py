@@ -14,15 +14,11 @@ from torch import nn  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import toast  # noqa: E402
+from tests._helpers.kinds import translator_of  # noqa: E402
 from toast import accounting  # noqa: E402
 from toast.core import Translator  # noqa: E402
-from toast.core.patch import PATCH_KINDS, linear_patch  # noqa: E402
-from toast.translators import (  # noqa: E402
-    DiagonalMap,
-    MLPTranslator,
-    ResMLPTranslator,
-    translator_module,
-)
+from toast.core.kinds import KINDS, Kind, kind_names  # noqa: E402
+from toast.translators import translator_module  # noqa: E402
 
 D = 32
 LAYERS = 4
@@ -164,29 +160,11 @@ def test_patched_model_with_a_linear_translator_matches_counter_and_prediction(f
     assert params == _numel(model)
 
 
-def _fitted(kind):
-    """A Hadamard-basis translator (a bias-free d × d linear) as toast builds it."""
-    weight = linear_patch(np.linspace(0.5, 1.5, D))
-    return translator_module(Translator(kind, weight, np.zeros(D), 1.0, D, "none"))
-
-
-def _translator(kind):
-    torch.manual_seed(0)
-    return {
-        "identity": lambda: nn.Identity(),
-        "linear": lambda: nn.Linear(D, D, bias=False),
-        "affine": lambda: nn.Linear(D, D),
-        "diagonal": lambda: DiagonalMap(torch.ones(D), torch.zeros(D)),
-        "mlp": lambda: MLPTranslator(D),
-        **{k: lambda k=k: _fitted(k) for k in PATCH_KINDS},
-        "resmlp": lambda: ResMLPTranslator(D),
-    }[kind]()
-
-
-@pytest.mark.parametrize("kind", accounting.TRANSLATOR_KINDS)
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_each_translator_kind_is_predicted_from_the_config(kind):
     model = _build("deit", "none")
-    toast.io.replace_spans(model, [(0, 1), SPAN], [_translator(kind), _translator(kind)])
+    translators = [translator_of(kind, D, seed) for seed in (0, 1)]
+    toast.io.replace_spans(model, [(0, 1), SPAN], translators)
     kw = {"head": "none", "removed_spans": [(0, 1), SPAN], "translator": kind}
     assert accounting.count_params_from_config(_config("deit"), **kw) == _numel(model)
     report = accounting.macs(model, batch=2)
@@ -194,9 +172,26 @@ def test_each_translator_kind_is_predicted_from_the_config(kind):
     assert 2 * report.macs == _counter_flops(model, _inputs("deit", 2))
 
 
-def test_translator_params_are_those_of_the_module():
-    for kind in accounting.TRANSLATOR_KINDS:
-        assert accounting.translator_params(kind, D) == _numel(_translator(kind)), kind
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_translator_params_are_those_of_the_module(kind):
+    assert accounting.translator_params(kind, D) == _numel(translator_of(kind, D)), kind
+
+
+def test_the_accounting_kind_lists_are_the_table():
+    assert accounting.TRANSLATOR_KINDS == tuple(KINDS)
+    assert accounting.arch.HADAMARD_KINDS == kind_names(hadamard=True)
+
+
+def test_a_kind_added_to_the_table_is_accepted_and_counted(monkeypatch):
+    monkeypatch.setitem(KINDS, "made_up", Kind("made_up", "linear", bias=True))
+    weight, bias = np.eye(D), np.full(D, 0.5)
+    made_up = translator_module(Translator("made_up", weight, bias, 1.0, D, "none"))
+    model = _build("deit", "none")
+    toast.io.replace_spans(model, [SPAN], [made_up])
+    kw = {"head": "none", "removed_spans": [SPAN], "translator": "made_up"}
+    assert accounting.count_params_from_config(_config("deit"), **kw) == _numel(model)
+    assert accounting.macs(model, batch=2) == accounting.macs(_config("deit"), batch=2, **kw)
+    assert accounting.translator_params("made_up", D) == D * D + D
 
 
 def test_dinov2_counts_follow_the_input_resolution_not_the_config_grid():

@@ -9,6 +9,7 @@ import pytest
 
 from toast.core.hadamard import hadamard
 from toast.core.patch import (
+    PATCH_FITS,
     fit_patch,
     fit_patch_ridge,
     linear_patch,
@@ -88,11 +89,15 @@ def test_patch_ridge_tends_to_least_squares_when_the_rows_determine_it():
     np.testing.assert_allclose(fit.weight, np.linalg.lstsq(x, y, rcond=None)[0], atol=1e-4)
 
 
-def test_fit_patch_names_its_kind_and_has_no_bias():
+@pytest.mark.parametrize("kind", PATCH_FITS)
+def test_fit_patch_fits_every_hadamard_kind_of_the_moments_under_its_name(kind):
     x, y = _rows()
-    for kind in ("rotated_diagonal", "patch_ridge"):
-        t = fit_patch(kind, x.T @ x, x.T @ y, float(np.sum(y * y)), x.shape[0])
-        assert t.kind == kind and not t.bias.any() and not t.ill_conditioned
+    t = fit_patch(kind, x.T @ x, x.T @ y, float(np.sum(y * y)), x.shape[0])
+    assert t.kind == kind and not t.bias.any() and not t.ill_conditioned
+
+
+def test_fit_patch_refuses_a_kind_it_does_not_fit():
+    x, y = _rows()
     with pytest.raises(ValueError, match="kind must be"):
         fit_patch("linear", x.T @ x, x.T @ y, 0.0, 10)
 

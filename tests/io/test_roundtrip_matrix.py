@@ -27,7 +27,9 @@ import toast  # noqa: E402
 import toast.io.save  # noqa: E402
 from tests._helpers import hf_models as H  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
+from tests._helpers.kinds import translator_of  # noqa: E402
 from toast.cli import main  # noqa: E402
+from toast.core.kinds import KINDS  # noqa: E402
 
 pytestmark = [
     pytest.mark.hf,
@@ -128,6 +130,17 @@ def _sublayer(name: str) -> torch.nn.Module:
     return toast.compress(model, data, method="sublayer", num_sublayers=2, progress=False)[0]
 
 
+def _kind(kind: str, name: str) -> torch.nn.Module:
+    """Two spans of the tiny model replaced by translators of ``kind`` (random
+    weights): every kind of the table saved and reloaded, not only those a
+    method happens to fit."""
+    model, _ = _tiny(name)
+    dim = model.config.hidden_size
+    translators = [translator_of(kind, dim, seed) for seed in (0, 1)]
+    toast.io.replace_spans(model, [(0, 1), (2, 4)], translators)
+    return model.eval()
+
+
 _METHODS = {
     "toast": _toast,
     "linearpatch": _linearpatch,
@@ -136,6 +149,7 @@ _METHODS = {
     "replaceme": _replaceme,
     "toast-vit": _toast_vit,
     "toast-vit (heads)": _toast_vit_heads,
+    **{f"kind {kind}": functools.partial(_kind, kind) for kind in KINDS},
 }
 
 
@@ -184,6 +198,7 @@ CASES = (
     + [("linearpatch", n) for n in ("llama", "gpt2")]
     + [("toast (patch_ridge)", "llama")]
     + [("sublayer", n) for n in ("llama", "gpt2", "vit")]
+    + [(f"kind {kind}", "llama") for kind in KINDS]
 )
 SAVES = ("toast.save_pretrained", "model.save_pretrained", "toast compress --out")
 _CLI_FAMILIES = ("vit", "deit", "dinov2", "clip_vision")
@@ -194,6 +209,7 @@ def _routes():
         for save in SAVES:
             if save != "toast compress --out" or (method == "toast" and name in _CLI_FAMILIES):
                 tag = method.replace(" (heads)", "-heads").replace(" (patch_ridge)", "-patch")
+                tag = tag.replace(" ", "-")
                 yield pytest.param(method, name, save, id=f"{tag}-{name}-{save.split()[0]}")
 
 
@@ -229,9 +245,8 @@ def test_every_load_of_every_save_gives_identical_outputs(
     assert results == dict.fromkeys(results, "identical")
 
 
-def test_the_saved_loader_knows_every_linear_translator_kind():
-    # toast_modeling.py runs without toast, so it keeps its own list
+def test_the_saved_loader_knows_every_kind_of_the_table_as_its_module():
+    # toast_modeling.py runs without toast, so it keeps the one copy of the table
     from toast.io import hub_model
-    from toast.translators.modules import LINEAR_KINDS
 
-    assert hub_model.LINEAR_KINDS == LINEAR_KINDS
+    assert hub_model.TRANSLATOR_MODULES == {name: e.module for name, e in KINDS.items()}

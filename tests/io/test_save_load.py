@@ -16,7 +16,9 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 import toast  # noqa: E402
+from tests._helpers.kinds import translator_of  # noqa: E402
 from toast import io as tio  # noqa: E402
+from toast.core import kinds as table  # noqa: E402
 from toast.io import CorruptedSaveError, load_pretrained, save_pretrained  # noqa: E402
 from toast.io import save as tio_save  # noqa: E402
 from toast.translators import DiagonalMap, MLPTranslator, ResMLPTranslator  # noqa: E402
@@ -252,6 +254,36 @@ def test_plan_records_format_version_and_a_summary(tmp_path):
     }
     assert plan["config"]["num_hidden_layers"] == 3
     assert [e["type"] for e in plan["layout"]] == ["translator", "translator", "block"]
+
+
+def _save_kind(kind: str, path: Path) -> tuple[torch.nn.Module, dict]:
+    """A tiny ViT with one span replaced by a translator of ``kind``, saved
+    at ``path``; the model and the plan written."""
+    model = hf_models.build(FAMILIES[0])
+    toast.io.replace_spans(model, [(1, 3)], [translator_of(kind, D)])
+    save_pretrained(model.eval(), path)
+    return model, json.loads((path / tio.PLAN_NAME).read_text())
+
+
+def _translator_kinds(plan: dict) -> list[str]:
+    return [e["translator"]["kind"] for e in plan["layout"] if e["type"] == "translator"]
+
+
+@pytest.mark.parametrize("kind", list(table.KINDS))
+def test_every_kind_is_saved_and_reloaded_under_its_own_name(tmp_path, kind):
+    _, plan = _save_kind(kind, tmp_path / "m")
+    assert _translator_kinds(plan) == [kind]
+    loaded = load_pretrained(tmp_path / "m")
+    save_pretrained(loaded, tmp_path / "again")
+    assert _translator_kinds(json.loads((tmp_path / "again" / tio.PLAN_NAME).read_text())) == [kind]
+
+
+def test_a_kind_added_to_the_table_saves_and_reloads_with_identical_outputs(tmp_path, monkeypatch):
+    monkeypatch.setitem(table.KINDS, "made_up", table.Kind("made_up", "linear", bias=True))
+    model, plan = _save_kind("made_up", tmp_path / "m")
+    assert _translator_kinds(plan) == ["made_up"]
+    inputs = _inputs(FAMILIES[0])
+    assert torch.equal(_forward(load_pretrained(tmp_path / "m"), inputs), _forward(model, inputs))
 
 
 def test_saving_to_an_existing_path_raises_file_exists_error(tmp_path):

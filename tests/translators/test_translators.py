@@ -5,14 +5,20 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests._helpers.kinds import spec_of  # noqa: E402
+from toast.core import Translator  # noqa: E402
+from toast.core.kinds import KINDS, Kind, kind_names  # noqa: E402
 from toast.hf.capture.rows import RowSample  # noqa: E402
 from toast.translators import (  # noqa: E402
+    DiagonalMap,
     MLPTranslator,
     ResMLPTranslator,
     build_translator,
     train_translator,
+    translator_module,
     translator_spec,
 )
+from toast.translators.modules import FITTED_KIND, LINEAR_KINDS  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -122,3 +128,44 @@ def test_unknown_specs_are_rejected():
         build_translator({"kind": "mlp", "hidden": 3})
     with pytest.raises(TypeError, match="cannot describe"):
         translator_spec(torch.nn.ReLU())
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_spec_of_every_kind_rebuilds_a_module_of_its_shape_under_its_name(kind):
+    spec = spec_of(kind, 6)
+    rebuilt = build_translator(spec)
+    assert translator_spec(rebuilt) == spec
+    assert translator_spec(build_translator(translator_spec(rebuilt))) == spec
+
+
+def test_a_kind_the_table_stores_as_another_shape_is_not_named_by_a_module():
+    # a Linear tagged "diagonal" would save a spec its loader rebuilds as a DiagonalMap
+    linear = torch.nn.Linear(6, 6)
+    setattr(linear, FITTED_KIND, "diagonal")
+    assert translator_spec(linear)["kind"] == "linear"
+
+
+def test_the_linear_kinds_are_those_the_table_stores_as_linear():
+    assert LINEAR_KINDS == kind_names(module="linear")
+
+
+def test_a_kind_added_to_the_table_keeps_its_name_through_a_spec(monkeypatch):
+    monkeypatch.setitem(KINDS, "made_up", Kind("made_up", "diagonal"))
+    rebuilt = build_translator(spec_of("made_up", 6))
+    assert isinstance(rebuilt, DiagonalMap) and translator_spec(rebuilt)["kind"] == "made_up"
+
+
+def test_a_closed_form_translator_becomes_the_module_of_its_kind():
+    d = 6
+    for kind in kind_names(fit="moments"):
+        module = translator_module(Translator(kind, np.eye(d), np.ones(d), 1.0, d, "none"))
+        assert translator_spec(module)["kind"] == kind
+        assert type(module) is type(build_translator(spec_of(kind, d))), kind
+
+
+@pytest.mark.parametrize("kind", kind_names(fit="trained"))
+def test_every_trained_kind_trains_the_module_its_spec_rebuilds(kind):
+    x, y = _linear_task(n=32)
+    module = train_translator(x, y, kind, steps=1, progress=False)
+    assert translator_spec(module)["kind"] == kind
+    assert type(module) is type(build_translator(spec_of(kind, x.shape[1])))

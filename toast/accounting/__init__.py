@@ -81,7 +81,6 @@ from typing import TYPE_CHECKING, Any
 
 from toast._validation import Interval, Options, check
 from toast.accounting.arch import (
-    HADAMARD_KINDS,
     TRANSLATOR_KINDS,
     Arch,
     Head,
@@ -97,6 +96,7 @@ from toast.accounting.params import (
     paper_params_removed,
     translator_params,
 )
+from toast.core.kinds import kind_entry
 from toast.spans import validate_spans
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -271,14 +271,8 @@ def _head_counts(a: Arch, head: str) -> Counts:
 
 
 def _translator_counts(kind: str, d: int, n: int) -> Counts:
-    hidden = max(1, d // 2)
-    if kind in ("identity", "diagonal"):
-        return Counts()
-    if kind in ("linear", "affine", *HADAMARD_KINDS):
-        return Counts(dense=n * d * d)
-    if kind == "mlp":
-        return Counts(dense=2 * n * d * hidden)
-    return Counts(dense=2 * n * d * d, norm=2 * n * d)  # resmlp
+    dense, norm = kind_entry(kind).macs(d)
+    return Counts(dense=n * dense, norm=n * norm)
 
 
 def _module_counts(module: nn.Module, n: int) -> Counts:

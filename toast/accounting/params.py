@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from toast.accounting.arch import (
-    HADAMARD_KINDS,
     Arch,
     Head,
     TranslatorKind,
@@ -20,6 +19,7 @@ from toast.accounting.arch import (
     check_head,
     check_translator,
 )
+from toast.core.kinds import kind_entry
 from toast.spans import validate_spans
 
 __all__ = [
@@ -31,22 +31,13 @@ __all__ = [
 
 
 def translator_params(kind: TranslatorKind | str, dim: int) -> int:
-    """Parameters of one translator of ``kind`` on ``dim`` features:
-    identity 0, linear ``d²`` (and the Hadamard-basis kinds), affine
+    """Parameters of one translator of ``kind`` on ``dim`` features, from the
+    module its kind is stored as (:meth:`toast.core.kinds.Kind.params`):
+    identity 0, linear ``d²`` (and the other bias-free linear maps), affine
     ``d² + d``, diagonal ``2d``, MLP ``2·d·(d//2) + d//2 + d``, Res-MLP
     ``2(d² + d) + 4d``."""
     check_translator(kind)
-    d = int(dim)
-    hidden = max(1, d // 2)
-    return {
-        "identity": 0,
-        "linear": d * d,
-        "affine": d * d + d,
-        "diagonal": 2 * d,
-        "mlp": d * hidden + hidden + hidden * d + d,
-        "resmlp": 2 * (d * d + d) + 4 * d,
-        **dict.fromkeys(HADAMARD_KINDS, d * d),
-    }[kind]
+    return kind_entry(kind).params(dim)
 
 
 def _block_params(a: Arch) -> int:

@@ -29,9 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from toast.core.hadamard import hadamard
+from toast.core.kinds import kind_names
 from toast.core.solvers import Translator
 
 __all__ = [
+    "PATCH_FITS",
     "PATCH_KINDS",
     "PatchFit",
     "fit_patch",
@@ -41,9 +43,12 @@ __all__ = [
     "rotated_diagonal",
 ]
 
-#: The translator kinds of this module (``"linearpatch"`` needs scales from
-#: a pass over the data; the others only the moments).
-PATCH_KINDS = ("linearpatch", "rotated_diagonal", "patch_ridge")
+#: The translator kinds of this module, the Hadamard-basis kinds of
+#: :data:`toast.core.kinds.KINDS` (``"linearpatch"`` needs scales from a pass
+#: over the data; the others only the moments).
+PATCH_KINDS = kind_names(hadamard=True)
+#: The kinds :func:`fit_patch` fits from the moments alone.
+PATCH_FITS = kind_names(hadamard=True, fit="moments")
 
 #: λ grid of :func:`fit_patch_ridge`, relative to the mean eigenvalue of
 #: ``XᵀX``; 0 and ∞ are added.
@@ -144,8 +149,8 @@ def fit_patch(
     ``tr(YᵀY)`` and the row count: ``"rotated_diagonal"`` or
     ``"patch_ridge"`` (see the module docstring); no bias. ``condition`` is
     that of ``XᵀX + λ I`` (1 for the diagonal: no matrix is inverted)."""
-    if kind not in ("rotated_diagonal", "patch_ridge"):
-        raise ValueError(f"kind must be 'rotated_diagonal' or 'patch_ridge'; got {kind!r}")
+    if kind not in PATCH_FITS:
+        raise ValueError(f"kind must be one of {list(PATCH_FITS)}; got {kind!r}")
     prior = rotated_diagonal(gram, cross)
     dim = prior.shape[0]
     condition, ridge = 1.0, math.inf

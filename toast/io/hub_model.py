@@ -42,16 +42,24 @@ READS_FORMAT_VERSIONS = (1, 2)
 _MODULE_RE = re.compile(r"transformers(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PATH_RE = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
-#: Translator kinds stored as one ``nn.Linear`` (this file runs without toast,
-#: so the list is ``toast.translators.modules.LINEAR_KINDS``, kept equal by a test)
-LINEAR_KINDS = (
-    "linear",
-    "affine",
-    "orthogonal",
-    "linearpatch",
-    "rotated_diagonal",
-    "patch_ridge",
-)
+#: The module shape each translator kind is saved as. This file runs where
+#: toast is not installed, so it cannot import toast.core.kinds.KINDS, the
+#: table every other reader uses: this is the one copy of it (names and
+#: shapes), kept equal to the table by a test (tests/io/test_roundtrip_matrix.py).
+TRANSLATOR_MODULES = {
+    "identity": "identity",
+    "linear": "linear",
+    "affine": "linear",
+    "diagonal": "diagonal",
+    "orthogonal": "linear",
+    "linearpatch": "linear",
+    "rotated_diagonal": "linear",
+    "patch_ridge": "linear",
+    "mlp": "mlp",
+    "resmlp": "resmlp",
+}
+#: Translator kinds stored as one ``nn.Linear`` (derived, for its importers).
+LINEAR_KINDS = tuple(k for k, shape in TRANSLATOR_MODULES.items() if shape == "linear")
 
 
 class ToastConfig(PretrainedConfig):
@@ -132,15 +140,16 @@ class _ResMLP(nn.Module):
 
 def _translator(spec: dict[str, Any]) -> nn.Module:
     kind = spec.get("kind")
-    if kind == "identity":
+    shape = TRANSLATOR_MODULES.get(kind) if isinstance(kind, str) else None
+    if shape == "identity":
         return nn.Identity()
-    if kind == "diagonal":
+    if shape == "diagonal":
         return _Diagonal(int(spec["dim"]))
-    if kind == "mlp":
+    if shape == "mlp":
         return _MLP(int(spec["dim"]), int(spec["hidden"]))
-    if kind == "resmlp":
+    if shape == "resmlp":
         return _ResMLP(int(spec["dim"]), float(spec["dropout"]))
-    if kind in LINEAR_KINDS:
+    if shape == "linear":
         return nn.Linear(int(spec["in_features"]), int(spec["out_features"]), bool(spec["bias"]))
     raise ValueError(f"unknown translator kind {kind!r}")
 

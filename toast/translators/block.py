@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from toast.core import Translator
+from toast.core.kinds import KINDS
 from toast.translators.modules import FITTED_KIND, DiagonalMap
 
 __all__ = ["TranslatorBlock", "translator_module"]
@@ -18,27 +19,33 @@ def translator_module(
 ) -> nn.Module:
     """The module computing ``x @ weight + bias`` of a fitted translator.
 
-    Identity becomes ``nn.Identity``; diagonal a per-feature scale; every
-    other kind an ``nn.Linear`` whose weight is ``weightᵀ`` (torch's
-    ``(out, in)`` layout), without a bias when the fitted bias is zero.
+    The module shape is that of its kind in :data:`toast.core.kinds.KINDS`:
+    identity ``nn.Identity``, diagonal a per-feature scale, the linear kinds
+    an ``nn.Linear`` whose weight is ``weightᵀ`` (torch's ``(out, in)``
+    layout), without a bias when the fitted bias is zero. A fitted kind the
+    table lacks (``fit_translator``'s ``"ridge"``) is stored as a linear map.
     """
-    if translator.kind == "identity":
+    entry = KINDS.get(translator.kind)
+    shape = "linear" if entry is None else entry.module
+    if shape == "identity":
         return nn.Identity()
     weight = torch.as_tensor(translator.weight, dtype=torch.float64)
     bias = torch.as_tensor(translator.bias, dtype=torch.float64)
-    if translator.kind == "diagonal":
-        module: nn.Module = DiagonalMap(torch.diagonal(weight).clone(), bias)
-        return module.to(dtype=dtype, device=device)
-    has_bias = bool(torch.any(bias != 0))
-    linear = nn.Linear(weight.shape[0], weight.shape[1], bias=has_bias, dtype=torch.float64)
-    with torch.no_grad():
-        linear.weight.copy_(weight.T)
-        if has_bias:
-            linear.bias.copy_(bias)
-    # The fitted kind (linear, affine, orthogonal) names the translator in the
-    # saved plan as it does in the report.
-    setattr(linear, FITTED_KIND, translator.kind)
-    return linear.to(dtype=dtype, device=device)
+    module: nn.Module
+    if shape == "diagonal":
+        module = DiagonalMap(torch.diagonal(weight).clone(), bias)
+    elif shape == "linear":
+        has_bias = bool(torch.any(bias != 0))
+        module = nn.Linear(weight.shape[0], weight.shape[1], bias=has_bias, dtype=torch.float64)
+        with torch.no_grad():
+            module.weight.copy_(weight.T)
+            if has_bias:
+                module.bias.copy_(bias)
+    else:
+        raise ValueError(f"a {translator.kind!r} translator is trained, not fitted in closed form")
+    # The fitted kind names the translator in the saved plan as it does in the report.
+    setattr(module, FITTED_KIND, translator.kind)
+    return module.to(dtype=dtype, device=device)
 
 
 def _active_hidden_states() -> dict | None:

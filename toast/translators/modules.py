@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from toast._validation import Interval, check
+from toast.core.kinds import KINDS, ModuleShape, kind_entry, kind_names
 
 __all__ = [
     "FITTED_KIND",
@@ -34,18 +35,13 @@ __all__ = [
 ]
 
 
-#: The attribute of an ``nn.Linear`` translator naming the closed form it was
-#: fitted as; its spec's ``kind`` is that name.
+#: The attribute of a translator module naming the kind it was fitted as
+#: (:data:`toast.core.kinds.KINDS`); its spec's ``kind`` is that name.
 FITTED_KIND = "toast_fitted_kind"
-#: Spec kinds that build an ``nn.Linear`` (a matrix, with or without a bias).
-LINEAR_KINDS = (
-    "linear",
-    "affine",
-    "orthogonal",
-    "linearpatch",
-    "rotated_diagonal",
-    "patch_ridge",
-)
+#: Spec kinds that build an ``nn.Linear`` (a matrix, with or without a bias):
+#: those of :data:`~toast.core.kinds.KINDS` stored as ``"linear"``; kept for
+#: its importers, toast itself reads the table.
+LINEAR_KINDS = kind_names(module="linear")
 
 
 class DiagonalMap(nn.Module):
@@ -100,21 +96,30 @@ class ResMLPTranslator(nn.Module):
         return self.norm_out(h + self.ff(h))
 
 
+def _spec_kind(module: nn.Module, shape: ModuleShape) -> str:
+    """The kind ``module`` was fitted as, when the table stores that kind as
+    ``shape``; else ``shape``'s own kind (an ``nn.Linear`` built by hand is
+    ``"linear"``), so that a save never names a kind its loader rebuilds
+    differently."""
+    fitted = getattr(module, FITTED_KIND, shape)
+    entry = KINDS.get(fitted) if isinstance(fitted, str) else None
+    return fitted if entry is not None and entry.module == shape else shape
+
+
 def translator_spec(module: nn.Module) -> dict[str, Any]:
     """The JSON-able description of a translator module's structure (not its
     weights): enough for :func:`build_translator` to rebuild it."""
     if isinstance(module, nn.Identity):
-        return {"kind": "identity"}
+        return {"kind": _spec_kind(module, "identity")}
     if isinstance(module, DiagonalMap):
-        return {"kind": "diagonal", "dim": int(module.scale.shape[0])}
+        return {"kind": _spec_kind(module, "diagonal"), "dim": int(module.scale.shape[0])}
     if isinstance(module, MLPTranslator):
-        return {"kind": "mlp", "dim": module.dim, "hidden": module.hidden}
+        return {"kind": _spec_kind(module, "mlp"), "dim": module.dim, "hidden": module.hidden}
     if isinstance(module, ResMLPTranslator):
-        return {"kind": "resmlp", "dim": module.dim, "dropout": module.dropout}
+        return {"kind": _spec_kind(module, "resmlp"), "dim": module.dim, "dropout": module.dropout}
     if type(module) is nn.Linear:
-        kind = getattr(module, FITTED_KIND, "linear")
         return {
-            "kind": kind if kind in LINEAR_KINDS else "linear",
+            "kind": _spec_kind(module, "linear"),
             "in_features": module.in_features,
             "out_features": module.out_features,
             "bias": module.bias is not None,
@@ -125,31 +130,34 @@ def translator_spec(module: nn.Module) -> dict[str, Any]:
     )
 
 
+def _build_module(shape: ModuleShape, spec: dict[str, Any], **factory: Any) -> nn.Module:
+    if shape == "identity":
+        return nn.Identity()
+    if shape == "diagonal":
+        dim = int(spec["dim"])
+        return DiagonalMap(torch.ones(dim, **factory), torch.zeros(dim, **factory))
+    if shape == "mlp":
+        return MLPTranslator(int(spec["dim"]), int(spec["hidden"]), **factory)
+    if shape == "resmlp":
+        return ResMLPTranslator(int(spec["dim"]), float(spec["dropout"]), **factory)
+    in_features, out_features = int(spec["in_features"]), int(spec["out_features"])
+    return nn.Linear(in_features, out_features, bias=bool(spec["bias"]), **factory)
+
+
 def build_translator(spec: dict[str, Any], **factory: Any) -> nn.Module:
     """A translator module of the structure ``spec`` describes (weights
-    uninitialised or random: load them afterwards)."""
+    uninitialised or random: load them afterwards), of the module shape its
+    kind has in :data:`toast.core.kinds.KINDS`."""
     if not isinstance(spec, dict) or "kind" not in spec:
         raise ValueError(f"a translator spec is a dict with a 'kind', got {spec!r}")
-    kind = spec["kind"]
+    name = spec["kind"]
     try:
-        if kind == "identity":
-            return nn.Identity()
-        if kind == "diagonal":
-            dim = int(spec["dim"])
-            return DiagonalMap(torch.ones(dim, **factory), torch.zeros(dim, **factory))
-        if kind == "mlp":
-            return MLPTranslator(int(spec["dim"]), int(spec["hidden"]), **factory)
-        if kind == "resmlp":
-            return ResMLPTranslator(int(spec["dim"]), float(spec["dropout"]), **factory)
-        if kind in LINEAR_KINDS:
-            linear = nn.Linear(
-                int(spec["in_features"]),
-                int(spec["out_features"]),
-                bias=bool(spec["bias"]),
-                **factory,
-            )
-            setattr(linear, FITTED_KIND, kind)
-            return linear
+        shape = kind_entry(name).module
+    except ValueError:
+        raise ValueError(f"unknown translator kind {name!r} in spec {spec!r}") from None
+    try:
+        module = _build_module(shape, spec, **factory)
     except KeyError as exc:
         raise ValueError(f"translator spec {spec!r} lacks {exc.args[0]!r}") from None
-    raise ValueError(f"unknown translator kind {kind!r} in spec {spec!r}")
+    setattr(module, FITTED_KIND, name)  # its spec names the kind again when resaved
+    return module

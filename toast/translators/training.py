@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from toast._validation import Interval, Options, check
-from toast.translators.modules import MLPTranslator, ResMLPTranslator
+from toast.core.kinds import kind_entry, kind_names
+from toast.translators.modules import FITTED_KIND, MLPTranslator, ResMLPTranslator
 
 __all__ = ["train_translator"]
 
@@ -17,7 +18,7 @@ __all__ = ["train_translator"]
 def train_translator(
     x: Any,
     y: Any,
-    kind: Literal["mlp", "resmlp"] = "mlp",
+    kind: str = "mlp",
     *,
     steps: int = 300,
     lr: float = 1e-3,
@@ -37,9 +38,9 @@ def train_translator(
     by ``seed`` (the full set when it is no larger: TOAST's full-batch
     protocol). ``dtype`` defaults to float64 for Res-MLP (TOAST's code) and
     float32 for MLP. Returns the module in eval mode, on the CPU, in
-    ``dtype``.
+    ``dtype``. ``kind`` is a trained kind of :data:`toast.core.kinds.KINDS`.
     """
-    check("kind", kind, Options(("mlp", "resmlp")))
+    check("kind", kind, Options(kind_names(fit="trained")))
     steps = check("steps", steps, Interval(int, 1, None))
     check("lr", lr, Interval(float, 0, None, closed="neither"))
     check("batch_size", batch_size, Interval(int, 1, None), None)
@@ -50,15 +51,10 @@ def train_translator(
     rows, dim = (int(v) for v in np.shape(x))
     if rows < 1:
         raise ValueError("x and y hold no rows")
-    dtype = dtype or (torch.float64 if kind == "resmlp" else torch.float32)
+    shape = kind_entry(kind).module
+    dtype = dtype or (torch.float64 if shape == "resmlp" else torch.float32)
     gen = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        module = (
-            MLPTranslator(dim, dtype=dtype)
-            if kind == "mlp"
-            else ResMLPTranslator(dim, dropout=dropout, dtype=dtype)
-        )
+    module = _untrained(kind, dim, dtype, dropout, seed)
     full = batch_size is None or batch_size >= rows
     if full:
         xs, ys = _rows_tensor(x, None, dtype), _rows_tensor(y, None, dtype)
@@ -92,6 +88,24 @@ def train_translator(
     finally:
         bar.close()
     return module.eval()
+
+
+def _untrained(kind: str, dim: int, dtype: torch.dtype, dropout: float, seed: int) -> nn.Module:
+    """The module of the shape the table stores ``kind`` as, initialised from
+    ``seed``, named by its kind (its spec names it when saved)."""
+    shape = kind_entry(kind).module
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if shape == "mlp":
+            module: nn.Module = MLPTranslator(dim, dtype=dtype)
+        elif shape == "resmlp":
+            module = ResMLPTranslator(dim, dropout=dropout, dtype=dtype)
+        else:
+            raise ValueError(
+                f"toast trains MLP and Res-MLP translators, not the {shape} of {kind!r}"
+            )
+    setattr(module, FITTED_KIND, kind)
+    return module
 
 
 def _rows_tensor(a: Any, pick: np.ndarray | None, dtype: torch.dtype) -> torch.Tensor:

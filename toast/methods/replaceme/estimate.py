@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from toast.core import Moments, fit_translator
-from toast.core.patch import fit_patch
+from toast.core.patch import PATCH_FITS, fit_patch
 from toast.core.solvers import fit_linear_gram
 from toast.hf.capture.distributed import Ranks, all_reduce_moments, all_reduce_sums, ranks_of
 from toast.hf.capture.massive import massive
@@ -68,8 +68,6 @@ _COSINE_OPTIONS = {
     "penalty_weight": "penalty_weight",
 }
 _STRUCTURE_KIND = {"full": "linear", "diagonal": "diagonal", "orthogonal": "orthogonal"}
-#: LinearPatch's form fitted by least squares (:mod:`toast.core.patch`)
-_PATCH_STRUCTURES = ("rotated_diagonal", "patch_ridge")
 
 
 @dataclass
@@ -236,7 +234,7 @@ def solve_cut(
         moments = cut.moments
         if isinstance(moments, TorchMoments):
             moments = moments.to_moments()
-        if config.structure in _PATCH_STRUCTURES:
+        if config.structure in PATCH_FITS:
             # the states are (M, L − Y): the form's fit reads MᵀM, Mᵀ(L − Y), ‖L − Y‖²
             gram, cross = moments.cross(0, 0), moments.cross(0, 1)
             if config.ridge:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.core import METRICS, Pairs
+from toast.core.kinds import kind_names
 from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens
 
 __all__ = ["CLOSED_FORM", "GHOSTED", "GHOSTED_RIDGE", "STATISTICS_BYTES", "TRAINED", "ToastConfig"]
@@ -18,16 +19,11 @@ __all__ = ["CLOSED_FORM", "GHOSTED", "GHOSTED_RIDGE", "STATISTICS_BYTES", "TRAIN
 #: (:func:`toast.core.chunked.resolve_bound`).
 STATISTICS_BYTES: int | Literal["auto"] = "auto"
 
-CLOSED_FORM = (
-    "identity",
-    "linear",
-    "affine",
-    "diagonal",
-    "orthogonal",
-    "rotated_diagonal",
-    "patch_ridge",
-)
-TRAINED = ("mlp", "resmlp")
+#: The translators TOAST fits in closed form from the moments and those it
+#: trains (:data:`toast.core.kinds.KINDS`; LinearPatch's own map needs a pass
+#: of its own, ``method="linearpatch"``).
+CLOSED_FORM = kind_names(fit="moments")
+TRAINED = kind_names(fit="trained")
 
 #: Ghosted Layers' ε (arXiv 2605.15491): ``(XᵀX + εI) M = Xᵀ(Y − X)`` on sums of
 #: float64 products, ``W = I + M``.

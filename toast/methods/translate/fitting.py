@@ -13,7 +13,7 @@ from torch import nn
 from toast.core import IllConditionedWarning, Moments, Translator, fit_translator
 from toast.core.chunked import ChunkedMoments, PairMoments
 from toast.core.errors import explain_rank_deficiency
-from toast.core.patch import fit_patch
+from toast.core.patch import PATCH_FITS, fit_patch
 from toast.core.solvers import gram_rank, solve_gram
 from toast.hf.capture.distributed import broadcast_module
 from toast.hf.capture.massive import MassiveRows
@@ -87,7 +87,7 @@ class Fitter:
                 FewRowsWarning,
                 stacklevel=5,
             )
-        if kind in ("rotated_diagonal", "patch_ridge"):
+        if kind in PATCH_FITS:
             return self._patch(moments, i, j, massive, target_sq)
         if self.config.ridge_target == "identity":
             return self._towards_identity(moments, i, j, massive, ridge or 0.0, relative)
@@ -164,7 +164,7 @@ class Fitter:
             return [self.closed_form(moments, s.start, s.stop, massive) for s in spans]
         # rows on disk: each span's fit from the moments of its two states
         # (and, for the fits that score residuals, the target's trace)
-        patch = self.config.translator in ("rotated_diagonal", "patch_ridge")
+        patch = self.config.translator in PATCH_FITS
         traces = moments.traces() if patch else None
         return [
             self.closed_form(
@@ -191,7 +191,7 @@ class Fitter:
         translators of an analysis of both sets of batches together."""
         base = analysis.moments
         full = isinstance(base, Moments) and isinstance(more, Moments)
-        patch = self.config.translator in ("rotated_diagonal", "patch_ridge")
+        patch = self.config.translator in PATCH_FITS
         out = []
         for s in spans:
             a, b = states.index(s.start), states.index(s.stop)
@@ -212,7 +212,7 @@ class Fitter:
         module = train_translator(
             sample.state(i),
             sample.state(j),
-            config.translator,  # type: ignore[arg-type]
+            config.translator,
             steps=config.train_steps,
             lr=config.lr,
             seed=config.calibration.seed,
