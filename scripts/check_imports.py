@@ -34,7 +34,11 @@ Rule 2, method boundaries (``--strict``): modules under the boundary
 packages (``toast.frontier``, ``toast.cli``) import from ``toast.methods``
 only ``toast.methods`` itself and the framework's modules (``base``,
 ``stages``, ``runner``, ``pipeline``: the registry and the stage API),
-never a method's own modules (``toast.methods.<name>.<module>``).
+never a method's own modules (``toast.methods.<name>.<module>``); and the
+methods never import each other: a module of one method's package
+(``toast/methods/<name>/``, every folder there being one method's) imports
+no module of another's. The packages are found on disk, so a new method
+is covered with no list to edit.
 
 Usage: python scripts/check_imports.py [--strict] [ROOT]   (exit 1 and a list on failure)
 """
@@ -258,15 +262,54 @@ def boundary_violations(root: Path) -> list[Violation]:
     return found
 
 
+def method_package(module: str, packages: set[str]) -> str | None:
+    """The method package ``module`` belongs to (None: none)."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[:2] == ["toast", "methods"] and parts[2] in packages:
+        return parts[2]
+    return None
+
+
+def independence_violations(root: Path) -> list[Violation]:
+    """Rule 3: no method's package imports another's."""
+    base = root / "methods"
+    packages = {p.name for p in base.iterdir() if (p / "__init__.py").is_file()}
+    found = []
+    for path in sorted(base.rglob("*.py")):
+        current = module_name(path, root)
+        own = method_package(current, packages)
+        if own is None:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for line, module in sorted(
+            set(imported_modules(tree, current, path.name == "__init__.py", root))
+        ):
+            other = method_package(module, packages)
+            if other is not None and other != own:
+                found.append(
+                    Violation(
+                        path,
+                        line,
+                        f"imports {module}: the method {own!r} may not use the method {other!r}; "
+                        "move what both need into the framework (toast.methods.base, stages, "
+                        "driver) or below",
+                    )
+                )
+    return found
+
+
 def main(argv: list[str]) -> int:
     args = argv[1:]
     strict = "--strict" in args
     rest = [a for a in args if a != "--strict"]
     root = Path(rest[0]) if rest else Path(__file__).resolve().parents[1] / "toast"
-    found = boundary_violations(root) if strict else private_violations(root)
+    if strict:
+        found = boundary_violations(root) + independence_violations(root)
+    else:
+        found = private_violations(root)
     for violation in found:
         print(violation)
-    rule = "method boundaries" if strict else "private names"
+    rule = "method boundaries and independence" if strict else "private names"
     print(f"imports ({rule}): {len(found)} violation(s) under {root}")
     return 1 if found else 0
 

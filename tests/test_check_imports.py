@@ -194,3 +194,31 @@ def test_boundary_passes_the_stage_api_and_other_packages(tmp_path):
     )
     assert check_imports.boundary_violations(root) == []
     assert check_imports.main(["check_imports.py", "--strict", str(root)]) == 0
+
+
+def test_a_method_importing_another_method_is_flagged(tmp_path):
+    root = plant(
+        tmp_path,
+        {
+            "methods/base.py": "X = 1\n",
+            "methods/alpha/stages.py": "def f(): ...\n",
+            "methods/beta/method.py": """
+                from toast.methods.base import X
+                from toast.methods.beta import helper
+                def g():
+                    from toast.methods.alpha.stages import f
+            """,
+            "methods/beta/helper.py": "",
+        },
+    )
+    found = check_imports.independence_violations(root)
+    assert [(v.path.name, v.line) for v in found] == [("method.py", 5)]
+    assert "the method 'beta' may not use the method 'alpha'" in found[0].message
+
+
+def test_a_new_method_package_is_covered_without_a_list(tmp_path):
+    root = plant(
+        tmp_path,
+        {"methods/alpha/a.py": "", "methods/gamma/g.py": "import toast.methods.alpha.a\n"},
+    )
+    assert [v.path.name for v in check_imports.independence_violations(root)] == ["g.py"]

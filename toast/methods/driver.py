@@ -212,7 +212,7 @@ def _choose(
     disk; None where the method cannot calibrate there)."""
     stages.check(request, layout)
     stats: Stats | None
-    if request.spans is not None and not stages.needs_data(request):
+    if not stages.needs_data(request):
         stats = Stats()
     elif data is None:
         what = "its size" if request.spans is None else "spans= (its statistics)"

@@ -482,8 +482,8 @@ class Stages(Protocol):
     plan's size in the request's unit (blocks removed, by default);
     ``check(request, layout)``: raises ``ValueError``,
     before any pass, for a request the method can never meet;
-    ``needs_data(request)``: whether the requested spans need calibration
-    to be applied; ``given(spans, stats, sizes)``:
+    ``needs_data(request)``: whether the request needs calibration data
+    (given spans of plain removal do not); ``given(spans, stats, sizes)``:
     the plan of exactly those spans; ``scores(plan, stats)``: each span's
     score for the report; ``report(plan, stats, sizes, spans, params_after)``:
     the method's report of the applied plan (None: the driver's own);

@@ -31,6 +31,7 @@ from toast.methods.stages import (
     Layout,
     Needs,
     Plan,
+    Request,
     Shared,
     Sizes,
     Stats,
@@ -79,8 +80,8 @@ class RemoveStages(BaseStages):
     def configured(self, config: RemoveConfig) -> RemoveStages:
         return RemoveStages(config.selection)
 
-    def needs_data(self, request: Any) -> bool:
-        return False  # given spans are deleted as they are
+    def needs_data(self, request: Request) -> bool:
+        return request.spans is None  # given spans are deleted as they are
 
     def needs(self, layout: Layout) -> Needs:
         return Needs(moments=self.selection != "sleb")
