@@ -31,8 +31,8 @@ handlers have run (:func:`end_now`), without the interpreter's teardown: with
 torch and transformers loaded that teardown frees some 400,000 objects of
 3,000 modules (3 to 6 s of CPU: repeated full garbage collections), which on
 a loaded machine kept a stopped process alive 20 to 80 s after its clean-up
-and past a test's 120 s in CI; it would also wait
-for any worker thread still inside a long call.
+(past a test's 120 s in CI); it would also wait for any worker thread still
+inside a long call.
 """
 
 from __future__ import annotations
