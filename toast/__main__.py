@@ -1,5 +1,3 @@
-import sys
+from toast.cli import program
 
-from toast.cli import main
-
-sys.exit(main())
+program()

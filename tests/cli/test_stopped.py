@@ -1,7 +1,9 @@
 """A stopped run leaves nothing behind: SIGTERM during a block-by-block
 calibration exits 143 after the clean-up Ctrl-C gets, ``kill -9`` leaves no
 buffer (they are files with no name), and what a killed run left beside an
-output folder goes when the next command writes there."""
+output folder goes when the next command writes there. A stopped program
+ends as soon as its clean-up and the ``atexit`` handlers have run: neither
+the interpreter's teardown nor a worker thread holds it up."""
 
 import os
 import select
@@ -16,7 +18,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from toast.cli import main  # noqa: E402
+from tests.conftest import default_sigint  # noqa: E402
+from toast.cli import main, program  # noqa: E402
 
 pytestmark = pytest.mark.hf
 
@@ -34,8 +37,40 @@ _HELD_AT_BLOCK_1 = textwrap.dedent(
             time.sleep(300)
         return block
     sequential.DiskModel.load_block = held
-    from toast.cli import main
-    sys.exit(main(sys.argv[1:]))
+    from toast.cli import program
+    program(sys.argv[1:])
+    """
+)
+
+
+# The ``toast`` program with its command held up, and everything that would
+# keep a stopped process alive if it went through the interpreter's normal
+# exit: a worker thread that never ends (not a daemon: the exit would join
+# it) and a teardown that takes ten minutes (a ``__del__`` the interpreter
+# runs when it clears the modules). A temporary folder is left to its
+# ``atexit`` finalizer; the command's own clean-up prints a line.
+_HELD_COMMAND = textwrap.dedent(
+    """
+    import importlib, sys, tempfile, threading, time
+    cli = importlib.import_module("toast.cli.main")
+
+    class SlowTeardown:
+        def __del__(self):
+            time.sleep(600)
+
+    teardown = SlowTeardown()
+    left_to_atexit = tempfile.TemporaryDirectory()
+
+    def held(args):
+        threading.Thread(target=threading.Event().wait, name="busy worker").start()
+        try:
+            print("running", flush=True)
+            time.sleep(600)
+        finally:
+            print("cleaned up", file=sys.stderr)
+
+    cli._dispatch = held
+    cli.program(["cache", "list"])
     """
 )
 
@@ -113,3 +148,38 @@ def test_what_a_killed_run_staged_goes_when_the_next_command_writes_there(local_
     assert left.parent == tmp_path and left.name.startswith(".out.tmp-")
     assert main(_argv(local_llama, out)) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize(
+    ("stop", "status", "line"),
+    [(signal.SIGTERM, 143, "stopped by SIGTERM"), (signal.SIGINT, 130, "interrupted")],
+)
+def test_a_stopped_program_ends_at_once_after_its_clean_up(tmp_path, stop, status, line):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HELD_COMMAND],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        preexec_fn=default_sigint,
+    )
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 300)
+        assert ready and proc.stdout.readline().strip() == b"running", proc.stderr.read()
+        assert len(list(tmp_path.iterdir())) == 1  # the folder left to atexit
+        proc.send_signal(stop)
+        # the normal exit would wait for ever (the worker) and ten minutes (the teardown)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == status, err.decode()
+    assert err.decode().splitlines()[-2:] == ["cleaned up", f"toast cache: {line}"]
+    assert list(tmp_path.iterdir()) == []  # the atexit handlers ran
+
+
+def test_the_program_exits_with_the_status_of_main(monkeypatch):
+    cli = sys.modules["toast.cli.main"]
+    monkeypatch.setattr(cli, "_dispatch", lambda args: 3)
+    with pytest.raises(SystemExit) as exited:
+        program(["cache", "list"])
+    assert exited.value.code == 3

@@ -1,5 +1,5 @@
 """The ``toast`` command line."""
 
-from toast.cli.main import main
+from toast.cli.main import main, program
 
-__all__ = ["main"]
+__all__ = ["main", "program"]
