@@ -40,17 +40,53 @@ def test_every_method_is_reachable_and_its_defaults_are_its_configs(method):
     assert parsed == expected
 
 
-@pytest.mark.parametrize("method", available_methods())
-def test_every_option_a_command_line_can_give_is_a_flag(method, capsys):
+def _help(method, capsys):
+    """``toast compress --method METHOD --help``, as printed."""
     with pytest.raises(SystemExit):
         main(["compress", "--method", method, "--help"])
-    shown = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def _unwrapped(text):
+    """``text`` without its whitespace: argparse wraps help lines at spaces
+    and hyphens to the terminal's width."""
+    return "".join(text.split())
+
+
+@pytest.mark.parametrize("method", available_methods())
+def test_every_option_a_command_line_can_give_is_a_flag_with_its_configs_help(method, capsys):
+    shown = _help(method, capsys)
     config = method_config(method)
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
     for name in config_fields(config):
         flag = name.replace("_", "-")
         negated = defaults.get(name) is True  # an alias (ToastConfig.budget) has no field
         assert f"--{'no-' if negated else ''}{flag}" in shown, name
+        assert _unwrapped(config.HELP[name]) in _unwrapped(shown), name
+
+
+@pytest.mark.parametrize("method", available_methods())
+def test_every_option_a_command_line_can_give_has_help_on_its_config(method):
+    # no fallback is allowed for a registered method: its name, default and
+    # allowed values alone (what the CLI shows without a text) say too little
+    config = method_config(method)
+    missing = [name for name in config_fields(config) if not config.HELP.get(name)]
+    assert missing == [], f"{config.__name__}.HELP lacks {missing}"
+
+
+def test_an_options_help_is_read_from_its_config(monkeypatch, capsys):
+    config = method_config("remove")
+    monkeypatch.setitem(config.HELP, "selection", "a text only this test writes")
+    assert _unwrapped("a text only this test writes") in _unwrapped(_help("remove", capsys))
+
+
+def test_the_cli_holds_no_help_of_its_own_for_a_configs_options(monkeypatch, capsys):
+    config = method_config("toast")
+    texts = [_unwrapped(text) for text in config.HELP.values()]
+    monkeypatch.setattr(config, "HELP", {})  # every option falls back to its name
+    shown = _unwrapped(_help("toast", capsys))
+    assert [text for text in texts if text in shown] == []
+    assert "--max-errorMAX_ERRORmaxerror" in shown  # the fallback: the field's name
 
 
 def test_num_blocks_for_toast_equals_its_other_name_budget():

@@ -56,57 +56,6 @@ __all__ = ["DEFAULT_METHOD", "add_parser", "run", "write_model_card"]
 
 DEFAULT_METHOD = "toast"
 
-# Help of the config fields that have a clearer text than their name; a
-# field without one is shown by its name, default and allowed values.
-_HELP = {
-    "num_blocks": "blocks to remove",
-    "budget": "same as --num-blocks (TOAST's paper name for it)",
-    "max_error": "largest predicted error per span",
-    "max_span": "most blocks one span may replace (bounds the states kept from disk)",
-    "translator": "translator kind",
-    "fit": "fit every span on the original model, or each on the partly compressed one",
-    "tokens": "rows of each sample that enter the statistics",
-    "estimator": "how the error of a span is estimated",
-    "metric": "selection metric",
-    "ridge": "ridge (L2) of the least squares (TOAST: also of the error estimates; none: the "
-    "minimum-norm solution)",
-    "include_first_block": "block 0 may be removed too (the papers always keep it)",
-    "check_fraction": (
-        "fraction of calibration batches held out to check each fit against plain removal "
-        "(at least the last batch when there are 2 or more; 0: none, the papers' protocol)"
-    ),
-    "fallback": "keep a fit even where plain removal measures better on held-out batches",
-    "refit": "keep the fits the check measured (default: fitted again on every batch, the "
-    "held-out ones too, once the check has kept them)",
-    "massive_rows": "rows whose massive activation (attention sinks) the removed blocks would "
-    "have to create: fitted as plain removal leaves them, or like every row (the papers)",
-    "objective": "how the transform is fitted",
-    "num_cuts": "number of transforms",
-    "adjacent": "what to do with touching cuts",
-    "distance": "distance of the cut profile",
-    "distance_tokens": "tokens the profile measures",
-    "min_start": "first block that may be cut",
-    "structure": "structure of the LS transform",
-    "precision": "products of the LS statistics (mixed: float32, faster, less exact)",
-    "init": "cosine: start from",
-    "candidates": "windows measured on held-out batches to choose the cut",
-    "selection": "how the blocks to remove are chosen (block_influence: ShortGPT's; sleb: "
-    "SLEB's greedy measured removal)",
-    "placement": "where the transform goes (auto: folded where exact, else the exact "
-    "placement measured best on held-out batches)",
-    "loss": "cosine objective",
-    "solver": "cosine solver",
-    "lr": "learning rate",
-    "epochs": "cosine: Adam epochs",
-    "include_padding": "fit on pad tokens too",
-    "max_buffer_bytes": "cosine row buffer (a size: 8GiB)",
-    "statistics_bytes": "largest moments held in memory; above it the rows wait on disk and "
-    "the errors form a chunk of states at a time (a size: 1GiB)",
-    "head_sparsity": "fraction of each head's dimensions pruned (the schedule's, else 0.9)",
-    "schedule": "named Token Channel Selection schedule (none: no TCS)",
-    "finetune_steps": "steps of the recovery fine-tune on --data (0: none)",
-}
-
 _DESCRIPTION = (
     "Compresses a local model with one of toast's methods ({methods}) and writes it to --out: "
     "the model (a toast save where plain transformers cannot rebuild it, else a standard "
@@ -157,9 +106,7 @@ def add_parser(sub: Any, method: str = DEFAULT_METHOD) -> None:
     reading.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto)")
     add_memory_arguments(p, "the compressed model written")
     options = p.add_argument_group(f"method ({method})")
-    # a config's own HELP names what its fields mean where the shared texts do not
-    helps = {**_HELP, **getattr(config, "HELP", {})}
-    add_config_arguments(options, config, config_fields(config), helps)
+    add_config_arguments(options, config, config_fields(config))  # help: the config's HELP
     if hasattr(config, "paper"):
         options.add_argument(
             "--paper",

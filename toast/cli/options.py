@@ -127,21 +127,24 @@ def add_config_arguments(
     named ``*_bytes`` takes a size such as ``8GiB``), and for the named other
     names of its fields (its ``ALIASES``): an option of its own, unset by
     default, that the config merges into its field (both given with
-    different values is the config's error)."""
+    different values is the config's error). Each option's help is
+    ``helps[name]``, by default the config's own ``HELP`` (a name without
+    one shows its name, default and allowed values)."""
+    helps = getattr(config, "HELP", {}) if helps is None else helps
     fields = {f.name: f for f in dataclasses.fields(config)}
     aliases = getattr(config, "ALIASES", {})
     constraints = getattr(config, "_parameter_constraints", {})
     for name in names:
         if name in aliases:
             field = fields[aliases[name]]
-            help_text = (helps or {}).get(name, f"same as {_flag(aliases[name])}")
+            help_text = helps.get(name, f"same as {_flag(aliases[name])}")
             parser.add_argument(
                 _flag(name), dest=name, type=_value_type(field), default=None, help=help_text
             )
             continue
         field = fields[name]
         default = field.default if field.default is not dataclasses.MISSING else None
-        help_text = (helps or {}).get(name, name.replace("_", " "))
+        help_text = helps.get(name, name.replace("_", " "))
         if isinstance(default, bool):
             # a field that is on by default is turned off by --no-NAME
             flag = _flag(("no_" if default else "") + name)

@@ -21,6 +21,7 @@ from toast._validation import Interval, Options, validate_fields
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_HELP",
     "CALIBRATION_OPTIONS",
     "COMPUTE_DTYPES",
     "TOKENS",
@@ -41,6 +42,11 @@ TOKENS = ("all", "cls", "mean", "last")
 #: Where sums are formed: ``"c"`` in the C core on the host, ``"torch"`` on
 #: the activations' device, ``"auto"`` by the device (torch off the CPU).
 BACKENDS = ("auto", "c", "torch")
+#: What ``--backend`` means on the command line, for every config that has one.
+BACKEND_HELP = (
+    "where the float64 sums are formed: c (toast's C core, on the host), torch (on the "
+    "activations' device), auto (torch off the CPU, else c)"
+)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,37 @@ class ToastVitConfig:
     image_size: int | None = None
     calibration: Calibration = field(default_factory=Calibration)
 
+    #: What each option means on the command line (``toast compress --method toast-vit``).
+    HELP: ClassVar[dict[str, str]] = {
+        "head_sparsity": "fraction of each head's dimensions pruned (the schedule's, else 0.9)",
+        "schedule": "named Token Channel Selection schedule (none: no TCS)",
+        "center": "what a head dimension is scored against: the geometric median (geomedian), "
+        "the coordinate median (the reference code's), fpgm's sum of distances, or its l1 / "
+        "l2 norm",
+        "index_sets": "kept dimensions: one set per head for Q, K, V and O (shared, the "
+        "paper's), one for QK and one for VO (independent, the reference code's), or each "
+        "alone (nonaligned, masked form only)",
+        "coupling": "what a dimension's score reads: the coupled pairs (QK, VO), one side of "
+        "them or the mean of both sides' scores (Table 15's ablations)",
+        "form": "dense: narrower heads; masked: the pruned weights zeroed (the same function)",
+        "rescale": "softmax scale from the kept head width (default: the original width's)",
+        "mask_bias": "masked form: zero the pruned dimensions' biases too",
+        "tcs_scope": "TCS: channels chosen per image, or once per batch (the reference code's)",
+        "tcs_form": "TCS: gather the kept channels (dense) or zero the dropped ones (masked)",
+        "score": "TCS channel scores: eq6 (weighted by the CLS token's attention), eq7 (mean "
+        "magnitude), auto (eq6 with a CLS token, eq7 for Swin)",
+        "weights": "TCS eq6's weights of the CLS and patch terms: as the paper gives them, or "
+        "normalized by the token count (the reference code's)",
+        "sample_ratio": "TCS: fraction of the patch tokens scored (default: the schedule's)",
+        "hidden": "TCS dense form: compute only the kept hidden channels (kept), or every one "
+        "as the paper does (all)",
+        "finetune_steps": "steps of the recovery fine-tune on --data (0: none)",
+        "lr": "fine-tune: peak learning rate (cosine schedule down to --min-lr)",
+        "min_lr": "fine-tune: final learning rate",
+        "weight_decay": "fine-tune: AdamW weight decay",
+        "image_size": "resolution the MACs are counted at (default the model config's)",
+    }
+
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "head_sparsity": [RATIO, _PER_BLOCK, None],
         "schedule": [str, Schedule, Mapping, None],

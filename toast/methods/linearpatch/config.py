@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from toast._validation import Interval, Predicate, validate_fields
 from toast.hf.data.calibration import Calibration
+from toast.methods.help import NUM_BLOCKS_HELP
 
 __all__ = ["LinearPatchConfig"]
 
@@ -42,6 +43,12 @@ class LinearPatchConfig:
     spans: Sequence[tuple[int, int]] | None = None
     rotate: bool = True
     calibration: Calibration = field(default_factory=Calibration)
+
+    #: What each option means on the command line (``toast compress --method linearpatch``).
+    HELP: ClassVar[dict[str, str]] = {
+        "num_blocks": NUM_BLOCKS_HELP,
+        "rotate": "scale the raw channels, without the Hadamard rotation (the paper's ablation)",
+    }
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "num_blocks": [Interval(int, 1, None), None],

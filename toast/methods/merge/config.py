@@ -30,6 +30,16 @@ _NORM_HELP = (
     "(MLERP: the largest norm of the merged tokens), mean (their size-weighted mean norm)"
 )
 
+#: What the options every reducer shares mean on the command line.
+_SHARED_HELP = {
+    "proportional_attention": "weigh the attention to a merged token by its size",
+    "unmerge_output": "expand the final tokens back to every input token (outputs keep "
+    "their shapes)",
+    "merge_norm": _NORM_HELP,
+    "image_size": "input size the MAC report counts when --data is not given (default the "
+    "config's; DINOv2 checkpoints say 518 and run at 224)",
+}
+
 _PER_BLOCK = Predicate(
     lambda v: (
         isinstance(v, Sequence)
@@ -72,12 +82,7 @@ class TomeConfig:
     HELP: ClassVar[dict[str, str]] = {
         "r": "tokens merged in every block (the same r everywhere, the paper's schedule)",
         "schedule": SCHEDULE_HELP,
-        "proportional_attention": "weigh the attention to a merged token by its size",
-        "unmerge_output": "expand the final tokens back to every input token (outputs keep "
-        "their shapes)",
-        "merge_norm": _NORM_HELP,
-        "image_size": "input size the MAC report counts when --data is not given (default the "
-        "config's; DINOv2 checkpoints say 518 and run at 224)",
+        **_SHARED_HELP,
     }
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
@@ -105,15 +110,7 @@ _THRESHOLDS = Predicate(
     "a list with one cosine threshold per block",
 )
 
-#: The options every reducer shares, and what they mean on the command line.
-_SHARED_HELP = {
-    "proportional_attention": "weigh the attention to a merged token by its size",
-    "unmerge_output": "expand the final tokens back to every input token (outputs keep "
-    "their shapes)",
-    "merge_norm": _NORM_HELP,
-    "image_size": "input size the MAC report counts when --data is not given (default the "
-    "config's; DINOv2 checkpoints say 518 and run at 224)",
-}
+#: The options every reducer shares, and their constraints.
 _SHARED_CONSTRAINTS: dict[str, list[Any]] = {
     "proportional_attention": [bool],
     "unmerge_output": [bool],

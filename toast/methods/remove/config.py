@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from toast._validation import Interval, Options, Predicate, validate_fields
-from toast.hf.data.calibration import BACKENDS, Calibration
+from toast.hf.data.calibration import BACKEND_HELP, BACKENDS, Calibration
+from toast.methods.help import NUM_BLOCKS_HELP
 
 __all__ = ["RemoveConfig", "SELECTIONS"]
 
@@ -40,6 +41,14 @@ class RemoveConfig:
     backend: str = "auto"
     selection: Literal["error", "block_influence", "sleb"] = "error"
     calibration: Calibration = field(default_factory=Calibration)
+
+    #: What each option means on the command line (``toast compress --method remove``).
+    HELP: ClassVar[dict[str, str]] = {
+        "num_blocks": NUM_BLOCKS_HELP,
+        "backend": BACKEND_HELP,
+        "selection": "how the blocks to remove are chosen (error: the identity-span error; "
+        "block_influence: ShortGPT's; sleb: SLEB's greedy measured removal)",
+    }
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "num_blocks": [Interval(int, 1, None), None],

@@ -29,7 +29,8 @@ import numpy as np
 
 from toast._validation import Interval, Options, Predicate, check, validate_fields
 from toast.core.moments import PRECISIONS
-from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens
+from toast.hf.data.calibration import BACKEND_HELP, BACKENDS, TOKENS, Calibration, Tokens
+from toast.methods.help import CHECK_FRACTION_HELP, FALLBACK_HELP, NUM_BLOCKS_HELP
 
 __all__ = [
     "ADJACENT",
@@ -289,6 +290,56 @@ class ReplaceMeConfig:
     precision: Literal["float64", "mixed"] = "float64"
     check: bool = True
     calibration: Calibration = field(default_factory=Calibration)
+
+    #: What each option means on the command line (``toast compress --method replaceme``).
+    HELP: ClassVar[dict[str, str]] = {
+        "num_blocks": NUM_BLOCKS_HELP,
+        "objective": "how the transform is fitted",
+        "num_cuts": "number of transforms",
+        "selection": "how the cut is chosen (measured: the windows of smallest distance and of "
+        "smallest predicted error, each fitted and measured on held-out batches; distance: "
+        "the paper's; block_influence: ShortGPT's; sleb: SLEB's greedy measured removal; "
+        "predicted: the smallest predicted least-squares error)",
+        "adjacent": "what to do with touching cuts",
+        "distance": "distance of the cut profile",
+        "distance_tokens": "tokens the profile measures",
+        "min_start": "first block that may be cut",
+        "structure": "structure of the LS transform",
+        "ridge": "ridge (L2) of the least-squares transform (0: none)",
+        "massive_rows": "rows whose massive activation (attention sinks) the cut would have to "
+        "create: plain (fitted as plain removal leaves them), exclude (left out), fit (like "
+        "every row, the paper)",
+        "loss": "cosine objective: exact (of the state the next block reads) or approximate "
+        "(the paper's)",
+        "solver": "cosine solver: lbfgs (full batch, to convergence) or adam (the paper's)",
+        "lr": "cosine with --solver adam: learning rate",
+        "rows_per_step": "cosine with --solver adam: rows per step",
+        "epochs": "cosine with --solver adam: epochs",
+        "lbfgs_steps": "cosine with --solver lbfgs: most iterations",
+        "tol": "cosine with --solver lbfgs: stop once the largest gradient entry, the change "
+        "of the mean objective or the largest step entry is below it",
+        "penalty": "cosine: penalty on the transform's entries (none: no penalty)",
+        "penalty_weight": "cosine: weight of --penalty",
+        "init": "cosine: start from the LS solution (ls) or the identity",
+        "placement": "where the transform goes (auto: folded where exact, else the exact "
+        "placement measured best on held-out batches)",
+        "fit": "estimate every cut on the original model, or each on the model with the "
+        "previous cuts applied",
+        "check_fraction": CHECK_FRACTION_HELP,
+        "fallback": FALLBACK_HELP,
+        "candidates": "windows of smallest distance measured on held-out batches to choose the cut",
+        "predicted_candidates": "windows of smallest predicted error measured beside them (one "
+        "more pass; in memory only)",
+        "cuts_at_once": "most cuts (candidates included) fitted in one estimation pass "
+        "(default: all)",
+        "include_padding": "fit on pad tokens too",
+        "max_buffer_bytes": "cosine row buffer (a size: 8GiB)",
+        "buffer_dir": "folder of the cosine row buffer (default: the temporary folder)",
+        "backend": BACKEND_HELP,
+        "precision": "products of the LS statistics (mixed: float32, faster, less exact)",
+        "check": "skip checking on the first batch that each fold target's output moves "
+        "exactly with its MLP output",
+    }
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "num_blocks": [Interval(int, 1, None), None],

@@ -43,6 +43,14 @@ class SublayerConfig:
     selection: str = "score"
     calibration: Calibration = field(default_factory=Calibration)
 
+    #: What each option means on the command line (``toast compress --method sublayer``).
+    HELP: ClassVar[dict[str, str]] = {
+        "num_sublayers": "attention or MLP sub-layers to remove",
+        "kind": "which sub-layers may go (any: either kind, whichever scores lower)",
+        "selection": "how they are chosen (score: the lowest-scored in one pass; measured: one "
+        "at a time, each keeping the calibration quality best)",
+    }
+
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "num_sublayers": [Interval(int, 1, None), None],
         "kind": [Options(KIND_CHOICES)],

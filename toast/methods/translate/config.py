@@ -9,7 +9,8 @@ from typing import Any, ClassVar, Literal
 from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.core import METRICS, Pairs
 from toast.core.kinds import kind_names
-from toast.hf.data.calibration import BACKENDS, TOKENS, Calibration, Tokens
+from toast.hf.data.calibration import BACKEND_HELP, BACKENDS, TOKENS, Calibration, Tokens
+from toast.methods.help import CHECK_FRACTION_HELP, FALLBACK_HELP, NUM_BLOCKS_HELP
 
 __all__ = ["CLOSED_FORM", "GHOSTED", "GHOSTED_RIDGE", "STATISTICS_BYTES", "TRAINED", "ToastConfig"]
 
@@ -142,6 +143,40 @@ class ToastConfig:
 
     #: other names of fields, each accepted as a keyword and on the command line
     ALIASES: ClassVar[dict[str, str]] = {"budget": "num_blocks"}
+
+    #: What each option means on the command line (``toast compress --method toast``).
+    HELP: ClassVar[dict[str, str]] = {
+        "num_blocks": NUM_BLOCKS_HELP,
+        "budget": "same as --num-blocks (TOAST's paper name for it)",
+        "max_error": "largest predicted error per span",
+        "translator": "translator kind",
+        "fit": "fit every span on the original model, or each on the partly compressed one",
+        "metric": "selection metric",
+        "estimator": "how the error of a span is estimated",
+        "folds": "cross-validation folds (--estimator cv, and auto with few rows)",
+        "tokens": "rows of each sample that enter the statistics",
+        "ridge": "ridge (L2) of the translators' least squares and of the error estimates "
+        "(none: the minimum-norm solution)",
+        "include_first_block": "block 0 may be removed too (the papers always keep it)",
+        "max_span": "most blocks one span may replace (bounds the states kept from disk)",
+        "max_rows": "rows sampled to train an mlp or resmlp translator",
+        "train_steps": "training steps of an mlp or resmlp translator",
+        "lr": "learning rate of an mlp or resmlp translator",
+        "backend": BACKEND_HELP,
+        "check_fraction": CHECK_FRACTION_HELP,
+        "fallback": FALLBACK_HELP,
+        "refit": "keep the fits the check measured (default: fitted again on every batch, the "
+        "held-out ones too, once the check has kept them)",
+        "massive_rows": "rows whose massive activation (attention sinks) the removed blocks "
+        "would have to create: fitted as plain removal leaves them, or like every row (the "
+        "papers)",
+        "single_window": "one span of --num-blocks blocks, the window of lowest error from "
+        "block 1 to before the last (with --metric cosine: LLM-Streamline's)",
+        "ridge_target": "what --ridge shrinks a linear translator towards (identity: Ghosted "
+        "Layers' W = I + M)",
+        "statistics_bytes": "largest moments held in memory; above it the rows wait on disk "
+        "and the errors form a chunk of states at a time (a size: 1GiB)",
+    }
 
     _parameter_constraints: ClassVar[dict[str, list[Any]]] = {
         "num_blocks": [Interval(int, 1, None), None],
