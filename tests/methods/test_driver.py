@@ -123,12 +123,16 @@ def test_a_method_registered_with_its_stages_alone_compresses(monkeypatch):
     toy = Method(name="toy", config=_ToyConfig, stages=_ToyStages())
     monkeypatch.setitem(base._REGISTRY, "toy", toy)
     model = tiny_llama()
+    heldout = token_batches(2, 12, 2)
     compressed, report = toast.compress(
-        model, token_batches(2, CALIBRATION_LENGTH, 1), method="toy", num_blocks=2
-    )
+        model, token_batches(2, CALIBRATION_LENGTH, 1), method="toy", num_blocks=2,
+        heldout=heldout, progress=False,
+    )  # fmt: skip
     assert isinstance(report, PlanReport)
     assert report.plan.spans == ((4, 6),) and len(compressed.model.layers) == 4
-    assert report.params_after == toast.count_params(compressed)
+    assert report.params_after == toast.count_params(compressed) and report.blocks_removed == 2
+    assert report.quality is not None and report.quality.plain_removal is not None
+    assert report.quality_markdown() and report.to_markdown().endswith(report.quality_markdown())
 
 
 def test_a_method_with_neither_run_nor_stages_is_refused_by_name():

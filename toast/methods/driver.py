@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from toast.methods.base import Report
 from toast.methods.stages import Plan, Request, Sizes, Stats
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
     from toast.hf.capture.sequential import DiskModel
     from toast.hf.model.blocks import BlockStack
-    from toast.methods.base import Method, Report
+    from toast.methods.base import Method
     from toast.methods.stages import Layout, Stages
     from toast.spans import Span
 
@@ -90,7 +91,7 @@ def first_choice(
 
 
 @dataclass
-class PlanReport:
+class PlanReport(Report):
     """What a method without a report of its own did: the plan applied."""
 
     method: str
@@ -102,10 +103,8 @@ class PlanReport:
 
     def to_markdown(self) -> str:
         removed = self.blocks_before - self.blocks_after
-        return (
-            f"**{self.method}**: {self.plan.label} ({removed} of {self.blocks_before} blocks).\n\n"
-            f"Parameters: {self.params_before:,} → {self.params_after:,}"
-        )
+        head = f"**{self.method}**: {self.plan.label} ({removed} of {self.blocks_before} blocks)."
+        return f"{head}\n\n{self.params_line()}{self.quality_markdown()}"
 
 
 BeforeSurgery = Callable[["Sequence[Span]", "BlockStack"], None]
