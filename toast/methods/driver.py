@@ -220,7 +220,7 @@ def _choose(
             "or raw text with tokenizer=)"
         )
     else:
-        stats = calibrated(request.reach)
+        stats = calibrated(stages.reach(request))
     if stats is None:
         raise ValueError(
             f"method={name!r} with these options needs the model in memory: pass "

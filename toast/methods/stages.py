@@ -478,8 +478,10 @@ class Stages(Protocol):
     What ``toast.compress`` reads beside them (:mod:`toast.methods.driver`):
     ``configured(config)``: the stages with the user's options (the search
     runs the defaults); ``request(config)``: the size or spans the config
-    asks for (:class:`Request`); ``amount(plan)``: the
-    plan's size in the request's unit (blocks removed, by default);
+    asks for (:class:`Request`); ``reach(request)``: how far apart the
+    states calibration pairs must be (the request's reach, by default);
+    ``amount(plan)``: the plan's size in the request's unit (blocks
+    removed, by default);
     ``check(request, layout)``: raises ``ValueError``,
     before any pass, for a request the method can never meet;
     ``needs_data(request)``: whether the request needs calibration data
@@ -498,6 +500,8 @@ class Stages(Protocol):
     def configured(self, config: Any) -> Stages: ...
 
     def request(self, config: Any) -> Request: ...
+
+    def reach(self, request: Request) -> int: ...
 
     def amount(self, plan: Plan) -> int: ...
 
@@ -571,6 +575,9 @@ class BaseStages:
 
     def request(self, config: Any) -> Request:
         return Request.of(config)
+
+    def reach(self, request: Request) -> int:
+        return request.reach
 
     def amount(self, plan: Plan) -> int:
         return plan.blocks_removed

@@ -83,6 +83,10 @@ class RemoveStages(BaseStages):
     def needs_data(self, request: Request) -> bool:
         return request.spans is None  # given spans are deleted as they are
 
+    def reach(self, request: Request) -> int:
+        # Block Influence reads adjacent states alone: the shared pass need pair no others
+        return 1 if self.selection == "block_influence" else request.reach
+
     def needs(self, layout: Layout) -> Needs:
         return Needs(moments=self.selection != "sleb")
 
