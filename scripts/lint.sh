@@ -18,5 +18,5 @@ echo "==> mypy toast"
 "$TOAST_VENV/bin/mypy" toast
 echo "==> size rules"
 "$TOAST_VENV/bin/python" scripts/check_layout.py toast
-echo "==> method boundaries (frontier/, cli/ use the methods' stage API only)"
+echo "==> method boundaries (frontier/, cli/ use the methods' stage API only; methods never import each other)"
 "$TOAST_VENV/bin/python" scripts/check_imports.py --strict toast
