@@ -36,7 +36,7 @@ PACKAGE = {
             num_blocks: int = 1
             calibration: Calibration = dataclasses.field(default_factory=Calibration)
         ''',
-    "method.py": '''
+    "method.py": """
         from toast.hf.evaluate.from_disk import removal
         from toast.hf.model.surgery import remove_blocks
         from toast.io.pruned import write_pruned_checkpoint
@@ -79,7 +79,7 @@ PACKAGE = {
 
         METHOD = register(Method(name="toy", config=ToyConfig, needs_data=False,
                                  summary="the last blocks go", stages=ToyStages()))
-        ''',
+        """,
 }
 
 

@@ -237,7 +237,7 @@ def test_span_moments_from_disk_are_kept_within_the_replays_memory_and_said(monk
     shared.close()
     kept = stats.analysis.moments.spans
     assert len(kept) == 2 and "spans were kept" in stats.note
-    from toast.methods.stages import span_plans
+    from toast.methods.span_plans import span_plans
     from toast.methods.translate.stages import TRANSLATORS
 
     exact = [next(span_plans(stats.errors[k], n)) for k in TRANSLATORS for n in (1, 2)]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toast.hf.data.calibration import CALIBRATION_OPTIONS, Calibration
+from toast.methods.span_plans import best_windows, span_error, span_family_plans, span_plans
 from toast.methods.stages import (
     BaseStages,
     Layout,
@@ -38,12 +39,8 @@ from toast.methods.stages import (
     Sizes,
     Stages,
     Stats,
-    best_windows,
     capture_shared,
     capture_shared_from_disk,
-    span_error,
-    span_family_plans,
-    span_plans,
 )
 
 if TYPE_CHECKING:

@@ -18,7 +18,8 @@ from toast.hf.data.calibration import Calibration
 from toast.hf.model.surgery import replace_spans
 from toast.methods.linearpatch.config import LinearPatchConfig
 from toast.methods.linearpatch.statistics import PatchStatistics, measure_patch_statistics
-from toast.methods.stages import ALTERNATIVES, BaseStages, Layout, Plan, Shared, Sizes, Stats
+from toast.methods.span_plans import ALTERNATIVES
+from toast.methods.stages import BaseStages, Layout, Plan, Shared, Sizes, Stats
 from toast.spans import Span, validate_spans
 
 __all__ = ["STAGES", "LinearPatchStages", "LinearPatchStats", "patch_translators"]

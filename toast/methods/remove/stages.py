@@ -26,17 +26,8 @@ from toast.hf.model.surgery import remove_blocks
 from toast.io.pruned import write_pruned_checkpoint
 from toast.methods.remove.config import RemoveConfig
 from toast.methods.selection import lowest_blocks, runs, sleb, span_scores
-from toast.methods.stages import (
-    BaseStages,
-    Layout,
-    Needs,
-    Plan,
-    Request,
-    Shared,
-    Sizes,
-    Stats,
-    span_family_plans,
-)
+from toast.methods.span_plans import span_family_plans
+from toast.methods.stages import BaseStages, Layout, Needs, Plan, Request, Shared, Sizes, Stats
 from toast.spans import Span, validate_spans
 
 __all__ = ["STAGES", "RemoveStages", "RemoveStats", "identity_errors"]

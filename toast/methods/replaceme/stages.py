@@ -25,17 +25,8 @@ from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.disk import DiskEstimation, cut_edits, write_replaceme
 from toast.methods.replaceme.estimate import Estimation, Fits
 from toast.methods.replaceme.fold import NotFoldableError, apply_cuts, check_cuts
-from toast.methods.stages import (
-    BaseStages,
-    Layout,
-    Needs,
-    Plan,
-    Shared,
-    Sizes,
-    Stats,
-    best_windows,
-    span_error,
-)
+from toast.methods.span_plans import best_windows, span_error
+from toast.methods.stages import BaseStages, Layout, Needs, Plan, Shared, Sizes, Stats
 from toast.spans import Span
 
 __all__ = ["STAGES", "ReplaceMeStages", "ReplaceMeStats"]

@@ -19,7 +19,7 @@ from toast.hf.model.params import count_params
 from toast.hf.model.surgery import replace_spans
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.pipeline import deferred
-from toast.methods.stages import inner_windows
+from toast.methods.span_plans import inner_windows
 from toast.methods.translate.analysis import Analysis, analyze
 from toast.methods.translate.check import check_translators
 from toast.methods.translate.config import CLOSED_FORM, ToastConfig

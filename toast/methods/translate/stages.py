@@ -27,19 +27,8 @@ from toast.hf.data.calibration import Calibration
 from toast.hf.evaluate.from_disk import replaced
 from toast.hf.model.surgery import replace_spans
 from toast.io.from_disk import save_translated_from_disk
-from toast.methods.stages import (
-    ALTERNATIVES,
-    BaseStages,
-    Layout,
-    Needs,
-    Plan,
-    Shared,
-    Sizes,
-    Stats,
-    inner_windows,
-    span_family_plans,
-    span_plans,
-)
+from toast.methods.span_plans import ALTERNATIVES, inner_windows, span_family_plans, span_plans
+from toast.methods.stages import BaseStages, Layout, Needs, Plan, Shared, Sizes, Stats
 from toast.methods.translate.analysis import Analysis
 from toast.methods.translate.config import GHOSTED_RIDGE, ToastConfig
 from toast.methods.translate.fitting import Fitter
