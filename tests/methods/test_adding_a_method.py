@@ -129,3 +129,16 @@ def test_a_method_added_as_a_package_and_one_line_compresses_everywhere(toy, tmp
     assert main([*argv, "--out", str(tmp_path / "cli"), "--no-progress"]) == 0
     cli = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "cli")
     assert _same_weights(cli, expected)
+
+
+def test_a_method_without_a_report_of_its_own_reports_its_plan_and_quality(toy):
+    from toast.methods.driver import PlanReport
+
+    data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(2, 12, 2)
+    compressed, report = toast.compress(
+        tiny_llama(), data, method="toy", num_blocks=2, heldout=heldout, progress=False
+    )
+    assert isinstance(report, PlanReport) and report.plan.spans == ((4, 6),)
+    assert report.params_after == toast.count_params(compressed) and report.blocks_removed == 2
+    assert report.quality is not None and report.quality.plain_removal is not None
+    assert report.quality_markdown() and report.to_markdown().endswith(report.quality_markdown())

@@ -1,7 +1,7 @@
 """The one driver: ``toast.compress`` of a staged method builds what
 ``toast.search`` restricted to that method builds at the same size with a
-measurement budget of one, and a method registered with nothing but its
-stages compresses through it."""
+measurement budget of one (a method registered with nothing but its
+stages: ``test_adding_a_method.py``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import math
 import pytest
 
 import toast
-from toast.hf.data.calibration import Calibration
-from toast.methods.base import BaseStages, Method, Plan, Stats
-from toast.methods.driver import PlanReport, Request, first_choice, runner_of
+from toast.methods.base import Method, Plan
+from toast.methods.driver import Request, first_choice, runner_of
 
 from ..frontier.conftest import CALIBRATION_LENGTH, tiny_llama, token_batches
 
@@ -91,52 +90,12 @@ def test_a_blocks_target_measures_only_plans_of_that_many_blocks():
 
 
 @dataclasses.dataclass(frozen=True)
-class _ToyConfig:
-    num_blocks: int | None = None
-    spans: tuple | None = None
-    calibration: Calibration = dataclasses.field(default_factory=Calibration)
-
-
-class _ToyStages(BaseStages):
-    """Removes the last blocks it is asked for: no pass, one family."""
-
-    def calibrate(self, model, data, layout, shared, calibration, max_blocks):
-        return Stats()
-
-    def propose(self, stats, sizes, max_blocks, macs_matter):
-        total = sizes.num_blocks
-        return [
-            Plan(("toy",), "toy", ((total - n, total),), "identity", None,
-                 sizes.after_spans(((total - n, total),)), float(n))
-            for n in range(1, max_blocks + 1)
-        ]  # fmt: skip
-
-    def apply(self, model, plan, stats, layout):
-        from toast.hf.model.surgery import remove_blocks
-
-        remove_blocks(model, list(plan.spans), blocks=layout.stack)
-
-
-def test_a_method_registered_with_its_stages_alone_compresses(monkeypatch):
-    from toast.methods import base
-
-    toy = Method(name="toy", config=_ToyConfig, stages=_ToyStages())
-    monkeypatch.setitem(base._REGISTRY, "toy", toy)
-    model = tiny_llama()
-    heldout = token_batches(2, 12, 2)
-    compressed, report = toast.compress(
-        model, token_batches(2, CALIBRATION_LENGTH, 1), method="toy", num_blocks=2,
-        heldout=heldout, progress=False,
-    )  # fmt: skip
-    assert isinstance(report, PlanReport)
-    assert report.plan.spans == ((4, 6),) and len(compressed.model.layers) == 4
-    assert report.params_after == toast.count_params(compressed) and report.blocks_removed == 2
-    assert report.quality is not None and report.quality.plain_removal is not None
-    assert report.quality_markdown() and report.to_markdown().endswith(report.quality_markdown())
+class _Config:
+    num_blocks: int = 1
 
 
 def test_a_method_with_neither_run_nor_stages_is_refused_by_name():
-    lost = Method(name="lost", config=_ToyConfig)
+    lost = Method(name="lost", config=_Config)
     with pytest.raises(TypeError, match="'lost' registered neither run nor stages"):
         runner_of(lost)
 
