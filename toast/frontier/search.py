@@ -188,7 +188,7 @@ def _candidates(
     run: _Run, calibrated: Calibrated, sizes: Sizes, max_blocks: int | None
 ) -> list[Plan]:
     macs_matter = run.target.kind in ("macs", "latency")
-    limit = _max_blocks(run, max_blocks)
+    limit = _limit(run.layout, run.target, max_blocks)
     return enumerate_candidates(run.methods, calibrated, sizes, limit, macs_matter=macs_matter)
 
 
@@ -307,10 +307,6 @@ def _heldout(data: Iterable, heldout: Any, text: dict[str, Any]) -> tuple[Any, A
     return heldout_batches(data, heldout, text)
 
 
-def _max_blocks(run: _Run, max_blocks: int | None) -> int:
-    return _limit(run.layout, run.target, max_blocks)
-
-
 def _limit(layout: Layout, goal: Target, max_blocks: int | None) -> int:
     """The most blocks a plan removes: ``max_blocks``, by default half the
     blocks, or a blocks= target's count when that is more."""
@@ -327,7 +323,7 @@ def _calibrated(run: _Run, backend: str, max_blocks: int | None) -> tuple[Calibr
     found = run.cache.load_calibrated(run.key)
     if found is not None:
         return found, 0
-    limit = _max_blocks(run, max_blocks)
+    limit = _limit(run.layout, run.target, max_blocks)
     if run.disk is not None:
         calibrated = calibrate_from_disk(
             run.disk,

@@ -34,6 +34,7 @@ __all__ = [
     "STAGES",
     "SublayerStages",
     "SublayerStats",
+    "allowed_kinds",
     "apply_sublayers",
     "lowest",
     "sublayer_plan",
@@ -57,11 +58,16 @@ class SublayerStats(Stats):
     qualities: list[float] = field(default_factory=list)
 
 
+def allowed_kinds(kind: str | None) -> tuple[str, ...]:
+    """The sub-layer kinds ``kind`` lets go (``"any"`` or None: every one)."""
+    return KINDS if kind in (None, "any") else (kind,)
+
+
 def lowest(stats: SublayerStats, kind: str, count: int) -> list[int]:
     """Indices (into ``stats.subs``) of the ``count`` lowest-scored
     sub-layers of ``kind`` (``"any"``: either), lowest first; ties go to
     the earlier sub-layer. Fewer when fewer have a finite score."""
-    allowed = KINDS if kind == "any" else (kind,)
+    allowed = allowed_kinds(kind)
     pool = [
         i
         for i, s in enumerate(stats.subs)
@@ -111,7 +117,7 @@ class SublayerStages(BaseStages):
         if subs is None:  # a layout it cannot split: the error says which it can
             subs = find_sublayers(layout.stack)
         kind = self.kind or "any"
-        pool = [s for s in subs if kind == "any" or s.kind == kind]
+        pool = [s for s in subs if s.kind in allowed_kinds(kind)]
         n = request.count
         if n is not None and n > len(pool):
             what = "sub-layers" if kind == "any" else f"{kind} sub-layers"
@@ -146,8 +152,7 @@ class SublayerStages(BaseStages):
             params=[sublayer_params(blocks[s.block], s) for s in subs],
         )
         if self.selection == "measured":
-            allowed = KINDS if self.kind in (None, "any") else (self.kind,)
-            pool = [s for s in subs if s.kind in allowed]
+            pool = [s for s in subs if s.kind in allowed_kinds(self.kind)]
             picked, stats.qualities = greedy_measured(
                 model, data, layout.stack, pool, max_blocks, calibration
             )
