@@ -30,8 +30,16 @@ def test_parse_reads_kind_and_fraction(typed, kind, value):
         (0, ValueError, "between 0 and 1"),
         (True, TypeError, "target must be"),
         (float("nan"), ValueError, "finite"),
+        ("blocks=0", ValueError, "whole number of blocks, at least 1"),
+        ("blocks=2.5", ValueError, "a blocks= target is a whole number"),
     ],
 )
 def test_bad_targets_say_what_to_write(typed, error, said):
     with pytest.raises(error, match=said):
         Target.parse(typed)
+
+
+def test_a_blocks_target_is_a_count_of_blocks():
+    target = Target.parse("Blocks = 4")
+    assert (target.kind, target.num_blocks, target.describe()) == ("blocks", 4, "4 blocks removed")
+    assert Target.parse("params=20%").num_blocks is None
