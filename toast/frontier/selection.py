@@ -3,7 +3,7 @@
 A size target (parameters, MACs, latency, blocks) fixes which candidates
 qualify before any is measured: :class:`Ranked` measures the best-predicted
 ones, taking each family in turn (predicted errors compare within a family
-only; :func:`toast.methods.driver.by_family`, whose first pick is what
+only; :func:`toast.methods.choice.by_family`, whose first pick is what
 ``toast.compress`` applies). A quality floor does not: :class:`Bisection` searches each family
 for its smallest model within the floor, halving the range of sizes with
 every measurement (the best-predicted candidate stands for each size), so
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from toast.methods.base import Plan
-from toast.methods.driver import by_family
+from toast.methods.choice import by_family
 
 __all__ = ["Bisection", "Ranked", "by_family"]
 

@@ -10,9 +10,9 @@ door asks for it:
 2. :func:`toast.methods.calibrate.calibrate` runs the one shared pass and
    the method's own (the search's calibration, the same code);
 3. the stages propose their plans up to the size asked;
-4. :func:`first_choice` takes the best-predicted plan of the first family
-   among those removing exactly the blocks asked (the sub-layers, for
-   ``sublayer``): the plan a search
+4. the stages' ``choose`` takes one (by default :func:`first_choice`: the
+   best-predicted plan of the first family among those removing exactly
+   the blocks asked, the sub-layers for ``sublayer``): the plan a search
    restricted to the method measures first (:func:`by_family` orders both),
    so ``compress(model, data, method=m, num_blocks=n)`` and
    ``search(model, data, heldout, methods=[m], target=f"blocks={n}",
@@ -26,12 +26,12 @@ Explicit spans skip the choice: the plan of exactly those spans is applied
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toast.methods.base import Report
+from toast.methods.choice import by_family, first_choice
 from toast.methods.stages import Plan, Request, Sizes, Stats
 
 if TYPE_CHECKING:
@@ -55,39 +55,6 @@ __all__ = [
     "compress_with_stages",
     "first_choice",
 ]
-
-
-def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
-    """Plans grouped by family, best predicted first (ties: the
-    smaller model, then the key, so the order is deterministic); single
-    methods before their combinations, and a variant of a family (named
-    ``"<family>-<variant>"`` with the same methods, e.g. ``"tome-delayed"``,
-    a schedule of ``"tome"``) after every family that is not one, so that a
-    budget smaller than the number of families measures every method alone
-    before a variant of one or any combination."""
-    families: dict[str, list[Plan]] = {}
-    for c in sorted(candidates, key=lambda c: (c.predicted_error, c.params_after, c.key)):
-        families.setdefault(c.family, []).append(c)
-
-    def rank(f: str) -> tuple[int, bool, str]:
-        methods = families[f][0].methods
-        variant = any(f.startswith(f"{g}-") and families[g][0].methods == methods for g in families)
-        return len(methods), variant, f
-
-    return {f: families[f] for f in sorted(families, key=rank)}
-
-
-def first_choice(
-    plans: Sequence[Plan], count: int, amount: Callable[[Plan], int] | None = None
-) -> Plan | None:
-    """The plan a measurement budget of one takes among ``plans`` removing
-    exactly ``count`` (blocks, or the units ``amount(plan)`` counts): the
-    best predicted of the first family (:func:`by_family`); None when no
-    plan has that size."""
-    size = amount or (lambda p: p.blocks_removed)
-    exact = [p for p in plans if size(p) == count and math.isfinite(p.predicted_error)]
-    families = by_family(exact)
-    return next(iter(families.values()))[0] if families else None
 
 
 @dataclass
@@ -228,9 +195,8 @@ def _choose(
         )
     if request.spans is not None:
         return stages.given(request.spans, stats, sizes), stats
-    assert request.count is not None
     plans = stages.propose(stats, sizes, request.reach, False)
-    chosen = first_choice(plans, request.count, stages.amount)
+    chosen = stages.choose(plans, request)
     if chosen is None:
         note = f" ({stats.note})" if stats.note else ""
         raise ValueError(

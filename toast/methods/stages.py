@@ -37,6 +37,7 @@ from toast.core import Moments, error_matrix
 from toast.core.chunked import ChunkedMoments, PairMoments, pair_moments_nbytes
 from toast.hf.data.calibration import Calibration
 from toast.hf.data.progress import progress_counter
+from toast.methods.choice import first_choice
 
 if TYPE_CHECKING:
     import os
@@ -430,11 +431,11 @@ class Request:
 
     @property
     def reach(self) -> int:
-        """How far calibration must cover: the widest span, or the count."""
+        """How far calibration must cover: the widest span, or the count
+        (0 when neither is set: the method's options fix its plan)."""
         if self.spans is not None:
             return max(b - a for a, b in self.spans)
-        assert self.count is not None  # one of the two is set
-        return self.count
+        return 0 if self.count is None else self.count
 
 
 @runtime_checkable
@@ -470,7 +471,10 @@ class Stages(Protocol):
     asks for (:class:`Request`); ``reach(request)``: how far apart the
     states calibration pairs must be (the request's reach, by default);
     ``amount(plan)``: the plan's size in the request's unit (blocks
-    removed, by default);
+    removed, by default); ``choose(plans, request)``: the plan ``compress``
+    applies among the proposed (None: none fits; by default
+    :func:`toast.methods.choice.first_choice`, what a search of one
+    measurement takes);
     ``check(request, layout)``: raises ``ValueError``,
     before any pass, for a request the method can never meet;
     ``needs_data(request)``: whether the request needs calibration data
@@ -493,6 +497,8 @@ class Stages(Protocol):
     def reach(self, request: Request) -> int: ...
 
     def amount(self, plan: Plan) -> int: ...
+
+    def choose(self, plans: Sequence[Plan], request: Request) -> Plan | None: ...
 
     def check(self, request: Any, layout: Layout) -> None: ...
 
@@ -570,6 +576,11 @@ class BaseStages:
 
     def amount(self, plan: Plan) -> int:
         return plan.blocks_removed
+
+    def choose(self, plans: Sequence[Plan], request: Request) -> Plan | None:
+        if request.count is None:
+            raise ValueError(f"{type(self).__name__} needs a size: give num_blocks=")
+        return first_choice(plans, request.count, self.amount)
 
     def check(self, request: Any, layout: Layout) -> None:
         total, asked = layout.num_blocks, request.count
