@@ -121,22 +121,24 @@ def compress_from_disk_with_stages(
     method: Method,
     disk: DiskModel,
     data: Iterable,
-    output: str | os.PathLike,
+    output: str | os.PathLike | None,
     config: Any,
     *,
     heldout: Iterable | None = None,
 ) -> Report:
     """:func:`compress_with_stages` on the checkpoint ``disk``, block by
     block, never loaded: the same calibration from disk, the same choice,
-    the planned model written to the new folder ``output``; ``heldout``
-    adds the original's, plain removal's and the result's quality, measured
-    block by block. Returns the report."""
+    the planned model written to the new folder ``output`` (None: nothing
+    written, the report alone); ``heldout`` adds the original's, plain
+    removal's and the result's quality, measured block by block (scratch
+    under the config's ``buffer_dir``, if it has one). Returns the report."""
     from toast.hf.evaluate.from_disk import measure_from_disk, removal
     from toast.methods.base import find_layout
     from toast.methods.calibrate import calibrate_from_disk, model_sizes
 
     assert method.stages is not None and method.stages.from_disk  # disk_runner_of checked
     stages = method.stages.configured(config)
+    stages.check_from_disk(output)
     calibration = config.calibration
     layout = find_layout(disk.model, calibration.blocks)
     sizes = model_sizes(disk.model, layout)
@@ -159,8 +161,10 @@ def compress_from_disk_with_stages(
             removal(plan.spans),
             stages.edits(disk, plan, stats),
             progress=calibration.progress,
+            buffer_dir=getattr(config, "buffer_dir", None),
         )
-    stages.save_from_disk(disk, plan, stats, output)
+    if output is not None:
+        stages.save_from_disk(disk, plan, stats, output)
     return report
 
 

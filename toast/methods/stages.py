@@ -463,7 +463,10 @@ class Stages(Protocol):
     ``edits(disk, plan, stats)``: the plan as changes of the blocks while
     they load; ``save_from_disk(disk, plan, stats, output)``: the planned
     model written to the new folder ``output``, reloadable as the
-    in-memory model's save is.
+    in-memory model's save is; ``check_from_disk(output)``: raises, before
+    any pass, for what the configured stages cannot do block by block when
+    the result goes to ``output`` (None: nothing written; by default
+    nothing is refused).
 
     What ``toast.compress`` reads beside them (:mod:`toast.methods.driver`):
     ``configured(config)``: the stages with the user's options (the search
@@ -544,6 +547,8 @@ class Stages(Protocol):
         max_blocks: int,
     ) -> Stats | None: ...
 
+    def check_from_disk(self, output: str | os.PathLike | None) -> None: ...
+
     def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits: ...
 
     def save_from_disk(
@@ -619,6 +624,9 @@ class BaseStages:
         calibration: Calibration,
         max_blocks: int,
     ) -> Stats | None:
+        return None
+
+    def check_from_disk(self, output: str | os.PathLike | None) -> None:
         return None
 
     def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits:

@@ -760,10 +760,12 @@ def test_a_config_and_keywords_give_the_same_result():
 
 
 def test_the_registered_method_runs_the_config_directly():
+    from toast.methods.driver import runner_of
+
     method = toast.methods.base.get_method("replaceme")
     assert method.config is toast.ReplaceMeConfig
     config = toast.ReplaceMeConfig(spans=[SPAN], calibration=toast.Calibration(progress=False))
-    model, report = method.run(R.decoder("llama"), R.text_loader(), config)
+    model, report = runner_of(method)(R.decoder("llama"), R.text_loader(), config)
     assert report.blocks_after == R.LAYERS - 2 == find_blocks(model).num_blocks
 
 

@@ -49,9 +49,9 @@ from toast.core import Translator
 from toast.hf.capture.sequential import BlockEdits, DiskModel, DiskStates, stream_blocks
 from toast.hf.data.text import as_batches
 from toast.hf.evaluate.check import CheckSplit, RemovalCheck, check_against_plain
-from toast.hf.evaluate.from_disk import SequentialEvaluator, measure_from_disk, removal, replaced
+from toast.hf.evaluate.from_disk import SequentialEvaluator, removal, replaced
 from toast.io.pruned import write_pruned_checkpoint
-from toast.methods.replaceme.auto import placement_options, resolved
+from toast.methods.replaceme.auto import AutoResult, placement_options, resolved
 from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import candidate_cuts, explicit_cuts, select_cuts
 from toast.methods.replaceme.estimate import (
@@ -83,8 +83,11 @@ from toast.translators.block import translator_module
 
 __all__ = [
     "DiskEstimation",
+    "check_supported",
+    "checkpoint_params",
     "cut_edits",
     "estimate_from_disk",
+    "fit_from_disk",
     "profile_from_disk",
     "replaceme_from_disk",
     "write_replaceme",
@@ -424,10 +427,18 @@ def replaceme_from_disk(
     temporary directory under ``buffer_dir``, removed on every exit. An
     interrupted run (Ctrl-C included) leaves neither temporary files nor a
     partial ``output``. Returns the report (as :func:`toast.methods.replaceme.replaceme`'s).
+
+    A convenience over the one driver
+    (:func:`toast.methods.driver.compress_from_disk_with_stages`, what
+    ``toast.compress`` runs on a folder block by block): the raw text read,
+    the folder opened.
     """
+    from toast.methods.base import get_method
+    from toast.methods.driver import compress_from_disk_with_stages
+
     text, params = split_text_options(params)
     config = ReplaceMeConfig.from_options(config, params)
-    _check_supported(config, output)
+    check_supported(config, output)
     data = as_batches(data, **text)
     measured: Iterable | None = None  # the held-out batches
     if isinstance(heldout, float):
@@ -437,44 +448,20 @@ def replaceme_from_disk(
     if output is not None and Path(output).exists():
         raise FileExistsError(f"{output} exists; the pruned checkpoint goes to a new folder")
     disk = DiskModel.open(folder, config.calibration.blocks, config.calibration.compute_dtype)
-    chosen = _fit(disk, data, config)
-    config = chosen.config  # the placement used
-    transforms = [f.transform for f in chosen.fitted]
-    report = _report(disk, config, chosen)
-    if measured is not None:
-        report.quality = measure_from_disk(
-            disk,
-            measured,
-            removal(chosen.spans),
-            cut_edits(chosen.spans, transforms, config, disk.dtype),
-            progress=config.calibration.progress,
-            buffer_dir=config.buffer_dir,
-        )
-    if output is not None:
-        write_replaceme(
-            disk, output, chosen.spans, transforms, progress=config.calibration.progress
-        )
+    method = get_method("replaceme")
+    report = compress_from_disk_with_stages(method, disk, data, output, config, heldout=measured)
+    assert isinstance(report, ReplaceMeReport)
     return report
 
 
-@dataclass
-class _Chosen:
-    """The cuts, their fits and how they were chosen."""
-
-    spans: list[Span]
-    fitted: list[Fitted]
-    rows: int
-    profile: DistanceProfile | None
-    checks: list[RemovalCheck | None]
-    candidates: list[RemovalCheck]
-    note: str
-    config: ReplaceMeConfig
-    placement_note: str = ""
-
-
-def _fit(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) -> _Chosen:
+def fit_from_disk(
+    disk: DiskModel, data: Iterable, config: ReplaceMeConfig
+) -> tuple[AutoResult, DistanceProfile | None, str]:
     """The cuts and their transforms, chosen and checked on held-out
-    calibration batches as :func:`toast.methods.replaceme.replaceme` does."""
+    calibration batches as :func:`toast.methods.replaceme.replaceme` does,
+    block by block; with the distance profile that chose them and why
+    nothing was checked ("" when it was). The estimation returned carries
+    the placement used."""
     split = CheckSplit(data, 0.0 if fits_sequentially(config) else config.check_fraction)
     spans, profile = _choose(disk, split.fit, config)
     note = check_note(config, split, len(spans))
@@ -485,16 +472,20 @@ def _fit(disk: DiskModel, data: Iterable, config: ReplaceMeConfig) -> _Chosen:
     said = f"{why}; from disk the diagonal T is folded into it (exact, a standard checkpoint)"
     config = resolved(config, options[0])
     check_cuts(disk.stack, pool or spans, structure, placement, config.objective)
-    if config.objective == "identity":
-        return _Chosen(spans, [Fitted(None) for _ in spans], 0, profile, [], [], note, config)
     expected = profile.token_rows if profile is not None else None
     estimation = DiskEstimation(disk, split.fit, config, expected)
+    if config.objective == "identity":
+        unfitted = [Fitted(None) for _ in spans]
+        return AutoResult(estimation, spans, unfitted, 0, [], []), profile, note
     spans, fitted, rows, checks, measured = fit_checked(estimation, spans, pool, split, note)
     placement_note = said if len(options) > 1 else ""
-    return _Chosen(spans, fitted, rows, profile, checks, measured, note, config, placement_note)
+    chosen = AutoResult(estimation, spans, fitted, rows, checks, measured, placement_note)
+    return chosen, profile, note
 
 
-def _check_supported(config: ReplaceMeConfig, output: str | os.PathLike | None) -> None:
+def check_supported(config: ReplaceMeConfig, output: str | os.PathLike | None) -> None:
+    """Refuses, before any pass, what the block-by-block path cannot do
+    (``output``: where the checkpoint is written, None: nowhere)."""
     if config.spans is None and config.selection not in ("distance", "measured"):
         raise ValueError(
             f"selection={config.selection!r} is in memory only; from disk the cut is chosen "
@@ -512,8 +503,9 @@ def _check_supported(config: ReplaceMeConfig, output: str | os.PathLike | None) 
         )
 
 
-def _report(disk: DiskModel, config: ReplaceMeConfig, chosen: _Chosen) -> ReplaceMeReport:
-    spans, fitted = chosen.spans, chosen.fitted
+def checkpoint_params(disk: DiskModel, spans: Sequence[Span]) -> tuple[int, int]:
+    """The checkpoint's parameters before and after ``spans`` are cut,
+    counted from its tensors' shapes (what the written checkpoint holds)."""
     tensors = disk.checkpoint.tensors
     before = sum(math.prod(info.shape) for info in tensors.values())
     removed = sum(
@@ -522,27 +514,4 @@ def _report(disk: DiskModel, config: ReplaceMeConfig, chosen: _Chosen) -> Replac
         for b in range(s.start, s.stop)
         for key in disk.block_keys(b).values()
     )
-    return ReplaceMeReport(
-        objective=config.objective,
-        structure=config.structure,
-        placement=config.placement,
-        metric=config.distance,
-        spans=list(spans),
-        transforms=[f.transform for f in fitted],
-        conditions=[f.condition for f in fitted],
-        objectives=[f.objective for f in fitted],
-        blocks_before=disk.num_blocks,
-        blocks_after=disk.num_blocks - sum(s.num_blocks for s in spans),
-        params_before=before,
-        params_after=before - removed,
-        rows=chosen.rows,
-        profile=chosen.profile,
-        buffer_bytes=sum(f.buffer_bytes for f in fitted),
-        rows_kept=sum(f.rows_kept for f in fitted),
-        fit=config.fit,
-        checks=chosen.checks,
-        check_note=chosen.note,
-        candidates=chosen.candidates,
-        placement_note=chosen.placement_note,
-        selection=config.selection if config.spans is None else "spans",
-    )
+    return before, before - removed

@@ -4,7 +4,9 @@ each cut's least-squares transform, and the transform folded into the
 block before the cut when a plan is applied. On disk the same pass runs
 block by block (:class:`toast.methods.replaceme.disk.DiskEstimation`), a
 plan is measured with its cuts made as the blocks load, and written as a
-pruned checkpoint without loading the model."""
+pruned checkpoint without loading the model. ``configured(config)`` gives
+the stages of a user's options, what ``toast.compress`` runs through the
+one driver (:mod:`toast.methods.replaceme.configured`)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from toast.hf.capture.sequential import BlockEdits, DiskModel
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.blocks import BlockStack
 from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.methods.replaceme.configured import ConfiguredReplaceMe
 from toast.methods.replaceme.disk import DiskEstimation, cut_edits, write_replaceme
 from toast.methods.replaceme.estimate import Estimation, Fits
 from toast.methods.replaceme.fold import NotFoldableError, apply_cuts, check_cuts
@@ -79,7 +82,14 @@ def _stats(errors: np.ndarray, transforms: dict, note: str) -> ReplaceMeStats:
 
 
 class ReplaceMeStages(BaseStages):
-    """ReplaceMe as stages (family ``"replaceme"``)."""
+    """ReplaceMe as stages (family ``"replaceme"``): the search's; configured
+    by a user's :class:`ReplaceMeConfig`, the stages ``toast.compress`` runs
+    (:class:`~toast.methods.replaceme.configured.ConfiguredReplaceMe`)."""
+
+    from_disk = True
+
+    def configured(self, config: ReplaceMeConfig) -> ConfiguredReplaceMe:
+        return ConfiguredReplaceMe(config)
 
     def needs(self, layout: Layout) -> Needs:
         return Needs(moments=True)
