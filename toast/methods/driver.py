@@ -140,9 +140,8 @@ def compress_from_disk_with_stages(
     stages = method.stages.configured(config)
     stages.check_from_disk(output)
     calibration = config.calibration
-    layout = find_layout(
-        disk.model, disk.stack.path
-    )  # the blocks the disk found, not searched again
+    # the blocks the checkpoint's skeleton found, not searched for again
+    layout = find_layout(disk.model, disk.stack.path)
     sizes = model_sizes(disk.model, layout)
 
     def calibrated(reach: int) -> Stats | None:
