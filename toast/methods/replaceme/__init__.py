@@ -13,7 +13,11 @@ it through the method registry.
 - :mod:`~toast.methods.replaceme.cosine`: the cosine objective (Adam, L-BFGS);
 - :mod:`~toast.methods.replaceme.fold`: folding T into the down-projection;
 - :mod:`~toast.methods.replaceme.report`, :mod:`~toast.methods.replaceme.params`;
-- :mod:`~toast.methods.replaceme.method`: the orchestrator, registered as ``"replaceme"``;
+- :mod:`~toast.methods.replaceme.method`: :func:`replaceme`, and the
+  registration as ``"replaceme"`` (its stages alone);
+- :mod:`~toast.methods.replaceme.stages`: the search's stages;
+  :mod:`~toast.methods.replaceme.configured`: the stages a config asks for,
+  which ``toast.compress`` runs through the one driver;
 - :mod:`~toast.methods.replaceme.disk`: the same from a checkpoint on disk,
   block by block, and the pruned checkpoint written without the model;
 - a model folder, in memory or from disk by the memory budget:
