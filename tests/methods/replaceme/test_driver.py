@@ -90,3 +90,25 @@ def test_the_default_from_disk_writes_what_the_default_in_memory_writes(tmp_path
     for key in written:
         assert written[key].dtype == saved[key].dtype, key
         assert torch.equal(written[key], saved[key]), key
+
+
+def test_what_the_disk_path_cannot_write_is_refused_before_any_pass(tmp_path, monkeypatch):
+    import toast.methods.replaceme.configured as configured
+
+    def no_pass(*args, **kwargs):
+        raise AssertionError("a pass ran")
+
+    monkeypatch.setattr(configured, "fit_from_disk", no_pass)
+    R.decoder("llama").save_pretrained(tmp_path / "source")
+    with pytest.raises(ValueError, match="placement='fold'"):
+        toast.compress(
+            str(tmp_path / "source"),
+            R.text_loader(),
+            method="replaceme",
+            output=tmp_path / "out",
+            sequential=True,
+            num_blocks=2,
+            placement="mlp",
+            progress=False,
+        )
+    assert not (tmp_path / "out").exists()
