@@ -125,20 +125,23 @@ def compress_from_disk_with_stages(
     config: Any,
     *,
     heldout: Iterable | None = None,
+    stages: Stages | None = None,
 ) -> Report:
     """:func:`compress_with_stages` on the checkpoint ``disk``, block by
     block, never loaded: the same calibration from disk, the same choice,
     the planned model written to the new folder ``output``; ``heldout``
     adds the original's, plain removal's and the result's quality, measured
-    block by block. Returns the report."""
+    block by block; ``stages``: the method's stages configured already
+    (default: by ``config``). Returns the report."""
     from toast.hf.evaluate.from_disk import measure_from_disk, removal
     from toast.methods.base import find_layout
     from toast.methods.calibrate import calibrate_from_disk, model_sizes
 
     assert method.stages is not None and method.stages.from_disk  # disk_runner_of checked
-    stages = method.stages.configured(config)
+    if stages is None:
+        stages = method.stages.configured(config)
     calibration = config.calibration
-    layout = find_layout(disk.model, calibration.blocks)
+    layout = find_layout(disk.model, disk.stack)  # found when the checkpoint opened
     sizes = model_sizes(disk.model, layout)
 
     def calibrated(reach: int) -> Stats | None:
@@ -150,6 +153,7 @@ def compress_from_disk_with_stages(
     plan, stats = _choose(
         method.name, stages, data, layout, sizes, stages.request(config), calibrated
     )
+    stages.prepare_from_disk(disk, plan, stats)
     spans = _spans(stages, plan, stats)
     report = _report(method.name, stages, plan, stats, sizes, spans, plan.params_after)
     if heldout is not None:  # plain removal of a plan removing no block is the original
@@ -160,7 +164,7 @@ def compress_from_disk_with_stages(
             stages.edits(disk, plan, stats),
             progress=calibration.progress,
         )
-    stages.save_from_disk(disk, plan, stats, output)
+    stages.save_from_disk(disk, plan, stats, output, report.to_markdown())
     return report
 
 

@@ -460,10 +460,14 @@ class Stages(Protocol):
     ``calibrate_from_disk(disk, data, layout, shared, calibration,
     max_blocks)``: the Stats ``calibrate`` gives on the loaded model, or
     None when the method needs the model in memory (it is then left out);
+    ``prepare_from_disk(disk, plan, stats)``: what applying the chosen
+    plan computes before the model is measured or written (its fits and
+    their checks, kept in ``stats``; ``toast.compress`` only);
     ``edits(disk, plan, stats)``: the plan as changes of the blocks while
-    they load; ``save_from_disk(disk, plan, stats, output)``: the planned
-    model written to the new folder ``output``, reloadable as the
-    in-memory model's save is.
+    they load; ``save_from_disk(disk, plan, stats, output, report)``: the
+    planned model written to the new folder ``output``, reloadable as the
+    in-memory model's save is, with ``report`` (markdown) in its model card
+    where its format has one.
 
     What ``toast.compress`` reads beside them (:mod:`toast.methods.driver`):
     ``configured(config)``: the stages with the user's options (the search
@@ -546,8 +550,15 @@ class Stages(Protocol):
 
     def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits: ...
 
+    def prepare_from_disk(self, disk: DiskModel, plan: Plan, stats: Stats) -> None: ...
+
     def save_from_disk(
-        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+        self,
+        disk: DiskModel,
+        plan: Plan,
+        stats: Stats,
+        output: str | os.PathLike,
+        report: str | None = None,
     ) -> Path: ...
 
 
@@ -624,7 +635,15 @@ class BaseStages:
     def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits:
         raise NotImplementedError(f"{type(self).__name__} has no disk path")
 
+    def prepare_from_disk(self, disk: DiskModel, plan: Plan, stats: Stats) -> None:
+        return None
+
     def save_from_disk(
-        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+        self,
+        disk: DiskModel,
+        plan: Plan,
+        stats: Stats,
+        output: str | os.PathLike,
+        report: str | None = None,
     ) -> Path:
         raise NotImplementedError(f"{type(self).__name__} has no disk path")
