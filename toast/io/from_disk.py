@@ -103,7 +103,8 @@ def save_translated_from_disk(
         write_safetensors(items, {"format": "pt", "toast_format": FORMAT}, tmp / WEIGHTS_NAME)
         # the same folder as toast.save_pretrained: checksum, config, the
         # checkpoint's tokenizer and generation files, card, plan last
-        finish_folder(model, plan, tmp, {"source": disk.checkpoint.folder, "report": report})
+        companions = {"source": disk.checkpoint.folder, "report": report, "name": target.name}
+        finish_folder(model, plan, tmp, companions)
         fsync_path(tmp)
         os.rename(tmp, target)
         fsync_path(target.parent)
