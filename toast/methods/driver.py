@@ -156,11 +156,11 @@ def compress_from_disk_with_stages(
     stages.prepare_from_disk(disk, plan, stats)
     spans = _spans(stages, plan, stats)
     report = _report(method.name, stages, plan, stats, sizes, spans, plan.params_after)
-    if heldout is not None:  # plain removal of a plan removing no block is the original
+    if heldout is not None:  # a plan removing no block has no plain removal (as in memory)
         report.quality = measure_from_disk(
             disk,
             heldout,
-            removal(plan.spans),
+            removal(plan.spans) if plan.spans else None,
             stages.edits(disk, plan, stats),
             progress=calibration.progress,
         )
@@ -193,9 +193,11 @@ def _choose(
     else:
         stats = calibrated(stages.reach(request))
     if stats is None:
+        why = getattr(stages, "in_memory_because", "")  # BaseStages: ""
         raise ValueError(
-            f"method={name!r} with these options needs the model in memory: pass "
-            "sequential=False, or max_memory= enough to load it"
+            f"method={name!r} with these options needs the model in memory"
+            f"{f' ({why})' if why else ''}: pass sequential=False, or max_memory= enough "
+            "to load it"
         )
     if request.spans is not None:
         return stages.given(request.spans, stats, sizes), stats

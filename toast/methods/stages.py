@@ -571,6 +571,9 @@ class BaseStages:
 
     chain_last = False
     from_disk = False
+    #: why ``calibrate_from_disk`` gives None with these options, for the
+    #: refusal of ``compress`` on the block-by-block path ("": not said)
+    in_memory_because = ""
 
     def structure(self, model: nn.Module, stack: BlockStack) -> Any:
         return None
