@@ -22,9 +22,9 @@ pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 #: A sharded checkpoint: each shard holds a few tensors.
 SHARD = "20KB"
-#: The methods with a block-by-block path (LinearPatch and sub-layer pruning
-#: run in memory only: a disk search leaves them out, so the comparisons with
-#: the in-memory search name the methods both run).
+#: Methods with a block-by-block path (ToaSt's ViT stages run in memory only:
+#: a disk search leaves them out, so the comparisons with the in-memory search
+#: name methods both run); LinearPatch and sub-layer pruning are compared apart.
 DISK_METHODS = ["remove", "replaceme", "toast"]
 
 
@@ -94,7 +94,34 @@ def test_disk_search_notes_the_methods_it_leaves_out(checkpoint):
     disk = toast.search(checkpoint, data, heldout, max_measured=1, sequential=True, **common)
     left_out = [note for note in disk.notes if "left out on the block-by-block path" in note]
     assert len(left_out) == 1
-    assert all(name in left_out[0] for name in ("toast-vit", "linearpatch", "sublayer"))
+    assert "toast-vit" in left_out[0]
+    assert not any(name in left_out[0] for name in ("linearpatch", "sublayer"))
+
+
+def test_disk_search_of_linearpatch_and_sublayers_matches_memory(checkpoint, tmp_path):
+    """Their plans from their own sweeps, measured with the patch applied or
+    the sub-layers zeroed as the blocks load; the chosen one written."""
+    data, heldout = _data()
+    common = {"target": 0.2, "latency": False, "cache": False, "progress": False}
+    common["methods"] = ["linearpatch", "sublayer"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint).eval()
+    memory = toast.search(model, data, heldout, max_measured=6, **common)
+    disk = toast.search(checkpoint, data, heldout, max_measured=6, sequential=True, **common)
+    assert [m.candidate.key for m in disk.measured] == [m.candidate.key for m in memory.measured]
+    assert {m.candidate.family for m in disk.measured} == {"linearpatch", "sublayer"}
+    for d, m in zip(disk.measured, memory.measured, strict=True):
+        assert d.measurement.params == m.measurement.params
+        assert d.candidate.predicted_error == pytest.approx(m.candidate.predicted_error, rel=1e-9)
+        assert d.measurement.quality == pytest.approx(m.measurement.quality, rel=1e-5)
+    assert disk.best is not None and memory.best is not None
+    assert disk.best.candidate.key == memory.best.candidate.key
+    memory.save(tmp_path / "memory")
+    disk.save(tmp_path / "disk")
+    ids = token_batches(1, HELDOUT_LENGTH, 3)[0]["input_ids"]
+    with torch.inference_mode():
+        expected = toast.load_pretrained(tmp_path / "memory" / "model")(input_ids=ids).logits
+        got = toast.load_pretrained(tmp_path / "disk" / "model")(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_saved_disk_model_gives_the_in_memory_saved_models_logits(both):

@@ -90,7 +90,9 @@ def test_model_card_holds_the_report_and_how_to_load(compressed, tmp_path):
     folder = toast.save_pretrained(model, tmp_path / "s", report=report.to_markdown())
     card = (folder / "README.md").read_text()
     assert report.to_markdown().strip() in card
-    assert "toast.load_pretrained" in card and "trust_remote_code=True" in card
+    # the folder the save ends in, not the temporary sibling it was written to
+    assert 'toast.load_pretrained("s")' in card
+    assert 'AutoModel.from_pretrained("s", trust_remote_code=True)' in card
 
 
 def test_source_companions_and_tokenizer_travel_with_the_save(compressed, tmp_path):

@@ -71,7 +71,7 @@ PACKAGE = {
             def edits(self, disk, plan, stats):
                 return removal(plan.spans)
 
-            def save_from_disk(self, disk, plan, stats, output):
+            def save_from_disk(self, disk, plan, stats, output, report=None):
                 renames, kept = disk.renumbered(b for a, z in plan.spans for b in range(a, z))
                 return write_pruned_checkpoint(disk.checkpoint, output, renames, kept=kept,
                                                total=disk.num_blocks, progress=False)

@@ -113,8 +113,9 @@ def open_source(
             "loads it, so it cannot time or count it): give max_memory enough to load the "
             "model, or ask for params= or quality="
         )
-    layout = Layout(disk.stack)
-    # the blocks were found with the skeleton; methods in memory only are left out later
+    # the blocks were found with the skeleton, each method's structure with them
+    # (sub-layer pruning's sub-layers); methods in memory only are left out later
+    layout = find_layout(disk.model, disk.stack)
     return Opened(disk.model, disk, layout, methods, fingerprint_files(model), plan=plan)
 
 

@@ -86,13 +86,13 @@ def copy_companions(source: str | os.PathLike[str] | None, target: Path) -> list
     return copied
 
 
-def _how_to_load(target: Path, custom: bool) -> list[str]:
+def _how_to_load(target: Path, custom: bool, name: str) -> list[str]:
     lines = [
         "## How to load",
         "",
         "```python",
         "import toast",
-        f'model = toast.load_pretrained("{target.name}")',
+        f'model = toast.load_pretrained("{name}")',
         "```",
         "",
     ]
@@ -103,7 +103,7 @@ def _how_to_load(target: Path, custom: bool) -> list[str]:
             "",
             "```python",
             "from transformers import AutoModel",
-            f'model = AutoModel.from_pretrained("{target.name}", trust_remote_code=True)',
+            f'model = AutoModel.from_pretrained("{name}", trust_remote_code=True)',
             "```",
             "",
         ]
@@ -124,8 +124,12 @@ def _how_to_load(target: Path, custom: bool) -> list[str]:
     return lines
 
 
-def write_card(target: Path, summary: dict[str, Any], report: str | None, custom: bool) -> None:
-    """Writes ``target/README.md``: what the model is, the report, how to load it."""
+def write_card(
+    target: Path, summary: dict[str, Any], report: str | None, custom: bool, name: str = ""
+) -> None:
+    """Writes ``target/README.md``: what the model is, the report, how to
+    load it from the folder ``name`` (default: ``target``'s own; a save
+    written into a temporary sibling passes the name it is renamed to)."""
     lines = [
         f"# {summary['model_class']} compressed with toast",
         "",
@@ -136,7 +140,7 @@ def write_card(target: Path, summary: dict[str, Any], report: str | None, custom
     ]
     if report:
         lines += ["## Compression report", "", report.strip(), ""]
-    lines += _how_to_load(target, custom)
+    lines += _how_to_load(target, custom, name or target.name)
     (target / "README.md").write_text("\n".join(lines), encoding="utf-8")
 
 

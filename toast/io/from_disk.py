@@ -10,6 +10,11 @@ copied byte for byte from the checkpoint under its patched name (kept
 blocks renumbered). :func:`toast.io.load_pretrained` loads the result as
 it loads a save of the patched model made in memory. Like every toast
 save, it is written into a hidden directory renamed when complete.
+
+:func:`save_edited_from_disk` writes the same way a model whose blocks
+stay where they are but whose modules ``edit`` changed on the skeleton
+(removed sub-layers, parameter-free modules a registered model patch
+describes): the kept tensors copied under their own names.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -34,7 +39,7 @@ from toast.io.save import finish_folder, fsync_path, save_plan
 from toast.spans import validate_spans
 from toast.translators.block import translator_module
 
-__all__ = ["save_translated_from_disk"]
+__all__ = ["save_edited_from_disk", "save_translated_from_disk"]
 
 
 def _positions(spans: Sequence[tuple[int, int]], total: int) -> list[int | None]:
@@ -81,18 +86,54 @@ def save_translated_from_disk(
     ``output`` (see the module docstring), with ``report`` (markdown) in its
     model card. Raises ``FileExistsError`` when ``output`` exists. Returns
     the path."""
-    target = Path(output)
-    if target.exists() or target.is_symlink():
-        raise FileExistsError(errno.EEXIST, f"{target} exists; choose a new folder", str(target))
+    target = _new_folder(output)
     model = disk.checkpoint.skeleton()
-    path = disk.stack.path
     modules = [
         translator_module(t, dtype=disk.checkpoint.dtype) if isinstance(t, Translator) else t
         for t in translators
     ]
-    replace_spans(model, spans, modules, blocks=path)
+    replace_spans(model, spans, modules, blocks=disk.stack.path)
+    return _write(disk, model, _positions(spans, disk.num_blocks), target, report)
+
+
+def save_edited_from_disk(
+    disk: DiskModel,
+    output: str | os.PathLike,
+    edit: Callable[[nn.Module], None],
+    report: str | None = None,
+) -> Path:
+    """Saves the checkpoint of ``disk`` with ``edit(model)`` applied to its
+    model built on the meta device (a change that keeps every block in its
+    place and adds no tensor: modules replaced by parameter-free ones),
+    in toast's format, to the new folder ``output``, with ``report`` in its
+    model card; what :func:`toast.save_pretrained` writes for the model so
+    edited in memory. Raises ``FileExistsError`` when ``output`` exists."""
+    target = _new_folder(output)
+    model = disk.checkpoint.skeleton()
+    edit(model)
+    return _write(disk, model, list(range(disk.num_blocks)), target, report)
+
+
+def _new_folder(output: str | os.PathLike) -> Path:
+    target = Path(output)
+    if target.exists() or target.is_symlink():
+        raise FileExistsError(errno.EEXIST, f"{target} exists; choose a new folder", str(target))
+    return target
+
+
+def _write(
+    disk: DiskModel,
+    model: nn.Module,
+    positions: list[int | None],
+    target: Path,
+    report: str | None,
+) -> Path:
+    """The patched skeleton ``model`` written to ``target``: its plan, the
+    tensors it holds from memory, every other one copied from the
+    checkpoint (block ``i`` of the model is the checkpoint's
+    ``positions[i]``), in a hidden sibling renamed when complete."""
+    path = disk.stack.path
     plan, stored = save_plan(model, path)
-    positions = _positions(spans, disk.num_blocks)
     items: list[tuple[str, TensorInfo | torch.Tensor]] = [
         (name, _source(disk, name, path, positions) if tensor.is_meta else tensor)
         for name, tensor in stored.items()
@@ -103,7 +144,8 @@ def save_translated_from_disk(
         write_safetensors(items, {"format": "pt", "toast_format": FORMAT}, tmp / WEIGHTS_NAME)
         # the same folder as toast.save_pretrained: checksum, config, the
         # checkpoint's tokenizer and generation files, card, plan last
-        finish_folder(model, plan, tmp, {"source": disk.checkpoint.folder, "report": report})
+        companions = {"source": disk.checkpoint.folder, "report": report, "name": target.name}
+        finish_folder(model, plan, tmp, companions)
         fsync_path(tmp)
         os.rename(tmp, target)
         fsync_path(target.parent)

@@ -329,8 +329,9 @@ def finish_folder(
 ) -> None:
     """Everything of a save but the weights, which ``tmp`` already holds:
     their size and checksum in the plan, the config, generation config,
-    companions and card, then the plan (its presence marks a complete save),
-    one file mode and fsync."""
+    companions and card (``companions["name"]``: the folder ``tmp`` is
+    renamed to, which the card's loading lines name), then the plan (its
+    presence marks a complete save), one file mode and fsync."""
     plan["weights"]["bytes"] = (tmp / WEIGHTS_NAME).stat().st_size
     plan["weights"]["sha256"] = sha256(tmp / WEIGHTS_NAME)
     custom = write_config(plan, tmp)
@@ -341,7 +342,8 @@ def finish_folder(
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     copy_companions(companions.get("source") or _source_folder(model), tmp)
-    write_card(tmp, plan["summary"], companions.get("report"), custom)
+    name = companions.get("name") or ""  # the folder tmp becomes
+    write_card(tmp, plan["summary"], companions.get("report"), custom, name)
     _write_plan(plan, tmp / PLAN_NAME)  # last: its presence marks a complete save
     # safetensors creates its file private (0600), transformers others 0644:
     # every file gets the mode the umask gives a new file.
@@ -429,6 +431,7 @@ def save_pretrained(
     old: Path | None = None  # where the previous save sits while being swapped out
     try:
         companions = {"source": source, "tokenizer": tokenizer, "report": report}
+        companions["name"] = target.name
         _write_folder(model, plan, tensors, tmp, companions)
         fsync_path(tmp)
         if overwrite and target.exists():

@@ -269,9 +269,10 @@ def staged_methods() -> list[Method]:
     return [_REGISTRY[name] for name in method_names() if _REGISTRY[name].stages is not None]
 
 
-def find_layout(model: nn.Module, blocks: str | None = None) -> Layout:
+def find_layout(model: nn.Module, blocks: str | BlockStack | None = None) -> Layout:
     """The model's :class:`Layout`: its block stack (``blocks`` names the
-    list when discovery cannot find it alone) and the structure each staged
+    list when discovery cannot find it alone, or is the stack found
+    already, looked up again by its path) and the structure each staged
     method finds with it; the one discovery of a public call."""
     from toast.hf.model.blocks import find_blocks
 

@@ -125,23 +125,25 @@ def compress_from_disk_with_stages(
     config: Any,
     *,
     heldout: Iterable | None = None,
+    stages: Stages | None = None,
 ) -> Report:
     """:func:`compress_with_stages` on the checkpoint ``disk``, block by
     block, never loaded: the same calibration from disk, the same choice,
     the planned model written to the new folder ``output`` (None: nothing
     written, the report alone); ``heldout`` adds the original's, plain
     removal's and the result's quality, measured block by block (scratch
-    under the config's ``buffer_dir``, if it has one). Returns the report."""
+    under the config's ``buffer_dir``, if it has one); ``stages``: the
+    method's stages configured already (default: by ``config``). Returns
+    the report."""
     from toast.hf.evaluate.from_disk import measure_from_disk, removal
     from toast.methods.base import find_layout
     from toast.methods.calibrate import calibrate_from_disk, model_sizes
 
     assert method.stages is not None and method.stages.from_disk  # disk_runner_of checked
-    stages = method.stages.configured(config)
-    stages.check_from_disk(output)
+    if stages is None:
+        stages = method.stages.configured(config)
     calibration = config.calibration
-    # the blocks the checkpoint's skeleton found, not searched for again
-    layout = find_layout(disk.model, disk.stack.path)
+    layout = find_layout(disk.model, disk.stack)  # found when the checkpoint opened
     sizes = model_sizes(disk.model, layout)
 
     def calibrated(reach: int) -> Stats | None:
@@ -153,19 +155,20 @@ def compress_from_disk_with_stages(
     plan, stats = _choose(
         method.name, stages, data, layout, sizes, stages.request(config), calibrated
     )
+    stages.prepare_from_disk(disk, plan, stats)
     spans = _spans(stages, plan, stats)
     report = _report(method.name, stages, plan, stats, sizes, spans, plan.params_after)
-    if heldout is not None:  # plain removal of a plan removing no block is the original
+    if heldout is not None:  # a plan removing no block has no plain removal (as in memory)
         report.quality = measure_from_disk(
             disk,
             heldout,
-            removal(plan.spans),
+            removal(plan.spans) if plan.spans else None,
             stages.edits(disk, plan, stats),
             progress=calibration.progress,
             buffer_dir=getattr(config, "buffer_dir", None),
         )
     if output is not None:
-        stages.save_from_disk(disk, plan, stats, output)
+        stages.save_from_disk(disk, plan, stats, output, report.to_markdown())
     return report
 
 
@@ -194,9 +197,11 @@ def _choose(
     else:
         stats = calibrated(stages.reach(request))
     if stats is None:
+        why = getattr(stages, "in_memory_because", "")  # BaseStages: ""
         raise ValueError(
-            f"method={name!r} with these options needs the model in memory: pass "
-            "sequential=False, or max_memory= enough to load it"
+            f"method={name!r} with these options needs the model in memory"
+            f"{f' ({why})' if why else ''}: pass sequential=False, or max_memory= enough "
+            "to load it"
         )
     if request.spans is not None:
         return stages.given(request.spans, stats, sizes), stats

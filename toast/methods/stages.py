@@ -460,13 +460,14 @@ class Stages(Protocol):
     ``calibrate_from_disk(disk, data, layout, shared, calibration,
     max_blocks)``: the Stats ``calibrate`` gives on the loaded model, or
     None when the method needs the model in memory (it is then left out);
+    ``prepare_from_disk(disk, plan, stats)``: what applying the chosen
+    plan computes before the model is measured or written (its fits and
+    their checks, kept in ``stats``; ``toast.compress`` only);
     ``edits(disk, plan, stats)``: the plan as changes of the blocks while
-    they load; ``save_from_disk(disk, plan, stats, output)``: the planned
-    model written to the new folder ``output``, reloadable as the
-    in-memory model's save is; ``check_from_disk(output)``: raises, before
-    any pass, for what the configured stages cannot do block by block when
-    the result goes to ``output`` (None: nothing written; by default
-    nothing is refused).
+    they load; ``save_from_disk(disk, plan, stats, output, report)``: the
+    planned model written to the new folder ``output``, reloadable as the
+    in-memory model's save is, with ``report`` (markdown) in its model card
+    where its format has one.
 
     What ``toast.compress`` reads beside them (:mod:`toast.methods.driver`):
     ``configured(config)``: the stages with the user's options (the search
@@ -547,12 +548,17 @@ class Stages(Protocol):
         max_blocks: int,
     ) -> Stats | None: ...
 
-    def check_from_disk(self, output: str | os.PathLike | None) -> None: ...
-
     def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits: ...
 
+    def prepare_from_disk(self, disk: DiskModel, plan: Plan, stats: Stats) -> None: ...
+
     def save_from_disk(
-        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+        self,
+        disk: DiskModel,
+        plan: Plan,
+        stats: Stats,
+        output: str | os.PathLike,
+        report: str | None = None,
     ) -> Path: ...
 
 
@@ -565,6 +571,9 @@ class BaseStages:
 
     chain_last = False
     from_disk = False
+    #: why ``calibrate_from_disk`` gives None with these options, for the
+    #: refusal of ``compress`` on the block-by-block path ("": not said)
+    in_memory_because = ""
 
     def structure(self, model: nn.Module, stack: BlockStack) -> Any:
         return None
@@ -626,13 +635,18 @@ class BaseStages:
     ) -> Stats | None:
         return None
 
-    def check_from_disk(self, output: str | os.PathLike | None) -> None:
-        return None
-
     def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits:
         raise NotImplementedError(f"{type(self).__name__} has no disk path")
 
+    def prepare_from_disk(self, disk: DiskModel, plan: Plan, stats: Stats) -> None:
+        return None
+
     def save_from_disk(
-        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+        self,
+        disk: DiskModel,
+        plan: Plan,
+        stats: Stats,
+        output: str | os.PathLike,
+        report: str | None = None,
     ) -> Path:
         raise NotImplementedError(f"{type(self).__name__} has no disk path")

@@ -43,6 +43,8 @@ def test_translated_checkpoint_from_disk_equals_toast_save_of_in_memory_result(n
         assert plans[0][key] == plans[1][key], key
     for name in ("config.json", "README.md", "generation_config.json"):  # a whole save
         assert (tmp_path / "disk" / name).is_file() == (tmp_path / "memory" / name).is_file()
+    for d in ("disk", "memory"):  # each card loads its own folder, not a temporary one
+        assert f'toast.load_pretrained("{d}")' in (tmp_path / d / "README.md").read_text()
     loaded = toast.load_pretrained(tmp_path / "disk").eval()
     assert torch.equal(R.outputs(loaded, data[0]), R.outputs(patched, data[0]))
 

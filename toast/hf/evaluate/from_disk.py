@@ -242,7 +242,7 @@ def _replayed(disk: DiskModel, swept: Swept) -> Iterator[None]:
 def measure_from_disk(
     disk: DiskModel,
     heldout: Iterable,
-    plain: BlockEdits,
+    plain: BlockEdits | None,
     compressed: BlockEdits,
     *,
     progress: bool = True,
@@ -250,13 +250,16 @@ def measure_from_disk(
 ) -> Quality:
     """The :class:`~toast.hf.evaluate.quality.Quality` of ``toast.compress``'s
     ``heldout=`` for a checkpoint on disk: the original, plain removal
-    (``plain``) and the compressed model (``compressed``), measured in that
-    order (the cosine compares with the original) by one sweep each."""
+    (``plain``; None: no block goes, nothing to measure, as in memory) and
+    the compressed model (``compressed``), measured in that order (the
+    cosine compares with the original) by one sweep each."""
     evaluator = SequentialEvaluator(disk, heldout, progress=progress, buffer_dir=buffer_dir)
     original = evaluator.measure_edited(BlockEdits(), "original")
     metrics = {"original": evaluator.last}
-    removed = evaluator.measure_edited(plain, "plain removal")
-    metrics["plain_removal"] = evaluator.last
+    removed = None
+    if plain is not None:
+        removed = evaluator.measure_edited(plain, "plain removal")
+        metrics["plain_removal"] = evaluator.last
     result = evaluator.measure_edited(compressed, "compressed")
     metrics["compressed"] = evaluator.last
     assert evaluator.metric is not None  # set by the first measurement

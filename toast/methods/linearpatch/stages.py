@@ -1,26 +1,44 @@
 """LinearPatch's stages: its own pass (per-sample rotated magnitudes and
 the similarity of every pair of states), the most similar windows of
 every size as plans, and the window replaced by its patch when a plan is
-applied. In memory only (on a checkpoint on disk the search leaves it out)."""
+applied: an inserted linear block (a translator block holding ``H diag(d)
+Hᵀ``, saved in toast's format), never folded into the weights around it.
+
+On a checkpoint on disk the same pass runs block by block
+(:func:`~toast.methods.linearpatch.statistics.measure_patch_statistics_from_disk`),
+the plan is measured with the patch applied as the blocks load, and the
+folder is written as :func:`toast.save_pretrained` writes the patched
+model (:func:`toast.io.from_disk.save_translated_from_disk`, the writer of
+TOAST's translators: the same translator block)."""
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch import nn
 
 from toast.core import Translator
+from toast.hf.capture.sequential import BlockEdits, DiskModel
 from toast.hf.data.calibration import Calibration
+from toast.hf.evaluate.from_disk import replaced
 from toast.hf.model.surgery import replace_spans
+from toast.io.from_disk import save_translated_from_disk
 from toast.methods.linearpatch.config import LinearPatchConfig
-from toast.methods.linearpatch.statistics import PatchStatistics, measure_patch_statistics
+from toast.methods.linearpatch.statistics import (
+    PatchStatistics,
+    measure_patch_statistics,
+    measure_patch_statistics_from_disk,
+)
 from toast.methods.span_plans import ALTERNATIVES
 from toast.methods.stages import BaseStages, Layout, Plan, Shared, Sizes, Stats
 from toast.spans import Span, validate_spans
+from toast.translators.block import translator_module
 
 __all__ = ["STAGES", "LinearPatchStages", "LinearPatchStats", "patch_translators"]
 
@@ -46,7 +64,9 @@ def patch_translators(
 
 class LinearPatchStages(BaseStages):
     """LinearPatch as stages (family ``"linearpatch"``); ``rotate=False`` is
-    the paper's ablation without the Hadamard rotation."""
+    the paper's ablation without the Hadamard rotation. Runs from disk too."""
+
+    from_disk = True
 
     def __init__(self, rotate: bool = True) -> None:
         self.rotate = rotate
@@ -71,17 +91,10 @@ class LinearPatchStages(BaseStages):
         calibration: Calibration,
         max_blocks: int,
     ) -> LinearPatchStats:
-        # windows start at block 1 and end before the last: at most L - 2 blocks
-        reach = min(max_blocks, layout.num_blocks - 2)
+        reach, note = _reach(layout, max_blocks)
         if reach < 1:
-            return LinearPatchStats(note=f"linearpatch: {layout.num_blocks} blocks leave no window")
+            return LinearPatchStats(note=note)
         stats = measure_patch_statistics(model, data, layout.stack, calibration, reach, self.rotate)
-        note = ""
-        if reach < max_blocks:
-            note = (
-                f"linearpatch: a window of {layout.num_blocks} blocks starts at block 1 and ends "
-                f"before the last, so it removes at most {reach}"
-            )
         return LinearPatchStats(passes=1, note=note, statistics=stats)
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
@@ -141,6 +154,60 @@ class LinearPatchStages(BaseStages):
         assert isinstance(stats, LinearPatchStats) and stats.statistics is not None
         translators = patch_translators(stats.statistics, plan.spans)
         replace_spans(model, list(plan.spans), translators, blocks=layout.stack)
+
+    def calibrate_from_disk(
+        self,
+        disk: DiskModel,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> LinearPatchStats:
+        """The statistics :meth:`calibrate` forms, from one sweep over the
+        checkpoint's blocks (no shared pass: it needs none)."""
+        reach, note = _reach(layout, max_blocks)
+        if reach < 1:
+            return LinearPatchStats(note=note)
+        stats = measure_patch_statistics_from_disk(disk, data, calibration, reach, self.rotate)
+        return LinearPatchStats(passes=1, note=note, statistics=stats)
+
+    def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits:
+        """Each window skipped and its patch applied to the window's input,
+        in the dtype the blocks compute in (as the patched model runs it)."""
+        assert isinstance(stats, LinearPatchStats) and stats.statistics is not None
+        translators = patch_translators(stats.statistics, plan.spans)
+        return replaced(plan.spans, [translator_module(t, dtype=disk.dtype) for t in translators])
+
+    def save_from_disk(
+        self,
+        disk: DiskModel,
+        plan: Plan,
+        stats: Stats,
+        output: str | os.PathLike,
+        report: str | None = None,
+    ) -> Path:
+        """The folder :func:`toast.save_pretrained` writes for the patched
+        model: the same translator block in each window's place (in the
+        checkpoint's dtype), every other tensor copied from the checkpoint."""
+        assert isinstance(stats, LinearPatchStats) and stats.statistics is not None
+        translators = patch_translators(stats.statistics, plan.spans)
+        return save_translated_from_disk(disk, output, list(plan.spans), translators, report)
+
+
+def _reach(layout: Layout, max_blocks: int) -> tuple[int, str]:
+    """How many blocks a window may remove (windows start at block 1 and
+    end before the last: at most ``L − 2``), and why it is fewer than asked."""
+    reach = min(max_blocks, layout.num_blocks - 2)
+    if reach < 1:
+        return reach, f"linearpatch: {layout.num_blocks} blocks leave no window"
+    note = ""
+    if reach < max_blocks:
+        note = (
+            f"linearpatch: a window of {layout.num_blocks} blocks starts at block 1 and ends "
+            f"before the last, so it removes at most {reach}"
+        )
+    return reach, note
 
 
 STAGES = LinearPatchStages()

@@ -170,9 +170,15 @@ class RemoveStages(BaseStages):
         return removal(plan.spans)
 
     def save_from_disk(
-        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+        self,
+        disk: DiskModel,
+        plan: Plan,
+        stats: Stats,
+        output: str | os.PathLike,
+        report: str | None = None,
     ) -> Path:
-        """A standard checkpoint without the plan's blocks (the rest renumbered)."""
+        """A standard checkpoint without the plan's blocks (the rest
+        renumbered; a plain checkpoint has no model card to hold ``report``)."""
         renames, kept = disk.renumbered(b for a, z in plan.spans for b in range(a, z))
         return write_pruned_checkpoint(
             disk.checkpoint, output, renames, kept=kept, total=disk.num_blocks, progress=False

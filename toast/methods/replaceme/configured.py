@@ -146,21 +146,21 @@ class ConfiguredReplaceMe(BaseStages):
 
     from_disk = True
 
-    def __init__(self, config: ReplaceMeConfig) -> None:
+    def __init__(self, config: ReplaceMeConfig, writes: bool = True) -> None:
         self.config = config
+        #: whether the block-by-block path writes the result (a checkpoint
+        #: takes the fold alone); :func:`~toast.methods.replaceme.disk.replaceme_from_disk`
+        #: without ``output`` only measures, any placement
+        self.writes = writes
 
     def configured(self, config: ReplaceMeConfig) -> ConfiguredReplaceMe:
-        return ConfiguredReplaceMe(config)
+        return ConfiguredReplaceMe(config, self.writes)
 
     def check(self, request: Request, layout: Layout) -> None:
         """Nothing here: the config's own checks (the cuts, the selection)
         run before the first pass of :meth:`calibrate`, with ReplaceMe's
         words."""
         return None
-
-    def check_from_disk(self, output: str | os.PathLike | None) -> None:
-        """What the block-by-block path cannot do, refused before any pass."""
-        check_supported(self.config, output)
 
     def needs(self, layout: Layout) -> Needs:
         return Needs()  # every pass is its own
@@ -185,7 +185,9 @@ class ConfiguredReplaceMe(BaseStages):
         calibration: Calibration,
         max_blocks: int,
     ) -> ReplaceMeRun:
-        """:meth:`calibrate` block by block: the same choice and checks."""
+        """:meth:`calibrate` block by block: the same choice and checks
+        (what the block-by-block path cannot do refused before any pass)."""
+        check_supported(self.config, self.writes)
         chosen, profile, note = fit_from_disk(disk, data, self.config)
         params = checkpoint_params(disk, chosen.spans)
         return ReplaceMeRun(
@@ -243,9 +245,15 @@ class ConfiguredReplaceMe(BaseStages):
         return cut_edits(chosen.spans, transforms, chosen.estimation.config, disk.dtype)
 
     def save_from_disk(
-        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+        self,
+        disk: DiskModel,
+        plan: Plan,
+        stats: Stats,
+        output: str | os.PathLike,
+        report: str | None = None,
     ) -> Path:
-        """A standard checkpoint without the cut blocks, each T folded."""
+        """A standard checkpoint without the cut blocks, each T folded (no
+        model card for ``report``, as the in-memory path's save)."""
         _, chosen = _run_of(stats)
         transforms = [f.transform for f in chosen.fitted]
         progress = self.config.calibration.progress

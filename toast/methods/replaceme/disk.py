@@ -435,10 +435,11 @@ def replaceme_from_disk(
     """
     from toast.methods.base import get_method
     from toast.methods.driver import compress_from_disk_with_stages
+    from toast.methods.replaceme.configured import ConfiguredReplaceMe  # it imports this module
 
     text, params = split_text_options(params)
     config = ReplaceMeConfig.from_options(config, params)
-    check_supported(config, output)
+    check_supported(config, output is not None)
     data = as_batches(data, **text)
     measured: Iterable | None = None  # the held-out batches
     if isinstance(heldout, float):
@@ -449,7 +450,11 @@ def replaceme_from_disk(
         raise FileExistsError(f"{output} exists; the pruned checkpoint goes to a new folder")
     disk = DiskModel.open(folder, config.calibration.blocks, config.calibration.compute_dtype)
     method = get_method("replaceme")
-    report = compress_from_disk_with_stages(method, disk, data, output, config, heldout=measured)
+    # without output nothing is written: any placement can be measured
+    stages = ConfiguredReplaceMe(config, writes=output is not None)
+    report = compress_from_disk_with_stages(
+        method, disk, data, output, config, heldout=measured, stages=stages
+    )
     assert isinstance(report, ReplaceMeReport)
     return report
 
@@ -483,9 +488,9 @@ def fit_from_disk(
     return chosen, profile, note
 
 
-def check_supported(config: ReplaceMeConfig, output: str | os.PathLike | None) -> None:
+def check_supported(config: ReplaceMeConfig, writes: bool) -> None:
     """Refuses, before any pass, what the block-by-block path cannot do
-    (``output``: where the checkpoint is written, None: nowhere)."""
+    (``writes``: a checkpoint is written, which takes the fold alone)."""
     if config.spans is None and config.selection not in ("distance", "measured"):
         raise ValueError(
             f"selection={config.selection!r} is in memory only; from disk the cut is chosen "
@@ -496,7 +501,7 @@ def check_supported(config: ReplaceMeConfig, output: str | os.PathLike | None) -
             "fit='sequential' re-runs the model with earlier cuts applied, which the "
             "from-disk path does not do; use fit='independent' (the default)"
         )
-    if output is not None and config.placement not in ("fold", "auto"):
+    if writes and config.placement not in ("fold", "auto"):
         raise ValueError(
             f"placement={config.placement!r} needs modules a standard checkpoint does not "
             "have; the from-disk writer folds T into the down-projection: use placement='fold'"

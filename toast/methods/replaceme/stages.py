@@ -156,10 +156,15 @@ class ReplaceMeStages(BaseStages):
         return cut_edits(spans, transforms, _config(list(plan.spans)), disk.dtype)
 
     def save_from_disk(
-        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+        self,
+        disk: DiskModel,
+        plan: Plan,
+        stats: Stats,
+        output: str | os.PathLike,
+        report: str | None = None,
     ) -> Path:
         """A standard checkpoint without the cut blocks, each transform
-        folded into the block before its cut."""
+        folded into the block before its cut (no model card for ``report``)."""
         spans, transforms = _cuts_of(plan, stats)
         return write_replaceme(disk, output, spans, transforms, progress=False)
 

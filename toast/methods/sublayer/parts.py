@@ -40,6 +40,7 @@ __all__ = [
     "remove_sublayer",
     "replacement",
     "sublayer_params",
+    "zero_branch",
     "zeroed",
 ]
 
@@ -197,6 +198,23 @@ def remove_sublayer(block: nn.Module, sub: SubLayer) -> None:
     )
     for name in sub.children[1:]:
         setattr(block, name, RemovedPart())
+
+
+def zero_branch(block: nn.Module, sub: SubLayer) -> None:
+    """``sub``'s contribution to the residual stream set to exactly zero by
+    its weights, the block's modules kept: every parameter of its main
+    module (and of its branch scale) replaced by zeros, so the branch ends
+    in a product with zeros. For a block loaded from a checkpoint on disk,
+    whose module objects load again for the next sweep: a replacement of
+    modules (:func:`remove_sublayer`) would outlive this load, new weights
+    do not. The sum ``h + 0`` is ``h``, as with :class:`ZeroBranch`."""
+    for name in (sub.main, *sub.children[2:]):
+        for module in getattr(block, name).modules():
+            for key, param in list(module._parameters.items()):
+                if param is not None:
+                    module._parameters[key] = nn.Parameter(
+                        torch.zeros_like(param), requires_grad=False
+                    )
 
 
 def removed_parts(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -6,12 +6,20 @@ the (unmasked) tokens, ``h`` the residual stream entering it (its
 pre-norm's input) and ``f_s(h)`` what it adds (its last module's output):
 near 0, the sub-layer barely turns the residual stream, so removing it
 changes the block's output least. One forward pass with hooks scores every
-sub-layer of every block at once.
+sub-layer of every block at once; from a checkpoint on disk
+(:func:`sublayer_scores_from_disk`) the same hooks sit on each block while
+it is loaded, and one sweep over the blocks scores them all, with the
+same arithmetic on the same states (so the same scores).
+
+The measured greedy cannot run from disk: each of its steps measures the
+model with every remaining candidate removed in turn, a sweep over every
+block per candidate per step on a checkpoint that is never loaded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,30 +27,60 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from toast.hf.capture.sequential import DiskModel, stream_blocks
 from toast.hf.capture.states import calibration_inputs, without_kv_cache
 from toast.hf.data.calibration import Calibration
 from toast.hf.evaluate.quality import HIGHER_IS_BETTER, Evaluator
 from toast.hf.model.blocks import BlockStack
 from toast.methods.sublayer.parts import SubLayer, branch_output, zeroed
 
-__all__ = ["calibration_batches", "greedy_measured", "sublayer_scores"]
+__all__ = [
+    "calibration_batches",
+    "greedy_measured",
+    "sublayer_scores",
+    "sublayer_scores_from_disk",
+]
 
 
 def _token_mask(kwargs: dict[str, Any], hidden: torch.Tensor) -> torch.Tensor | None:
     """The batch's attention mask where it matches the states' (batch,
     tokens) shape (padding is left out of the mean), else None."""
-    mask = kwargs.get("attention_mask")
+    return _matching(kwargs.get("attention_mask"), hidden)
+
+
+def _matching(mask: Any, hidden: torch.Tensor) -> torch.Tensor | None:
+    """``mask`` as booleans where it is a ``(batch, tokens)`` tensor of
+    ``hidden``'s first two dimensions, else None (every token counts)."""
     if isinstance(mask, torch.Tensor) and mask.shape == hidden.shape[:2]:
         return mask.to(torch.bool)
     return None
 
 
-class _Scorer:
+def _distance(h: torch.Tensor, output: Any) -> torch.Tensor:
+    """Each token's ``1 − cos(h, h + f(h))`` in float64."""
+    h = h.double()
+    return 1.0 - F.cosine_similarity(h, h + branch_output(output).double(), dim=-1)
+
+
+class _Sums:
+    """Each sub-layer's summed per-token ``1 − cos`` and its token count."""
+
+    def __init__(self, subs: Sequence[SubLayer]) -> None:
+        self.totals = np.zeros(len(subs))
+        self.counts = np.zeros(len(subs))
+
+    def add(self, i: int, distance: torch.Tensor, mask: torch.Tensor | None) -> None:
+        """One batch's per-token distances of sub-layer ``i``, pad tokens left out."""
+        values = distance if mask is None else distance[mask]
+        self.totals[i] += float(values.sum())
+        self.counts[i] += values.numel()
+
+
+class _Scorer(_Sums):
     """Hooks that add each sub-layer's per-token ``1 − cos`` to its total."""
 
     def __init__(self, stack: BlockStack, subs: Sequence[SubLayer]) -> None:
-        self.totals = np.zeros(len(subs))
-        self.counts = np.zeros(len(subs))
+        super().__init__(subs)
         self.kwargs: dict[str, Any] = {}
         self.inputs: dict[int, torch.Tensor] = {}
         self.handles = []
@@ -60,12 +98,8 @@ class _Scorer:
 
     def _leave(self, i: int) -> Any:
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
-            h = self.inputs.pop(i).double()
-            cos = F.cosine_similarity(h, h + branch_output(output).double(), dim=-1)
-            mask = _token_mask(self.kwargs, h)
-            values = (1.0 - cos) if mask is None else (1.0 - cos)[mask]
-            self.totals[i] += float(values.sum())
-            self.counts[i] += values.numel()
+            h = self.inputs.pop(i)
+            self.add(i, _distance(h, output), _token_mask(self.kwargs, h))
 
         return hook
 
@@ -94,10 +128,14 @@ def sublayer_scores(
     finally:
         scorer.close()
         model.train(was_training)
-    if not scorer.counts.any():
+    return _means(scorer.totals, scorer.counts)
+
+
+def _means(totals: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    if not counts.any():
         raise ValueError("the calibration data yielded no token to score the sub-layers on")
     with np.errstate(invalid="ignore", divide="ignore"):
-        return scorer.totals / scorer.counts
+        return totals / counts
 
 
 def calibration_batches(model: nn.Module, data: Iterable, calibration: Calibration) -> list[Any]:
@@ -138,3 +176,74 @@ def greedy_measured(
         chosen.append(remaining.pop(best))
         qualities.append(measured[best])
     return chosen, qualities
+
+
+class _DiskScorer(_Sums):
+    """The scores' sums over a sweep of a checkpoint's blocks: hooks on the
+    loaded block's sub-layers keep each run's distances (a block may run a
+    batch a few rows at a time), and once the batch's output state is handed
+    on they are joined and added with the batch's mask, as in memory."""
+
+    def __init__(self, subs: Sequence[SubLayer]) -> None:
+        super().__init__(subs)
+        self.subs = list(subs)
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.runs: dict[int, list[torch.Tensor]] = {}
+
+    def on_block(self, index: int, block: nn.Module) -> Callable[[], None]:
+        handles = []
+        for i, sub in enumerate(self.subs):
+            if sub.block == index:
+                norm, last = getattr(block, sub.norm), getattr(block, sub.last)
+                handles.append(norm.register_forward_pre_hook(self._enter(i)))
+                handles.append(last.register_forward_hook(self._leave(i)))
+                self.runs[i] = []
+
+        def cleanup() -> None:
+            for handle in handles:
+                handle.remove()
+            self.runs.clear()
+
+        return cleanup
+
+    def _enter(self, i: int) -> Any:
+        def hook(module: nn.Module, args: tuple) -> None:
+            self.inputs[i] = args[0]
+
+        return hook
+
+    def _leave(self, i: int) -> Any:
+        def hook(module: nn.Module, args: tuple, output: Any) -> None:
+            self.runs[i].append(_distance(self.inputs.pop(i), output))
+
+        return hook
+
+    def on_state(
+        self, state: int, batch: int, hidden: torch.Tensor, mask: torch.Tensor | None
+    ) -> None:
+        """After block ``state - 1`` ran on the batch: its sub-layers' sums."""
+        for i, runs in self.runs.items():
+            if runs:
+                distance = runs[0] if len(runs) == 1 else torch.cat(runs)
+                self.add(i, distance, _matching(mask, hidden))
+                runs.clear()
+
+
+def sublayer_scores_from_disk(
+    disk: DiskModel,
+    data: Iterable,
+    subs: Sequence[SubLayer],
+    calibration: Calibration,
+    buffer_dir: str | os.PathLike | None = None,
+) -> np.ndarray:
+    """:func:`sublayer_scores` on the checkpoint ``disk``, block by block,
+    never loaded (one sweep; the blocks after the last scored one do not
+    run). The states wait between blocks in files with no name in
+    ``buffer_dir``, freed on every exit."""
+    scorer = _DiskScorer(subs)
+    upto = max((s.block for s in subs), default=-1) + 1
+    stream_blocks(
+        disk, data, scorer.on_state, calibration, upto=upto, on_block=scorer.on_block,
+        buffer_dir=buffer_dir, desc="sub-layer scores",
+    )  # fmt: skip
+    return _means(scorer.totals, scorer.counts)

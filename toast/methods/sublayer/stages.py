@@ -2,21 +2,33 @@
 (:func:`~toast.methods.sublayer.scores.sublayer_scores`), plans removing
 the ``k`` lowest-scored attention sub-layers, MLP sub-layers or either,
 each with its exact size and the summed scores as its prediction, and the
-removal by module replacement."""
+removal by module replacement.
+
+From a checkpoint on disk (the default ``selection="score"``) the scores
+come from one sweep over the blocks, the plan is measured with the
+sub-layers' weights zeroed as their blocks load, and the folder is
+written as :func:`toast.save_pretrained` writes the pruned model. The
+measured greedy needs the model in memory (a sweep over every block per
+candidate per step): left out of a search on disk, refused by
+``compress`` with that reason."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from torch import nn
 
+from toast.hf.capture.sequential import BlockEdits, DiskModel
 from toast.hf.data.calibration import Calibration
-from toast.hf.model.blocks import BlockStack
+from toast.hf.model.blocks import BlockStack, find_blocks
+from toast.io.from_disk import save_edited_from_disk
 from toast.methods.stages import BaseStages, Layout, Plan, Request, Shared, Sizes, Stats
 from toast.methods.sublayer.config import SublayerConfig
 from toast.methods.sublayer.parts import (
@@ -25,8 +37,13 @@ from toast.methods.sublayer.parts import (
     find_sublayers,
     remove_sublayer,
     sublayer_params,
+    zero_branch,
 )
-from toast.methods.sublayer.scores import greedy_measured, sublayer_scores
+from toast.methods.sublayer.scores import (
+    greedy_measured,
+    sublayer_scores,
+    sublayer_scores_from_disk,
+)
 from toast.spans import Span
 
 __all__ = [
@@ -97,10 +114,19 @@ class SublayerStages(BaseStages):
     """Sub-layer pruning as stages (family :data:`FAMILY`); configured by
     :class:`~toast.methods.sublayer.config.SublayerConfig`, the plans of its
     ``kind`` alone, and under ``selection="measured"`` its greedy's (a pass
-    per remaining sub-layer per step, family ``"sublayer-measured"``)."""
+    per remaining sub-layer per step, family ``"sublayer-measured"``).
+    Runs from disk by score."""
+
+    from_disk = True
 
     def __init__(self, kind: str | None = None, selection: str = "score") -> None:
         self.kind, self.selection = kind, selection
+        if selection == "measured":  # what compress's refusal on the disk path says
+            self.in_memory_because = (
+                "selection='measured' measures the model once per remaining sub-layer per "
+                "step, a sweep over every block each on a checkpoint on disk; "
+                "selection='score' runs block by block"
+            )
 
     def configured(self, config: SublayerConfig) -> SublayerStages:
         return SublayerStages(config.kind, config.selection)
@@ -143,14 +169,9 @@ class SublayerStages(BaseStages):
     ) -> SublayerStats:
         subs = layout.part(FAMILY)
         if not subs:
-            return SublayerStats(note="no attention or MLP sub-layer it can remove")
-        blocks = layout.stack.blocks
-        stats = SublayerStats(
-            passes=1,
-            subs=list(subs),
-            scores=sublayer_scores(model, data, layout.stack, subs, calibration),
-            params=[sublayer_params(blocks[s.block], s) for s in subs],
-        )
+            return SublayerStats(note=_NONE)
+        scores = sublayer_scores(model, data, layout.stack, subs, calibration)
+        stats = _scored(layout, subs, scores)
         if self.selection == "measured":
             pool = [s for s in subs if s.kind in allowed_kinds(self.kind)]
             picked, stats.qualities = greedy_measured(
@@ -212,6 +233,72 @@ class SublayerStages(BaseStages):
             params_before=sizes.params,
             params_after=params_after,
         )
+
+    def calibrate_from_disk(
+        self,
+        disk: DiskModel,
+        data: Iterable,
+        layout: Layout,
+        shared: Shared | None,
+        calibration: Calibration,
+        max_blocks: int,
+    ) -> SublayerStats | None:
+        """The scores :meth:`calibrate` forms, from one sweep over the
+        checkpoint's blocks; None under ``selection="measured"``."""
+        if self.selection == "measured":
+            return None
+        subs = layout.part(FAMILY)
+        if not subs:
+            return SublayerStats(note=_NONE)
+        return _scored(layout, subs, sublayer_scores_from_disk(disk, data, subs, calibration))
+
+    def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits:
+        """The plan's sub-layers zeroed by their weights as their blocks load
+        (:func:`~toast.methods.sublayer.parts.zero_branch`)."""
+        assert isinstance(stats, SublayerStats)
+        where = {(s.block, s.kind): s for s in stats.subs}
+        removed: dict[int, list[SubLayer]] = {}
+        for block, kind in plan.sublayers or ():
+            removed.setdefault(block, []).append(where[(block, kind)])
+
+        def zero(index: int, block: nn.Module) -> None:
+            for sub in removed.get(index, ()):
+                zero_branch(block, sub)
+
+        return BlockEdits(edit=zero)
+
+    def save_from_disk(
+        self,
+        disk: DiskModel,
+        plan: Plan,
+        stats: Stats,
+        output: str | os.PathLike,
+        report: str | None = None,
+    ) -> Path:
+        """The folder :func:`toast.save_pretrained` writes for the pruned
+        model: the sub-layers removed from the model built on the meta
+        device, every kept tensor copied from the checkpoint."""
+        path = disk.stack.path
+
+        def remove(model: nn.Module) -> None:
+            apply_sublayers(find_blocks(model, path), plan.sublayers or ())
+
+        return save_edited_from_disk(disk, output, remove, report)
+
+
+_NONE = "no attention or MLP sub-layer it can remove"
+
+
+def _scored(layout: Layout, subs: Sequence[SubLayer], scores: np.ndarray) -> SublayerStats:
+    """The stats of one scoring pass: every sub-layer, its score and its
+    parameters (counted on the model's blocks: a skeleton's count the same)."""
+    blocks = layout.stack.blocks
+    return SublayerStats(
+        passes=1,
+        subs=list(subs),
+        scores=scores,
+        params=[sublayer_params(blocks[s.block], s) for s in subs],
+    )
 
 
 def apply_sublayers(stack: BlockStack, removed: Iterable[tuple[int, str]]) -> None:

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch import nn
@@ -31,6 +32,7 @@ from toast.methods.span_plans import ALTERNATIVES, inner_windows, span_family_pl
 from toast.methods.stages import BaseStages, Layout, Needs, Plan, Shared, Sizes, Stats
 from toast.methods.translate.analysis import Analysis
 from toast.methods.translate.config import GHOSTED_RIDGE, ToastConfig
+from toast.methods.translate.configured import ConfiguredToast
 from toast.methods.translate.fitting import Fitter
 from toast.spans import Span
 from toast.translators.block import translator_module
@@ -65,7 +67,14 @@ def _ghosted_windows(cosine: np.ndarray, max_blocks: int) -> list[tuple[int, int
 
 
 class ToastStages(BaseStages):
-    """TOAST as stages (family ``"toast"``; the affine plans extendable)."""
+    """TOAST as stages (family ``"toast"``; the affine plans extendable);
+    ``toast.compress`` runs them configured by the user's options
+    (:class:`~toast.methods.translate.configured.ConfiguredToast`)."""
+
+    from_disk = True
+
+    def configured(self, config: Any) -> ConfiguredToast:
+        return ConfiguredToast(config)
 
     def needs(self, layout: Layout) -> Needs:
         return Needs(moments=True)
@@ -171,11 +180,16 @@ class ToastStages(BaseStages):
         return replaced(plan.spans, modules)
 
     def save_from_disk(
-        self, disk: DiskModel, plan: Plan, stats: Stats, output: str | os.PathLike
+        self,
+        disk: DiskModel,
+        plan: Plan,
+        stats: Stats,
+        output: str | os.PathLike,
+        report: str | None = None,
     ) -> Path:
         """What :func:`toast.save_pretrained` writes for the applied plan."""
         translators = _translators(plan, stats)
-        return save_translated_from_disk(disk, output, list(plan.spans), translators)
+        return save_translated_from_disk(disk, output, list(plan.spans), translators, report)
 
 
 def _translators(plan: Plan, stats: Stats) -> list[Translator]:

@@ -1,0 +1,179 @@
+"""TOAST's own rules, beside its search stages: which spans a config asks
+for (:func:`choose_spans`), the analysis it runs (:func:`analysis_options`),
+the check of each fitted translator against plain removal on held-out
+calibration batches (:func:`checked`) and the refit of the kept ones on
+every batch (:func:`refit_kept`). ``toast.compress`` applies them through
+the configured stages (:mod:`toast.methods.translate.configured`), in
+memory and from disk alike."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from toast.core import Moments, Translator
+from toast.core.chunked import ChunkedMoments
+from toast.hf.capture.massive import MassiveRows
+from toast.hf.evaluate.check import CheckSplit, RemovalCheck
+from toast.hf.model.blocks import BlockStack, find_blocks
+from toast.hf.model.surgery import replace_spans
+from toast.methods.span_plans import inner_windows
+from toast.methods.translate.analysis import Analysis
+from toast.methods.translate.check import check_translators
+from toast.methods.translate.config import CLOSED_FORM, ToastConfig
+from toast.methods.translate.fitting import Fitter, records_massive_rows
+from toast.spans import Span, validate_spans
+
+__all__ = [
+    "analysis_options",
+    "checked",
+    "choose_spans",
+    "fit_sequentially",
+    "identity",
+    "refit_kept",
+    "refit_options",
+]
+
+
+def identity(d: int) -> Translator:
+    """What stands for plain removal among translators."""
+    return Translator("identity", np.eye(d), np.zeros(d), 1.0, d, "identity")
+
+
+def checked(
+    model: nn.Module,
+    stack: BlockStack,
+    spans: list[Span],
+    modules: list,
+    split: CheckSplit,
+    config: ToastConfig,
+    analysis: Analysis,
+) -> tuple[list, list[RemovalCheck | None]]:
+    """The translators measured against plain removal on the held-out
+    batches; with ``fallback`` one that lost becomes the identity."""
+    checks = check_translators(model, stack, spans, modules, split.check, config.fallback)
+    same = identity(analysis.moments.dim)
+    kept = [
+        m if c is None or c.used == "fitted" else same for m, c in zip(modules, checks, strict=True)
+    ]
+    return kept, checks
+
+
+def refit_kept(
+    fitter: Fitter,
+    spans: list[Span],
+    fits: list,
+    checks: list[RemovalCheck | None],
+    analysis: Analysis,
+    capture: Callable[[list[int], MassiveRows | None], Moments | ChunkedMoments],
+) -> tuple[list, bool]:
+    """``fits`` with each closed-form translator the check kept fitted again
+    on every calibration batch, the held-out ones too (``config.refit``):
+    the check measured a fit that had not seen them, and the model keeps one
+    that has. ``capture(states, observe)`` forms the moments of the held-out
+    batches at ``states``, in memory or from disk; the analysis's moments
+    hold the rest. Whether any was refitted comes with them."""
+    config = fitter.config
+    kept = [k for k, c in enumerate(checks) if c is not None and c.used == "fitted"]
+    if not config.refit or config.translator not in CLOSED_FORM or not kept:
+        return fits, False
+    chosen = [spans[k] for k in kept]
+    states = sorted({x for s in chosen for x in (s.start, s.stop)})
+    recorder = MassiveRows() if analysis.massive is not None else None
+    more = capture(states, recorder)
+    again = Fitter(config)
+    with warnings.catch_warnings():
+        # the first fits of the same spans said it already
+        warnings.simplefilter("ignore")
+        refits = again.closed_forms_with(chosen, analysis, more, states, recorder)
+    out = list(fits)
+    for n, k in enumerate(kept):
+        out[k] = refits[n]
+        fitter.conditions[k], fitter.ranks[k] = again.conditions[n], again.ranks[n]
+    return out, True
+
+
+def refit_options(
+    config: ToastConfig, states: list[int], observe: MassiveRows | None
+) -> dict[str, Any]:
+    """The options of the held-out batches' capture at ``states`` that
+    :func:`refit_kept` fits again from, in memory or from disk
+    (:func:`capture_moments`, :func:`capture_moments_from_disk`)."""
+    return {
+        "states": states,
+        "tokens": config.tokens,
+        "folds": 0,
+        "calibration": config.calibration,
+        "observe": observe,
+        "statistics_bytes": config.statistics_bytes,
+    }
+
+
+def analysis_options(config: ToastConfig) -> dict[str, Any]:
+    """The options of ``config`` that the analysis takes, in memory or from
+    disk (:func:`analyze`, :func:`analyze_from_disk`)."""
+    return {
+        "metric": config.metric,
+        "estimator": config.estimator,
+        "folds": config.folds,
+        "ridge": config.ridge or 0.0,
+        "tokens": config.tokens,
+        "pairs": config.pairs,
+        "calibration": config.calibration,
+        "massive_rows": records_massive_rows(config),
+        "statistics_bytes": config.statistics_bytes,
+    }
+
+
+def choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
+    """The spans ``config`` asks for: given, or planned from the analysis by
+    ``num_blocks`` or ``max_error``."""
+    count = config.num_blocks
+    if count is not None and not 1 <= count < analysis.num_blocks:
+        raise ValueError(
+            f"num_blocks={count} must be between 1 and {analysis.num_blocks - 1}: the model has "
+            f"{analysis.num_blocks} blocks and keeps at least one"
+        )
+    if config.spans is not None:
+        chosen = validate_spans(config.spans, analysis.num_blocks)
+        return [Span(a, b, float(analysis.errors[a, b])) for a, b in chosen]
+    if config.single_window:
+        assert count is not None  # the config checks it
+        windows = inner_windows(analysis.errors, count, 0 if config.include_first_block else 1)
+        if not windows:
+            raise ValueError(
+                f"no window of {count} blocks starts at block 1 and ends before the last of "
+                f"{analysis.num_blocks} (single_window=True)"
+            )
+        a, b = windows[0]
+        return [Span(a, b, float(analysis.errors[a, b]))]
+    spans = analysis.plan(
+        max_blocks=count,
+        max_error=config.max_error,
+        include_first_block=config.include_first_block,
+    )
+    if not spans:
+        raise ValueError(
+            "no span satisfies the constraints (max_error too small?); inspect "
+            "toast.analyze(...).errors"
+        )
+    return spans
+
+
+def fit_sequentially(
+    model: nn.Module, data: Iterable, spans: list[Span], fitter: Fitter, stack: BlockStack
+) -> None:
+    """Each span replaced in turn by a translator fitted on the states of
+    the model patched so far (``fit="sequential"``), in place."""
+    # Each replacement shortens the block list: rediscover it after each patch.
+    removed = 0
+    for span in spans:
+        where = (span.start - removed, span.stop - removed)
+        module = fitter.fit_one_on(model, data, where, stack)
+        replace_spans(model, [where], [module], blocks=stack)
+        stack = find_blocks(model, stack)  # looked up by its path, not searched for
+        removed += span.num_blocks - 1
