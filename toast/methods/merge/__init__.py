@@ -41,7 +41,7 @@ _NAMES = {
     "AtmConfig": "toast.methods.merge.config",
     "PitomeConfig": "toast.methods.merge.config",
     "enable_reduction": "toast.methods.merge.install",
-    "TomeReport": "toast.methods.merge.method",
+    "TomeReport": "toast.methods.merge.report",
 }
 
 __all__ = sorted(_NAMES)
