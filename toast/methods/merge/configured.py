@@ -243,7 +243,7 @@ class ConfiguredReducer(BaseStages):
         widths = merge_widths(model, sites, stack, example)
         build = BUILDERS[self.name]
         reducer = build(config, sites.num_blocks)
-        tokens = reducer.tokens(widths.tokens, widths.prefix)
+        tokens: Sequence[tuple[float, float]] | None = reducer.tokens(widths.tokens, widths.prefix)
         predicted = tokens
         if predicted is None:  # as the search: counted on the example, by a reducer of its own
             fresh = build(config, sites.num_blocks)
