@@ -442,6 +442,17 @@ class ConfiguredToastVitStages(ToastVitStages):
         )
 
 
+def _schedule_name(config: ToastVitConfig, sched: Schedule) -> str:
+    """How a plan names the configured TCS schedule: the search's name
+    where it is one of :data:`TCS_SCHEDULES`, else the config's name, else
+    its description."""
+    n = sched.num_blocks
+    for name in TCS_SCHEDULES:
+        if get_schedule(tcs_schedule(name, n), n) == sched:
+            return name
+    return config.schedule if isinstance(config.schedule, str) else sched.describe()
+
+
 def _configured_plan(config: ToastVitConfig, stats: ConfiguredVitStats, sizes: Sizes) -> Plan:
     """The plan the config fixes, sized and predicted as the search's
     (:meth:`ToastVitStages.propose`): exactly its plan where the config
@@ -462,7 +473,7 @@ def _configured_plan(config: ToastVitConfig, stats: ConfiguredVitStats, sizes: S
         removed = 0  # the masked form zeroes the weights it prunes: none go
     name = None
     if sched.active_blocks:
-        name = config.schedule if isinstance(config.schedule, str) else sched.describe()
+        name = _schedule_name(config, sched)
         heads += (sum(sched.fc2) + sum(sched.fc1)) / n
     unseen = stats.tcs_macs
     return Plan(
@@ -470,7 +481,7 @@ def _configured_plan(config: ToastVitConfig, stats: ConfiguredVitStats, sizes: S
         "toast-vit",
         (),
         None,
-        one,
+        one or None,  # ρ = 0 prunes nothing: no head pruning, as the search's plans say
         sizes.params - removed,
         heads,
         schedule=name,
