@@ -488,9 +488,10 @@ class Stages(Protocol):
     token reducers' and ToaSt's configured stages read data only where
     given: an image's size, the fine-tune's batches);
     ``layout(model, blocks)``: the model's :class:`Layout` where the method
-    finds it otherwise than the registry does (None by default:
-    :func:`toast.methods.base.find_layout`; ToaSt finds Swin's blocks
-    across its stages, which hold no one block list); ``given(spans, stats, sizes)``:
+    finds it otherwise than the registry does, in memory (None by default:
+    :func:`toast.methods.base.find_layout`; ToaSt's configured stages find
+    its ViT blocks, Swin's across stages that hold no one block list);
+    ``given(spans, stats, sizes)``:
     the plan of exactly those spans; ``scores(plan, stats)``: each span's
     score for the report; ``report(plan, stats, sizes, spans, params_after)``:
     the method's report of the applied plan (None: the driver's own);

@@ -273,21 +273,33 @@ def _arguments(config: ToastVitConfig, names: dict[str, str]) -> dict[str, Any]:
     return {keyword: getattr(config, name) for keyword, name in names.items()}
 
 
-def _one_sparsity(config: ToastVitConfig, sched: Schedule) -> float | None:
-    """The one ρ the config names (its own, else the named schedule's, else
-    0.9); None when it gives one per block."""
+def _block_list(vm: VitModel) -> str:
+    """The path of the list holding ``vm``'s blocks; for Swin, whose blocks
+    sit in one list per stage, of the stages' list."""
+    parents = {b.path.rpartition(".")[0] for b in vm.blocks}
+    if len(parents) == 1:
+        return parents.pop()
+    return vm.blocks[0].path.rsplit(".", 3)[0]  # <stages>.<i>.blocks.<j>
+
+
+def _named_sparsity(config: ToastVitConfig, sched: Schedule) -> Any:
+    """The ρ the config asks for: its own, else the named schedule's, else 0.9."""
     rho = config.head_sparsity
     if rho is None:
         rho = sched.head_sparsity if config.schedule is not None else 0.9
+    return rho
+
+
+def _one_sparsity(config: ToastVitConfig, sched: Schedule) -> float | None:
+    """The one ρ the config names (its own, else the named schedule's, else
+    0.9); None when it gives one per block."""
+    rho = _named_sparsity(config, sched)
     return float(rho) if isinstance(rho, (int, float)) else None
 
 
 def _head_sparsity(config: ToastVitConfig, sched: Schedule, skip: list[int]) -> tuple[float, ...]:
     """ρ per block: the config's, else the named schedule's, else 0.9."""
-    rho = config.head_sparsity
-    if rho is None:
-        rho = sched.head_sparsity if config.schedule is not None else 0.9
-    return per_block_sparsity(rho, sched.num_blocks, skip)
+    return per_block_sparsity(_named_sparsity(config, sched), sched.num_blocks, skip)
 
 
 @dataclass
@@ -322,9 +334,10 @@ def _tcs_macs(config: object, stats: ConfiguredVitStats, image_size: int | None)
             return 0
     except (ValueError, TypeError, AttributeError):
         return 0
-    count = {"head_sparsity": stats.rho, "skip": (), "image_size": image_size}
-    full = toast_macs(config, schedule=None, **count).ffn  # type: ignore[arg-type]
-    pruned = toast_macs(config, schedule=stats.schedule, **count).ffn  # type: ignore[arg-type]
+    full, pruned = (
+        toast_macs(config, head_sparsity=stats.rho, schedule=s, skip=(), image_size=image_size).ffn
+        for s in (None, stats.schedule)
+    )
     return int(round(full - pruned))
 
 
@@ -352,14 +365,10 @@ class ConfiguredToastVitStages(ToastVitStages):
         return True  # ToaSt reads the weights; data only for the fine-tune
 
     def layout(self, model: nn.Module, blocks: str | None) -> Layout | None:
-        # Swin's blocks sit in one list per stage, none of them all: the
-        # stages' list stands for the stack (ToaSt removes no block)
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        if blocks is not None or model_type != "swin":
-            return None
+        # ToaSt's one discovery, as before the driver: its ViT blocks (ToaSt's
+        # error for any other model), the stack their list (``blocks`` unread)
         vm = vit_blocks(model)
-        stages = vm.blocks[0].path.rsplit(".", 3)[0]  # <stages>.<i>.blocks.<j>
-        return Layout(find_blocks(model, stages), {"toast-vit": vm})
+        return Layout(find_blocks(model, _block_list(vm)), {"toast-vit": vm})
 
     def calibrate(
         self,
@@ -373,7 +382,9 @@ class ConfiguredToastVitStages(ToastVitStages):
         config = self.config
         if config.finetune_steps and data is None:
             raise ValueError("finetune_steps > 0 needs a loader")
-        vm = vit_blocks(model)
+        vm = layout.part("toast-vit")
+        if vm is None:  # a layout found otherwise: the driver asks layout() first
+            vm = vit_blocks(model)
         sched = get_schedule(config.schedule, vm.num_blocks)
         skip = skip_blocks(config.skip, vm.stage_firsts)
         macs = toast_macs(model.config, head_sparsity=0.0, image_size=config.image_size)
