@@ -58,9 +58,9 @@ ALLOWED_PRIVATE = {("toast", "_core")}
 NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_field_defaults", "_make"}
 OWN_OBJECTS = {"self", "cls"}
 BOUNDARY_PACKAGES = ("toast.frontier", "toast.cli")
-#: The framework's own modules: the registry, the stage API, the calibration
-#: and the one driver of every method's stages, the runner and the folder
-#: pipeline. A method's package (``toast.methods.<name>``) is not among them.
+#: The framework's own modules: the registry, the stage API, the calibration,
+#: the choice among plans and the one driver of every method's stages, the
+#: runner and the folder pipeline. A method's package (``toast.methods.<name>``) is not among them.
 METHODS_PUBLIC = {
     "toast.methods",
     "toast.methods.base",
@@ -68,6 +68,7 @@ METHODS_PUBLIC = {
     "toast.methods.runner",
     "toast.methods.pipeline",
     "toast.methods.calibrate",
+    "toast.methods.choice",
     "toast.methods.driver",
 }
 

@@ -7,12 +7,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from toast.methods.stages import Plan
+from typing import Protocol, TypeVar
 
 __all__ = ["by_family", "first_choice"]
+
+
+class _Planned(Protocol):
+    """What choosing reads of a plan (:class:`toast.methods.stages.Plan`,
+    which imports this module, so it is named by what it has)."""
+
+    @property
+    def methods(self) -> tuple[str, ...]: ...
+    @property
+    def family(self) -> str: ...
+    @property
+    def predicted_error(self) -> float: ...
+    @property
+    def params_after(self) -> int: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def blocks_removed(self) -> int: ...
+
+
+Plan = TypeVar("Plan", bound=_Planned)
 
 
 def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from toast.methods.base import Report
 from toast.methods.choice import by_family, first_choice
@@ -95,14 +95,17 @@ def compress_with_stages(
     assert method.stages is not None  # only staged methods reach the driver
     stages = method.stages.configured(config)
     calibration = config.calibration
-    layout = find_layout(model, calibration.blocks)
+    layout = stages.layout(model, calibration.blocks)
+    if layout is None:
+        layout = find_layout(model, calibration.blocks)
     sizes = model_sizes(model, layout)
 
     def calibrated(reach: int) -> Stats | None:
         backend = getattr(config, "backend", "auto")
         staged = [_Staged(method.name, stages)]
-        assert data is not None  # _choose asks only with data
-        return calibrate(model, data, layout, staged, calibration, backend, reach).stats[
+        # None only where the stages calibrate without data (data_optional): no shared pass
+        given = cast("Iterable", data)
+        return calibrate(model, given, layout, staged, calibration, backend, reach).stats[
             method.name
         ]
 
@@ -183,12 +186,13 @@ def _choose(
 ) -> tuple[Plan, Stats]:
     """The plan the request chooses and the statistics applying it reads
     (``calibrated(reach)``: the method's calibration, in memory or from
-    disk; None where the method cannot calibrate there)."""
+    disk; None where the method cannot calibrate there; without data only
+    where the stages say it runs without)."""
     stages.check(request, layout)
     stats: Stats | None
     if not stages.needs_data(request):
         stats = Stats()
-    elif data is None:
+    elif data is None and not stages.data_optional(request):
         what = "its size" if request.spans is None else "spans= (its statistics)"
         raise ValueError(
             f"method={name!r} with {what} needs calibration data (a loader of batches, "

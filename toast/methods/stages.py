@@ -482,7 +482,16 @@ class Stages(Protocol):
     ``check(request, layout)``: raises ``ValueError``,
     before any pass, for a request the method can never meet;
     ``needs_data(request)``: whether the request needs calibration data
-    (given spans of plain removal do not); ``given(spans, stats, sizes)``:
+    (given spans of plain removal do not); ``data_optional(request)``:
+    whether that calibration also runs without data, ``calibrate`` then
+    called with ``data=None`` (False by default: no data is an error; the
+    token reducers' and ToaSt's configured stages read data only where
+    given: an image's size, the fine-tune's batches);
+    ``layout(model, blocks)``: the model's :class:`Layout` where the method
+    finds it otherwise than the registry does, in memory (None by default:
+    :func:`toast.methods.base.find_layout`; ToaSt's configured stages find
+    its ViT blocks, Swin's across stages that hold no one block list);
+    ``given(spans, stats, sizes)``:
     the plan of exactly those spans; ``scores(plan, stats)``: each span's
     score for the report; ``report(plan, stats, sizes, spans, params_after)``:
     the method's report of the applied plan (None: the driver's own);
@@ -507,6 +516,10 @@ class Stages(Protocol):
     def check(self, request: Any, layout: Layout) -> None: ...
 
     def needs_data(self, request: Any) -> bool: ...
+
+    def data_optional(self, request: Any) -> bool: ...
+
+    def layout(self, model: nn.Module, blocks: str | None) -> Layout | None: ...
 
     def given(self, spans: tuple[tuple[int, int], ...], stats: Stats, sizes: Sizes) -> Plan: ...
 
@@ -603,6 +616,12 @@ class BaseStages:
 
     def needs_data(self, request: Any) -> bool:
         return True
+
+    def data_optional(self, request: Any) -> bool:
+        return False
+
+    def layout(self, model: nn.Module, blocks: str | None) -> Layout | None:
+        return None  # the registry's find_layout: every staged method's structure
 
     def given(self, spans: tuple[tuple[int, int], ...], stats: Stats, sizes: Sizes) -> Plan:
         raise ValueError(f"{type(self).__name__} takes no explicit spans; give num_blocks=")

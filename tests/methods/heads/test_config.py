@@ -1,10 +1,8 @@
 """ToaSt's typed config and its registration: every field is checked with
 the package's one message format, ``toast.compress(method="toast-vit")``
-builds the config from keywords and passes it to ``compress_vit`` unchanged,
+builds the config from keywords and passes it to ToaSt's stages unchanged,
 the report is a :class:`toast.methods.base.Report`, and ``calibration.seed``
 seeds both TCS's token samples and the fine-tune."""
-
-import dataclasses
 
 import pytest
 import torch
@@ -15,7 +13,8 @@ import toast  # noqa: E402
 from toast._validation import InvalidParameterError  # noqa: E402
 from toast.hf.data.calibration import Calibration  # noqa: E402
 from toast.hf.model.params import count_params  # noqa: E402
-from toast.methods.base import _REGISTRY, Report, get_method  # noqa: E402
+from toast.methods.base import Report, get_method  # noqa: E402
+from toast.methods.driver import compress_with_stages, runner_of  # noqa: E402
 from toast.methods.heads import ToastVitConfig, compress_vit  # noqa: E402
 from toast.methods.heads.finetune import finetune  # noqa: E402
 
@@ -83,16 +82,19 @@ def test_defaults_and_accepted_forms():
 
 def test_keywords_build_the_config_the_method_runs_with(monkeypatch):
     """toast.compress routes the calibration seed into ``calibration`` and
-    hands the config to compress_vit as it is (no re-mapping)."""
+    hands the config, as it is (no re-mapping), to ToaSt's stages through
+    the one driver (no ``run`` of its own)."""
     method = get_method("toast-vit")
-    assert method.run is compress_vit and method.config is ToastVitConfig
+    assert method.run is None and method.config is ToastVitConfig
+    assert runner_of(method).func is compress_with_stages
     seen = {}
+    configured = type(method.stages).configured
 
-    def spy(model, data, config, before_surgery=None):
+    def spy(self, config):
         seen["config"] = config
-        return model, None
+        return configured(self, config)
 
-    monkeypatch.setitem(_REGISTRY, "toast-vit", dataclasses.replace(method, run=spy))
+    monkeypatch.setattr(type(method.stages), "configured", spy)
     toast.compress(_classifier(), method="toast-vit", head_sparsity=0.5, seed=7, lr=2e-3)
     assert seen["config"] == ToastVitConfig(
         head_sparsity=0.5, lr=2e-3, calibration=Calibration(seed=7)

@@ -21,6 +21,8 @@ are torch-free):
   they install;
 - :mod:`~toast.methods.heads.finetune` — the optional recovery fine-tune;
 - :mod:`~toast.methods.heads.config` — :class:`ToastVitConfig`;
+- :mod:`~toast.methods.heads.stages` — the stages the search runs, and configured by
+  the user's options what ``compress`` runs; :mod:`~toast.methods.heads.report` — its report;
 - :mod:`~toast.methods.heads.compress` — :func:`compress_vit`, registered
   as ``toast.compress(..., method="toast-vit")``.
 """
@@ -29,7 +31,7 @@ from toast._lazy import lazy_getattr
 
 _NAMES = {
     "METHOD": "toast.methods.heads.compress",
-    "ToastVitReport": "toast.methods.heads.compress",
+    "ToastVitReport": "toast.methods.heads.report",
     "compress_vit": "toast.methods.heads.compress",
     "ToastVitConfig": "toast.methods.heads.config",
     "toast_macs": "toast.methods.heads.macs",

@@ -20,9 +20,13 @@ Modules:
   :class:`TransformingConfig`, :class:`AtmConfig`, :class:`PitomeConfig`;
 - :mod:`~toast.methods.merge.method` — registered as
   ``toast.compress(..., method="tome" | "rapid" | "token-transforming" | "atm" |
-  "pitome")``;
+  "pitome")``, with their stages alone;
 - :mod:`~toast.methods.merge.persist` — the merge state in saves;
-- :mod:`~toast.methods.merge.stages` — the stages ``toast.search`` runs.
+- :mod:`~toast.methods.merge.stages` — the stages ``toast.search`` runs;
+- :mod:`~toast.methods.merge.configured` — the stages ``toast.compress`` runs
+  through the one driver, configured by the user's options;
+- :mod:`~toast.methods.merge.labels` — how both name a setting (torch-free);
+- :mod:`~toast.methods.merge.report` — :class:`TomeReport`.
 """
 
 from toast._lazy import lazy_getattr
@@ -41,7 +45,7 @@ _NAMES = {
     "AtmConfig": "toast.methods.merge.config",
     "PitomeConfig": "toast.methods.merge.config",
     "enable_reduction": "toast.methods.merge.install",
-    "TomeReport": "toast.methods.merge.method",
+    "TomeReport": "toast.methods.merge.report",
 }
 
 __all__ = sorted(_NAMES)

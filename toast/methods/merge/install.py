@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from toast.hf.capture.states import forward_inputs
 from toast.hf.model.vit import TOKEN_MAP_ATTR
 from toast.io.guard import guard_save
 from toast.methods.merge.macs import merge_schedule
@@ -54,6 +55,7 @@ __all__ = [
     "disable_merging",
     "enable_merging",
     "enable_reduction",
+    "measured_tokens",
     "merging_of",
 ]
 
@@ -291,3 +293,21 @@ def disable_merging(model: nn.Module) -> bool:
         return False
     handle.disable()
     return True
+
+
+def measured_tokens(
+    model: nn.Module, sites: MergeSites, reducer: Reducer, example: Any, **options: Any
+) -> tuple[tuple[float, float], ...]:
+    """The tokens every block sees with ``reducer`` installed (with
+    ``options`` of :func:`enable_reduction`), on ``example``: one forward,
+    the model left as it was (the counts of a batch are the batch's; for
+    reducers whose counts depend on the images)."""
+    args, kwargs = forward_inputs(model, example)
+    handle = enable_reduction(model, reducer, sites=sites, **options)
+    try:
+        with torch.inference_mode():
+            model(*args, **kwargs)
+        return tuple((float(n), float(kept)) for n, kept in handle.tokens)
+    finally:
+        handle.disable()
+        assert merging_of(model) is None

@@ -34,14 +34,22 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import torch
 from torch import nn
 
-from toast.hf.capture.states import forward_inputs
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.vit import vit_view
-from toast.methods.merge.install import enable_reduction, merging_of
+from toast.methods.merge.configured import ConfiguredReducer
+from toast.methods.merge.install import enable_reduction, measured_tokens
+from toast.methods.merge.labels import (
+    atm_key,
+    family,
+    pitome_key,
+    rapid_key,
+    tome_key,
+    transforming_key,
+    visits,
+)
 from toast.methods.merge.macs import (
     SCHEDULES,
     MergeWidths,
@@ -121,23 +129,11 @@ class TomeStats(Stats):
         )
 
     def family(self, name: str, key: Hashable) -> str:
-        """The family of a plan of reducer ``name`` alone at setting ``key``:
-        the name, suffixed by the schedule unless it is the constant one and
-        by the merge norm unless it is the paper's average."""
+        """The family of a plan of reducer ``name`` alone at setting ``key``
+        (:func:`toast.methods.merge.labels.family`)."""
         assert self.settings is not None
         setting = self.settings[key]
-        parts = [name]
-        if setting.schedule != "constant":
-            parts.append(setting.schedule)
-        if setting.merge_norm != "average":
-            parts.append(setting.merge_norm)
-        return "-".join(parts)
-
-
-def _visits(tokens: Iterable[tuple[float, float]]) -> tuple[float, float]:
-    """Token-block visits, and those reduced away."""
-    pairs = list(tokens)
-    return sum(n for n, _ in pairs), sum(n - kept for n, kept in pairs)
+        return family(name, setting.schedule, setting.merge_norm)
 
 
 class ReducerStages(BaseStages):
@@ -151,6 +147,10 @@ class ReducerStages(BaseStages):
         """Every setting to propose, in order of growing reduction within
         each schedule."""
         raise NotImplementedError
+
+    def configured(self, config: Any) -> ConfiguredReducer:
+        """The stages ``compress`` runs: the one setting ``config`` asks for."""
+        return ConfiguredReducer(self.name, config)
 
     def structure(self, model: nn.Module, stack: BlockStack) -> MergeSites | None:
         if getattr(getattr(model, "config", None), "model_type", None) in MERGE_TYPES:
@@ -184,7 +184,7 @@ class ReducerStages(BaseStages):
         self, model: nn.Module, sites: MergeSites, widths: MergeWidths, example: Any
     ) -> TomeStats:
         base = merged_macs(widths, (0,) * widths.num_blocks)
-        visits, _ = _visits(base.tokens)
+        visited, _ = visits(base.tokens)
         savings: dict[Hashable, float] = {}
         proxies: dict[Hashable, float] = {}
         settings: dict[Hashable, Setting] = {}
@@ -196,13 +196,13 @@ class ReducerStages(BaseStages):
             )
             if tokens is None:
                 analytic = False
-                tokens = _measured_tokens(model, sites, reducer, example)
-            _, reduced = _visits(tokens)
+                tokens = measured_tokens(model, sites, reducer, example)
+            _, reduced = visits(tokens)
             if reduced <= 0:
                 continue
             macs = reduced_macs(widths, tokens)
             savings[key] = 1.0 - macs.linear / base.linear
-            proxies[key], settings[key] = reduced / visits, setting
+            proxies[key], settings[key] = reduced / visited, setting
         return TomeStats(
             widths=widths,
             savings=savings,
@@ -296,7 +296,7 @@ class TomeStages(ReducerStages):
 
     def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
         return {
-            _tome_key(r, schedule, norm): Setting(
+            tome_key(r, schedule, norm): Setting(
                 partial(tome_reducer, r, schedule=schedule), schedule, norm
             )
             for norm in TOME_NORMS
@@ -305,37 +305,9 @@ class TomeStages(ReducerStages):
         }
 
 
-def _tome_key(r: int, schedule: str, norm: str) -> Hashable:
-    """A ToMe setting's key: ``r`` for the paper's own (as before other
-    settings existed), else its label."""
-    if schedule == "constant" and norm == "average":
-        return r
-    return f"ToMe r={r}{_suffix(schedule)}{_NORM_LABELS[norm]}"
-
-
-#: How a setting's label names its merge norm.
-_NORM_LABELS = {"average": "", "max": ", MLERP", "mean": ", mean norm"}
-
-
 def tome_reducer(r: int, num_blocks: int, schedule: str = "constant") -> TomeReducer:
     """ToMe at ``r`` spread over ``num_blocks`` blocks by ``schedule``."""
     return TomeReducer(merge_schedule(r, num_blocks, schedule), schedule)
-
-
-def _measured_tokens(
-    model: nn.Module, sites: MergeSites, reducer: Reducer, example: Any
-) -> tuple[tuple[float, float], ...]:
-    """The tokens every block sees with ``reducer`` installed, on ``example``
-    (one forward of a copy; the counts of a batch are the batch's)."""
-    args, kwargs = forward_inputs(model, example)
-    handle = enable_reduction(model, reducer, sites=sites)
-    try:
-        with torch.inference_mode():
-            model(*args, **kwargs)
-        return tuple((float(n), float(kept)) for n, kept in handle.tokens)
-    finally:
-        handle.disable()
-        assert merging_of(model) is None
 
 
 def _remaining(model: nn.Module, layout: Layout, name: str) -> MergeSites:
@@ -392,18 +364,13 @@ class RapidStages(ReducerStages):
     def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
         n = widths.num_blocks
         return {
-            f"RAPID r={r}, prune<{round(split * n)}{_suffix(schedule)}": Setting(
+            rapid_key(r, round(split * n), schedule): Setting(
                 partial(rapid_reducer, r, split, schedule=schedule), schedule
             )
             for schedule in SCHEDULES
             for r in _counts(widths, schedule)
             for split in RAPID_SPLITS
         }
-
-
-def _suffix(schedule: str) -> str:
-    """A setting label's schedule part: none for the constant schedule."""
-    return "" if schedule == "constant" else f", {schedule}"
 
 
 #: Token Transforming's temperatures the search measures (toast's reading;
@@ -426,7 +393,7 @@ class TransformingStages(ReducerStages):
 
     def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
         return {
-            f"Token Transforming r={r}, τ={t:g}": Setting(partial(transforming_reducer, r, t))
+            transforming_key(r, t): Setting(partial(transforming_reducer, r, t))
             for r in _counts(widths)
             for t in TEMPERATURES
         }
@@ -457,7 +424,7 @@ class AtmStages(ReducerStages):
 
     def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
         return {
-            f"ATM α={a:g}, β={b:g}": Setting(partial(atm_reducer, a, b))
+            atm_key(a, b): Setting(partial(atm_reducer, a, b))
             for a in sorted(ATM_ALPHAS, reverse=True)
             for b in ATM_BETAS
         }
@@ -482,7 +449,7 @@ class PitomeStages(ReducerStages):
 
     def grid(self, widths: MergeWidths) -> dict[Hashable, Setting]:
         return {
-            f"PiToMe r={r}, margin {m:g}": Setting(partial(pitome_reducer, r, m))
+            pitome_key(r, m): Setting(partial(pitome_reducer, r, m))
             for r in _counts(widths)
             for m in PITOME_MARGINS
         }
