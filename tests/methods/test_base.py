@@ -8,6 +8,7 @@ import toast
 from toast.hf.data.calibration import Calibration
 from toast.methods import available_methods
 from toast.methods.base import Method, Report, get_method, make_config, register
+from toast.methods.stages import BaseStages, Plan, Request
 from toast.methods.translate.config import ToastConfig
 
 
@@ -63,11 +64,14 @@ def test_registering_a_second_method_of_the_same_name_is_refused():
         pass
 
     with pytest.raises(ValueError, match="registered already"):
-        register(Method(name="toast", config=Config, run=lambda m, d, c, b=None: (m, None)))
+        register(Method(name="toast", config=Config, stages=BaseStages()))  # type: ignore[arg-type]
 
 
 def test_a_registered_method_runs_through_compress(monkeypatch):
+    pytest.importorskip("transformers")
     from toast.methods import base
+
+    from ..frontier.conftest import tiny_llama
 
     @dataclasses.dataclass
     class Done(Report):
@@ -87,14 +91,37 @@ def test_a_registered_method_runs_through_compress(monkeypatch):
 
     seen = {}
 
-    def run(model, data, config, before_surgery=None):
-        seen["config"] = config
-        return model, Done()
+    class NoopStages(BaseStages):
+        """A method whose config fixes its plan: nothing removed, nothing captured."""
 
-    monkeypatch.setitem(base._REGISTRY, "noop", Method(name="noop", config=NoopConfig, run=run))
-    stand_in = object()  # a model in memory (a string would be a checkpoint folder)
-    model, report = toast.compress(stand_in, [1], method="noop", factor=2, max_batches=1)
-    assert model is stand_in and seen["config"] == NoopConfig(2, Calibration(max_batches=1))
+        def configured(self, config):
+            seen["config"] = config
+            return self
+
+        def request(self, config):
+            return Request()
+
+        def needs_data(self, request):
+            return False
+
+        def propose(self, stats, sizes, max_blocks, macs_matter):
+            return [Plan(("noop",), "noop", (), None, None, sizes.params, 0.0)]
+
+        def choose(self, plans, request):
+            return plans[0]
+
+        def apply(self, model, plan, stats, layout):
+            seen["applied"] = plan.family
+
+        def report(self, plan, stats, sizes, spans, params_after):
+            return Done()
+
+    noop = Method(name="noop", config=NoopConfig, stages=NoopStages())
+    monkeypatch.setitem(base._REGISTRY, "noop", noop)
+    model = tiny_llama()
+    out, report = toast.compress(model, [1], method="noop", factor=2, max_batches=1)
+    assert out is model and seen["config"] == NoopConfig(2, Calibration(max_batches=1))
+    assert seen["applied"] == "noop"
     assert report.blocks_removed == 1 and report.compression_by_blocks == 0.25
     assert report.to_markdown() == "Parameters: 100 → 75 (−25.0%)"
 

@@ -6,14 +6,13 @@ stages: ``test_adding_a_method.py``)."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 
 import pytest
 
 import toast
-from toast.methods.base import Method, Plan
-from toast.methods.driver import Request, first_choice, runner_of
+from toast.methods.base import Plan
+from toast.methods.driver import Request, compress_with_stages, first_choice, runner_of
 
 from ..frontier.conftest import CALIBRATION_LENGTH, tiny_llama, token_batches
 
@@ -89,15 +88,23 @@ def test_a_blocks_target_measures_only_plans_of_that_many_blocks():
     assert found.measured and all(m.candidate.blocks_removed == 2 for m in found.measured)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Config:
-    num_blocks: int = 1
+def test_every_method_compresses_through_the_one_driver():
+    """No method keeps a driver of its own: ``compress`` runs each one's
+    stages, and a folder goes block by block exactly where they can."""
+    from toast.methods import available_methods, get_method
+    from toast.methods.driver import compress_from_disk_with_stages, disk_runner_of
 
-
-def test_a_method_with_neither_run_nor_stages_is_refused_by_name():
-    lost = Method(name="lost", config=_Config)
-    with pytest.raises(TypeError, match="'lost' registered neither run nor stages"):
-        runner_of(lost)
+    on_disk = set()
+    for name in available_methods():
+        method = get_method(name)
+        assert not hasattr(method, "run") and not hasattr(method, "run_from_disk")
+        assert runner_of(method).func is compress_with_stages
+        disk = disk_runner_of(method)
+        assert (disk is None) == (not method.stages.from_disk)
+        if disk is not None:
+            assert disk.func is compress_from_disk_with_stages
+            on_disk.add(name)
+    assert {"remove", "toast", "replaceme", "linearpatch", "sublayer"} <= on_disk
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,6 @@ def enumerate_candidates(
     # a method the disk path left out has no stats
     methods = [m for m in methods if m.name in calibrated.stats]
     for method in methods:
-        assert method.stages is not None  # the search takes staged methods only
         stats = calibrated.stats[method.name]
         for plan in method.stages.propose(stats, sizes, max_blocks, macs_matter):
             found.setdefault(plan.key, plan)
@@ -50,7 +49,6 @@ def enumerate_candidates(
         for base in bases:
             last = max(order.get(name, -1) for name in base.methods)
             for method in methods[last + 1 :]:
-                assert method.stages is not None
                 stats = calibrated.stats[method.name]
                 for plan in method.stages.extend(base, stats, sizes):
                     if plan.key not in found:

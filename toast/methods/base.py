@@ -140,27 +140,22 @@ class Report:
 class Method:
     """A registered compression method.
 
-    ``config`` is its config dataclass; ``run(model, data, config,
-    before_surgery)`` does the work where the method keeps a driver of its
-    own (None: :func:`toast.methods.driver.compress_with_stages` runs its
-    ``stages``, as the search does); ``needs_data`` says whether ``data``
-    may be None; ``stages`` its :class:`Stages` (what ``toast.search``
-    runs; None: the search leaves it out);
-    ``run_from_disk(disk, batches, output, config, heldout=...)``,
-    when the method has one, does it block by block on a checkpoint that
-    stays on disk and writes the result to ``output``
+    ``config`` is its config dataclass; ``stages`` its :class:`Stages`,
+    which both front doors run: ``toast.search`` as they are, and
+    ``toast.compress`` configured by the user's config through the one
+    driver (:mod:`toast.methods.driver`), in memory and, where the stages
+    say ``from_disk``, block by block on a checkpoint that stays on disk
     (:mod:`toast.methods.pipeline`), its statistics fitted to what
     ``max_memory`` leaves by ``within_memory`` (:data:`WithinMemory`; None:
-    they take no memory worth planning).
+    they take no memory worth planning); ``needs_data`` says whether
+    ``data`` may be None.
     """
 
     name: str
     config: type
-    run: Callable[..., tuple[nn.Module, Report]] | None = None
+    stages: Stages
     needs_data: bool = True
     summary: str = ""
-    stages: Stages | None = None
-    run_from_disk: Callable[..., Report] | None = None
     within_memory: WithinMemory | None = None
     #: ``config`` as a checkpoint folder runs it on either path (what only the
     #: in-memory path can do left out), so that the path memory chooses never
@@ -265,8 +260,8 @@ def make_config(method: Method, params: Mapping[str, Any]) -> Any:
 
 
 def staged_methods() -> list[Method]:
-    """The registered methods that have :class:`Stages`, by name."""
-    return [_REGISTRY[name] for name in method_names() if _REGISTRY[name].stages is not None]
+    """The registered methods, by name (each is its :class:`Stages`)."""
+    return [_REGISTRY[name] for name in method_names()]
 
 
 def find_layout(model: nn.Module, blocks: str | BlockStack | None = None) -> Layout:
@@ -279,7 +274,6 @@ def find_layout(model: nn.Module, blocks: str | BlockStack | None = None) -> Lay
     stack = find_blocks(model, blocks)
     parts = {}
     for method in staged_methods():
-        assert method.stages is not None  # staged_methods keeps only these
         found = method.stages.structure(model, stack)
         if found is not None:
             parts[method.name] = found

@@ -92,7 +92,6 @@ def compress_with_stages(
     from toast.methods.base import find_layout
     from toast.methods.calibrate import calibrate, model_sizes
 
-    assert method.stages is not None  # only staged methods reach the driver
     stages = method.stages.configured(config)
     calibration = config.calibration
     layout = stages.layout(model, calibration.blocks)
@@ -142,7 +141,7 @@ def compress_from_disk_with_stages(
     from toast.methods.base import find_layout
     from toast.methods.calibrate import calibrate_from_disk, model_sizes
 
-    assert method.stages is not None and method.stages.from_disk  # disk_runner_of checked
+    assert method.stages.from_disk  # disk_runner_of checked
     if stages is None:
         stages = method.stages.configured(config)
     calibration = config.calibration
@@ -255,21 +254,15 @@ class _Staged:
 
 
 def runner_of(method: Method) -> Callable[..., tuple[nn.Module, Report]]:
-    """What compresses a model in memory with ``method``: its own ``run``,
-    else the one driver over its stages."""
-    if method.run is not None:
-        return method.run
-    if method.stages is None:
-        raise TypeError(f"method {method.name!r} registered neither run nor stages")
+    """What compresses a model in memory with ``method``: the one driver
+    over its stages."""
     return functools.partial(compress_with_stages, method)
 
 
 def disk_runner_of(method: Method) -> Callable[..., Report] | None:
-    """What compresses a checkpoint block by block with ``method``: its own
-    ``run_from_disk``, else the one driver over stages that run from disk;
-    None where the method needs the model in memory."""
-    if method.run_from_disk is not None:
-        return method.run_from_disk
-    if method.stages is None or not method.stages.from_disk:
+    """What compresses a checkpoint block by block with ``method``: the one
+    driver over its stages, where they run from disk; None where the
+    method needs the model in memory."""
+    if not method.stages.from_disk:
         return None
     return functools.partial(compress_from_disk_with_stages, method)

