@@ -54,7 +54,7 @@ class DropLast(BaseStages):
 def test_a_registered_method_joins_the_search(monkeypatch, tmp_path):
     available_methods()
     stages = DropLast()
-    method = Method("drop-last", Stats, lambda *a: None, stages=stages)  # type: ignore[arg-type]
+    method = Method("drop-last", Stats, stages=stages)  # type: ignore[arg-type]
     monkeypatch.setitem(base._REGISTRY, "drop-last", method)
     data, heldout = token_batches(2, CALIBRATION_LENGTH, 1), token_batches(1, 12, 2)
     result = toast.search(
