@@ -18,7 +18,7 @@ class ToyPart:
     """A toy method's level, changing the blocks from ``start`` on."""
 
     level: int
-    start: int = 2
+    start: int | None = 2
 
     @property
     def method(self) -> str:
@@ -89,4 +89,4 @@ def test_the_search_resumes_past_the_blocks_a_part_leaves():
     assert first_changed_block(_plain(), 6) == 3
     assert first_changed_block(_plain().with_part(ToyPart(1, start=2)), 6) == 2
     assert first_changed_block(_plain().with_part(ToyPart(1, start=4)), 6) == 3
-    assert first_changed_block(_plain().with_part(ToyPart(1, start=None)), 6) == 3  # type: ignore[arg-type]
+    assert first_changed_block(_plain().with_part(ToyPart(1, start=None)), 6) == 3

@@ -35,10 +35,11 @@ class Part(Protocol):
     that a token reducer must not extend the plan; ``first_block()``: the
     first of the original's blocks the part changes (0: every block, from
     the first; None: none), so that a measurement may resume past the
-    blocks a plan leaves as they were; ``key()``: its field of the plan's key ("" adds none);
-    ``label()``: its phrases of the plan's label, in order; ``entries()``:
-    its entries of the plan's dict (those named in :data:`SLOTS` take
-    their fixed place, and their key field, instead of being added)."""
+    blocks a plan leaves as they were; ``key()``: its field of the plan's
+    key ("" adds none); ``label()``: its phrases of the plan's label, in
+    order; ``entries()``: its entries of the plan's dict (those named in
+    :data:`SLOTS` take their fixed place, and their key field, instead of
+    being added)."""
 
     @property
     def method(self) -> str: ...
