@@ -41,7 +41,7 @@ class DropLast(BaseStages):
         self.calls.append("propose")
         last = sizes.num_blocks
         return [
-            Plan(("drop-last",), "drop-last", ((last - n, last),), "identity", None,
+            Plan(("drop-last",), "drop-last", ((last - n, last),), "identity",
                  sizes.after_spans([(last - n, last)]), float(n))
             for n in range(1, max_blocks + 1)
         ]  # fmt: skip

@@ -11,7 +11,7 @@ from toast.methods.base import Plan
 
 def _candidate(family: str, blocks: int, predicted: float) -> Plan:
     spans = ((1, 1 + blocks),)
-    return Plan(("remove",), family, spans, "identity", None, 1000 - 10 * blocks, predicted)
+    return Plan(("remove",), family, spans, "identity", 1000 - 10 * blocks, predicted)
 
 
 def _drain(selector, meets) -> list[Plan]:
@@ -38,7 +38,7 @@ def test_ranked_takes_families_in_turn_best_predicted_first():
 def test_ranked_measures_every_method_alone_before_any_combination():
     def plan(methods: tuple[str, ...], predicted: float) -> Plan:
         family = "+".join(methods)
-        return Plan(methods, family, ((1, 2),), "identity", None, 990, predicted)
+        return Plan(methods, family, ((1, 2),), "identity", 990, predicted)
 
     pool = [plan(("remove", "tome"), 0.1), plan(("remove",), 0.5), plan(("tome",), 0.9)]
     pool += [plan(("remove", "toast-vit", "tome"), 0.05)]
@@ -48,7 +48,7 @@ def test_ranked_measures_every_method_alone_before_any_combination():
 
 def test_ranked_measures_every_method_before_a_second_family_of_one():
     def plan(methods: tuple[str, ...], family: str, predicted: float) -> Plan:
-        return Plan(methods, family, ((1, 2),), "identity", None, 990, predicted)
+        return Plan(methods, family, ((1, 2),), "identity", 990, predicted)
 
     pool = [plan(("tome",), "tome-delayed", 0.1), plan(("tome",), "tome-front", 0.2)]
     pool += [plan(("tome",), "tome", 0.3), plan(("rapid",), "rapid", 0.4)]
@@ -59,7 +59,7 @@ def test_ranked_measures_every_method_before_a_second_family_of_one():
 
 def test_ranked_keeps_families_of_one_method_that_are_no_variants_by_name():
     def plan(methods: tuple[str, ...], family: str) -> Plan:
-        return Plan(methods, family, ((1, 2),), "identity", None, 990, 0.1)
+        return Plan(methods, family, ((1, 2),), "identity", 990, 0.1)
 
     pool = [plan(("sublayer",), "sublayer"), plan(("remove",), "shortgpt")]
     pool += [plan(("remove",), "plain")]
@@ -80,7 +80,7 @@ def test_bisection_finds_the_smallest_model_within_the_floor(threshold):
 
 def test_bisection_probes_the_best_predicted_candidate_of_each_size():
     worse = _candidate("a", 2, 5.0)
-    better = Plan(("remove",), "a", ((3, 5),), "identity", None, worse.params_after, 1.0)
+    better = Plan(("remove",), "a", ((3, 5),), "identity", worse.params_after, 1.0)
     asked = _drain(Bisection([worse, better], 10), lambda c: True)
     assert asked == [better]
 

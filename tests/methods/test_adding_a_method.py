@@ -1,6 +1,6 @@
 """Adding a method touches its own package and one line of
 ``toast.methods.base.METHODS``: a toy method written as a package of its
-own (config, stages, registration) compresses through ``toast.compress``
+own (config, its plans' part, stages, registration) compresses through ``toast.compress``
 in memory and from a checkpoint folder, through ``toast.search`` and
 through ``toast compress`` on the command line, with no framework change."""
 
@@ -36,6 +36,30 @@ PACKAGE = {
             num_blocks: int = 1
             calibration: Calibration = dataclasses.field(default_factory=Calibration)
         ''',
+    "part.py": '''
+        import dataclasses
+
+
+        @dataclasses.dataclass(frozen=True)
+        class ToyPart:
+            """The toy's own setting in a plan: how many last blocks go."""
+
+            count: int
+            method = "toy"
+            fixes_tokens = False
+
+            def first_block(self):
+                return None  # the spans say which blocks go
+
+            def key(self):
+                return f"last{self.count}"
+
+            def label(self):
+                return (f"the last {self.count}",)
+
+            def entries(self):
+                return {"toy_count": self.count}
+        ''',
     "method.py": """
         from toast.hf.evaluate.from_disk import removal
         from toast.hf.model.surgery import remove_blocks
@@ -43,6 +67,7 @@ PACKAGE = {
         from toast.methods.base import BaseStages, Method, Plan, Stats, register
 
         from toy_method.config import ToyConfig
+        from toy_method.part import ToyPart
 
 
         class ToyStages(BaseStages):
@@ -60,8 +85,9 @@ PACKAGE = {
             def propose(self, stats, sizes, max_blocks, macs_matter):
                 total = sizes.num_blocks
                 return [
-                    Plan(("toy",), "toy", ((total - n, total),), "identity", None,
-                         sizes.after_spans(((total - n, total),)), float(n))
+                    Plan(("toy",), "toy", ((total - n, total),), "identity",
+                         sizes.after_spans(((total - n, total),)), float(n),
+                         parts=(ToyPart(n),))
                     for n in range(1, max_blocks + 1)
                 ]
 
@@ -115,6 +141,9 @@ def test_a_method_added_as_a_package_and_one_line_compresses_everywhere(toy, tmp
     data, heldout = token_batches(4, CALIBRATION_LENGTH, 1), token_batches(2, 12, 2)
     expected, report = toast.compress(tiny_llama(), data, method="toy", num_blocks=2)
     assert report.plan.spans == ((4, 6),) and len(expected.model.layers) == 4
+    # its own setting rides in its plans as its part, with no framework change
+    assert report.plan.part("toy").count == 2 and report.plan.key == "toy|identity|4-6|||last2"
+    assert report.plan.label == "toy: remove blocks[4:6], the last 2"
     # from a folder, block by block
     toast.compress(folder, data, method="toy", num_blocks=2, output=tmp_path / "disk",
                    sequential=True, progress=False)  # fmt: skip
@@ -124,6 +153,7 @@ def test_a_method_added_as_a_package_and_one_line_compresses_everywhere(toy, tmp
     found = toast.search(model, data, heldout, target="blocks=2", methods=["toy"],
                          max_measured=1, cache=False, latency=False, progress=False)  # fmt: skip
     assert _same_weights(found.model, expected)
+    assert found.to_dict()["measured"][0]["toy_count"] == 2
     # the command line: its option from its config, no CLI code
     argv = ["compress", str(folder), "--method", "toy", "--num-blocks", "2"]
     assert main([*argv, "--out", str(tmp_path / "cli"), "--no-progress"]) == 0

@@ -105,7 +105,7 @@ def test_a_registered_method_runs_through_compress(monkeypatch):
             return False
 
         def propose(self, stats, sizes, max_blocks, macs_matter):
-            return [Plan(("noop",), "noop", (), None, None, sizes.params, 0.0)]
+            return [Plan(("noop",), "noop", (), None, sizes.params, 0.0)]
 
         def choose(self, plans, request):
             return plans[0]

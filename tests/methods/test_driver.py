@@ -23,7 +23,7 @@ pytestmark = pytest.mark.hf
 
 def _plan(family: str, spans: tuple, predicted: float, methods: tuple = ("m",)) -> Plan:
     blocks = sum(b - a for a, b in spans)
-    return Plan(methods, family, spans, "identity", None, 100 - blocks, predicted)
+    return Plan(methods, family, spans, "identity", 100 - blocks, predicted)
 
 
 def test_first_choice_is_the_best_predicted_of_the_first_family_at_the_size_asked():

@@ -21,6 +21,7 @@ from toast.methods.base import (
     staged_methods,
 )
 from toast.methods.calibrate import Calibrated
+from toast.methods.heads.part import HeadsPart
 from toast.methods.merge.macs import SCHEDULES
 
 torch = pytest.importorskip("torch")
@@ -127,10 +128,10 @@ def test_every_plan_applied_has_exactly_its_stated_parameters(make, data):
 def test_plans_of_a_size_remove_that_many_blocks_and_predict_finitely():
     _, _, plans = _every_plan(_llama(), _tokens(), max_blocks=3)
     for plan in plans:
-        if plan.sublayers is None:
+        if plan.part("sublayer") is None:
             assert 1 <= plan.blocks_removed <= 3
         else:  # sub-layer plans remove no block: up to two sub-layers a block
-            assert plan.blocks_removed == 0 and 1 <= len(plan.sublayers) <= 6
+            assert plan.blocks_removed == 0 and 1 <= len(plan.part("sublayer").removed) <= 6
         assert plan.predicted_error == plan.predicted_error  # not NaN
         assert all(a >= 1 for a, _ in plan.spans)  # the papers keep block 0
 
@@ -141,7 +142,10 @@ def test_needs_combine_as_a_union():
 
 
 def test_a_plan_names_itself_stably():
-    plan = Plan(("remove", "toast-vit"), "plain+toast-vit", ((1, 3),), "identity", 0.5, 10, 0.2)
+    plan = Plan(
+        ("remove", "toast-vit"), "plain+toast-vit", ((1, 3),), "identity", 10, 0.2,
+        parts=(HeadsPart(0.5),),
+    )  # fmt: skip
     assert plan.key == "plain+toast-vit|identity|1-3|0.5|"
     assert plan.label == "plain+toast-vit: remove blocks[1:3], heads ρ=0.5"
     assert plan.blocks_removed == 2

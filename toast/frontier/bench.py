@@ -47,22 +47,20 @@ Writer = Callable[[str | os.PathLike], Path]
 Extra = Callable[[nn.Module], dict[str, float]]
 
 
-#: The fields of :class:`Plan` whose changes :func:`first_changed_block` knows.
+#: The fields of :class:`Plan` whose changes :func:`first_changed_block` knows
+#: (a method's own setting is a part of ``parts``: each says its first block).
 _PLAN_FIELDS = frozenset(
     {
         "methods",
         "family",
         "spans",
         "translator",
-        "head_sparsity",
         "params_after",
         "predicted_error",
-        "schedule",
         "unseen_macs",
         "unseen_share",
         "extendable",
-        "merge",
-        "sublayers",
+        "parts",
     }
 )
 
@@ -71,17 +69,15 @@ def first_changed_block(plan: Plan, num_blocks: int) -> int:
     """The first of the original's blocks (its numbering) that ``plan``
     changes or removes: those before it run as the original's, on the same
     inputs. 0 for plans that change every block (head pruning, Token
-    Channel Selection, token merging) and for a plan setting a field this
-    does not know (a new method's)."""
+    Channel Selection, token merging: their parts say so) and for a plan
+    setting a field this does not know (a new one of :class:`Plan`'s)."""
     defaults = {f.name: f.default for f in dataclasses.fields(Plan)}
     if any(getattr(plan, k) != v for k, v in defaults.items() if k not in _PLAN_FIELDS):
-        return 0
-    if plan.head_sparsity is not None or plan.schedule is not None or plan.merge is not None:
         return 0
     # ReplaceMe folds each cut's transform into the block before it
     before = 1 if "replaceme" in plan.methods else 0
     starts = [start - before for start, _ in plan.spans]
-    starts += [block for block, _ in plan.sublayers or ()]
+    starts += [b for b in (part.first_block() for part in plan.parts) if b is not None]
     return max(0, min(starts, default=num_blocks))
 
 

@@ -89,7 +89,6 @@ def span_family_plans(
                     family,
                     spans,
                     translator,
-                    None,
                     sizes.after_spans(spans, added_per_span),
                     predicted,
                     extendable=extendable and k == 0,

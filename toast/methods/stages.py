@@ -8,7 +8,9 @@ model's structure once (:class:`Layout`); the union of the methods'
 (:func:`capture_shared`: moments of every pair of block states, and the
 rows with massive activations); each method's ``calibrate`` turns that
 (plus, where it must, a pass of its own) into its :class:`Stats`;
-``propose`` gives :class:`Plan` s with exact sizes and predicted errors;
+``propose`` gives :class:`Plan` s with exact sizes and predicted errors
+(:mod:`toast.methods.plan`; a method's own setting rides in its
+:class:`Part`);
 ``apply`` patches a model in place (the caller copies it first).
 
 On a checkpoint too big to load (:class:`toast.hf.capture.disk_model.DiskModel`)
@@ -38,6 +40,7 @@ from toast.core.chunked import ChunkedMoments, PairMoments, pair_moments_nbytes
 from toast.hf.data.calibration import Calibration
 from toast.hf.data.progress import progress_counter
 from toast.methods.choice import first_choice
+from toast.methods.plan import Part, Plan
 
 if TYPE_CHECKING:
     import os
@@ -55,6 +58,7 @@ __all__ = [
     "BaseStages",
     "Layout",
     "Needs",
+    "Part",
     "Plan",
     "Request",
     "SHARED_BYTES",
@@ -304,110 +308,6 @@ class Sizes:
         of ``added_per_span`` parameters."""
         removed = sum(sum(self.block_params[a:b]) for a, b in spans)
         return self.params - removed + len(spans) * added_per_span
-
-
-_VERB = {"identity": "remove", "linear": "linear", "affine": "affine", "ls": "LS fold"}
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One compression recipe, ready to apply.
-
-    ``methods``: the registered methods that apply it, in order (a plan
-    one method extends, such as block removal with ToaSt's head pruning,
-    names both); ``family``: the label plans compare within (predicted
-    errors of different families do not compare); ``spans``: the
-    ``(start, stop)`` block spans removed (original indices);
-    ``translator``: what replaces each span (``"identity"``, ``"linear"``,
-    ``"affine"``, ``"ls"`` for ReplaceMe's folded transform);
-    ``head_sparsity`` and ``schedule``: ToaSt's ρ and Token Channel
-    Selection schedule (None: none); ``params_after``: the exact
-    parameter count after; ``predicted_error``: the method's prediction;
-    ``unseen_macs``: MACs per sample the plan saves that linear-layer
-    counts cannot see (Token Channel Selection's gathered products), and
-    ``unseen_share`` the MACs saved that the parameter count does not show,
-    as a share of the original's (that saving; token merging's fewer tokens);
-    ``extendable``: whether another method may extend it; ``merge``: token
-    reduction's setting: ToMe's ``r`` in every block (an int) or another
-    reducer's named setting (a str, e.g. ``"RAPID r=11, prune<6"``; None:
-    no reduction; keys, labels and dicts name it only when set, so plans
-    without it keep their keys);
-    ``sublayers``: the ``(block, kind)`` sub-layers removed, ``kind``
-    ``"attention"`` or ``"mlp"`` (None: none; named only when set, as
-    ``merge``).
-    """
-
-    methods: tuple[str, ...]
-    family: str
-    spans: tuple[tuple[int, int], ...]
-    translator: str | None
-    head_sparsity: float | None
-    params_after: int
-    predicted_error: float
-    schedule: str | None = None
-    unseen_macs: int = 0
-    unseen_share: float = 0.0
-    extendable: bool = False
-    merge: int | str | None = None
-    sublayers: tuple[tuple[int, str], ...] | None = None
-
-    @property
-    def key(self) -> str:
-        """A stable identifier (a search cache's key for its measurement)."""
-        spans = ",".join(f"{a}-{b}" for a, b in self.spans)
-        rho = "" if self.head_sparsity is None else f"{self.head_sparsity:g}"
-        key = f"{self.family}|{self.translator or ''}|{spans}|{rho}|{self.schedule or ''}"
-        if isinstance(self.merge, int):
-            key = f"{key}|r{self.merge}"
-        elif self.merge is not None:
-            key = f"{key}|{self.merge}"
-        return key if self.sublayers is None else f"{key}|sub{self._sublayer_text(',')}"
-
-    def _sublayer_text(self, sep: str) -> str:
-        """The removed sub-layers as ``attn3`` / ``mlp5``, joined by ``sep``."""
-        short = {"attention": "attn"}
-        return sep.join(f"{short.get(k, k)}{b}" for b, k in self.sublayers or ())
-
-    @property
-    def blocks_removed(self) -> int:
-        return sum(b - a for a, b in self.spans)
-
-    @property
-    def label(self) -> str:
-        """A short name: the family and what it does."""
-        parts = []
-        if self.spans:
-            spans = " ".join(f"[{a}:{b}]" for a, b in self.spans)
-            parts.append(f"{_VERB.get(self.translator or '', self.translator)} blocks{spans}")
-        if self.head_sparsity is not None:
-            parts.append(f"heads ρ={self.head_sparsity:g}")
-        if self.schedule is not None:
-            parts.append(f"TCS {self.schedule}")
-        if isinstance(self.merge, int):
-            parts.append(f"ToMe r={self.merge}")
-        elif self.merge is not None:
-            parts.append(self.merge)
-        if self.sublayers is not None:
-            parts.append(f"remove sub-layers {self._sublayer_text(' ')}")
-        return f"{self.family}: " + ", ".join(parts)
-
-    def to_dict(self) -> dict:
-        extra: dict[str, Any] = {} if self.merge is None else {"merge": self.merge}
-        if self.sublayers is not None:
-            extra["sublayers"] = [[b, k] for b, k in self.sublayers]
-        return {
-            "key": self.key,
-            "methods": list(self.methods),
-            "family": self.family,
-            "label": self.label,
-            "spans": [list(s) for s in self.spans],
-            "translator": self.translator,
-            "head_sparsity": self.head_sparsity,
-            "schedule": self.schedule,
-            "params": self.params_after,
-            "predicted": self.predicted_error,
-            **extra,
-        }
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,12 @@ from toast.methods.heads.stages import (  # noqa: E402
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 
+def _setting(plan):
+    """The plan's ρ and TCS schedule ((None, None): no ToaSt part)."""
+    part = plan.part("toast-vit")
+    return (None, None) if part is None else (part.head_sparsity, part.schedule)
+
+
 def _vit(classifier: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.ViTConfig(
@@ -89,7 +95,7 @@ def test_compress_builds_the_search_plan_of_the_same_setting(rho, schedule, plan
     model = _vit()
     stats, plans = _search_plans(model)
     sparsity = rho or None
-    plan = next(p for p in plans if (p.head_sparsity, p.schedule) == (sparsity, schedule))
+    plan = next(p for p in plans if _setting(p) == (sparsity, schedule))
     searched = copy.deepcopy(model)
     layout = find_layout(searched)
     STAGES.apply(searched, plan, stats, layout)
@@ -124,7 +130,7 @@ def test_a_search_of_toast_vit_alone_is_rebuilt_by_compress_with_its_rho(planned
     )
     chosen = result.best.candidate
     compressed, _ = toast.compress(
-        model, data, method="toast-vit", head_sparsity=chosen.head_sparsity
+        model, data, method="toast-vit", head_sparsity=chosen.part("toast-vit").head_sparsity
     )
     assert planned == [chosen]
     images = H.images(3, seed=5)
@@ -166,4 +172,4 @@ def test_swin_runs_through_the_driver_on_its_stages_list(planned):
     _, report = toast.compress(model, method="toast-vit", head_sparsity=0.5, skip="stage_first")
     assert (report.blocks_before, report.blocks_after) == (4, 4)
     assert report.params_after < report.params_before
-    assert planned[0].head_sparsity == 0.5
+    assert planned[0].part("toast-vit").head_sparsity == 0.5

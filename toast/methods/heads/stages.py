@@ -21,6 +21,7 @@ from toast.hf.model.vit import Attention, VitModel, vit_blocks, vit_view
 from toast.methods.heads.config import ToastVitConfig
 from toast.methods.heads.finetune import finetune
 from toast.methods.heads.macs import toast_macs, vit_arch
+from toast.methods.heads.part import METHOD, HeadsPart, heads_parts
 from toast.methods.heads.report import ToastVitReport
 from toast.methods.heads.schedules import (
     Schedule,
@@ -203,27 +204,25 @@ class ToastVitStages(BaseStages):
                         "toast-vit",
                         (),
                         None,
-                        rho,
                         params,
                         predicted,
-                        schedule=name,
                         unseen_macs=unseen,
                         unseen_share=unseen / stats.macs if unseen else 0.0,
                         extendable=True,  # by token merging
+                        parts=heads_parts(rho, name),
                     )
                 )
         return plans
 
     def extend(self, plan: Plan, stats: Stats, sizes: Sizes) -> list[Plan]:
         assert isinstance(stats, ToastVitStats)
-        if not stats.head_dims or plan.head_sparsity is not None:
+        if not stats.head_dims or plan.part(METHOD) is not None:
             return []
         return [
-            dataclasses.replace(
-                plan,
-                methods=(*plan.methods, "toast-vit"),
-                family=f"{plan.family}+toast-vit",
-                head_sparsity=rho,
+            plan.with_part(
+                HeadsPart(rho),
+                methods=(*plan.methods, METHOD),
+                family=f"{plan.family}+{METHOD}",
                 params_after=plan.params_after - stats.head_params_removed(rho, plan.spans),
                 predicted_error=plan.predicted_error + stats.head_proxy(rho, plan.spans),
                 extendable=False,
@@ -232,13 +231,15 @@ class ToastVitStages(BaseStages):
         ]
 
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
-        if plan.head_sparsity is not None:
-            prune_heads(model, plan.head_sparsity, blocks=_remaining(model, layout))
+        part: HeadsPart | None = plan.part(METHOD)
+        if part is not None and part.head_sparsity is not None:
+            prune_heads(model, part.head_sparsity, blocks=_remaining(model, layout))
 
     def finish(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
-        if plan.schedule is not None:
+        part: HeadsPart | None = plan.part(METHOD)
+        if part is not None and part.schedule is not None:
             vm = _remaining(model, layout)
-            schedule = tcs_schedule(plan.schedule, vm.num_blocks)
+            schedule = tcs_schedule(part.schedule, vm.num_blocks)
             enable_tcs(model, schedule, seed=0, blocks=vm)
 
 
@@ -492,13 +493,13 @@ def _configured_plan(config: ToastVitConfig, stats: ConfiguredVitStats, sizes: S
         "toast-vit",
         (),
         None,
-        one or None,  # ρ = 0 prunes nothing: no head pruning, as the search's plans say
         sizes.params - removed,
         heads,
-        schedule=name,
         unseen_macs=unseen,
         unseen_share=unseen / stats.macs if unseen else 0.0,
         extendable=True,
+        # ρ = 0 prunes nothing: no head pruning, as the search's plans say
+        parts=heads_parts(one or None, name),
     )
 
 

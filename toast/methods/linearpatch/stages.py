@@ -112,7 +112,6 @@ class LinearPatchStages(BaseStages):
                         "linearpatch",
                         (window,),
                         "linearpatch",
-                        None,
                         sizes.after_spans((window,), width * width),
                         1.0 - float(found.similarity[window]),
                     )
@@ -124,7 +123,7 @@ class LinearPatchStages(BaseStages):
         spans = tuple(validate_spans(spans, sizes.num_blocks))
         width = stats.statistics.magnitudes.shape[2]
         after = sizes.after_spans(spans, width * width)
-        return Plan(("linearpatch",), "given", spans, "linearpatch", None, after, math.nan)
+        return Plan(("linearpatch",), "given", spans, "linearpatch", after, math.nan)
 
     def scores(self, plan: Plan, stats: Stats) -> list[float]:
         """Each window's ``1 −`` mean cosine similarity."""

@@ -45,6 +45,7 @@ from toast.methods.merge.labels import (
     visits,
 )
 from toast.methods.merge.macs import MergeWidths, merge_schedule, merged_macs, reduced_macs
+from toast.methods.merge.part import MergePart
 from toast.methods.merge.reducers import Reducer, TomeReducer
 from toast.methods.merge.report import TomeReport
 from toast.methods.merge.sites import MergeSites, find_sites
@@ -146,7 +147,7 @@ _KEYS: dict[str, Callable[[Any, int], Hashable]] = {
 
 def setting_key(name: str, config: Any, num_blocks: int) -> Hashable:
     """The key of the setting ``config`` asks of reducer ``name`` on
-    ``num_blocks`` blocks (``Plan.merge``), with the install options the
+    ``num_blocks`` blocks (``MergePart.setting``), with the install options the
     search never varies named when not the defaults."""
     key = _KEYS[name](config, num_blocks)
     extra = "" if config.proportional_attention else ", no proportional attention"
@@ -273,11 +274,10 @@ class ConfiguredReducer(BaseStages):
                 family(self.name, schedule, config.merge_norm),
                 (),
                 None,
-                None,
                 sizes.params,
                 reduced / visited,
                 unseen_share=saving,
-                merge=key if isinstance(key, (int, str)) else str(key),
+                parts=(MergePart(self.name, key if isinstance(key, (int, str)) else str(key)),),
             )
         ]
 

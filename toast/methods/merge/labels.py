@@ -1,6 +1,6 @@
 """How a token reducer's setting is named, wherever it comes from (the
 search's grid, :mod:`toast.methods.merge.stages`, or a user's config,
-:mod:`toast.methods.merge.configured`): its key in ``Plan.merge``, its
+:mod:`toast.methods.merge.configured`): its key in its plan (``MergePart.setting``), its
 plan family, and the token-block visits its proxy counts. One naming, so
 that ``compress`` with a setting the search has gives the search's plan.
 Imports no torch."""

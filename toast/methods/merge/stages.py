@@ -14,9 +14,10 @@ before it is measured. The prediction is a weight-free proxy (the share
 of token-block visits reduced away), so it ranks a reducer's plans among
 themselves only.
 
-A plan names its setting in ``Plan.merge``: ToMe's ``r`` (an int, as
-before other reducers existed) or another reducer's setting label (a
-str such as ``"RAPID r=11, prune<6"``).
+A plan names its setting in its :class:`~toast.methods.merge.part.MergePart`
+(``merge`` in its dict): ToMe's ``r`` (an int, as before other reducers
+existed) or another reducer's setting label (a str such as
+``"RAPID r=11, prune<6"``).
 
 ToMe and RAPID are proposed at every schedule of
 :data:`~toast.methods.merge.macs.SCHEDULES`, each schedule its own family
@@ -58,6 +59,7 @@ from toast.methods.merge.macs import (
     reduced_macs,
     tokens_per_block,
 )
+from toast.methods.merge.part import MergePart
 from toast.methods.merge.reducers import Reducer, TomeReducer
 from toast.methods.merge.sites import MERGE_TYPES, MergeSites, Site, timm_sites
 from toast.methods.merge.widths import example_input, merge_widths
@@ -223,11 +225,10 @@ class ReducerStages(BaseStages):
                 stats.family(self.name, key),
                 (),
                 None,
-                None,
                 params,
                 stats.proxies[key],
                 unseen_share=saving,
-                merge=merge,
+                parts=(MergePart(self.name, merge),),
             )
         kept = 1.0 - base.blocks_removed / stats.widths.num_blocks if stats.widths else 0.0
         return Plan(
@@ -235,13 +236,11 @@ class ReducerStages(BaseStages):
             f"{base.family}+{self.name}",
             base.spans,
             base.translator,
-            base.head_sparsity,
             base.params_after,
             base.predicted_error + stats.proxies[key],
-            schedule=base.schedule,
             unseen_macs=base.unseen_macs,
             unseen_share=base.unseen_share + kept * stats.savings[key],
-            merge=merge,
+            parts=(*base.parts, MergePart(self.name, merge)),
         )
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
@@ -257,7 +256,7 @@ class ReducerStages(BaseStages):
         # for image-dependent counts, measured on the whole model only.
         if not stats.savings or not stats.extendable:
             return []
-        if plan.merge is not None or plan.schedule is not None:
+        if any(part.fixes_tokens for part in plan.parts):
             return []
         keys = dict.fromkeys(k for k in map(stats.r_for, EXTEND_SAVINGS) if k is not None)
         return [self._plan(stats, plan, key, plan.params_after) for key in keys]
@@ -265,16 +264,17 @@ class ReducerStages(BaseStages):
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
         # installed here, not in finish: the search's hook count then sees the fewer tokens
         assert isinstance(stats, TomeStats)
-        if plan.merge is None:
+        part: MergePart | None = plan.part(self.name)
+        if part is None:
             return
-        if stats.settings is None or plan.merge not in stats.settings:
+        if stats.settings is None or part.setting not in stats.settings:
             # never measure a reduction plan without its reduction
             raise ValueError(
-                f"{self.name}: the calibration has no setting {plan.merge!r}; calibrate again "
+                f"{self.name}: the calibration has no setting {part.setting!r}; calibrate again "
                 "(a search cache from another toast version: toast cache clear)"
             )
         sites = _remaining(model, layout, self.name)
-        setting = stats.settings[plan.merge]
+        setting = stats.settings[part.setting]
         enable_reduction(
             model, setting.build(sites.num_blocks), sites=sites, merge_norm=setting.merge_norm
         )

@@ -118,7 +118,7 @@ class RemoveStages(BaseStages):
     def given(self, spans: tuple[tuple[int, int], ...], stats: Stats, sizes: Sizes) -> Plan:
         spans = tuple(validate_spans(spans, sizes.num_blocks))
         after = sizes.after_spans(spans)
-        return Plan(("remove",), "given", spans, "identity", None, after, math.nan)
+        return Plan(("remove",), "given", spans, "identity", after, math.nan)
 
     def scores(self, plan: Plan, stats: Stats) -> list[float]:
         """Each span's score in the report: the rule's (summed influence,
@@ -197,7 +197,7 @@ def _influence_plans(influence: np.ndarray | None, sizes: Sizes, max_blocks: int
         spans = tuple(runs(blocks))
         predicted = float(sum(influence[b] for b in blocks))
         params = sizes.after_spans(spans)
-        plans.append(Plan(("remove",), "shortgpt", spans, "identity", None, params, predicted))
+        plans.append(Plan(("remove",), "shortgpt", spans, "identity", params, predicted))
     return plans
 
 
@@ -213,7 +213,7 @@ def _sleb_plans(stats: RemoveStats, sizes: Sizes, max_blocks: int) -> list[Plan]
         score = stats.sleb_scores[n - 1]
         predicted = score if stats.sleb_lower else -score
         params = sizes.after_spans(spans)
-        plans.append(Plan(("remove",), "sleb", spans, "identity", None, params, predicted))
+        plans.append(Plan(("remove",), "sleb", spans, "identity", params, predicted))
     return plans
 
 

@@ -200,7 +200,7 @@ class ConfiguredReplaceMe(BaseStages):
         spans = tuple((s.start, s.stop) for s in chosen.spans)
         objective = chosen.estimation.config.objective
         after = sizes.after_spans(spans)
-        return [Plan(("replaceme",), "replaceme", spans, objective, None, after, math.nan)]
+        return [Plan(("replaceme",), "replaceme", spans, objective, after, math.nan)]
 
     def choose(self, plans: Sequence[Plan], request: Request) -> Plan | None:
         """ReplaceMe's choice, made by its calibration (the cut and its fit

@@ -142,9 +142,7 @@ class ReplaceMeStages(BaseStages):
                 predicted = span_error(stats.errors, spans)
                 if math.isfinite(predicted):
                     params = sizes.after_spans(spans)
-                    plans.append(
-                        Plan(("replaceme",), "replaceme", spans, "ls", None, params, predicted)
-                    )
+                    plans.append(Plan(("replaceme",), "replaceme", spans, "ls", params, predicted))
         return plans
 
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:

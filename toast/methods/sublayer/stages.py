@@ -31,6 +31,7 @@ from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.io.from_disk import save_edited_from_disk
 from toast.methods.stages import BaseStages, Layout, Plan, Request, Shared, Sizes, Stats
 from toast.methods.sublayer.config import SublayerConfig
+from toast.methods.sublayer.part import SublayerPart, removed_sublayers
 from toast.methods.sublayer.parts import (
     KINDS,
     SubLayer,
@@ -103,10 +104,9 @@ def sublayer_plan(stats: SublayerStats, chosen: Sequence[int], sizes: Sizes) -> 
         FAMILY,
         (),
         None,
-        None,
         sizes.params - sum(stats.params[i] for i in order),
         float(sum(stats.scores[i] for i in order)),
-        sublayers=tuple((stats.subs[i].block, stats.subs[i].kind) for i in order),
+        parts=(SublayerPart(tuple((stats.subs[i].block, stats.subs[i].kind) for i in order)),),
     )
 
 
@@ -135,7 +135,7 @@ class SublayerStages(BaseStages):
         return Request(count=config.num_sublayers)
 
     def amount(self, plan: Plan) -> int:
-        return len(plan.sublayers or ())
+        return len(removed_sublayers(plan))
 
     def check(self, request: Request, layout: Layout) -> None:
         """A count beyond the sub-layers of the kind fails before the pass."""
@@ -199,7 +199,7 @@ class SublayerStages(BaseStages):
         return list(plans.values())
 
     def apply(self, model: nn.Module, plan: Plan, stats: Stats, layout: Layout) -> None:
-        apply_sublayers(layout.stack, plan.sublayers or ())
+        apply_sublayers(layout.stack, removed_sublayers(plan))
 
     def report(
         self, plan: Plan, stats: Stats, sizes: Sizes, spans: Sequence[Span], params_after: int
@@ -210,7 +210,7 @@ class SublayerStages(BaseStages):
         where = {(s.block, s.kind): i for i, s in enumerate(stats.subs)}
         # lowest score first, as chosen (the plan keeps block order)
         chosen = sorted(
-            (where[r] for r in plan.sublayers or ()), key=lambda i: (stats.scores[i], i)
+            (where[r] for r in removed_sublayers(plan)), key=lambda i: (stats.scores[i], i)
         )
         measured = dict(zip(stats.picked or (), stats.qualities, strict=False))
         removed = [
@@ -258,7 +258,7 @@ class SublayerStages(BaseStages):
         assert isinstance(stats, SublayerStats)
         where = {(s.block, s.kind): s for s in stats.subs}
         removed: dict[int, list[SubLayer]] = {}
-        for block, kind in plan.sublayers or ():
+        for block, kind in removed_sublayers(plan):
             removed.setdefault(block, []).append(where[(block, kind)])
 
         def zero(index: int, block: nn.Module) -> None:
@@ -281,7 +281,7 @@ class SublayerStages(BaseStages):
         path = disk.stack.path
 
         def remove(model: nn.Module) -> None:
-            apply_sublayers(find_blocks(model, path), plan.sublayers or ())
+            apply_sublayers(find_blocks(model, path), removed_sublayers(plan))
 
         return save_edited_from_disk(disk, output, remove, report)
 

@@ -138,7 +138,7 @@ class ConfiguredToast(BaseStages):
         errors = [float(analysis.errors[a, b]) for a, b in spans]
         added = translator_params(kind, analysis.moments.dim)
         after = sizes.after_spans(spans, added)
-        return Plan(("toast",), "toast", spans, kind, None, after, sum(errors))
+        return Plan(("toast",), "toast", spans, kind, after, sum(errors))
 
     def scores(self, plan: Plan, stats: Stats) -> list[float]:
         errors = _analysis(stats).errors

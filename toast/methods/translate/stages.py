@@ -137,7 +137,6 @@ class ToastStages(BaseStages):
                         GHOSTED,
                         (window,),
                         GHOSTED,
-                        None,
                         sizes.after_spans((window,), added),
                         float(cosine[window]),
                     )
