@@ -8,7 +8,7 @@ three phases run in FRESH Python processes, each reporting its peak RSS
 (``VmHWM``, reset after importing torch, transformers and toast) above the
 RSS it had then:
 
-- ``sequential``: :func:`toast.methods.replaceme.disk.replaceme_from_disk`
+- ``sequential``: :func:`toast.methods.replaceme.from_disk.replaceme_from_disk`
   without output: the distance profile and the least-squares estimation,
   block by block from disk (cut: a quarter of the blocks);
 - ``write``: writing the pruned checkpoint (kept blocks renumbered, T folded
@@ -165,7 +165,8 @@ def child(args: argparse.Namespace) -> None:
 
     from toast.hf.capture.sequential import DiskModel
     from toast.methods.replaceme import replaceme
-    from toast.methods.replaceme.disk import replaceme_from_disk, write_replaceme
+    from toast.methods.replaceme.disk import write_replaceme
+    from toast.methods.replaceme.from_disk import replaceme_from_disk
     from toast.spans import Span
 
     torch.set_num_threads(2)

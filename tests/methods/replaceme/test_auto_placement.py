@@ -20,7 +20,7 @@ from tests._helpers import replaceme_models as R  # noqa: E402
 from toast.hf.evaluate.check import CheckSplit  # noqa: E402
 from toast.hf.model.surgery import remove_blocks  # noqa: E402
 from toast.methods.replaceme import replaceme  # noqa: E402
-from toast.methods.replaceme.disk import replaceme_from_disk  # noqa: E402
+from toast.methods.replaceme.from_disk import replaceme_from_disk  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 

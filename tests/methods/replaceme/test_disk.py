@@ -16,7 +16,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from tests._helpers import replaceme_models as R  # noqa: E402
 from toast.methods.replaceme import NotFoldableError, replaceme  # noqa: E402
-from toast.methods.replaceme.disk import replaceme_from_disk  # noqa: E402
+from toast.methods.replaceme.from_disk import replaceme_from_disk  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -18,8 +18,8 @@ from tests._helpers import assert_rel  # noqa: E402
 from tests._helpers import replaceme_models as R  # noqa: E402
 from toast.hf.model.blocks import find_blocks  # noqa: E402
 from toast.methods.replaceme import NotFoldableError, replaceme  # noqa: E402
-from toast.methods.replaceme.disk import replaceme_from_disk  # noqa: E402
 from toast.methods.replaceme.fold import norm_offset, residual_writer  # noqa: E402
+from toast.methods.replaceme.from_disk import replaceme_from_disk  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -21,7 +21,7 @@ from toast.hf.data.calibration import Calibration  # noqa: E402
 from toast.hf.model.blocks import find_blocks  # noqa: E402
 from toast.hf.model.surgery import remove_blocks  # noqa: E402
 from toast.methods.replaceme import ReplaceMeConfig, replaceme  # noqa: E402
-from toast.methods.replaceme.disk import replaceme_from_disk  # noqa: E402
+from toast.methods.replaceme.from_disk import replaceme_from_disk  # noqa: E402
 from toast.methods.selection import (  # noqa: E402
     block_influence,
     lowest_blocks,

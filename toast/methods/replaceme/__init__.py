@@ -18,8 +18,10 @@ it through the method registry.
 - :mod:`~toast.methods.replaceme.stages`: the search's stages;
   :mod:`~toast.methods.replaceme.configured`: the stages a config asks for,
   which ``toast.compress`` runs through the one driver;
-- :mod:`~toast.methods.replaceme.disk`: the same from a checkpoint on disk,
+- :mod:`~toast.methods.replaceme.disk`: its passes on a checkpoint on disk,
   block by block, and the pruned checkpoint written without the model;
+  :mod:`~toast.methods.replaceme.from_disk`: :func:`replaceme_from_disk`,
+  the whole method on a folder;
 - a model folder, in memory or from disk by the memory budget:
   ``toast.compress(folder, data, method="replaceme", output=...)``;
 - the command line is ``toast compress MODEL --method replaceme ...``.
@@ -38,7 +40,7 @@ _NAMES = {
     "NotFoldableError": "toast.methods.replaceme.fold",
     "METHOD": "toast.methods.replaceme.method",
     "replaceme": "toast.methods.replaceme.method",
-    "replaceme_from_disk": "toast.methods.replaceme.disk",
+    "replaceme_from_disk": "toast.methods.replaceme.from_disk",
     "write_replaceme": "toast.methods.replaceme.disk",
     "compression_ratio": "toast.methods.replaceme.params",
     "params_from_config": "toast.methods.replaceme.params",

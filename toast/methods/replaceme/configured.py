@@ -149,7 +149,7 @@ class ConfiguredReplaceMe(BaseStages):
     def __init__(self, config: ReplaceMeConfig, writes: bool = True) -> None:
         self.config = config
         #: whether the block-by-block path writes the result (a checkpoint
-        #: takes the fold alone); :func:`~toast.methods.replaceme.disk.replaceme_from_disk`
+        #: takes the fold alone); :func:`~toast.methods.replaceme.from_disk.replaceme_from_disk`
         #: without ``output`` only measures, any placement
         self.writes = writes
 
