@@ -55,13 +55,6 @@ if TYPE_CHECKING:
 #: before the model changes.
 BeforeSurgery = Callable[["Sequence[Span]", "BlockStack"], None]
 
-#: ``within_memory(config, states, width, room)``: ``config`` with its
-#: statistics fitted to ``room`` bytes for ``states`` block states of width
-#: ``width`` (a bound lowered, fewer candidates held at once), and what they
-#: then take as ``(label, bytes)`` parts: the least they can take when even
-#: that exceeds ``room`` (the plan then refuses the run).
-WithinMemory = Callable[[Any, int, int, int], "tuple[Any, list[tuple[str, int]]]"]
-
 __all__ = [
     "BaseStages",
     "Layout",
@@ -74,7 +67,6 @@ __all__ = [
     "Sizes",
     "Stages",
     "Stats",
-    "WithinMemory",
     "best_windows",
     "capture_shared",
     "capture_shared_from_disk",
@@ -147,10 +139,9 @@ class Method:
     ``toast.compress`` configured by the user's config through the one
     driver (:mod:`toast.methods.driver`), in memory and, where the stages
     say ``from_disk``, block by block on a checkpoint that stays on disk
-    (:mod:`toast.methods.pipeline`), its statistics fitted to what
-    ``max_memory`` leaves by ``within_memory`` (:data:`WithinMemory`; None:
-    they take no memory worth planning); ``needs_data`` says whether
-    ``data`` may be None.
+    (:mod:`toast.methods.pipeline`, its statistics fitted to what
+    ``max_memory`` leaves by the stages' ``within_memory``); ``needs_data``
+    says whether ``data`` may be None.
     """
 
     name: str
@@ -158,15 +149,6 @@ class Method:
     stages: Stages
     needs_data: bool = True
     summary: str = ""
-    within_memory: WithinMemory | None = None
-    #: ``config`` as a checkpoint folder runs it on either path (what only the
-    #: in-memory path can do left out), so that the path memory chooses never
-    #: changes the result; None: the same config runs on both
-    on_either_path: Callable[[Any], Any] | None = None
-    #: whether the statistics ``within_memory`` plans are formed after stage
-    #: 0 and freed before the held-out passes, so never beside the embedding
-    #: or the head, except the last part it returns (kept to the end)
-    statistics_apart: bool = False
 
 
 _REGISTRY: dict[str, Method] = {}

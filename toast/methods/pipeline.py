@@ -80,8 +80,8 @@ def compress_folder(
     source, target = Path(folder), Path(output)
     if target.exists():
         raise FileExistsError(f"{target} exists; the compressed model goes to a new folder")
-    if method.on_either_path is not None:  # the path memory chooses never changes the result
-        config = method.on_either_path(config)
+    # the path memory chooses never changes the result
+    config = method.stages.on_either_path(config)
     cal = getattr(config, "calibration", None)
     progress = getattr(cal, "progress", True)
     disk = _disk_path(method, source, config, max_memory, sequential, progress)
@@ -192,18 +192,19 @@ def _within_memory(
     the largest of ``batches``, as few rows at a time as the plan needs:
     :func:`toast.hf.capture.budget.fit_plan`; the embedding or head too,
     unless the method's statistics are never beside them:
-    :attr:`Method.statistics_apart`); the plan printed, and the run refused
+    :attr:`Stages.statistics_apart`); the plan printed, and the run refused
     before any pass when even the least does not fit."""
     budget = available_memory() if max_memory is None else parse_size(max_memory)
     fitted = [config]
 
     def statistics(parts: list[tuple[str, int]]) -> tuple[list, list]:
         width = int(getattr(disk.model.config, "hidden_size", 0) or 0)
-        if method.within_memory is None or not width:
+        if not width:
             return parts, []
-        held = [p for p in parts if method.statistics_apart and p[0] in OUTSIDE_LABELS]
+        stages = method.stages
+        held = [p for p in parts if stages.statistics_apart and p[0] in OUTSIDE_LABELS]
         room = max(budget - sum(n for p, n in parts if (p, n) not in held), 0)
-        fitted[0], taken = method.within_memory(config, disk.num_blocks + 1, width, room)
+        fitted[0], taken = stages.within_memory(config, disk.num_blocks + 1, width, room)
         if held and taken:
             # what is kept to the end sits beside the head; the rest never does
             return parts + taken[-1:], taken[:-1]

@@ -397,13 +397,33 @@ class Stages(Protocol):
     the method's report of the applied plan (None: the driver's own);
     ``from_disk``: whether ``compress`` may run the stages block by block
     on a checkpoint (``calibrate_from_disk``, ``edits``, ``save_from_disk``).
+
+    What a checkpoint folder's memory plan reads (:mod:`toast.methods.pipeline`):
+    ``on_either_path(config)``: ``config`` as both paths run it (what only
+    the in-memory path can do left out), so that the path memory chooses
+    never changes the result (``config`` itself by default);
+    ``within_memory(config, states, width, room)``: ``config`` with its
+    statistics fitted to ``room`` bytes for ``states`` block states of
+    width ``width``, and what they then take as ``(label, bytes)`` parts
+    (the least they can take when even that exceeds ``room``: the plan then
+    refuses the run; ``(config, [])`` by default: nothing worth planning);
+    ``statistics_apart``: whether those statistics are formed after stage 0
+    and freed before the held-out passes, so never beside the embedding or
+    the head, except the last part ``within_memory`` returns.
     """
 
     from_disk: bool
+    statistics_apart: bool
 
     def structure(self, model: nn.Module, stack: BlockStack) -> Any: ...
 
     def configured(self, config: Any) -> Stages: ...
+
+    def on_either_path(self, config: Any) -> Any: ...
+
+    def within_memory(
+        self, config: Any, states: int, width: int, room: int
+    ) -> tuple[Any, list[tuple[str, int]]]: ...
 
     def request(self, config: Any) -> Request: ...
 
@@ -484,6 +504,7 @@ class BaseStages:
 
     chain_last = False
     from_disk = False
+    statistics_apart = False
     #: why ``calibrate_from_disk`` gives None with these options, for the
     #: refusal of ``compress`` on the block-by-block path ("": not said)
     in_memory_because = ""
@@ -494,6 +515,14 @@ class BaseStages:
     def configured(self, config: Any) -> Stages:
         assert isinstance(self, Stages)  # every subclass implements the rest
         return self
+
+    def on_either_path(self, config: Any) -> Any:
+        return config
+
+    def within_memory(
+        self, config: Any, states: int, width: int, room: int
+    ) -> tuple[Any, list[tuple[str, int]]]:
+        return config, []
 
     def request(self, config: Any) -> Request:
         return Request.of(config)

@@ -1,5 +1,5 @@
 """ReplaceMe's statistics within a memory budget (the block-by-block path's
-plan, :data:`toast.methods.base.WithinMemory`)."""
+plan, :meth:`toast.methods.stages.Stages.within_memory`)."""
 
 from __future__ import annotations
 

@@ -31,8 +31,7 @@ from typing import Any
 from torch import nn
 
 from toast.methods.base import Method, register
-from toast.methods.replaceme.config import ReplaceMeConfig, distance_candidates_only
-from toast.methods.replaceme.memory import within_memory
+from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.report import ReplaceMeReport
 from toast.methods.replaceme.stages import STAGES
 from toast.methods.runner import run_method, split_text_options
@@ -81,8 +80,5 @@ METHOD = register(
         config=ReplaceMeConfig,
         summary="remove blocks, fold a least-squares or cosine transform into the last kept one",
         stages=STAGES,
-        within_memory=within_memory,
-        statistics_apart=True,  # cuts open after stage 0; held-out passes keep transforms only
-        on_either_path=distance_candidates_only,
     )
 )

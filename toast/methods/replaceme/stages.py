@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch import nn
@@ -23,11 +24,12 @@ from torch import nn
 from toast.hf.capture.sequential import BlockEdits, DiskModel
 from toast.hf.data.calibration import Calibration
 from toast.hf.model.blocks import BlockStack
-from toast.methods.replaceme.config import ReplaceMeConfig
+from toast.methods.replaceme.config import ReplaceMeConfig, distance_candidates_only
 from toast.methods.replaceme.configured import ConfiguredReplaceMe
 from toast.methods.replaceme.disk import DiskEstimation, cut_edits, write_replaceme
 from toast.methods.replaceme.estimate import Estimation, Fits
 from toast.methods.replaceme.fold import NotFoldableError, apply_cuts, check_cuts
+from toast.methods.replaceme.memory import within_memory
 from toast.methods.span_plans import best_windows, span_error
 from toast.methods.stages import BaseStages, Layout, Needs, Plan, Shared, Sizes, Stats
 from toast.spans import Span
@@ -87,6 +89,15 @@ class ReplaceMeStages(BaseStages):
     (:class:`~toast.methods.replaceme.configured.ConfiguredReplaceMe`)."""
 
     from_disk = True
+    statistics_apart = True  # cuts open after stage 0; held-out passes keep transforms only
+
+    def on_either_path(self, config: Any) -> Any:
+        return distance_candidates_only(config)
+
+    def within_memory(
+        self, config: Any, states: int, width: int, room: int
+    ) -> tuple[Any, list[tuple[str, int]]]:
+        return within_memory(config, states, width, room)
 
     def configured(self, config: ReplaceMeConfig) -> ConfiguredReplaceMe:
         return ConfiguredReplaceMe(config)

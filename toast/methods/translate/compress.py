@@ -11,7 +11,6 @@ from torch import nn
 from toast.methods.base import BeforeSurgery, Method, register
 from toast.methods.driver import compress_with_stages
 from toast.methods.translate.config import ToastConfig
-from toast.methods.translate.memory import within_memory
 from toast.methods.translate.report import CompressionReport
 from toast.methods.translate.stages import STAGES
 
@@ -42,6 +41,5 @@ METHOD = register(
         config=ToastConfig,
         summary="replace redundant spans of blocks by closed-form or trained translators",
         stages=STAGES,
-        within_memory=within_memory,
     )
 )

@@ -34,6 +34,7 @@ from toast.methods.translate.analysis import Analysis
 from toast.methods.translate.config import GHOSTED_RIDGE, ToastConfig
 from toast.methods.translate.configured import ConfiguredToast
 from toast.methods.translate.fitting import Fitter
+from toast.methods.translate.memory import within_memory
 from toast.spans import Span
 from toast.translators.block import translator_module
 
@@ -75,6 +76,11 @@ class ToastStages(BaseStages):
 
     def configured(self, config: Any) -> ConfiguredToast:
         return ConfiguredToast(config)
+
+    def within_memory(
+        self, config: Any, states: int, width: int, room: int
+    ) -> tuple[Any, list[tuple[str, int]]]:
+        return within_memory(config, states, width, room)
 
     def needs(self, layout: Layout) -> Needs:
         return Needs(moments=True)
