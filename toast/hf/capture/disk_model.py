@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -168,6 +169,20 @@ class DiskModel:
         block = self.stack.blocks[index]
         prefix = f"{self.stack.path}.{index}."
         return {name: self._key(prefix + name) for name in block.state_dict()}
+
+    def params_without(self, spans: Iterable[tuple[int, int]]) -> tuple[int, int]:
+        """The checkpoint's parameters, and those left once the blocks of
+        ``spans`` (``(start, stop)``) are cut, counted from its tensors'
+        shapes (what a written checkpoint holds)."""
+        tensors = self.checkpoint.tensors
+        before = sum(math.prod(info.shape) for info in tensors.values())
+        removed = sum(
+            math.prod(tensors[key].shape)
+            for start, stop in spans
+            for b in range(start, stop)
+            for key in self.block_keys(b).values()
+        )
+        return before, before - removed
 
     def renumbered(self, removed: Iterable[int]) -> tuple[dict[str, str | None], list[int]]:
         """With the blocks ``removed`` left out: every block's checkpoint key

@@ -44,7 +44,6 @@ from toast.methods.replaceme.config import ReplaceMeConfig
 from toast.methods.replaceme.cuts import candidate_cuts, choose_cuts, unmeasured_cut
 from toast.methods.replaceme.disk import (
     check_supported,
-    checkpoint_params,
     cut_edits,
     fit_from_disk,
     write_replaceme,
@@ -189,7 +188,7 @@ class ConfiguredReplaceMe(BaseStages):
         (what the block-by-block path cannot do refused before any pass)."""
         check_supported(self.config, self.writes)
         chosen, profile, note = fit_from_disk(disk, data, self.config)
-        params = checkpoint_params(disk, chosen.spans)
+        params = disk.params_without((s.start, s.stop) for s in chosen.spans)
         return ReplaceMeRun(
             chosen=chosen, profile=profile, check_note=note, checkpoint_params=params
         )

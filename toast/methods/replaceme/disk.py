@@ -31,7 +31,6 @@ those of :func:`toast.methods.replaceme.replaceme` followed by ``save_pretrained
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -81,7 +80,6 @@ from toast.translators.block import translator_module
 __all__ = [
     "DiskEstimation",
     "check_supported",
-    "checkpoint_params",
     "cut_edits",
     "estimate_from_disk",
     "fit_from_disk",
@@ -441,17 +439,3 @@ def check_supported(config: ReplaceMeConfig, writes: bool) -> None:
             f"placement={config.placement!r} needs modules a standard checkpoint does not "
             "have; the from-disk writer folds T into the down-projection: use placement='fold'"
         )
-
-
-def checkpoint_params(disk: DiskModel, spans: Sequence[Span]) -> tuple[int, int]:
-    """The checkpoint's parameters before and after ``spans`` are cut,
-    counted from its tensors' shapes (what the written checkpoint holds)."""
-    tensors = disk.checkpoint.tensors
-    before = sum(math.prod(info.shape) for info in tensors.values())
-    removed = sum(
-        math.prod(tensors[key].shape)
-        for s in spans
-        for b in range(s.start, s.stop)
-        for key in disk.block_keys(b).values()
-    )
-    return before, before - removed

@@ -5,7 +5,6 @@ written model has (:func:`params_on_disk`)."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
@@ -59,13 +58,6 @@ def params_on_disk(
     """Parameters of the checkpoint, and of the model written with each span
     replaced by its translator, as the patched model counts them (an
     identity has none, a zero bias is left out)."""
-    tensors = disk.checkpoint.tensors
-    before = sum(math.prod(t.shape) for t in tensors.values())
-    removed = sum(
-        math.prod(tensors[key].shape)
-        for s in spans
-        for b in range(s.start, s.stop)
-        for key in disk.block_keys(b).values()
-    )
+    before, cut = disk.params_without((s.start, s.stop) for s in spans)
     added = sum(p.numel() for t in translators for p in translator_module(t).parameters())
-    return before, before - removed + added
+    return before, cut + added

@@ -18,7 +18,7 @@ from torch import nn
 from toast.core import Moments, Translator
 from toast.core.chunked import ChunkedMoments
 from toast.hf.capture.massive import MassiveRows
-from toast.hf.evaluate.check import CheckSplit, RemovalCheck
+from toast.hf.evaluate.check import CheckSplit, RemovalCheck, with_fallback
 from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.surgery import replace_spans
 from toast.methods.span_plans import inner_windows
@@ -56,11 +56,7 @@ def checked(
     """The translators measured against plain removal on the held-out
     batches; with ``fallback`` one that lost becomes the identity."""
     checks = check_translators(model, stack, spans, modules, split.check, config.fallback)
-    same = identity(analysis.moments.dim)
-    kept = [
-        m if c is None or c.used == "fitted" else same for m, c in zip(modules, checks, strict=True)
-    ]
-    return kept, checks
+    return with_fallback(modules, checks, identity(analysis.moments.dim)), checks
 
 
 def refit_kept(
