@@ -67,9 +67,8 @@ def test_a_registered_method_joins_the_search(monkeypatch, tmp_path):
         assert m.measurement.params == m.candidate.params_after
     assert stages.calls[:2] == ["calibrate", "propose"]
     assert stages.calls.count("apply") == len(ours)
-    # the shared pass, and TOAST's default's, ReplaceMe's, sub-layer pruning's
-    # and LinearPatch's own
-    assert result.calibration_passes == 5
+    # the shared pass, and ReplaceMe's, sub-layer pruning's and LinearPatch's own
+    assert result.calibration_passes == 4
 
 
 def test_a_fresh_process_sees_every_staged_method_without_importing_one():

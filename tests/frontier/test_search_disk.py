@@ -143,7 +143,7 @@ def test_every_family_of_the_disk_search_matches_memory(checkpoint):
     memory = toast.search(model, data, heldout, max_measured=40, **common)
     disk = toast.search(checkpoint, data, heldout, max_measured=40, sequential=True, **common)
     families = {m.candidate.family for m in disk.measured}
-    assert families == {"plain", "shortgpt", "toast", "toast-ridge", "ghosted", "replaceme"}
+    assert families == {"plain", "shortgpt", "toast", "ghosted", "replaceme"}
     worst = max(
         abs(d.measurement.quality - m.measurement.quality) / m.measurement.quality
         for d, m in zip(disk.measured, memory.measured, strict=True)
@@ -180,8 +180,7 @@ def test_at_most_one_block_holds_weights_during_the_disk_search(checkpoint, monk
         progress=False,
         sequential=True,
     )
-    # the checkpoint's structure found once (opening a DiskModel hands it back)
-    assert len({id(disk) for disk in opened}) == 1
+    assert len(opened) == 1  # the checkpoint's structure found once
     assert loaded and max(loaded) == 1
     assert all(p.is_meta for p in opened[0].stack.blocks.parameters())
 

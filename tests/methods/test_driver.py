@@ -51,18 +51,6 @@ def test_first_choice_is_what_the_search_measures_first():
     assert Ranked(plans, 1).next() == first_choice(plans, 2)
 
 
-def test_a_methods_own_family_is_chosen_and_measured_before_its_others():
-    plans = [
-        _plan("ghosted", ((1, 3),), 0.01, ("toast",)),  # better predicted, another family
-        _plan("linearpatch", ((2, 4),), 0.3, ("linearpatch",)),
-        _plan("toast", ((2, 4),), 0.5, ("toast",)),
-    ]
-    assert first_choice([plans[0], plans[2]], 2) == plans[2]
-    from toast.methods.choice import by_family
-
-    assert list(by_family(plans)) == ["linearpatch", "toast", "ghosted"]
-
-
 def test_a_request_reaches_as_far_as_its_widest_span():
     assert Request(spans=((1, 3), (4, 8))).reach == 4
     assert Request(count=3).reach == 3
@@ -88,49 +76,6 @@ def test_compress_builds_what_the_search_restricted_to_the_method_builds(method,
     assert found.best is not None
     assert tuple((s.start, s.stop) for s in report.spans) == found.best.candidate.spans
     assert _same_weights(compressed, found.model)
-
-
-def _toast_search(source, data, heldout, n, **options):
-    found = toast.search(
-        source, data, heldout, target=f"blocks={n}", methods=["toast"], max_measured=1,
-        cache=False, latency=False, progress=False, **options,
-    )  # fmt: skip
-    assert found.best is not None
-    return found
-
-
-@pytest.mark.parametrize("n", [1, 2])
-def test_toast_compress_builds_what_the_search_of_toast_builds_checks_and_refits_included(n):
-    """TOAST's default (its own analysis, each fit checked against plain
-    removal on the batches it holds out, then refitted) is the family a
-    search of TOAST measures first; 20 batches: two held out."""
-    model = tiny_llama()
-    data, heldout = token_batches(20, CALIBRATION_LENGTH, 1), token_batches(2, 12, 2)
-    compressed, report = toast.compress(
-        copy.deepcopy(model), data, method="toast", num_blocks=n, progress=False
-    )
-    assert report.checks and all(c is not None for c in report.checks)  # the gate ran
-    found = _toast_search(model, data, heldout, n)
-    assert found.best.candidate.family == "toast"
-    assert tuple((s.start, s.stop) for s in report.spans) == found.best.candidate.spans
-    assert _same_weights(compressed, found.model)
-
-
-def test_toast_compress_of_a_folder_writes_what_the_search_of_the_folder_writes(
-    checkpoint, tmp_path
-):
-    data, heldout = token_batches(20, CALIBRATION_LENGTH, 1), token_batches(2, 12, 2)
-    report = toast.compress(
-        checkpoint, data, output=tmp_path / "compressed", method="toast", num_blocks=2,
-        sequential=True, progress=False,
-    )  # fmt: skip
-    assert report.checks and all(c is not None for c in report.checks)  # block by block
-    found = _toast_search(checkpoint, data, heldout, 2, sequential=True)
-    assert found.best.candidate.family == "toast"
-    assert tuple((s.start, s.stop) for s in report.spans) == found.best.candidate.spans
-    found.save(tmp_path / "searched")
-    compressed = toast.load_pretrained(tmp_path / "compressed")
-    assert _same_weights(compressed, toast.load_pretrained(tmp_path / "searched" / "model"))
 
 
 def test_a_blocks_target_measures_only_plans_of_that_many_blocks():

@@ -250,16 +250,14 @@ class DiskBench:
             with timed(self.timings, "original: held-out"):
                 self.evaluator.measure_edited(BlockEdits(), "original")
             self.reference = True
-        stats, stages = self.calibrated.stats[plan.methods[0]], self._stages(plan)
-        stages.prepare_from_disk(self.disk, plan, stats)  # its fits, checked as compress's
-        params = stages.params_from_disk(self.disk, plan, stats)
-        return self._measured(stages.edits(self.disk, plan, stats), plan.label, params)
+        stats = self.calibrated.stats[plan.methods[0]]
+        edits = self._stages(plan).edits(self.disk, plan, stats)
+        return self._measured(edits, plan.label, plan.params_after)
 
     def chosen(self, plan: Plan) -> tuple[nn.Module | None, Writer | None]:
         """No model (it is never loaded): the writer of its checkpoint."""
-        stats, stages = self.calibrated.stats[plan.methods[0]], self._stages(plan)
-        stages.prepare_from_disk(self.disk, plan, stats)  # another may have been measured since
-        return None, functools.partial(stages.save_from_disk, self.disk, plan, stats)
+        stats = self.calibrated.stats[plan.methods[0]]
+        return None, functools.partial(self._stages(plan).save_from_disk, self.disk, plan, stats)
 
 
 Bench = MemoryBench | DiskBench

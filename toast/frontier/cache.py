@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: Bumped when what a key stands for changes (old entries are then ignored).
-VERSION = 10  # 10: TOAST's default's own analysis; 9: Calibrated pickles; 8: merge norms
+VERSION = 9  # 9: calibrations pickle as toast.methods.calibrate.Calibrated; 8: merge norms
 #: Files of a checkpoint folder up to this size are digested whole (config,
 #: index, tokenizer); larger ones (the weights) by name, size and mtime.
 SMALL_FILE = 1 << 20

@@ -40,9 +40,7 @@ def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
     ``"<family>-<variant>"`` with the same methods, e.g. ``"tome-delayed"``,
     a schedule of ``"tome"``) after every family that is not one, so that a
     budget smaller than the number of families measures every method alone
-    before a variant of one or any combination. A method's family named as
-    the method (its default: TOAST's ``"toast"``) comes before its other
-    families (``"ghosted"``), which follow it."""
+    before a variant of one or any combination."""
     families: dict[str, list[Plan]] = {}
     for c in sorted(candidates, key=lambda c: (c.predicted_error, c.params_after, c.key)):
         families.setdefault(c.family, []).append(c)
@@ -50,9 +48,6 @@ def by_family(candidates: Sequence[Plan]) -> dict[str, list[Plan]]:
     def rank(f: str) -> tuple[int, bool, str]:
         methods = families[f][0].methods
         variant = any(f.startswith(f"{g}-") and families[g][0].methods == methods for g in families)
-        first, *more = methods
-        if not more and f != first and first in families:
-            return 1, variant, f"{first}\x7f{f}"  # right after the method's own family
         return len(methods), variant, f
 
     return {f: families[f] for f in sorted(families, key=rank)}

@@ -362,10 +362,7 @@ class Stages(Protocol):
     None when the method needs the model in memory (it is then left out);
     ``prepare_from_disk(disk, plan, stats)``: what applying the chosen
     plan computes before the model is measured or written (its fits and
-    their checks, kept in ``stats``); ``params_from_disk(disk, plan,
-    stats)``: the prepared plan's parameters as its written model counts
-    them (``plan.params_after`` by default; fewer where a check put the
-    identity in place of a fit);
+    their checks, kept in ``stats``; ``toast.compress`` only);
     ``edits(disk, plan, stats)``: the plan as changes of the blocks while
     they load; ``save_from_disk(disk, plan, stats, output, report)``: the
     planned model written to the new folder ``output``, reloadable as the
@@ -488,8 +485,6 @@ class Stages(Protocol):
 
     def prepare_from_disk(self, disk: DiskModel, plan: Plan, stats: Stats) -> None: ...
 
-    def params_from_disk(self, disk: DiskModel, plan: Plan, stats: Stats) -> int: ...
-
     def save_from_disk(
         self,
         disk: DiskModel,
@@ -593,9 +588,6 @@ class BaseStages:
 
     def prepare_from_disk(self, disk: DiskModel, plan: Plan, stats: Stats) -> None:
         return None
-
-    def params_from_disk(self, disk: DiskModel, plan: Plan, stats: Stats) -> int:
-        return plan.params_after
 
     def save_from_disk(
         self,

@@ -35,7 +35,6 @@ from toast.hf.data.calibration import Calibration
 from toast.hf.evaluate.check import CheckSplit, RemovalCheck, unchecked_because, with_fallback
 from toast.hf.model.surgery import replace_spans
 from toast.io.from_disk import save_translated_from_disk
-from toast.methods.span_plans import span_family_plans
 from toast.methods.stages import BaseStages, Layout, Needs, Plan, Request, Shared, Sizes, Stats
 from toast.methods.translate.analysis import Analysis, analyze, analyze_from_disk
 from toast.methods.translate.config import CLOSED_FORM, ToastConfig
@@ -74,20 +73,6 @@ class ToastRun(Stats):
     check_note: str = ""
     refitted: bool = False
     disk: DiskModel | None = field(default=None, repr=False)
-    #: the key of the plan ``translators`` were prepared for from disk (a
-    #: search measures several and writes the one it chose)
-    prepared: str = ""
-
-    def __getstate__(self) -> dict[str, Any]:
-        # a search's cache keeps the calibration, not the checkpoint's handle
-        # or what applying one plan left
-        transient: dict[str, Any] = {
-            "disk": None,
-            "fitter": None,
-            "translators": [],
-            "prepared": "",
-        }
-        return {**self.__dict__, **transient}
 
 
 @dataclass(frozen=True)
@@ -98,9 +83,6 @@ class ConfiguredToast(BaseStages):
 
     config: ToastConfig
     buffer_dir: str | os.PathLike | None = None
-    #: propose every size up to the search's reach, the config's size or
-    #: spans aside (a search's family ``"toast"``)
-    every_size: bool = False
     from_disk = True
 
     def configured(self, config: Any) -> ConfiguredToast:
@@ -140,18 +122,8 @@ class ConfiguredToast(BaseStages):
         return ToastRun(passes=1, analysis=analysis, split=split, data=data, issued=set(issued))
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
-        """The config's plan; with ``every_size`` (a search's family) every
-        size up to ``max_blocks``: each size's exact plan under the
-        analysis's errors (what ``num_blocks`` of that size chooses) and
-        the best single spans beside it."""
-        analysis, config = _analysis(stats), self.config
-        if self.every_size:
-            added = translator_params(config.translator, analysis.moments.dim)
-            return span_family_plans(
-                "toast", "toast", analysis.errors, config.translator, sizes, max_blocks,
-                added_per_span=added, extendable=True,
-            )  # fmt: skip
-        spans = choose_spans(analysis, config)
+        analysis = _analysis(stats)
+        spans = choose_spans(analysis, self.config)
         return [self._plan(tuple((s.start, s.stop) for s in spans), analysis, sizes)]
 
     def choose(self, plans: Sequence[Plan], request: Request) -> Plan | None:
@@ -254,8 +226,6 @@ class ConfiguredToast(BaseStages):
         plain removal block by block and refitted where kept, as
         :meth:`apply` does in memory."""
         assert isinstance(stats, ToastRun) and stats.split is not None
-        if stats.prepared == plan.key:
-            return
         config, analysis, split = self.config, _analysis(stats), stats.split
         spans = _spans(plan, analysis)
         fitter = stats.fitter = Fitter(config)
@@ -278,15 +248,9 @@ class ConfiguredToast(BaseStages):
                 fitter, spans, translators, stats.checks, analysis, capture
             )
         fitter.warn_ill_conditioned()
-        stats.translators, stats.prepared = translators, plan.key
-
-    def params_from_disk(self, disk: DiskModel, plan: Plan, stats: Stats) -> int:
-        self.prepare_from_disk(disk, plan, stats)
-        assert isinstance(stats, ToastRun)
-        return params_on_disk(disk, _spans(plan, _analysis(stats)), stats.translators)[1]
+        stats.translators = translators
 
     def edits(self, disk: DiskModel, plan: Plan, stats: Stats) -> BlockEdits:
-        self.prepare_from_disk(disk, plan, stats)  # nothing again where it ran for this plan
         assert isinstance(stats, ToastRun)
         return translated_edits(disk, _spans(plan, _analysis(stats)), stats.translators)
 
@@ -298,7 +262,6 @@ class ConfiguredToast(BaseStages):
         output: str | os.PathLike,
         report: str | None = None,
     ) -> Path:
-        self.prepare_from_disk(disk, plan, stats)
         assert isinstance(stats, ToastRun)
         return save_translated_from_disk(disk, output, list(plan.spans), stats.translators, report)
 
