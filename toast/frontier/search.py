@@ -157,11 +157,11 @@ def search(
     check("backend", backend, Options(BACKENDS))
     aim = Objective.parse(objective, task_options)
     aim.check_tasks()  # a task whose data is missing fails before any work
-    # where the model lives travels with the options, as the backend does
-    options.update(backend=backend, max_memory=max_memory, sequential=sequential, objective=aim)
-    options["methods"] = _check_methods(methods)
+    asked = _Asked(backend, max_memory, sequential, aim, _check_methods(methods))
     begin = time.perf_counter()
-    run = _prepare(model, data, heldout, target, max_blocks, max_minutes, latency, cache, options)
+    run = _prepare(
+        model, data, heldout, target, max_blocks, max_minutes, latency, cache, asked, options
+    )
     run.timings["preparation"] = time.perf_counter() - begin  # loading a model file included
     run.started = begin
     with timed(run.timings, "calibration"):
@@ -192,6 +192,19 @@ def _candidates(
     return enumerate_candidates(run.methods, calibrated, sizes, limit, macs_matter=macs_matter)
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """What the caller asked of the search beside the calibration and text
+    options: the backend, where the model may live (``max_memory``,
+    ``sequential``), what the search follows and which methods it compares."""
+
+    backend: str
+    max_memory: int | str | None
+    sequential: bool | None
+    objective: Objective
+    methods: tuple[str, ...] | None
+
+
 def _prepare(
     model: nn.Module | str | os.PathLike,
     data: Any,
@@ -201,24 +214,24 @@ def _prepare(
     max_minutes: float | None,
     latency: bool | int,
     cache: bool | str | os.PathLike,
+    asked: _Asked,
     options: dict[str, Any],
 ) -> _Run:
+    """The search's run: the source opened, the data prepared, the cache
+    key; ``options`` are the calibration and text options alone."""
     goal = Target.parse(target)
     check("max_blocks", max_blocks, Interval(int, 1, None), None)
     check("max_minutes", max_minutes, Interval(float, 0, None, closed="neither"), None)
     check("latency", latency, bool, Interval(int, 1, None))
     check("cache", cache, bool, Predicate(is_path, "a folder"))
-    backend = options.pop("backend")
-    max_memory, sequential = options.pop("max_memory"), options.pop("sequential")
-    objective: Objective = options.pop("objective")
-    wanted: tuple[str, ...] | None = options.pop("methods")
+    backend, objective, wanted = asked.backend, asked.objective, asked.methods
     objective.check_target(goal.kind)
-    check("sequential", sequential, bool, None)
+    check("sequential", asked.sequential, bool, None)
     text, rest = split_text_options(options)
     calibration = Calibration.from_options(rest.pop("calibration", None), **rest)
     if data is None:
         raise ValueError("search needs calibration data (a loader of batches, or raw text)")
-    opened = open_source(model, goal, max_memory, sequential, calibration)
+    opened = open_source(model, goal, asked.max_memory, asked.sequential, calibration)
     if wanted is not None:
         opened.methods = [m for m in opened.methods if m.name in wanted]
     data = as_batches(data, **text)
