@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,25 @@ def _stats(errors: np.ndarray, transforms: dict, note: str) -> ReplaceMeStats:
     return ReplaceMeStats(passes=0 if note else 1, note=note, errors=errors, transforms=transforms)
 
 
+def _calibrated(
+    shared: Shared | None,
+    calibration: Calibration,
+    max_blocks: int,
+    estimation: Callable[[ReplaceMeConfig], Fits],
+    stack: BlockStack,
+) -> ReplaceMeStats:
+    """The shared pass's best cuts of every size up to ``max_blocks``, each
+    cut's transform from one estimation pass (``estimation(config)``: in
+    memory or block by block from disk)."""
+    assert shared is not None  # needs() asked for it
+    errors = shared.errors("linear")
+    cuts = _cuts(errors, max_blocks)
+    if not cuts:
+        return ReplaceMeStats(errors=errors)
+    config = _config(cuts, calibration)
+    return _stats(errors, *_estimate(estimation(config), stack, config, cuts))
+
+
 class ReplaceMeStages(BaseStages):
     """ReplaceMe as stages (family ``"replaceme"``): the search's; configured
     by a user's :class:`ReplaceMeConfig`, the stages ``toast.compress`` runs
@@ -114,14 +133,10 @@ class ReplaceMeStages(BaseStages):
         calibration: Calibration,
         max_blocks: int,
     ) -> ReplaceMeStats:
-        assert shared is not None  # needs() asked for it
-        errors = shared.errors("linear")
-        cuts = _cuts(errors, max_blocks)
-        if not cuts:
-            return ReplaceMeStats(errors=errors)
-        config = _config(cuts, calibration)
-        estimation = Estimation(model, data, config, layout.stack)
-        return _stats(errors, *_estimate(estimation, layout.stack, config, cuts))
+        def estimation(config: ReplaceMeConfig) -> Estimation:
+            return Estimation(model, data, config, layout.stack)
+
+        return _calibrated(shared, calibration, max_blocks, estimation, layout.stack)
 
     def calibrate_from_disk(
         self,
@@ -133,14 +148,11 @@ class ReplaceMeStages(BaseStages):
         max_blocks: int,
     ) -> ReplaceMeStats:
         """:meth:`calibrate` with the estimation pass run block by block."""
-        assert shared is not None  # needs() asked for it
-        errors = shared.errors("linear")
-        cuts = _cuts(errors, max_blocks)
-        if not cuts:
-            return ReplaceMeStats(errors=errors)
-        config = _config(cuts, calibration)
-        estimation = DiskEstimation(disk, data, config)
-        return _stats(errors, *_estimate(estimation, disk.stack, config, cuts))
+
+        def estimation(config: ReplaceMeConfig) -> DiskEstimation:
+            return DiskEstimation(disk, data, config)
+
+        return _calibrated(shared, calibration, max_blocks, estimation, disk.stack)
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         assert isinstance(stats, ReplaceMeStats)
