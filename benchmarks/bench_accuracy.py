@@ -22,7 +22,11 @@ documents: per task, the variance of the per-document differences), and
 LAMBADA accuracy and perplexity.
 
 Usage: ``python benchmarks/bench_accuracy.py [--sizes 4 8] [--rows ...]
-[--limit 25] [--skip 10] [--append] [--tables] [--readme README.md]``.
+[--limit 25] [--skip 10] [--append] [--tables] [--readme README.md]``;
+``--pool FIRST.json LATER.json ... --out POOLED.json`` joins runs on the
+documents right after ``FIRST``'s (the same ``--limit`` and ``--skip``,
+rows split among them) into one record of the rows both measured, scored
+on the documents of both.
 On 2 CPU cores SmolLM2 scores about 1–3 documents a second: a full table
 (every document) is for an accelerator; ``--limit`` keeps a CPU run to
 minutes per row. Results are written after every row.
@@ -353,6 +357,62 @@ def _row_minutes(record: dict[str, Any]) -> float:
     return sum(r["build_seconds"] + r["score_seconds"] for r in rows) / 60
 
 
+def _joined(first: dict[str, Any], later: dict[str, Any]) -> dict[str, Any]:
+    """A report scored on ``first``'s documents then ``later``'s: each
+    task's per-document results one after the other, its accuracy their mean."""
+    a, b = TaskReport.from_dict(first["report"]), TaskReport.from_dict(later["report"])
+    if a.headline != b.headline:
+        raise SystemExit(f"the records scored other tasks or metrics: {a.headline}, {b.headline}")
+    documents = {task: a.documents[task] + b.documents[task] for task in a.headline}
+    metrics = {
+        task: {metric: sum(documents[task]) / len(documents[task])}
+        for task, metric in a.headline.items()
+    }
+    settings = {**a.settings, "limit": len(next(iter(documents.values())))}
+    joined = TaskReport(metrics, a.headline, settings, harness={}, documents=documents)
+    return joined.to_dict()
+
+
+def pooled(first: dict[str, Any], later: list[dict[str, Any]]) -> dict[str, Any]:
+    """``first`` extended by records scored on the documents right after its
+    own (``later``: one or more runs with the same ``--skip`` and ``--limit``,
+    each holding some rows): the rows measured in both, on the documents of
+    both, as one record with ``--skip`` of ``first`` and the limits added.
+    LAMBADA is left out (``later`` runs do not score it)."""
+    o = first["options"]
+    options = {**later[0]["options"]}
+    if any(r["options"] != options for r in later):
+        raise SystemExit("the later records were measured with different options")
+    if options["skip"] != o["skip"] + o["limit"]:
+        raise SystemExit(
+            f"the later records start at document {options['skip']}, not right after the "
+            f"first's ({o['skip']} + {o['limit']})"
+        )
+    found = {(r["row"], r["blocks"]): r for rec in later for r in rec["rows"] if "error" not in r}
+    rows = []
+    for r in first["rows"]:
+        again = found.get((r["row"], r["blocks"]))
+        if again is None or "error" in r:
+            continue
+        if again["what"] != r["what"]:  # another model: its documents do not add up
+            raise SystemExit(f"{r['row']} at {r['blocks']} built {again['what']}, not {r['what']}")
+        rows.append({
+            **again, "report": _joined(r, again), "lambada_acc": None, "lambada_perplexity": None,
+            "score_seconds": r["score_seconds"] + again["score_seconds"],
+        })  # fmt: skip
+    original = {
+        **later[0]["original"], "report": _joined(first["original"], later[0]["original"]),
+        "lambada_acc": None, "lambada_perplexity": None,
+        "score_seconds": first["original"]["score_seconds"] + later[0]["original"]["score_seconds"],
+    }  # fmt: skip
+    return {
+        "options": {**options, "skip": o["skip"], "limit": o["limit"] + options["limit"]},
+        "tasks": later[0]["tasks"], "rows": rows, "original": original,
+        "machine": later[0]["machine"], "pooled_from": [first["options"], options],
+        "wall_seconds": sum(rec.get("wall_seconds", 0) for rec in [first, *later]),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 6, 8])
@@ -370,6 +430,10 @@ def main() -> None:
     )
     parser.add_argument("--tables", action="store_true", help="only write the tables")
     parser.add_argument("--readme", help="put the summary between <!-- accuracy --> markers")
+    parser.add_argument(
+        "--pool", nargs="+", metavar="JSON",
+        help="write --out from a record and runs on the documents right after its own",
+    )  # fmt: skip
     args = parser.parse_args()
     OPTIONS.update(limit=args.limit, skip=args.skip)
     if args.tasks != list(TASKS) or args.no_lambada:  # else the options stay as recorded
@@ -377,11 +441,13 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    record = (
-        json.loads(out.read_text())
-        if args.tables
-        else run(args.sizes, args.rows, out, args.append, args.redo)
-    )
+    if args.pool:
+        first, *later = (json.loads(Path(path).read_text()) for path in args.pool)
+        record = pooled(first, later)
+    elif args.tables:
+        record = json.loads(out.read_text())
+    else:
+        record = run(args.sizes, args.rows, out, args.append, args.redo)
     OPTIONS.update(record["options"])
     if not args.tables:
         record["wall_seconds"] = record.get("wall_seconds", 0) + time.perf_counter() - start

@@ -37,6 +37,19 @@ def test_a_float32_checkpoint_computes_in_float32_under_auto(monkeypatch):
     assert compute_dtype(torch.float32, "bfloat16") == torch.bfloat16
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bfloat16_asked_for_where_it_is_emulated_warns_and_still_computes_in_bf16(
+    native, monkeypatch, recwarn
+):
+    monkeypatch.setattr(compute, "native_matmul", lambda dtype, device="cpu": native)
+    model = R.decoder("llama")
+    assert compute_dtype(torch.float32, "bfloat16") == torch.bfloat16
+    assert forward_dtype(model, "bfloat16") == torch.bfloat16
+    said = [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    assert len(said) == (0 if native else 2)
+    assert all("emulated on this CPU" in text and "'auto'" in text for text in said)
+
+
 def test_native_is_decided_by_the_fastest_rounds(monkeypatch):
     # one slow float32 round (a preempted probe) does not make bf16 native:
     # the fastest round of each dtype is compared

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -99,6 +100,19 @@ def native_matmul(dtype: torch.dtype, device: str | torch.device = "cpu") -> boo
     return _measured(dtype, "cpu")
 
 
+def _warn_if_emulated(device: str | torch.device) -> None:
+    """Says so when bf16 was asked for where its matmuls are emulated: the
+    pass then takes several times float32's (tens of times on AVX2 only)."""
+    if not native_matmul(torch.bfloat16, device):
+        warnings.warn(
+            "compute_dtype='bfloat16' was asked for, but bf16 matmuls are emulated on this "
+            "CPU (no AMX or AVX-512 BF16: measured slower than float32), so the passes run "
+            "several times slower than in float32; compute_dtype='auto' keeps float32 here",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def compute_dtype(
     weights: torch.dtype, option: str = "auto", device: str | torch.device = "cpu"
 ) -> torch.dtype:
@@ -114,6 +128,7 @@ def compute_dtype(
     if option == "float32":
         return torch.float32
     if option == "bfloat16":
+        _warn_if_emulated(device)
         return torch.bfloat16
     if weights in NARROW_DTYPES:
         return weights if native_matmul(weights, device) else torch.float32
@@ -129,7 +144,10 @@ def forward_dtype(model: nn.Module, option: str = "auto") -> torch.dtype | None:
     if option != "bfloat16":
         return None
     floating = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    return torch.bfloat16 if floating == {torch.float32} else None
+    if floating != {torch.float32}:
+        return None
+    _warn_if_emulated(next(model.parameters()).device)
+    return torch.bfloat16
 
 
 @contextlib.contextmanager
