@@ -352,6 +352,19 @@ def _subset(options: dict[str, Any]) -> str:
     return f"; tasks {names}" + ("" if options.get("lambada", True) else ", no LAMBADA")
 
 
+def _pooled_from(record: dict[str, Any]) -> str:
+    """A pooled record's sources (``--pool``), as a paragraph; else nothing."""
+    if "pooled_from" not in record:
+        return ""
+    first, later = record["pooled_from"]
+    spans = [f"{o['skip']}–{o['skip'] + o['limit'] - 1}" for o in (first, later)]
+    return (
+        f"Pooled (`--pool`): documents {spans[0]} from the first record (which scored "
+        f"LAMBADA too), {spans[1]} from runs of the rows it was asked to confirm; only "
+        "those rows and toast's default appear.\n\n"
+    )
+
+
 def _row_minutes(record: dict[str, Any]) -> float:
     rows = [r for r in record["rows"] if "error" not in r]
     return sum(r["build_seconds"] + r["score_seconds"] for r in rows) / 60
@@ -465,6 +478,7 @@ def main() -> None:
         f"{record['original']['score_seconds'] / 60:.0f} min; the rows built and scored in "
         f"{_row_minutes(record):.0f} min in all (per row in results/{out.name}; rows ran "
         "up to three side by side on the 2 cores, so each took longer than alone).\n\n"
+        f"{_pooled_from(record)}"
         f"## Retained\n\n{summary(record)}\n\n## Every row\n\n{table(record)}\n\n"
         f"{_machine.describe(record['machine'])}\n"
     )
