@@ -401,6 +401,9 @@ def pooled(first: dict[str, Any], later: list[dict[str, Any]]) -> dict[str, Any]
             f"the later records start at document {options['skip']}, not right after the "
             f"first's ({o['skip']} + {o['limit']})"
         )
+    scored = [rec["original"]["report"]["documents"] for rec in later]
+    if any(documents != scored[0] for documents in scored):
+        raise SystemExit("the later records scored the original on other documents")
     found = {(r["row"], r["blocks"]): r for rec in later for r in rec["rows"] if "error" not in r}
     rows = []
     for r in first["rows"]:
