@@ -108,8 +108,11 @@ from typing import Any, TypeVar, final
 import numpy as np
 import torch
 
-import toast
-from toast.hf.capture.torch_moments import TorchMoments
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import cpu_model  # noqa: E402
+
+import toast  # noqa: E402
+from toast.hf.capture.torch_moments import TorchMoments  # noqa: E402
 
 try:  # optional: progress bars
     from tqdm import tqdm as _tqdm
@@ -369,17 +372,6 @@ def configure_threads(n: int) -> None:
     torch.set_num_threads(n)
     if threadpoolctl is not None:
         threadpoolctl.threadpool_limits(n)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def machine_info() -> dict[str, Any]:
