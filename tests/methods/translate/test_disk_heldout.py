@@ -19,7 +19,11 @@ from toast.methods.translate.from_disk import compress_from_disk  # noqa: E402
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 REL = 1e-5
-OPTIONS = {"budget": 2, "translator": "affine", "estimator": "gcv", "progress": False}
+# candidates=1: the cases below are about the check of the best predicted
+# spans, whichever a measured choice would keep (test_measured_choice.py)
+OPTIONS = {
+    "budget": 2, "translator": "affine", "estimator": "gcv", "progress": False, "candidates": 1,
+}  # fmt: skip
 
 
 def _both(model, data, tmp_path, heldout=None, **params):

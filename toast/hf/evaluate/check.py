@@ -33,6 +33,7 @@ __all__ = [
     "best_candidate",
     "check_against_plain",
     "check_lines",
+    "measures_better",
     "unchecked_because",
     "with_fallback",
 ]
@@ -190,7 +191,7 @@ class RemovalCheck:
         )
 
     def to_markdown(self) -> str:
-        better = _better(self.metric, self.fitted, self.plain)
+        better = measures_better(self.metric, self.fitted, self.plain)
         winner = "the fit" if better else "plain removal"
         has = "the fit" if self.used == "fitted" else "plain removal"
         return f"{self.measured()}: {winner} measured better; the model has {has}"
@@ -244,7 +245,7 @@ def check_against_plain(
             if removed is not None and key is not None:
                 removed[key] = (heldout, plain)  # the data kept: an id is not reused meanwhile
         assert evaluator.metric is not None  # set by the first measurement
-        better = _better(evaluator.metric, fitted, plain)
+        better = measures_better(evaluator.metric, fitted, plain)
         used = "fitted" if better or not fallback else "plain removal"
         if used == "plain removal":
             current[k] = None
@@ -269,7 +270,7 @@ def with_fallback(fits: Sequence[Any], checks: Sequence[RemovalCheck | None], pl
     ]
 
 
-def _better(metric: str, a: float, b: float) -> bool:
+def measures_better(metric: str, a: float, b: float) -> bool:
     """Whether ``a`` measures at least as well as ``b`` (perplexity: lower)."""
     return a <= b if metric == "perplexity" else a >= b
 
@@ -279,7 +280,7 @@ def best_candidate(checks: Sequence[RemovalCheck]) -> int:
     gets) measured best on the held-out batches; the first on ties."""
     best = 0
     for k, c in enumerate(checks):
-        if not _better(c.metric, checks[best].result, c.result):
+        if not measures_better(c.metric, checks[best].result, c.result):
             best = k
     return best
 

@@ -1,24 +1,27 @@
-"""TOAST's held-out check: each span's translator against plain removal of
-the same blocks on calibration batches the analysis never saw (see
-:mod:`toast.hf.evaluate.check`), applied by hooks where the surgery would put it."""
+"""TOAST's held-out measurements, on calibration batches the analysis never
+saw (see :mod:`toast.hf.evaluate.check`), with each translator applied by
+hooks where the surgery would put it: the candidate plans of a measured
+choice (:func:`measure_plans`), and each span's translator against plain
+removal of the same blocks (:func:`check_translators`)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from toast.core import Translator
-from toast.hf.evaluate.check import RemovalCheck, check_against_plain
-from toast.hf.evaluate.quality import skipped_blocks
+from toast.hf.evaluate.check import Applier, RemovalCheck, check_against_plain, measures_better
+from toast.hf.evaluate.quality import Evaluator, quality_metric, skipped_blocks
 from toast.hf.model.blocks import BlockStack
 from toast.hf.model.surgery import translator_like
 from toast.spans import Span
 
-__all__ = ["check_translators", "translated"]
+__all__ = ["MeasuredPlans", "check_translators", "measure_plans", "translated"]
 
 
 def _through(module: nn.Module) -> Any:
@@ -68,3 +71,64 @@ def check_translators(
 
     with torch.no_grad():
         return check_against_plain(model, spans, fits, apply, heldout, fallback)
+
+
+@dataclass(frozen=True)
+class MeasuredPlans:
+    """Candidate plans, each with every span replaced by its fit, measured
+    on the held-out batches (``metric`` over ``count`` tokens or samples);
+    ``chosen`` indexes the best measured (the first on ties)."""
+
+    plans: list[list[Span]]
+    values: list[float]
+    metric: str
+    count: int
+
+    @property
+    def chosen(self) -> int:
+        best = 0
+        for k, value in enumerate(self.values):
+            if not measures_better(self.metric, self.values[best], value):
+                best = k
+        return best
+
+    def lines(self) -> list[str]:
+        """The report's lines: every candidate's figure, the kept one marked."""
+        unit = "tokens" if self.metric == "perplexity" else "samples"
+        head = (
+            f"Measured choice ({self.metric} on {self.count:,} held-out {unit}, every span "
+            "fitted; planned first, then the single windows of lowest predicted error):"
+        )
+        rows = []
+        for k, (plan, value) in enumerate(zip(self.plans, self.values, strict=True)):
+            where = " + ".join(f"[{s.start}:{s.stop}]" for s in plan)
+            error = sum(s.error for s in plan)
+            kept = " (kept)" if k == self.chosen else ""
+            rows.append(f"- {where}: predicted error {error:.4g}, measured {value:.4g}{kept}")
+        return ["", head, *rows]
+
+
+def measure_plans(
+    model: nn.Module,
+    plans: Sequence[Sequence[Span]],
+    fits: Sequence[Sequence[Translator | nn.Module | None]],
+    apply: Applier,
+    heldout: Iterable,
+    evaluator: Evaluator | None = None,
+) -> MeasuredPlans:
+    """Each plan with its spans replaced by ``fits`` (one list per plan),
+    applied by ``apply`` and measured on ``heldout`` by ``evaluator``
+    (default: in memory; from disk a
+    :class:`~toast.hf.evaluate.from_disk.SequentialEvaluator`). Nothing in
+    the model changes."""
+    if evaluator is None:
+        evaluator = Evaluator(heldout, progress=False, fidelity=False)
+    if quality_metric(model, next(iter(heldout))) == "cosine":
+        evaluator.measure(model, "original")  # the reference the cosine compares with
+    values = []
+    with torch.no_grad():
+        for k, (plan, fitted) in enumerate(zip(plans, fits, strict=True)):
+            with apply(plan, fitted):
+                values.append(evaluator.measure(model, f"candidate {k + 1}"))
+    assert evaluator.metric is not None  # set by the first measurement
+    return MeasuredPlans([list(p) for p in plans], values, evaluator.metric, evaluator.count)

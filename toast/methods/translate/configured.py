@@ -8,7 +8,9 @@ shared pass and compare translator families, a configured TOAST keeps the
 rules its options ask for (:mod:`toast.methods.translate.rules`): its own
 analysis (the config's metric, estimator, folds, tokens and pairs) on the
 calibration batches it does not hold out, the spans of ``num_blocks`` /
-``max_error`` / ``spans`` / ``single_window``, the config's translator
+``max_error`` / ``spans`` / ``single_window`` (with ``num_blocks`` and held-out batches: the
+``candidates`` best predicted, each fitted and measured there, the best
+measured kept), the config's translator
 fitted (closed form, trained, or sequentially), each fit checked against
 plain removal on the held-out batches (``check_fraction``, ``fallback``)
 and the kept ones fitted again on every batch (``refit``).
@@ -32,17 +34,27 @@ from toast.hf.capture.massive import MassiveRows
 from toast.hf.capture.sequential import BlockEdits, DiskModel
 from toast.hf.capture.states import capture_moments
 from toast.hf.data.calibration import Calibration
-from toast.hf.evaluate.check import CheckSplit, RemovalCheck, unchecked_because, with_fallback
+from toast.hf.evaluate.check import (
+    Applier,
+    CheckSplit,
+    RemovalCheck,
+    unchecked_because,
+    with_fallback,
+)
+from toast.hf.evaluate.from_disk import SequentialEvaluator
+from toast.hf.evaluate.quality import Evaluator
 from toast.hf.model.surgery import replace_spans
 from toast.io.from_disk import save_translated_from_disk
 from toast.methods.stages import BaseStages, Layout, Needs, Plan, Request, Shared, Sizes, Stats
 from toast.methods.translate.analysis import Analysis, analyze, analyze_from_disk
+from toast.methods.translate.check import MeasuredPlans, measure_plans, translated
 from toast.methods.translate.config import CLOSED_FORM, ToastConfig
 from toast.methods.translate.disk import check_from_disk, params_on_disk, translated_edits
 from toast.methods.translate.fitting import Fitter
 from toast.methods.translate.report import CompressionReport
 from toast.methods.translate.rules import (
     analysis_options,
+    candidate_plans,
     checked,
     choose_spans,
     fit_sequentially,
@@ -63,6 +75,8 @@ class ToastRun(Stats):
 
     analysis: Analysis | None = field(default=None, repr=False)
     split: CheckSplit | None = field(default=None, repr=False)
+    #: the candidate plans measured on the held-out batches (None: not measured)
+    measured: MeasuredPlans | None = None
     #: the calibration data as given (a sequential fit reads every batch)
     data: Iterable | None = field(default=None, repr=False)
     #: warnings the analysis issued (the fits do not say them twice)
@@ -119,11 +133,49 @@ class ConfiguredToast(BaseStages):
         issued = {str(w.message): w.message for w in caught}
         for message in issued.values():  # each once, as the analysis issued it
             warnings.warn(message, stacklevel=2)
-        return ToastRun(passes=1, analysis=analysis, split=split, data=data, issued=set(issued))
+        stack = layout.stack
+
+        def apply(where: Sequence[Span], fits: Sequence[Any]) -> Any:
+            return translated(stack, where, fits)
+
+        measured = self._measured(analysis, split, model, apply, None)
+        return ToastRun(
+            passes=1, analysis=analysis, split=split, data=data, issued=set(issued),
+            measured=measured,
+        )  # fmt: skip
+
+    def _measured(
+        self,
+        analysis: Analysis,
+        split: CheckSplit,
+        model: nn.Module,
+        apply: Applier,
+        evaluator: Evaluator | None,
+    ) -> MeasuredPlans | None:
+        """The config's candidate plans (:func:`candidate_plans`), each
+        fitted in closed form and measured on the held-out batches; None
+        where there is one candidate, nothing held out, or a fit other than
+        an independent closed form (which the measurement would have to
+        train or chain per candidate)."""
+        config = self.config
+        if config.fit != "independent" or config.translator not in CLOSED_FORM:
+            return None
+        plans = candidate_plans(analysis, config)
+        if len(plans) < 2 or not split.has_check():
+            return None
+        fitter = Fitter(config)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the kept plan's fits say it, once, in apply
+            fits = [fitter.closed_forms(plan, analysis) for plan in plans]
+        return measure_plans(model, plans, fits, apply, split.check, evaluator)
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         analysis = _analysis(stats)
-        spans = choose_spans(analysis, self.config)
+        measured = stats.measured if isinstance(stats, ToastRun) else None
+        if measured is None:
+            spans = choose_spans(analysis, self.config)
+        else:
+            spans = measured.plans[measured.chosen]
         return [self._plan(tuple((s.start, s.stop) for s in spans), analysis, sizes)]
 
     def choose(self, plans: Sequence[Plan], request: Request) -> Plan | None:
@@ -198,6 +250,7 @@ class ConfiguredToast(BaseStages):
             checks=stats.checks,
             check_note=stats.check_note,
             refitted=stats.refitted,
+            measured=stats.measured,
         )
 
     def calibrate_from_disk(
@@ -219,7 +272,18 @@ class ConfiguredToast(BaseStages):
         split = CheckSplit(data, config.check_fraction)
         options = analysis_options(config)
         analysis = analyze_from_disk(disk, split.fit, buffer_dir=self.buffer_dir, **options)
-        return ToastRun(passes=1, analysis=analysis, split=split, data=data, disk=disk)
+        # each candidate is one sweep over the checkpoint's blocks: counted
+        evaluator = SequentialEvaluator(
+            disk, split.check, progress=config.calibration.progress, buffer_dir=self.buffer_dir
+        )
+
+        def apply(where: Sequence[Span], fits: Sequence[Any]) -> Any:
+            return evaluator.editing(translated_edits(disk, where, fits))
+
+        measured = self._measured(analysis, split, disk.model, apply, evaluator)
+        return ToastRun(
+            passes=1, analysis=analysis, split=split, data=data, disk=disk, measured=measured
+        )
 
     def prepare_from_disk(self, disk: DiskModel, plan: Plan, stats: Stats) -> None:
         """The closed-form fits of the plan's spans, each checked against

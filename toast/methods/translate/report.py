@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from toast.hf.evaluate.check import RemovalCheck, check_lines
 from toast.methods.base import Report
 from toast.methods.translate.analysis import Analysis
+from toast.methods.translate.check import MeasuredPlans
 from toast.spans import Span
 
 __all__ = ["CompressionReport"]
@@ -19,7 +20,8 @@ class CompressionReport(Report):
     parameters before and after, and the analysis it planned from;
     ``checks`` each span's held-out comparison with plain removal,
     ``check_note`` why there is none, ``refitted`` whether the fits it kept
-    were fitted again on every batch."""
+    were fitted again on every batch, ``measured`` the candidate plans its
+    choice measured (None: the plan was the best predicted, or given)."""
 
     method: str
     translator: str
@@ -38,6 +40,7 @@ class CompressionReport(Report):
     check_note: str = ""
     #: whether the translators the check kept were fitted again on every batch
     refitted: bool = False
+    measured: MeasuredPlans | None = None
 
     @property
     def blocks_removed(self) -> int:
@@ -72,6 +75,7 @@ class CompressionReport(Report):
             f"{self.params_line()}; transformer blocks: "
             f"{self.blocks_before} → {self.blocks_before - self.blocks_removed} "
             f"(−{100 * self.compression_by_blocks:.1f}%), plus {len(self.spans)} translator(s).",
+            *(self.measured.lines() if self.measured is not None else []),
             *check_lines(self.checks, self.check_note),
         ]
         if self.refitted:

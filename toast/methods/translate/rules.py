@@ -30,6 +30,7 @@ from toast.spans import Span, validate_spans
 
 __all__ = [
     "analysis_options",
+    "candidate_plans",
     "checked",
     "choose_spans",
     "fit_sequentially",
@@ -158,6 +159,40 @@ def choose_spans(analysis: Analysis, config: ToastConfig) -> list[Span]:
             "toast.analyze(...).errors"
         )
     return spans
+
+
+def candidate_plans(analysis: Analysis, config: ToastConfig) -> list[list[Span]]:
+    """The plans a measured choice compares (``config.candidates`` of them
+    at most): the config's own (:func:`choose_spans`), then the single
+    windows removing as many blocks, lowest predicted error first (the
+    earlier on ties), in the range the config plans in (from block 1, or 0
+    with ``include_first_block``; with ``single_window``, ending before the
+    last block; each within ``max_error``). Given ``spans`` are the only
+    candidate."""
+    first = choose_spans(analysis, config)
+    if config.spans is not None or config.num_blocks is None or config.candidates < 2:
+        return [first]
+    count = sum(s.num_blocks for s in first)
+    table = analysis.errors
+    start = 0 if config.include_first_block else 1
+    if config.single_window:
+        windows = inner_windows(table, count, start)
+    else:
+        last = table.shape[0] - 1  # states 0..L: a window may end at the last
+        windows = [(a, a + count) for a in range(start, last - count + 1)]
+        windows = [w for w in windows if np.isfinite(table[w])]
+        windows.sort(key=lambda w: (float(table[w]), w[0]))
+    if config.max_error is not None:
+        windows = [w for w in windows if table[w] <= config.max_error]
+    plans = [first]
+    seen = {tuple((s.start, s.stop) for s in first)}
+    for a, b in windows:
+        if len(plans) == config.candidates:
+            break
+        if ((a, b),) not in seen:
+            seen.add(((a, b),))
+            plans.append([Span(a, b, float(table[a, b]))])
+    return plans
 
 
 def fit_sequentially(

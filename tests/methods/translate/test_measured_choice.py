@@ -1,0 +1,116 @@
+"""TOAST's measured choice: with ``num_blocks`` and held-out batches the
+default fits its best predicted plans and keeps the one that measures best
+there; the figures it compares are those of the same fits applied by
+surgery."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import toast  # noqa: E402
+from tests._helpers import replaceme_models as R  # noqa: E402
+from toast.hf.evaluate.check import CheckSplit  # noqa: E402
+from toast.hf.evaluate.quality import Evaluator  # noqa: E402
+from toast.methods.translate.analysis import Analysis  # noqa: E402
+from toast.methods.translate.config import ToastConfig  # noqa: E402
+from toast.methods.translate.from_disk import compress_from_disk  # noqa: E402
+from toast.methods.translate.rules import candidate_plans  # noqa: E402
+
+pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
+
+
+def _where(plan) -> list[tuple[int, int]]:
+    return [(s.start, s.stop) for s in plan]
+
+
+def _analysis(errors: np.ndarray) -> Analysis:
+    moments = toast.Moments(len(errors), 3)  # the candidates read the errors alone
+    return Analysis(moments, errors, "linear", "gcv", "all", "model.layers")
+
+
+def _table(size: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    table = np.full((size + 1, size + 1), np.inf)
+    for a in range(size + 1):
+        for b in range(a + 1, size + 1):
+            table[a, b] = (b - a) * (1.0 + rng.random())
+    return table
+
+
+def test_candidates_are_the_plan_then_the_windows_of_lowest_predicted_error():
+    table = _table(8)
+    config = ToastConfig(num_blocks=2, candidates=4)
+    plans = candidate_plans(_analysis(table), config)
+    first = _analysis(table).plan(max_blocks=2)
+    assert _where(plans[0]) == _where(first)
+    windows = sorted(((a, a + 2) for a in range(1, 7)), key=lambda w: (table[w], w[0]))
+    expected = [w for w in windows if [w] != _where(first)][:3]
+    assert [_where(p) for p in plans[1:]] == [[w] for w in expected]
+    assert all(math.isclose(s.error, table[s.start, s.stop]) for p in plans for s in p)
+
+
+def test_candidates_respect_max_error_and_the_first_block():
+    table = _table(8, seed=1)
+    limit = float(np.sort([table[a, a + 3] for a in range(0, 6)])[2])
+    config = ToastConfig(num_blocks=3, max_error=limit, candidates=6, include_first_block=True)
+    plans = candidate_plans(_analysis(table), config)
+    assert all(s.error <= limit for p in plans for s in p)
+    assert len(plans) == 3  # every window of 3 blocks within the limit, none twice
+    single = ToastConfig(num_blocks=3, candidates=9, single_window=True)
+    windows = [_where(p)[0] for p in candidate_plans(_analysis(table), single)]
+    assert all(1 <= a and b < 8 for a, b in windows)  # LLM-Streamline's range
+    assert len(windows) == 4
+
+
+def test_given_spans_or_one_candidate_leave_nothing_to_measure():
+    table = _table(8)
+    assert len(candidate_plans(_analysis(table), ToastConfig(spans=[(2, 4)]))) == 1
+    assert len(candidate_plans(_analysis(table), ToastConfig(num_blocks=2, candidates=1))) == 1
+
+
+def test_the_default_keeps_the_candidate_that_measures_best_held_out():
+    model, data = R.decoder("llama"), R.text_loader()  # 6 batches: the 4th is held out
+    options = {"num_blocks": 2, "check_fraction": 0.25, "progress": False}
+    pruned, report = toast.compress(copy.deepcopy(model), data, method="toast", **options)
+    measured = report.measured
+    assert measured is not None and len(measured.plans) == 3
+    assert measured.metric == "perplexity"
+    kept = measured.chosen
+    assert measured.values[kept] == min(measured.values)
+    assert _where(report.spans) == _where(measured.plans[kept])
+    # each figure is that of the same plan fitted and applied by surgery
+    heldout = Evaluator(list(CheckSplit(data, 0.25).check), progress=False, fidelity=False)
+    for plan, value in zip(measured.plans, measured.values, strict=True):
+        built, _ = toast.compress(
+            copy.deepcopy(model), data, method="toast", spans=_where(plan),
+            check_fraction=0.25, fallback=False, refit=False, progress=False,
+        )  # fmt: skip
+        assert math.isclose(heldout.measure(built), value, rel_tol=1e-5)
+    assert "Measured choice" in report.to_markdown() and "(kept)" in report.to_markdown()
+
+
+def test_one_candidate_keeps_the_best_predicted_plan_unmeasured():
+    model, data = R.decoder("llama"), R.text_loader()
+    options = {"num_blocks": 2, "check_fraction": 0.25, "progress": False, "candidates": 1}
+    _, report = toast.compress(copy.deepcopy(model), data, method="toast", **options)
+    assert report.measured is None
+    assert _where(report.spans) == _where(report.analysis.plan(max_blocks=2))
+
+
+def test_from_disk_measures_the_same_candidates_as_in_memory(tmp_path):
+    model, data = R.decoder("llama"), R.text_loader()
+    model.save_pretrained(tmp_path / "source")
+    options = {"num_blocks": 2, "check_fraction": 0.25, "progress": False}
+    report = compress_from_disk(tmp_path / "source", data, tmp_path / "disk", **options)
+    _, memory = toast.compress(copy.deepcopy(model), data, method="toast", **options)
+    assert memory.measured is not None and report.measured is not None
+    assert [_where(p) for p in report.measured.plans] == [_where(p) for p in memory.measured.plans]
+    np.testing.assert_allclose(report.measured.values, memory.measured.values, rtol=1e-4)
+    assert _where(report.spans) == _where(memory.spans)
