@@ -33,7 +33,10 @@ pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
 LENGTH = 256  # tokens per sequence
 CALIBRATION = 16  # sequences: 4,096 tokens
-HELD_OUT = 12  # sequences: 3,072 tokens of other sentences
+# sequences: 1,536 tokens of other sentences (each of the first 12 alone
+# has original < LS < UIDL; perplexity 33.1 / 45.6 / 55.6 on 12 of them,
+# 30.2 / 43.1 / 51.2 on these 6)
+HELD_OUT = 6
 REMOVED = 4
 
 
@@ -64,14 +67,18 @@ def smollm2(smollm2_file):
         {"input_ids": chunk, "attention_mask": torch.ones_like(chunk)}
         for chunk in calibration.split(4)
     ]
-    # the paper's protocol for the cut (the distance alone) and the placement
-    # (the fold: a standard checkpoint), not the default's measured choices
+    # the paper's protocol for the cut (the distance alone), the placement
+    # (the fold: a standard checkpoint) and the fit (on every batch, no
+    # held-out check), not the default's measured choices; the default's
+    # check refits the winner on every batch, so its model is bit for bit
+    # this one, after two more passes over the calibration data
     ls, report = replaceme(
         copy.deepcopy(model),
         batches,
         num_blocks=REMOVED,
         selection="distance",
         placement="fold",
+        check_fraction=0.0,
         progress=False,
     )
     spans = [(s.start, s.stop) for s in report.spans]
