@@ -114,3 +114,16 @@ def test_from_disk_measures_the_same_candidates_as_in_memory(tmp_path):
     assert [_where(p) for p in report.measured.plans] == [_where(p) for p in memory.measured.plans]
     np.testing.assert_allclose(report.measured.values, memory.measured.values, rtol=1e-4)
     assert _where(report.spans) == _where(memory.spans)
+
+
+def test_an_unmeasured_choice_says_why():
+    model = R.decoder("llama")
+    options = {"num_blocks": 2, "progress": False}
+    with pytest.warns(UserWarning, match="fewer than 2 sequences"):
+        _, alone = toast.compress(copy.deepcopy(model), R.text_loader(1, 1), **options)
+    assert alone.measured is None and "nothing held out" in alone.measure_note
+    assert "Measured choice: none (nothing held out)" in alone.to_markdown()
+    _, chained = toast.compress(copy.deepcopy(model), R.text_loader(), fit="sequential", **options)
+    assert chained.measured is None and "chained once per candidate" in chained.measure_note
+    _, given = toast.compress(copy.deepcopy(model), R.text_loader(), spans=[(2, 4)], progress=False)
+    assert given.measured is None and given.measure_note == ""

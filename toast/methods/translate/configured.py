@@ -77,6 +77,8 @@ class ToastRun(Stats):
     split: CheckSplit | None = field(default=None, repr=False)
     #: the candidate plans measured on the held-out batches (None: not measured)
     measured: MeasuredPlans | None = None
+    #: why the candidates were not measured ("": they were, or there was one)
+    measure_note: str = ""
     #: the calibration data as given (a sequential fit reads every batch)
     data: Iterable | None = field(default=None, repr=False)
     #: warnings the analysis issued (the fits do not say them twice)
@@ -138,10 +140,10 @@ class ConfiguredToast(BaseStages):
         def apply(where: Sequence[Span], fits: Sequence[Any]) -> Any:
             return translated(stack, where, fits)
 
-        measured = self._measured(analysis, split, model, apply, None)
+        measured, note = self._measured(analysis, split, model, apply, None)
         return ToastRun(
             passes=1, analysis=analysis, split=split, data=data, issued=set(issued),
-            measured=measured,
+            measured=measured, measure_note=note,
         )  # fmt: skip
 
     def _measured(
@@ -151,23 +153,30 @@ class ConfiguredToast(BaseStages):
         model: nn.Module,
         apply: Applier,
         evaluator: Evaluator | None,
-    ) -> MeasuredPlans | None:
+    ) -> tuple[MeasuredPlans | None, str]:
         """The config's candidate plans (:func:`candidate_plans`), each
-        fitted in closed form and measured on the held-out batches; None
-        where there is one candidate, nothing held out, or a fit other than
-        an independent closed form (which the measurement would have to
-        train or chain per candidate)."""
+        fitted in closed form and measured on the held-out batches, and why
+        not ("" where there is nothing to choose: given spans, one
+        candidate): nothing held out, or a fit other than an independent
+        closed form (which the measurement would train or chain once per
+        candidate). Without a measurement the plan is the best predicted."""
         config = self.config
-        if config.fit != "independent" or config.translator not in CLOSED_FORM:
-            return None
         plans = candidate_plans(analysis, config)
-        if len(plans) < 2 or not split.has_check():
-            return None
+        if len(plans) < 2:
+            return None, ""
+        if config.fit != "independent" or config.translator not in CLOSED_FORM:
+            return None, (
+                f"none (a {config.fit} {config.translator} fit would be "
+                f"{'trained' if config.translator not in CLOSED_FORM else 'chained'} once per "
+                "candidate): the best predicted plan, unmeasured"
+            )
+        if not split.has_check():
+            return None, "none (nothing held out): the best predicted plan, unmeasured"
         fitter = Fitter(config)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the kept plan's fits say it, once, in apply
             fits = [fitter.closed_forms(plan, analysis) for plan in plans]
-        return measure_plans(model, plans, fits, apply, split.check, evaluator)
+        return measure_plans(model, plans, fits, apply, split.check, evaluator), ""
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         analysis = _analysis(stats)
@@ -251,6 +260,7 @@ class ConfiguredToast(BaseStages):
             check_note=stats.check_note,
             refitted=stats.refitted,
             measured=stats.measured,
+            measure_note=stats.measure_note,
         )
 
     def calibrate_from_disk(
@@ -280,10 +290,11 @@ class ConfiguredToast(BaseStages):
         def apply(where: Sequence[Span], fits: Sequence[Any]) -> Any:
             return evaluator.editing(translated_edits(disk, where, fits))
 
-        measured = self._measured(analysis, split, disk.model, apply, evaluator)
+        measured, note = self._measured(analysis, split, disk.model, apply, evaluator)
         return ToastRun(
-            passes=1, analysis=analysis, split=split, data=data, disk=disk, measured=measured
-        )
+            passes=1, analysis=analysis, split=split, data=data, disk=disk, measured=measured,
+            measure_note=note,
+        )  # fmt: skip
 
     def prepare_from_disk(self, disk: DiskModel, plan: Plan, stats: Stats) -> None:
         """The closed-form fits of the plan's spans, each checked against

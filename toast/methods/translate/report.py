@@ -21,7 +21,8 @@ class CompressionReport(Report):
     ``checks`` each span's held-out comparison with plain removal,
     ``check_note`` why there is none, ``refitted`` whether the fits it kept
     were fitted again on every batch, ``measured`` the candidate plans its
-    choice measured (None: the plan was the best predicted, or given)."""
+    choice measured (None: the plan was the best predicted, or given;
+    ``measure_note`` says why)."""
 
     method: str
     translator: str
@@ -41,6 +42,8 @@ class CompressionReport(Report):
     #: whether the translators the check kept were fitted again on every batch
     refitted: bool = False
     measured: MeasuredPlans | None = None
+    #: why the candidate plans were not measured ("": they were, or there was one)
+    measure_note: str = ""
 
     @property
     def blocks_removed(self) -> int:
@@ -76,6 +79,7 @@ class CompressionReport(Report):
             f"{self.blocks_before} → {self.blocks_before - self.blocks_removed} "
             f"(−{100 * self.compression_by_blocks:.1f}%), plus {len(self.spans)} translator(s).",
             *(self.measured.lines() if self.measured is not None else []),
+            *([f"Measured choice: {self.measure_note}."] if self.measure_note else []),
             *check_lines(self.checks, self.check_note),
         ]
         if self.refitted:
