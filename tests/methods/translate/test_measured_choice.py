@@ -21,7 +21,7 @@ from toast.hf.evaluate.quality import Evaluator  # noqa: E402
 from toast.methods.translate.analysis import Analysis  # noqa: E402
 from toast.methods.translate.config import ToastConfig  # noqa: E402
 from toast.methods.translate.from_disk import compress_from_disk  # noqa: E402
-from toast.methods.translate.rules import candidate_plans  # noqa: E402
+from toast.methods.translate.rules import CHOICE_FOLDS, candidate_plans  # noqa: E402
 
 pytestmark = [pytest.mark.hf, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -75,17 +75,43 @@ def test_given_spans_or_one_candidate_leave_nothing_to_measure():
     assert len(candidate_plans(_analysis(table), ToastConfig(num_blocks=2, candidates=1))) == 1
 
 
-def test_the_default_keeps_the_candidate_that_measures_best_held_out():
-    model, data = R.decoder("llama"), R.text_loader()  # 6 batches: the 4th is held out
-    options = {"num_blocks": 2, "check_fraction": 0.25, "progress": False}
-    pruned, report = toast.compress(copy.deepcopy(model), data, method="toast", **options)
+def _cross_validated(model, data, plan, folds: int) -> float:
+    """The plan's perplexity over every batch, each batch scored by the fit
+    of the other folds' batches, built by ``toast.compress`` and surgery."""
+    nll, tokens = 0.0, 0
+    for k in range(folds):
+        rest = [b for i, b in enumerate(data) if i % folds != k]
+        built, _ = toast.compress(
+            copy.deepcopy(model), rest, method="toast", spans=_where(plan),
+            check_fraction=0.0, progress=False,
+        )  # fmt: skip
+        evaluator = Evaluator(data[k::folds], progress=False, fidelity=False)
+        nll += math.log(evaluator.measure(built)) * evaluator.count
+        tokens += evaluator.count
+    return math.exp(nll / tokens)
+
+
+def test_the_default_keeps_the_candidate_of_best_cross_validated_perplexity():
+    model, data = R.decoder("llama"), R.text_loader()  # 6 batches, 4 folds
+    options = {"num_blocks": 2, "progress": False}
+    _, report = toast.compress(copy.deepcopy(model), data, method="toast", **options)
     measured = report.measured
     assert measured is not None and len(measured.plans) == 3
-    assert measured.metric == "perplexity"
+    assert (measured.metric, measured.folds) == ("perplexity", CHOICE_FOLDS)
     kept = measured.chosen
     assert measured.values[kept] == min(measured.values)
     assert _where(report.spans) == _where(measured.plans[kept])
-    # each figure is that of the same plan fitted and applied by surgery
+    for plan, value in zip(measured.plans, measured.values, strict=True):
+        assert math.isclose(_cross_validated(model, data, plan, CHOICE_FOLDS), value, rel_tol=1e-5)
+    assert "4-fold cross-validation" in report.to_markdown() and "(kept)" in report.to_markdown()
+
+
+def test_one_batch_measures_its_candidates_on_its_held_out_sequences():
+    model, data = R.decoder("llama"), R.text_loader(16, 16)  # one batch of 16
+    options = {"num_blocks": 2, "progress": False, "check_fraction": 0.25}
+    _, report = toast.compress(copy.deepcopy(model), data, method="toast", **options)
+    measured = report.measured
+    assert measured is not None and measured.folds == 0
     heldout = Evaluator(list(CheckSplit(data, 0.25).check), progress=False, fidelity=False)
     for plan, value in zip(measured.plans, measured.values, strict=True):
         built, _ = toast.compress(
@@ -93,7 +119,6 @@ def test_the_default_keeps_the_candidate_that_measures_best_held_out():
             check_fraction=0.25, fallback=False, refit=False, progress=False,
         )  # fmt: skip
         assert math.isclose(heldout.measure(built), value, rel_tol=1e-5)
-    assert "Measured choice" in report.to_markdown() and "(kept)" in report.to_markdown()
 
 
 def test_one_candidate_keeps_the_best_predicted_plan_unmeasured():
@@ -123,6 +148,8 @@ def test_an_unmeasured_choice_says_why():
         _, alone = toast.compress(copy.deepcopy(model), R.text_loader(1, 1), **options)
     assert alone.measured is None and "nothing held out" in alone.measure_note
     assert "Measured choice: none (nothing held out)" in alone.to_markdown()
+    _, paper = toast.compress(copy.deepcopy(model), R.text_loader(), check_fraction=0.0, **options)
+    assert paper.measured is None and "check_fraction=0" in paper.measure_note
     _, chained = toast.compress(copy.deepcopy(model), R.text_loader(), fit="sequential", **options)
     assert chained.measured is None and "chained once per candidate" in chained.measure_note
     _, given = toast.compress(copy.deepcopy(model), R.text_loader(), spans=[(2, 4)], progress=False)

@@ -76,13 +76,17 @@ def check_translators(
 @dataclass(frozen=True)
 class MeasuredPlans:
     """Candidate plans, each with every span replaced by its fit, measured
-    on the held-out batches (``metric`` over ``count`` tokens or samples);
-    ``chosen`` indexes the best measured (the first on ties)."""
+    on held-out batches (``metric`` over ``count`` tokens or samples): the
+    held-out part of the calibration, or with ``folds`` every batch, each
+    by fits of the other folds. ``chosen`` indexes the best measured (the
+    first on ties)."""
 
     plans: list[list[Span]]
     values: list[float]
     metric: str
     count: int
+    #: cross-validation folds over the calibration batches (0: one held-out part)
+    folds: int = 0
 
     @property
     def chosen(self) -> int:
@@ -95,8 +99,13 @@ class MeasuredPlans:
     def lines(self) -> list[str]:
         """The report's lines: every candidate's figure, the kept one marked."""
         unit = "tokens" if self.metric == "perplexity" else "samples"
+        where = (
+            f"{self.folds}-fold cross-validation over the calibration batches"
+            if self.folds
+            else "held-out batches"
+        )
         head = (
-            f"Measured choice ({self.metric} on {self.count:,} held-out {unit}, every span "
+            f"Measured choice ({self.metric} on {self.count:,} {unit}, {where}, every span "
             "fitted; planned first, then the single windows of lowest predicted error):"
         )
         rows = []

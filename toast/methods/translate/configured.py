@@ -35,14 +35,12 @@ from toast.hf.capture.sequential import BlockEdits, DiskModel
 from toast.hf.capture.states import capture_moments
 from toast.hf.data.calibration import Calibration
 from toast.hf.evaluate.check import (
-    Applier,
     CheckSplit,
     RemovalCheck,
     unchecked_because,
     with_fallback,
 )
 from toast.hf.evaluate.from_disk import SequentialEvaluator
-from toast.hf.evaluate.quality import Evaluator
 from toast.hf.model.surgery import replace_spans
 from toast.io.from_disk import save_translated_from_disk
 from toast.methods.stages import BaseStages, Layout, Needs, Plan, Request, Shared, Sizes, Stats
@@ -53,10 +51,13 @@ from toast.methods.translate.disk import check_from_disk, params_on_disk, transl
 from toast.methods.translate.fitting import Fitter
 from toast.methods.translate.report import CompressionReport
 from toast.methods.translate.rules import (
+    Capture,
+    Measure,
     analysis_options,
     candidate_plans,
     checked,
     choose_spans,
+    cross_validated,
     fit_sequentially,
     identity,
     refit_kept,
@@ -140,7 +141,16 @@ class ConfiguredToast(BaseStages):
         def apply(where: Sequence[Span], fits: Sequence[Any]) -> Any:
             return translated(stack, where, fits)
 
-        measured, note = self._measured(analysis, split, model, apply, None)
+        def capture(batches: Iterable, states: list[int], observe: MassiveRows | None) -> Any:
+            options = refit_options(config, states, observe)
+            return capture_moments(model, batches, backend=config.backend, stack=stack, **options)[
+                0
+            ]
+
+        def measure(plans: list[list[Span]], fits: list[list[Any]], batches: Iterable) -> Any:
+            return measure_plans(model, plans, fits, apply, batches)
+
+        measured, note = self._measured(analysis, split, data, capture, measure)
         return ToastRun(
             passes=1, analysis=analysis, split=split, data=data, issued=set(issued),
             measured=measured, measure_note=note,
@@ -150,33 +160,40 @@ class ConfiguredToast(BaseStages):
         self,
         analysis: Analysis,
         split: CheckSplit,
-        model: nn.Module,
-        apply: Applier,
-        evaluator: Evaluator | None,
+        data: Iterable,
+        capture: Capture,
+        measure: Measure,
     ) -> tuple[MeasuredPlans | None, str]:
         """The config's candidate plans (:func:`candidate_plans`), each
-        fitted in closed form and measured on the held-out batches, and why
-        not ("" where there is nothing to choose: given spans, one
-        candidate): nothing held out, or a fit other than an independent
-        closed form (which the measurement would train or chain once per
-        candidate). Without a measurement the plan is the best predicted."""
+        fitted in closed form and measured: by cross-validation over the
+        calibration batches (:func:`cross_validated`), or with one batch on
+        its held-out sequences; and why not ("" where there is nothing to
+        choose: given spans, one candidate): ``check_fraction=0`` (the
+        papers' protocols: nothing is held out), one sequence, or a fit
+        other than an independent closed form (which the measurement would
+        train or chain once per candidate). Unmeasured, the plan is the
+        best predicted."""
         config = self.config
         plans = candidate_plans(analysis, config)
         if len(plans) < 2:
             return None, ""
+        unmeasured = "the best predicted plan, unmeasured"
         if config.fit != "independent" or config.translator not in CLOSED_FORM:
-            return None, (
-                f"none (a {config.fit} {config.translator} fit would be "
-                f"{'trained' if config.translator not in CLOSED_FORM else 'chained'} once per "
-                "candidate): the best predicted plan, unmeasured"
-            )
+            how = "trained" if config.translator not in CLOSED_FORM else "chained"
+            why = f"a {config.fit} {config.translator} fit would be {how} once per candidate"
+            return None, f"none ({why}): {unmeasured}"
+        if split.every == 0:
+            return None, f"none (check_fraction=0: nothing is held out): {unmeasured}"
+        measured = cross_validated(plans, config, analysis, data, capture, measure)
+        if measured is not None:
+            return measured, ""
         if not split.has_check():
-            return None, "none (nothing held out): the best predicted plan, unmeasured"
+            return None, f"none (nothing held out): {unmeasured}"
         fitter = Fitter(config)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the kept plan's fits say it, once, in apply
             fits = [fitter.closed_forms(plan, analysis) for plan in plans]
-        return measure_plans(model, plans, fits, apply, split.check, evaluator), ""
+        return measure(plans, fits, split.check), ""
 
     def propose(self, stats: Stats, sizes: Sizes, max_blocks: int, macs_matter: bool) -> list[Plan]:
         analysis = _analysis(stats)
@@ -282,15 +299,22 @@ class ConfiguredToast(BaseStages):
         split = CheckSplit(data, config.check_fraction)
         options = analysis_options(config)
         analysis = analyze_from_disk(disk, split.fit, buffer_dir=self.buffer_dir, **options)
-        # each candidate is one sweep over the checkpoint's blocks: counted
-        evaluator = SequentialEvaluator(
-            disk, split.check, progress=config.calibration.progress, buffer_dir=self.buffer_dir
-        )
+        buffer_dir, progress = self.buffer_dir, config.calibration.progress
 
-        def apply(where: Sequence[Span], fits: Sequence[Any]) -> Any:
-            return evaluator.editing(translated_edits(disk, where, fits))
+        def capture(batches: Iterable, states: list[int], observe: MassiveRows | None) -> Any:
+            options = refit_options(config, states, observe)
+            return capture_moments_from_disk(disk, batches, buffer_dir=buffer_dir, **options)[0]
 
-        measured, note = self._measured(analysis, split, disk.model, apply, evaluator)
+        def measure(plans: list[list[Span]], fits: list[list[Any]], batches: Iterable) -> Any:
+            # each candidate is one sweep over the checkpoint's blocks: counted
+            evaluator = SequentialEvaluator(disk, batches, progress=progress, buffer_dir=buffer_dir)
+
+            def apply(where: Sequence[Span], chosen: Sequence[Any]) -> Any:
+                return evaluator.editing(translated_edits(disk, where, chosen))
+
+            return measure_plans(disk.model, plans, fits, apply, batches, evaluator)
+
+        measured, note = self._measured(analysis, split, data, capture, measure)
         return ToastRun(
             passes=1, analysis=analysis, split=split, data=data, disk=disk, measured=measured,
             measure_note=note,

@@ -5,7 +5,7 @@ partially compressed one (sequential)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 from torch import nn
@@ -205,6 +205,26 @@ class Fitter:
             if patch and not full:
                 target_sq = _trace(base, s.stop) + _trace(more, b)
             out.append(self.closed_form(pair, 0, 1, massive, target_sq))
+        return out
+
+    def closed_forms_at(
+        self,
+        spans: Sequence[Span],
+        moments: Moments | ChunkedMoments,
+        states: list[int],
+        massive: MassiveRows | None = None,
+    ) -> list[Translator]:
+        """:meth:`closed_forms` from ``moments`` alone, captured at ``states``
+        (moment ``k`` is state ``states[k]``; ``massive`` their massive rows):
+        the translators of another set of batches than the analysis's."""
+        full = isinstance(moments, Moments)
+        patch = self.config.translator in PATCH_FITS
+        out = []
+        for s in spans:
+            a, b = states.index(s.start), states.index(s.stop)
+            target_sq = _trace(moments, b) if patch and not full else None
+            rows = None if massive is None else massive.of(a, b)
+            out.append(self.closed_form(_pair(moments, a, b, full), 0, 1, rows, target_sq))
         return out
 
     def _trained(self, sample: RowSample, i: int, j: int, like: nn.Module) -> nn.Module:
