@@ -90,15 +90,18 @@ class ToastConfig:
     (measured on SmolLM2: ``benchmarks/results/few_batches.md``);
     ``refit=False`` keeps the fits the check measured.
 
-    Measured choice: with ``num_blocks`` and held-out batches, the
-    ``candidates`` plans of lowest predicted error (the planned spans,
-    then the single windows of as many blocks) are each fitted (closed
-    form) and measured there, and the best measured becomes the plan:
-    the predicted errors rank windows within a few percent of each other
-    by an in-sample figure, and on SmolLM2 the best predicted window was
-    not the best measured one (``benchmarks/results/accuracy_6blocks.md``).
-    ``candidates=1`` keeps the best predicted plan unmeasured (the check
-    above still runs).
+    Measured choice: with ``num_blocks``, the ``candidates`` plans of
+    lowest predicted error (the planned spans, then the single windows of
+    as many blocks) are each fitted in closed form and measured by
+    cross-validation over the calibration batches (4 folds: every batch
+    scored by the fits of the other folds' batches, perplexity pooled over
+    every token; one batch: on its held-out sequences), and the best
+    measured becomes the plan. The predicted errors rank windows within a
+    few percent of each other by a figure of the states alone; on SmolLM2
+    at 6 blocks the best predicted window is not the best measured
+    (``benchmarks/results/windows.md``). ``candidates=1``, a sequential or
+    trained fit, or ``check_fraction=0`` (the papers' protocols) keep the
+    best predicted plan unmeasured, and the report says so.
 
     One window: ``single_window=True`` with ``num_blocks=n`` plans a single
     span of ``n`` blocks, the one of lowest error under ``metric`` among
@@ -183,9 +186,10 @@ class ToastConfig:
         "papers)",
         "single_window": "one span of --num-blocks blocks, the window of lowest error from "
         "block 1 to before the last (with --metric cosine: LLM-Streamline's)",
-        "candidates": "plans of --num-blocks measured on the held-out batches before one is "
-        "kept (the planned spans, then the single windows of lowest predicted error); the "
-        "best measured wins (1: the best predicted, unmeasured)",
+        "candidates": "plans of --num-blocks measured by cross-validation over the "
+        "calibration batches before one is kept (the planned spans, then the single windows "
+        "of lowest predicted error); the best measured wins (1: the best predicted, "
+        "unmeasured)",
         "ridge_target": "what --ridge shrinks a linear translator towards (identity: Ghosted "
         "Layers' W = I + M)",
         "statistics_bytes": "largest moments held in memory; above it the rows wait on disk "
