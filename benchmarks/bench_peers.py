@@ -324,8 +324,10 @@ def run(
         for r in record["rows"]:
             if r["row"] == DEFAULT_ROW:
                 DEFAULT_PARAMS[r["blocks"]] = r["params"]
-        if redo:  # measure the asked rows again
-            record["rows"] = [r for r in record["rows"] if r["row"] not in rows]
+        if redo:  # measure the asked rows at the asked sizes again, keep the rest
+            record["rows"] = [
+                r for r in record["rows"] if not (r["row"] in rows and r["blocks"] in sizes)
+            ]
     done = {(r["row"], r["blocks"]) for r in record["rows"]}
     for n in sizes:
         for name in rows:

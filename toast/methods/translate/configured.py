@@ -45,7 +45,12 @@ from toast.hf.model.surgery import replace_spans
 from toast.io.from_disk import save_translated_from_disk
 from toast.methods.stages import BaseStages, Layout, Needs, Plan, Request, Shared, Sizes, Stats
 from toast.methods.translate.analysis import Analysis, analyze, analyze_from_disk
-from toast.methods.translate.check import MeasuredPlans, measure_plans, translated
+from toast.methods.translate.check import (
+    MeasuredPlans,
+    check_translators,
+    measure_plans,
+    translated,
+)
 from toast.methods.translate.config import CLOSED_FORM, ToastConfig
 from toast.methods.translate.disk import check_from_disk, params_on_disk, translated_edits
 from toast.methods.translate.fitting import Fitter
@@ -62,6 +67,7 @@ from toast.methods.translate.rules import (
     identity,
     refit_kept,
     refit_options,
+    refits_checked,
 )
 from toast.spans import Span, validate_spans
 
@@ -89,6 +95,8 @@ class ToastRun(Stats):
     checks: list[RemovalCheck | None] = field(default_factory=list)
     check_note: str = ""
     refitted: bool = False
+    #: spans whose refit measured worse than plain removal held out: removed plainly
+    refit_fallbacks: list[Span] = field(default_factory=list)
     disk: DiskModel | None = field(default=None, repr=False)
 
 
@@ -247,6 +255,11 @@ class ConfiguredToast(BaseStages):
             modules, stats.refitted = refit_kept(
                 fitter, spans, modules, stats.checks, analysis, capture
             )
+            if stats.refitted and config.fallback:
+                again = check_translators(model, stack, spans, modules, split.check, True)
+                modules, stats.refit_fallbacks = refits_checked(
+                    modules, again, stats.checks, identity(analysis.moments.dim)
+                )
         replace_spans(model, [(s.start, s.stop) for s in spans], modules, blocks=stack)
         fitter.warn_ill_conditioned(already=stats.issued)
 
@@ -276,6 +289,7 @@ class ConfiguredToast(BaseStages):
             checks=stats.checks,
             check_note=stats.check_note,
             refitted=stats.refitted,
+            refit_fallbacks=stats.refit_fallbacks,
             measured=stats.measured,
             measure_note=stats.measure_note,
         )
@@ -346,6 +360,13 @@ class ConfiguredToast(BaseStages):
             translators, stats.refitted = refit_kept(
                 fitter, spans, translators, stats.checks, analysis, capture
             )
+            if stats.refitted and config.fallback:
+                again = check_from_disk(
+                    disk, spans, translators, split.check, True, progress, self.buffer_dir
+                )
+                translators, stats.refit_fallbacks = refits_checked(
+                    translators, again, stats.checks, identity(analysis.moments.dim)
+                )
         fitter.warn_ill_conditioned()
         stats.translators = translators
 

@@ -41,6 +41,8 @@ class CompressionReport(Report):
     check_note: str = ""
     #: whether the translators the check kept were fitted again on every batch
     refitted: bool = False
+    #: spans whose refit measured worse than plain removal held out: removed plainly
+    refit_fallbacks: list[Span] = field(default_factory=list)
     measured: MeasuredPlans | None = None
     #: why the candidate plans were not measured ("": they were, or there was one)
     measure_note: str = ""
@@ -86,5 +88,10 @@ class CompressionReport(Report):
             lines.append(
                 "The fits the check kept were then fitted again on every calibration batch, "
                 "the held-out ones too (refit=True)."
+            )
+        for span in self.refit_fallbacks:
+            lines.append(
+                f"The refit of blocks[{span.start}:{span.stop}] measured worse than plain "
+                "removal on the held-out batches: plain removal kept."
             )
         return "\n".join(lines) + self.quality_markdown()

@@ -42,6 +42,7 @@ __all__ = [
     "fit_sequentially",
     "identity",
     "refit_kept",
+    "refits_checked",
     "refit_options",
 ]
 
@@ -98,6 +99,23 @@ def refit_kept(
         out[k] = refits[n]
         fitter.conditions[k], fitter.ranks[k] = again.conditions[n], again.ranks[n]
     return out, True
+
+
+def refits_checked(
+    fits: list, rechecks: list[RemovalCheck | None], checks: list[RemovalCheck | None], plain: Any
+) -> tuple[list, list[Span]]:
+    """``fits`` with ``plain`` in place of each refit (a fit the check kept,
+    fitted again on every batch) that then measured worse than plain
+    removal on the held-out batches (``rechecks``: those batches are now
+    part of its fit, so this only catches a refit that moved the wrong
+    way); the spans that fell back so."""
+    out, fell = list(fits), []
+    for k, (check, again) in enumerate(zip(checks, rechecks, strict=True)):
+        if check is not None and check.used == "fitted" and again is not None:
+            if again.used != "fitted":
+                out[k] = plain
+                fell.append(again.span)
+    return out, fell
 
 
 def refit_options(
