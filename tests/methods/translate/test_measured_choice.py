@@ -154,3 +154,23 @@ def test_an_unmeasured_choice_says_why():
     assert chained.measured is None and "chained once per candidate" in chained.measure_note
     _, given = toast.compress(copy.deepcopy(model), R.text_loader(), spans=[(2, 4)], progress=False)
     assert given.measured is None and given.measure_note == ""
+
+
+def test_a_refit_that_measures_worse_than_plain_removal_falls_back_to_it():
+    from toast.hf.evaluate.check import RemovalCheck
+    from toast.methods.translate.rules import refits_checked
+    from toast.spans import Span
+
+    spans = [Span(1, 3, 0.1), Span(4, 6, 0.2), Span(7, 9, 0.3)]
+    checks = [
+        RemovalCheck(spans[0], "perplexity", 10.0, 11.0, 100, "fitted"),
+        RemovalCheck(spans[1], "perplexity", 10.0, 11.0, 100, "fitted"),
+        RemovalCheck(spans[2], "perplexity", 12.0, 11.0, 100, "plain removal"),
+    ]
+    again = [
+        RemovalCheck(spans[0], "perplexity", 9.0, 11.0, 100, "fitted"),
+        RemovalCheck(spans[1], "perplexity", 11.5, 11.0, 100, "plain removal"),
+        RemovalCheck(spans[2], "perplexity", 11.0, 11.0, 100, "fitted"),
+    ]
+    fits, fell = refits_checked(["a", "b", "plain"], again, checks, "plain")
+    assert fits == ["a", "plain", "plain"] and fell == [spans[1]]
