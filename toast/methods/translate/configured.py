@@ -151,9 +151,10 @@ class ConfiguredToast(BaseStages):
 
         def capture(batches: Iterable, states: list[int], observe: MassiveRows | None) -> Any:
             options = refit_options(config, states, observe)
-            return capture_moments(model, batches, backend=config.backend, stack=stack, **options)[
-                0
-            ]
+            found, _ = capture_moments(
+                model, batches, backend=config.backend, stack=stack, **options
+            )
+            return found
 
         def measure(plans: list[list[Span]], fits: list[list[Any]], batches: Iterable) -> Any:
             return measure_plans(model, plans, fits, apply, batches)
