@@ -31,6 +31,7 @@ __all__ = [
     "RemovalCheck",
     "CheckSplit",
     "best_candidate",
+    "best_measured",
     "check_against_plain",
     "check_lines",
     "measures_better",
@@ -275,14 +276,19 @@ def measures_better(metric: str, a: float, b: float) -> bool:
     return a <= b if metric == "perplexity" else a >= b
 
 
+def best_measured(metric: str, values: Sequence[float]) -> int:
+    """The index of the best of ``values`` in ``metric``; the first on ties."""
+    best = 0
+    for k, value in enumerate(values):
+        if not measures_better(metric, values[best], value):
+            best = k
+    return best
+
+
 def best_candidate(checks: Sequence[RemovalCheck]) -> int:
     """The index of the candidate cut whose model (what each check says it
     gets) measured best on the held-out batches; the first on ties."""
-    best = 0
-    for k, c in enumerate(checks):
-        if not measures_better(c.metric, checks[best].result, c.result):
-            best = k
-    return best
+    return best_measured(checks[0].metric, [c.result for c in checks]) if checks else 0
 
 
 def unchecked_because(split: CheckSplit, sequential: bool) -> str:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from toast.core import Translator
-from toast.hf.evaluate.check import Applier, RemovalCheck, check_against_plain, measures_better
+from toast.hf.evaluate.check import Applier, RemovalCheck, best_measured, check_against_plain
 from toast.hf.evaluate.quality import Evaluator, quality_metric, skipped_blocks
 from toast.hf.model.blocks import BlockStack
 from toast.hf.model.surgery import translator_like
@@ -90,11 +90,7 @@ class MeasuredPlans:
 
     @property
     def chosen(self) -> int:
-        best = 0
-        for k, value in enumerate(self.values):
-            if not measures_better(self.metric, self.values[best], value):
-                best = k
-        return best
+        return best_measured(self.metric, self.values)
 
     def lines(self) -> list[str]:
         """The report's lines: every candidate's figure, the kept one marked."""
