@@ -118,6 +118,18 @@ def test_search_refuses_a_bad_max_memory_before_loading(local_llama, tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
+def _paired(a: dict, b: dict) -> float:
+    """The paired standard error of two saved measurements' task averages."""
+    import numpy as np
+
+    tasks = list(a["documents"])
+    variances = [
+        np.var(np.subtract(a["documents"][t], b["documents"][t]), ddof=1) / len(a["documents"][t])
+        for t in tasks
+    ]
+    return float(np.sqrt(sum(variances)) / len(tasks))
+
+
 def test_search_with_a_task_objective_chooses_by_task_accuracy(
     local_llama, tmp_path, capsys, private_datasets_cache
 ):
@@ -141,8 +153,16 @@ def test_search_with_a_task_objective_chooses_by_task_accuracy(
         if m["measurement"]["params"] <= 0.8 * saved["original"]["params"]
     ]
     chosen = saved["measured"][saved["chosen"]]["measurement"]
-    assert chosen["quality"] == max(m["measurement"]["quality"] for m in meeting)
     assert "perplexity" in chosen["metrics"] and "kl" in chosen["metrics"]
+    # the most accurate, or of those within one paired standard error of it
+    # (the same documents), the one of lowest held-out perplexity
+    best = max((m["measurement"] for m in meeting), key=lambda m: m["quality"])
+    tied = [
+        m["measurement"]
+        for m in meeting
+        if best["quality"] - m["measurement"]["quality"] <= _paired(best, m["measurement"])
+    ]
+    assert chosen["metrics"]["perplexity"] == min(m["metrics"]["perplexity"] for m in tied)
 
 
 def test_search_with_a_task_whose_data_is_missing_fails_before_loading(

@@ -44,7 +44,9 @@ Writer = Callable[[str | os.PathLike], Path]
 
 #: Measures more of a built model than the held-out pass does (an
 #: objective's task accuracies), by metric name.
-Extra = Callable[[nn.Module], dict[str, float]]
+#: What an objective measures beside the held-out pass: metrics by name, and
+#: each task's per-document scores (:attr:`Measurement.documents`).
+Extra = Callable[[nn.Module], tuple[dict[str, float], dict[str, list[float]]]]
 
 
 #: The fields of :class:`Plan` whose changes :func:`first_changed_block` knows
@@ -152,9 +154,10 @@ class MemoryBench:
         if self.extra is None:
             return m
         start = time.perf_counter()
-        metrics = {**m.metrics, **self.extra(model)}
+        more, documents = self.extra(model)
         seconds = m.seconds + time.perf_counter() - start
-        return dataclasses.replace(m, metrics=metrics, seconds=seconds)
+        metrics = {**m.metrics, **more}
+        return dataclasses.replace(m, metrics=metrics, documents=documents, seconds=seconds)
 
     def original(self) -> Measurement:
         self.reference = True

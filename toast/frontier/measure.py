@@ -34,7 +34,10 @@ class Measurement:
     (None when latency was not measured); ``seconds`` what measuring took;
     ``metrics`` every metric of the held-out pass
     (:attr:`toast.hf.evaluate.quality.Evaluator.last`: fidelity to the
-    original besides ``quality``; empty where not measured)."""
+    original besides ``quality``; empty where not measured); ``documents``
+    each task's per-document scores under a task objective, in the
+    harness's document order (for the paired standard error of two
+    candidates' accuracies; empty otherwise)."""
 
     quality: float
     metric: str
@@ -43,6 +46,7 @@ class Measurement:
     throughput: dict[str, Any] | None
     seconds: float
     metrics: dict[str, float] = field(default_factory=dict)
+    documents: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def forward_per_s(self) -> float | None:

@@ -187,18 +187,21 @@ class Objective:
             return None
         return dataclasses.replace(m, quality=float(value), metric=self.name)
 
-    def extra(self, tokenizer: Any) -> Callable[[nn.Module], dict[str, float]] | None:
+    def extra(
+        self, tokenizer: Any
+    ) -> Callable[[nn.Module], tuple[dict[str, float], dict[str, list[float]]]] | None:
         """What a bench adds to each measurement: the tasks' average accuracy
-        (None for a held-out objective)."""
+        and each task's per-document scores (None for a held-out objective)."""
         if not self.is_task:
             return None
-        from toast.hf.evaluate.harness import task_accuracy
+        from toast.hf.evaluate.harness import evaluate_tasks
 
         name, units, options = self.name, self.units(), dict(self.options)
         assert name is not None  # set with tasks
 
-        def evaluate(model: nn.Module) -> dict[str, float]:
-            return {name: task_accuracy(model, tokenizer, units, **options)}
+        def evaluate(model: nn.Module) -> tuple[dict[str, float], dict[str, list[float]]]:
+            report = evaluate_tasks(model, tokenizer, units, progress=False, **options)
+            return {name: report.average}, report.documents
 
         return evaluate
 

@@ -50,6 +50,7 @@ from torch import nn
 from toast.hf.capture.compute import forward_dtype
 from toast.hf.data.calibration import COMPUTE_DTYPES
 from toast.hf.data.progress import progress_bar
+from toast.hf.evaluate.paired import paired_stderr
 from toast.hf.evaluate.tasks import TaskUnit, resolve_tasks
 
 __all__ = [
@@ -130,22 +131,11 @@ class TaskReport:
 
     def paired_stderr(self, other: TaskReport, tasks: Iterable[str] | None = None) -> float | None:
         """The standard error of ``self.average - other.average`` when both
-        scored the same documents: per task, the sample variance of the
-        per-document differences over its count; the average's is their sum
-        over the squared number of tasks. ``tasks``: of the average over
-        these tasks only. None when a task's documents are missing or differ
-        in number."""
-        names = list(self.headline if tasks is None else tasks)
-        total = 0.0
-        for task in names:
-            mine, theirs = self.documents.get(task), other.documents.get(task)
-            if not mine or not theirs or len(mine) != len(theirs) or len(mine) < 2:
-                return None
-            diffs = [a - b for a, b in zip(mine, theirs, strict=True)]
-            mean = sum(diffs) / len(diffs)
-            variance = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
-            total += variance / len(diffs)
-        return math.sqrt(total) / len(names)
+        scored the same documents (:func:`toast.hf.evaluate.paired.paired_stderr`);
+        ``tasks``: of the average over these tasks only (default every task
+        of this report)."""
+        names = list(self.headline) if tasks is None else tasks
+        return paired_stderr(self.documents, other.documents, names)
 
     def with_reference(self, reference: TaskReport) -> TaskReport:
         """This report against ``reference``, which must cover its tasks
