@@ -165,6 +165,32 @@ def test_search_with_a_task_objective_chooses_by_task_accuracy(
     assert chosen["metrics"]["perplexity"] == min(m["metrics"]["perplexity"] for m in tied)
 
 
+def test_a_task_entry_cached_without_per_document_scores_is_measured_again(
+    local_llama, tmp_path, capsys, private_datasets_cache
+):
+    pytest.importorskip("lm_eval")
+    from tests.cli.conftest import TEXTS
+    from toast.hf.evaluate.tasks import write_continuation_task
+
+    task = write_continuation_task(tmp_path / "task", sorted(set(TEXTS)), choices=3)
+    argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--heldout", "0.25", "--target", "params=20%", "--max-measured", "1"]
+    argv += ["--no-latency", "--no-progress", "--cache", str(tmp_path / "cache")]
+    argv += ["--objective", f"task:{task}", "--task-limit", "4"]
+    assert main([*argv, "--out", str(tmp_path / "first")]) == 0
+    entries = list((tmp_path / "cache").rglob("measurements.json"))
+    assert len(entries) == 1
+    store = json.loads(entries[0].read_text())
+    assert all(m["documents"] for m in store.values())
+    for m in store.values():  # as an earlier release cached them
+        del m["documents"]
+    entries[0].write_text(json.dumps(store))
+    assert main([*argv, "--out", str(tmp_path / "again")]) == 0
+    saved = json.loads((tmp_path / "again" / "search.json").read_text())
+    assert saved["measured"] and not any(m["cached"] for m in saved["measured"])
+    assert all(m["measurement"]["documents"] for m in saved["measured"])
+
+
 def test_search_with_a_task_whose_data_is_missing_fails_before_loading(
     local_llama, tmp_path, capsys
 ):
