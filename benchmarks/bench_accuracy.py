@@ -358,10 +358,11 @@ def _pooled_from(record: dict[str, Any]) -> str:
         return ""
     first, later = record["pooled_from"]
     spans = [f"{o['skip']}–{o['skip'] + o['limit'] - 1}" for o in (first, later)]
+    lambada = " (which scored LAMBADA too)" if first.get("lambada", True) else ""
     return (
-        f"Pooled (`--pool`): documents {spans[0]} from the first record (which scored "
-        f"LAMBADA too), {spans[1]} from runs of the rows it was asked to confirm; only "
-        "those rows and toast's default appear.\n\n"
+        f"Pooled (`--pool`): documents {spans[0]} from the first record{lambada}, "
+        f"{spans[1]} from runs of the rows it was asked to confirm; only those rows and "
+        "toast's default appear.\n\n"
     )
 
 
