@@ -43,9 +43,8 @@ __all__ = ["Bench", "DiskBench", "MemoryBench"]
 Writer = Callable[[str | os.PathLike], Path]
 
 #: Measures more of a built model than the held-out pass does (an
-#: objective's task accuracies), by metric name.
-#: What an objective measures beside the held-out pass: metrics by name, and
-#: each task's per-document scores (:attr:`Measurement.documents`).
+#: objective's task accuracies): metrics by name, and each task's
+#: per-document scores (:attr:`Measurement.documents`).
 Extra = Callable[[nn.Module], tuple[dict[str, float], dict[str, list[float]]]]
 
 
