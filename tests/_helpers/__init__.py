@@ -269,3 +269,13 @@ def peak_anon_mib(
     proc.wait()
     reader.join()
     return proc.returncode, peak, said[0] if said else ""
+
+
+def paired_stderr_ref(mine, theirs):
+    """NumPy reference of the paired standard error of two unweighted task
+    averages (each a dict of per-document scores by task, same order): per
+    task the variance (ddof=1) of the differences over their count, summed,
+    square-rooted, over the number of tasks."""
+    tasks = list(mine)
+    variances = [np.var(np.subtract(mine[t], theirs[t]), ddof=1) / len(mine[t]) for t in tasks]
+    return float(np.sqrt(sum(variances)) / len(tasks))

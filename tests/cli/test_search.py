@@ -6,6 +6,7 @@ import json
 import pytest
 
 import toast
+from tests._helpers import paired_stderr_ref
 from toast._validation import format_size
 from toast.cli.main import main
 from toast.cli.options import EXIT_USAGE
@@ -118,33 +119,29 @@ def test_search_refuses_a_bad_max_memory_before_loading(local_llama, tmp_path, c
     assert not (tmp_path / "out").exists()
 
 
-def _paired(a: dict, b: dict) -> float:
-    """The paired standard error of two saved measurements' task averages."""
-    import numpy as np
+def _task_search(local_llama, tmp_path, max_measured: int, limit: int) -> tuple[list[str], str]:
+    """``toast search`` arguments choosing by a local continuation task, at
+    20% fewer parameters, cached under ``tmp_path / "cache"`` (no ``--out``),
+    and the objective they name."""
+    from tests.cli.conftest import TEXTS
+    from toast.hf.evaluate.tasks import write_continuation_task
 
-    tasks = list(a["documents"])
-    variances = [
-        np.var(np.subtract(a["documents"][t], b["documents"][t]), ddof=1) / len(a["documents"][t])
-        for t in tasks
-    ]
-    return float(np.sqrt(sum(variances)) / len(tasks))
+    task = write_continuation_task(tmp_path / "task", sorted(set(TEXTS)), choices=3)
+    argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
+    argv += ["--heldout", "0.25", "--target", "params=20%", "--max-measured", str(max_measured)]
+    argv += ["--no-latency", "--no-progress", "--cache", str(tmp_path / "cache")]
+    objective = f"task:{task}"
+    return [*argv, "--objective", objective, "--task-limit", str(limit)], objective
 
 
 def test_search_with_a_task_objective_chooses_by_task_accuracy(
     local_llama, tmp_path, capsys, private_datasets_cache
 ):
     pytest.importorskip("lm_eval")
-    from tests.cli.conftest import TEXTS
-    from toast.hf.evaluate.tasks import write_continuation_task
-
-    task = write_continuation_task(tmp_path / "task", sorted(set(TEXTS)), choices=3)
-    argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
-    argv += ["--heldout", "0.25", "--target", "params=20%", "--max-measured", "2"]
-    argv += ["--no-latency", "--no-progress", "--cache", str(tmp_path / "cache")]
-    argv += ["--objective", f"task:{task}", "--task-limit", "6"]
+    argv, objective = _task_search(local_llama, tmp_path, max_measured=2, limit=6)
     assert main([*argv, "--out", str(tmp_path / "out")]) == 0
     saved = json.loads((tmp_path / "out" / "search.json").read_text())
-    assert saved["metric"] == f"task:{task}"
+    assert saved["metric"] == objective
     accuracies = [m["measurement"]["quality"] for m in saved["measured"]]
     assert all(0.0 <= a <= 1.0 for a in accuracies)
     meeting = [
@@ -160,7 +157,8 @@ def test_search_with_a_task_objective_chooses_by_task_accuracy(
     tied = [
         m["measurement"]
         for m in meeting
-        if best["quality"] - m["measurement"]["quality"] <= _paired(best, m["measurement"])
+        if best["quality"] - m["measurement"]["quality"]
+        <= paired_stderr_ref(best["documents"], m["measurement"]["documents"])
     ]
     assert chosen["metrics"]["perplexity"] == min(m["metrics"]["perplexity"] for m in tied)
 
@@ -169,14 +167,7 @@ def test_a_task_entry_cached_without_per_document_scores_is_measured_again(
     local_llama, tmp_path, capsys, private_datasets_cache
 ):
     pytest.importorskip("lm_eval")
-    from tests.cli.conftest import TEXTS
-    from toast.hf.evaluate.tasks import write_continuation_task
-
-    task = write_continuation_task(tmp_path / "task", sorted(set(TEXTS)), choices=3)
-    argv = ["search", str(local_llama / "model"), "--data", str(local_llama / "calib.txt")]
-    argv += ["--heldout", "0.25", "--target", "params=20%", "--max-measured", "1"]
-    argv += ["--no-latency", "--no-progress", "--cache", str(tmp_path / "cache")]
-    argv += ["--objective", f"task:{task}", "--task-limit", "4"]
+    argv, _ = _task_search(local_llama, tmp_path, max_measured=1, limit=4)
     assert main([*argv, "--out", str(tmp_path / "first")]) == 0
     entries = list((tmp_path / "cache").rglob("measurements.json"))
     assert len(entries) == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests._helpers import paired_stderr_ref
 from toast.frontier.measure import Measurement
 from toast.frontier.result import Measured
 from toast.frontier.search import TIE_BREAK, _within_noise
@@ -38,19 +39,11 @@ def _pair(n: int, disagree: int, won: int) -> list[Measured]:
     return [_measured(0, tasks[0], 40.0), _measured(4, tasks[1], 30.0)]
 
 
-def _stderr(a: Measurement, b: Measurement) -> float:
-    variances = [
-        np.var(np.subtract(a.documents[t], b.documents[t]), ddof=1) / len(a.documents[t])
-        for t in a.documents
-    ]
-    return float(np.sqrt(sum(variances)) / len(a.documents))
-
-
 def test_an_accuracy_within_one_paired_error_goes_to_lower_perplexity():
     measured = _pair(50, 10, 6)
     first, second = (m.measurement for m in measured)
     assert first.quality > second.quality
-    assert first.quality - second.quality <= _stderr(first, second)
+    assert first.quality - second.quality <= paired_stderr_ref(first.documents, second.documents)
     notes: list[str] = []
     assert _within_noise(measured, [0, 1], 0, notes) == 1
     assert len(notes) == 1 and "within one paired standard error" in notes[0]
@@ -59,7 +52,7 @@ def test_an_accuracy_within_one_paired_error_goes_to_lower_perplexity():
 def test_an_accuracy_beyond_one_paired_error_decides():
     measured = _pair(4000, 320, 200)
     first, second = (m.measurement for m in measured)
-    assert first.quality - second.quality > _stderr(first, second)
+    assert first.quality - second.quality > paired_stderr_ref(first.documents, second.documents)
     notes: list[str] = []
     assert _within_noise(measured, [0, 1], 0, notes) == 0
     assert notes == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tests._helpers import paired_stderr_ref
 from toast.hf.evaluate.paired import paired_stderr
 
 
@@ -15,8 +16,7 @@ def test_paired_stderr_equals_numpy_on_the_per_document_differences():
     rng = np.random.default_rng(0)
     mine = {"a": _scores(rng, 30), "b": _scores(rng, 12)}
     theirs = {"a": _scores(rng, 30), "b": _scores(rng, 12)}
-    variances = [np.var(np.subtract(mine[t], theirs[t]), ddof=1) / len(mine[t]) for t in ("a", "b")]
-    expected = np.sqrt(sum(variances)) / 2
+    expected = paired_stderr_ref(mine, theirs)
     found = paired_stderr(mine, theirs)
     assert found is not None and np.isclose(found, expected, rtol=1e-12, atol=0)
 
