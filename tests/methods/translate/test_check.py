@@ -166,3 +166,20 @@ def test_a_refit_from_rows_on_disk_equals_the_in_memory_refit(translator):
     chunked, report = _compress(copy.deepcopy(model), data, statistics_bytes=least, **options)
     assert report.refitted and isinstance(report.analysis.moments, ChunkedMoments)
     _same_outputs(whole, chunked, data)
+
+
+def test_the_refit_recheck_reads_plain_removal_from_the_first_check(monkeypatch):
+    labels: list[str] = []
+    measure = Evaluator.measure
+
+    def counted(self, model, label, *args, **kwargs):
+        labels.append(label)
+        value = measure(self, model, label, *args, **kwargs)
+        # plain removal made to lose, so that the fit is kept, refitted and checked again
+        return 10.0 * value if label == "plain removal" else value
+
+    monkeypatch.setattr(Evaluator, "measure", counted)
+    _, report = _compress(R.decoder("llama"), R.text_loader(), check_fraction=0.25)
+    (check,) = report.checks
+    assert check.used == "fitted" and report.refitted
+    assert labels.count("plain removal") == 1 and labels.count("fitted") == 2

@@ -62,15 +62,17 @@ def check_translators(
     fits: Sequence[Translator | nn.Module | None],
     heldout: Iterable,
     fallback: bool,
+    removed: dict[Any, Any] | None = None,
 ) -> list[RemovalCheck | None]:
     """Each span's translator against plain removal on ``heldout``
-    (:func:`toast.hf.evaluate.check.check_against_plain`)."""
+    (:func:`toast.hf.evaluate.check.check_against_plain`; ``removed`` keeps
+    plain removal's figures across calls)."""
 
     def apply(where: Sequence[Span], chosen: Sequence[Any]) -> contextlib.AbstractContextManager:
         return translated(stack, where, chosen)
 
     with torch.no_grad():
-        return check_against_plain(model, spans, fits, apply, heldout, fallback)
+        return check_against_plain(model, spans, fits, apply, heldout, fallback, removed=removed)
 
 
 @dataclass(frozen=True)

@@ -245,7 +245,10 @@ class ConfiguredToast(BaseStages):
             return
         modules = fitter.fit_all(model, split.fit, spans, analysis, stack)
         if not stats.check_note:
-            modules, stats.checks = checked(model, stack, spans, modules, split, config, analysis)
+            removed: dict[Any, Any] = {}  # plain removal measured once, the re-check reads it
+            modules, stats.checks = checked(
+                model, stack, spans, modules, split, config, analysis, removed
+            )
 
             def capture(states: list[int], observe: MassiveRows | None) -> Any:
                 options = refit_options(config, states, observe)
@@ -257,7 +260,7 @@ class ConfiguredToast(BaseStages):
                 fitter, spans, modules, stats.checks, analysis, capture
             )
             if stats.refitted and config.fallback:
-                again = check_translators(model, stack, spans, modules, split.check, True)
+                again = check_translators(model, stack, spans, modules, split.check, True, removed)
                 modules, stats.refit_fallbacks = refits_checked(
                     modules, again, stats.checks, identity(analysis.moments.dim)
                 )
@@ -347,9 +350,11 @@ class ConfiguredToast(BaseStages):
         stats.check_note = unchecked_because(split, sequential=False)
         if not stats.check_note:
             progress = config.calibration.progress
+            removed: dict[Any, Any] = {}  # plain removal swept once, the re-check reads it
             stats.checks = check_from_disk(
-                disk, spans, translators, split.check, config.fallback, progress, self.buffer_dir
-            )
+                disk, spans, translators, split.check, config.fallback, progress,
+                self.buffer_dir, removed,
+            )  # fmt: skip
             translators = with_fallback(translators, stats.checks, identity(analysis.moments.dim))
 
             def capture(states: list[int], observe: MassiveRows | None) -> Any:
@@ -363,8 +368,9 @@ class ConfiguredToast(BaseStages):
             )
             if stats.refitted and config.fallback:
                 again = check_from_disk(
-                    disk, spans, translators, split.check, True, progress, self.buffer_dir
-                )
+                    disk, spans, translators, split.check, True, progress, self.buffer_dir,
+                    removed,
+                )  # fmt: skip
                 translators, stats.refit_fallbacks = refits_checked(
                     translators, again, stats.checks, identity(analysis.moments.dim)
                 )

@@ -38,9 +38,11 @@ def check_from_disk(
     fallback: bool,
     progress: bool,
     buffer_dir: str | os.PathLike | None,
+    removed: dict[Any, Any] | None = None,
 ) -> list[RemovalCheck | None]:
     """Each translator against plain removal on the held-out batches
-    (:func:`toast.hf.evaluate.check.check_against_plain`), block by block."""
+    (:func:`toast.hf.evaluate.check.check_against_plain`), block by block;
+    ``removed`` keeps plain removal's figures across calls (a sweep each)."""
     # each sweep reads every block from disk (minutes on a large model): counted
     evaluator = SequentialEvaluator(disk, heldout, progress=progress, buffer_dir=buffer_dir)
 
@@ -48,8 +50,9 @@ def check_from_disk(
         return evaluator.editing(translated_edits(disk, where, fits))
 
     return check_against_plain(
-        disk.model, spans, translators, apply, heldout, fallback, evaluator=evaluator
-    )
+        disk.model, spans, translators, apply, heldout, fallback, evaluator=evaluator,
+        removed=removed,
+    )  # fmt: skip
 
 
 def params_on_disk(

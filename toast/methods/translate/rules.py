@@ -60,10 +60,12 @@ def checked(
     split: CheckSplit,
     config: ToastConfig,
     analysis: Analysis,
+    removed: dict[Any, Any] | None = None,
 ) -> tuple[list, list[RemovalCheck | None]]:
     """The translators measured against plain removal on the held-out
-    batches; with ``fallback`` one that lost becomes the identity."""
-    checks = check_translators(model, stack, spans, modules, split.check, config.fallback)
+    batches; with ``fallback`` one that lost becomes the identity
+    (``removed``: plain removal's figures, kept for a later check)."""
+    checks = check_translators(model, stack, spans, modules, split.check, config.fallback, removed)
     return with_fallback(modules, checks, identity(analysis.moments.dim)), checks
 
 
