@@ -601,19 +601,18 @@ def _within_noise(measured: list[Measured], meeting: list[int], best: int, notes
     75 (``benchmarks/results/accuracy_75docs.md``). With many documents
     the error is small and the accuracy decides."""
     top = measured[best].measurement
-    tied = [best]
-    for k in meeting:
-        m = measured[k].measurement
-        se = paired_stderr(top.documents, m.documents)
-        if k != best and se is not None and top.quality - m.quality <= se:
-            tied.append(k)
+    errors = {k: paired_stderr(top.documents, measured[k].measurement.documents) for k in meeting}
+    tied = [best] + [
+        k
+        for k, se in errors.items()
+        if k != best and se is not None and top.quality - measured[k].measurement.quality <= se
+    ]
     scored = [k for k in tied if TIE_BREAK in measured[k].measurement.metrics]
     if len(scored) < 2 or best not in scored:
         return best
     chosen = min(scored, key=lambda k: (measured[k].measurement.metrics[TIE_BREAK], k != best))
     if chosen != best:
-        m = measured[chosen].measurement
-        se = paired_stderr(top.documents, m.documents)
+        m, se = measured[chosen].measurement, errors[chosen]
         notes.append(
             f"chosen: {measured[chosen].candidate.label}, task accuracy {m.quality:.3f} within "
             f"one paired standard error ({se:.3f}) of the best, "
