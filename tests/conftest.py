@@ -97,6 +97,33 @@ def _first_worker_builds(tmp_path_factory, name: str):
     return FileLock(str(_run_folder(tmp_path_factory) / f".{name}.lock"))
 
 
+def built_once(tmp_path_factory, name: str, build):
+    """What ``build()`` returns, built by one worker of ``pytest -n`` for the
+    whole run and read back by the others (``torch.save``), so that a module
+    fixture whose tests the workers share is not built once per worker; one
+    process just builds it. The value must pickle and be read-only to its
+    tests, as every module fixture's is."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return build()
+    import torch
+
+    path = _run_folder(tmp_path_factory) / f"{name}.pt"
+    with _first_worker_builds(tmp_path_factory, name):
+        if path.exists():
+            return torch.load(path, weights_only=False)
+        value = build()
+        partial = path.with_suffix(".partial")
+        torch.save(value, partial)
+        partial.replace(path)
+        return value
+
+
+@pytest.fixture(scope="session")
+def build_once(tmp_path_factory):
+    """:func:`built_once` for this run: ``build_once(name, build)``."""
+    return lambda name, build: built_once(tmp_path_factory, name, build)
+
+
 def _session_folder(tmp_path_factory) -> str:
     folder = _run_folder(tmp_path_factory) / "toast-cache"
     folder.mkdir(exist_ok=True)

@@ -21,13 +21,18 @@ RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 @pytest.fixture(scope="module")
-def demo(digits_vit, digits_cache, tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo")
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        result = run_demo(out=out, cache=digits_cache, progress=False)
-    result.printed = printed.getvalue()  # what `toast demo --no-progress` shows
-    return result
+def demo(digits_vit, digits_cache, tmp_path_factory, build_once):
+    """The demo's result, run once for the run (its folder stays in place)."""
+
+    def run() -> object:
+        out = tmp_path_factory.mktemp("demo")
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            result = run_demo(out=out, cache=digits_cache, progress=False)
+        result.printed = printed.getvalue()  # what `toast demo --no-progress` shows
+        return result
+
+    return build_once("demo", run)
 
 
 def test_demo_without_progress_still_prints_its_result_line(demo):

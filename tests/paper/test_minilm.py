@@ -54,7 +54,11 @@ def _embed(model, batches):
 
 
 @pytest.fixture(scope="module")
-def minilm():
+def minilm(build_once):
+    return build_once("paper-minilm", _minilm)
+
+
+def _minilm() -> tuple:
     path = minilm_path()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     sentences = stdlib_sentences(limit=768)

@@ -57,8 +57,13 @@ def _replaced(model, span, translator):
 
 
 @pytest.fixture(scope="module")
-def study(digits_vit):
-    """Error matrix and accuracy after replacing every candidate span."""
+def study(digits_vit, build_once):
+    """Error matrix and accuracy after replacing every candidate span (built
+    once for the run: every worker's share of this module reads it)."""
+    return build_once("toast-digits-study", lambda: _study(digits_vit))
+
+
+def _study(digits_vit) -> dict:
     test = digits("test")
     calib = digits("train").images[:CALIBRATION]
     with warnings.catch_warnings():

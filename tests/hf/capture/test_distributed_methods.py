@@ -176,10 +176,15 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def worker_results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dist_methods")
-    _run_workers(tmp, CASES)
-    return {case: [dict(np.load(tmp / f"{case}.rank{r}.npz")) for r in range(2)] for case in CASES}
+def worker_results(tmp_path_factory, build_once):
+    def run() -> dict:
+        tmp = tmp_path_factory.mktemp("dist_methods")
+        _run_workers(tmp, CASES)
+        return {
+            case: [dict(np.load(tmp / f"{case}.rank{r}.npz")) for r in range(2)] for case in CASES
+        }
+
+    return build_once("distributed-methods", run)
 
 
 @pytest.mark.parametrize("case", CASES)
