@@ -38,7 +38,6 @@ from toast.hf.evaluate.check import (
     CheckSplit,
     RemovalCheck,
     unchecked_because,
-    with_fallback,
 )
 from toast.hf.evaluate.from_disk import SequentialEvaluator
 from toast.hf.model.surgery import replace_spans
@@ -57,6 +56,7 @@ from toast.methods.translate.fitting import Fitter
 from toast.methods.translate.report import CompressionReport
 from toast.methods.translate.rules import (
     Capture,
+    Check,
     Measure,
     analysis_options,
     candidate_plans,
@@ -64,10 +64,7 @@ from toast.methods.translate.rules import (
     choose_spans,
     cross_validated,
     fit_sequentially,
-    identity,
-    refit_kept,
     refit_options,
-    refits_checked,
 )
 from toast.spans import Span, validate_spans
 
@@ -246,9 +243,9 @@ class ConfiguredToast(BaseStages):
         modules = fitter.fit_all(model, split.fit, spans, analysis, stack)
         if not stats.check_note:
             removed: dict[Any, Any] = {}  # plain removal measured once, the re-check reads it
-            modules, stats.checks = checked(
-                model, stack, spans, modules, split, config, analysis, removed
-            )
+
+            def check(fits: list, fallback: bool) -> Any:
+                return check_translators(model, stack, spans, fits, split.check, fallback, removed)
 
             def capture(states: list[int], observe: MassiveRows | None) -> Any:
                 options = refit_options(config, states, observe)
@@ -256,16 +253,19 @@ class ConfiguredToast(BaseStages):
                     model, split.check, backend=config.backend, stack=stack, **options
                 )[0]
 
-            modules, stats.refitted = refit_kept(
-                fitter, spans, modules, stats.checks, analysis, capture
-            )
-            if stats.refitted and config.fallback:
-                again = check_translators(model, stack, spans, modules, split.check, True, removed)
-                modules, stats.refit_fallbacks = refits_checked(
-                    modules, again, stats.checks, identity(analysis.moments.dim)
-                )
+            modules = self._checked(stats, spans, modules, check, capture)
         replace_spans(model, [(s.start, s.stop) for s in spans], modules, blocks=stack)
         fitter.warn_ill_conditioned(already=stats.issued)
+
+    def _checked(
+        self, stats: ToastRun, spans: list[Span], fits: list, check: Check, capture: Any
+    ) -> list:
+        """The fits :func:`checked` leaves, with what it found kept in ``stats``."""
+        assert stats.fitter is not None
+        found = checked(stats.fitter, spans, fits, _analysis(stats), check, capture)
+        stats.checks, stats.refitted = found.checks, found.refitted
+        stats.refit_fallbacks = found.refit_fallbacks
+        return found.fits
 
     def report(
         self, plan: Plan, stats: Stats, sizes: Sizes, spans: Sequence[Span], params_after: int
@@ -349,31 +349,21 @@ class ConfiguredToast(BaseStages):
         translators = fitter.closed_forms(spans, analysis)
         stats.check_note = unchecked_because(split, sequential=False)
         if not stats.check_note:
-            progress = config.calibration.progress
+            progress, buffer_dir = config.calibration.progress, self.buffer_dir
             removed: dict[Any, Any] = {}  # plain removal swept once, the re-check reads it
-            stats.checks = check_from_disk(
-                disk, spans, translators, split.check, config.fallback, progress,
-                self.buffer_dir, removed,
-            )  # fmt: skip
-            translators = with_fallback(translators, stats.checks, identity(analysis.moments.dim))
+
+            def check(fits: list, fallback: bool) -> Any:
+                return check_from_disk(
+                    disk, spans, fits, split.check, fallback, progress, buffer_dir, removed
+                )
 
             def capture(states: list[int], observe: MassiveRows | None) -> Any:
                 options = refit_options(config, states, observe)
                 return capture_moments_from_disk(
-                    disk, split.check, buffer_dir=self.buffer_dir, **options
+                    disk, split.check, buffer_dir=buffer_dir, **options
                 )[0]
 
-            translators, stats.refitted = refit_kept(
-                fitter, spans, translators, stats.checks, analysis, capture
-            )
-            if stats.refitted and config.fallback:
-                again = check_from_disk(
-                    disk, spans, translators, split.check, True, progress, self.buffer_dir,
-                    removed,
-                )  # fmt: skip
-                translators, stats.refit_fallbacks = refits_checked(
-                    translators, again, stats.checks, identity(analysis.moments.dim)
-                )
+            translators = self._checked(stats, spans, translators, check, capture)
         fitter.warn_ill_conditioned()
         stats.translators = translators
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,12 +19,12 @@ from torch import nn
 from toast.core import Moments, Translator
 from toast.core.chunked import ChunkedMoments
 from toast.hf.capture.massive import MassiveRows
-from toast.hf.evaluate.check import CheckSplit, RemovalCheck, with_fallback
+from toast.hf.evaluate.check import RemovalCheck, with_fallback
 from toast.hf.model.blocks import BlockStack, find_blocks
 from toast.hf.model.surgery import replace_spans
 from toast.methods.span_plans import inner_windows
 from toast.methods.translate.analysis import Analysis
-from toast.methods.translate.check import MeasuredPlans, check_translators
+from toast.methods.translate.check import MeasuredPlans
 from toast.methods.translate.config import CLOSED_FORM, ToastConfig
 from toast.methods.translate.fitting import Fitter, records_massive_rows
 from toast.spans import Span, validate_spans
@@ -36,6 +36,8 @@ __all__ = [
     "Capture",
     "Measure",
     "candidate_plans",
+    "Check",
+    "Checked",
     "checked",
     "cross_validated",
     "choose_spans",
@@ -52,21 +54,46 @@ def identity(d: int) -> Translator:
     return Translator("identity", np.eye(d), np.zeros(d), 1.0, d, "identity")
 
 
+#: ``check(fits, fallback)``: each fit measured against plain removal of its
+#: span on the held-out batches (None where unmeasured), in memory or from disk.
+Check = Callable[[list, bool], list[RemovalCheck | None]]
+
+
+@dataclass
+class Checked:
+    """The translators a check against plain removal left (:func:`checked`)."""
+
+    fits: list
+    checks: list[RemovalCheck | None]
+    #: whether a kept fit was fitted again on every batch (:func:`refit_kept`)
+    refitted: bool = False
+    #: spans whose refit then measured worse than plain removal: removed plainly
+    refit_fallbacks: list[Span] = field(default_factory=list)
+
+
 def checked(
-    model: nn.Module,
-    stack: BlockStack,
+    fitter: Fitter,
     spans: list[Span],
-    modules: list,
-    split: CheckSplit,
-    config: ToastConfig,
+    fits: list,
     analysis: Analysis,
-    removed: dict[Any, Any] | None = None,
-) -> tuple[list, list[RemovalCheck | None]]:
-    """The translators measured against plain removal on the held-out
-    batches; with ``fallback`` one that lost becomes the identity
-    (``removed``: plain removal's figures, kept for a later check)."""
-    checks = check_translators(model, stack, spans, modules, split.check, config.fallback, removed)
-    return with_fallback(modules, checks, identity(analysis.moments.dim)), checks
+    check: Check,
+    capture: Callable[[list[int], MassiveRows | None], Moments | ChunkedMoments],
+) -> Checked:
+    """``fits`` checked against plain removal on the held-out batches (with
+    ``fallback``, one that lost becomes the identity), the kept ones fitted
+    again on every batch (:func:`refit_kept`, ``capture`` forming the
+    held-out moments) and, with ``fallback``, checked once more
+    (:func:`refits_checked`); ``check`` keeps plain removal's figures from
+    the first check for the second, in memory and from disk alike."""
+    config = fitter.config
+    plain = identity(analysis.moments.dim)
+    checks = check(fits, config.fallback)
+    fits = with_fallback(fits, checks, plain)
+    fits, refitted = refit_kept(fitter, spans, fits, checks, analysis, capture)
+    fallbacks: list[Span] = []
+    if refitted and config.fallback:
+        fits, fallbacks = refits_checked(fits, check(fits, True), checks, plain)
+    return Checked(fits, checks, refitted, fallbacks)
 
 
 def refit_kept(
