@@ -78,3 +78,17 @@ def test_every_lazy_name_is_public_or_a_subpackage():
 
     for name, module in _NAMES.items():
         assert name in toast.__all__ or module == f"toast.{name}", name
+
+
+def test_every_config_loads_without_torch():
+    # a config is what a user writes before anything runs (and what the CLI
+    # reads for its help): reaching one costs no torch import
+    configs = sorted(n for n in toast.__all__ if n.endswith("Config"))
+    code = (
+        "import json, sys, toast\n"
+        f"for name in {configs}:\n"
+        "    getattr(toast, name)\n"
+        "print(json.dumps('torch' in sys.modules))"
+    )
+    assert len(configs) >= 5
+    assert json.loads(_run(code).stdout) is False

@@ -8,10 +8,9 @@ from typing import Any, ClassVar
 
 from toast._validation import Interval, Options, Predicate, validate_fields
 from toast.hf.data.calibration import Calibration
+from toast.methods.heads.choices import COUPLINGS, FORMS, INDEX_SETS, TCS_CHOICES
 from toast.methods.heads.median import CENTERS
 from toast.methods.heads.schedules import RATIO, SAMPLE_RATIO, SKIP, Schedule
-from toast.methods.heads.scwp import COUPLINGS, FORMS, INDEX_SETS
-from toast.methods.heads.tcs import TCS_CHOICES
 
 __all__ = ["ToastVitConfig"]
 

@@ -54,6 +54,7 @@ from toast._validation import Options, check
 from toast.hf.model.params import count_params
 from toast.hf.model.vit import Attention, VitBlock, VitModel, vit_blocks
 from toast.io.guard import guard_save
+from toast.methods.heads.choices import COUPLINGS, FORMS, INDEX_SETS
 from toast.methods.heads.median import CENTERS, GM_MAX_ITER, GM_TOL, dim_scores
 from toast.methods.heads.schedules import head_keep, per_block_sparsity, skip_blocks
 
@@ -67,9 +68,6 @@ __all__ = [
     "prune_heads",
 ]
 
-INDEX_SETS = ("shared", "independent", "nonaligned")
-COUPLINGS = ("coupled", "q_only", "k_only", "proj_only", "average")
-FORMS = ("dense", "masked")
 
 # Markers left on a pruned attention module (plain attributes, so they follow
 # the module through copy.deepcopy): the masks of the masked form, the

@@ -75,6 +75,7 @@ from torch import nn
 from toast._validation import Interval, Options, check
 from toast.hf.model.vit import VitBlock, VitModel, vit_blocks
 from toast.io.guard import guard_save
+from toast.methods.heads.choices import TCS_CHOICES
 from toast.methods.heads.schedules import SAMPLE_RATIO, Schedule, get_schedule
 from toast.methods.heads.tcs_mlp import HANDLE_ATTR, TcsHandle, TcsMLP, TcsOptions, mlp_parts
 
@@ -87,18 +88,6 @@ __all__ = [
     "enable_tcs",
     "tcs_ratios",
 ]
-
-#: The allowed values of every TCS choice (see the module docstring).
-TCS_CHOICES: dict[str, tuple[str, ...]] = {
-    "score": ("auto", "eq6", "eq7"),
-    "weights": ("paper", "normalized"),
-    "scope": ("image", "batch"),
-    "form": ("dense", "masked"),
-    "resample": ("fixed", "call"),
-    "fc2_sample": ("same", "fresh"),
-    "hidden": ("all", "kept"),
-    "backend": ("auto", "c", "torch"),
-}
 
 
 def _block_timer(
