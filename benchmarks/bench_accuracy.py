@@ -80,15 +80,16 @@ LATER_OPTIONS: dict[str, Any] = {"tasks": list(TASKS), "lambada": True, "calibra
 #: text; BoolQ's validation passages are the Wikipedia text that ships).
 CALIBRATIONS = ("docstrings", "wikipedia")
 #: The BoolQ passages the Wikipedia calibration draws from: after
-#: bench_domain.py's test slice (1000–1599) and far from every scored
-#: document; a passage some scored BoolQ question reads is dropped.
+#: bench_domain.py's test slice (1000–1599) and every document a table
+#: scores; a passage that an earlier question also reads (171 do) is
+#: dropped, so that the calibration is the same for every scored range.
 WIKIPEDIA_FROM = 1600
 
 
-def wikipedia_calibration(tokenizer: Any, scored: int) -> tuple[Any, Any]:
+def wikipedia_calibration(tokenizer: Any) -> tuple[Any, Any]:
     """32 × 256 tokens of Wikipedia paragraphs to calibrate on and 16 × 256
     more to select on, as bench_fidelity.data() packs its docstrings; no
-    paragraph of the first ``scored`` BoolQ documents (those scored)."""
+    paragraph of BoolQ's first :data:`WIKIPEDIA_FROM` documents."""
     import pyarrow as pa
 
     from toast.hf.data.text import TextData
@@ -100,7 +101,7 @@ def wikipedia_calibration(tokenizer: Any, scored: int) -> tuple[Any, Any]:
     (arrow,) = (root / "hf_datasets" / str(OFFLINE_TASKS["boolq"].arrow)).glob("*.arrow")
     with pa.memory_map(str(arrow)) as source:
         passages = pa.ipc.open_stream(source).read_all().column("passage").to_pylist()
-    seen = set(passages[:scored])
+    seen = set(passages[:WIKIPEDIA_FROM])
     pool = list(dict.fromkeys(p for p in passages[WIKIPEDIA_FROM:] if p not in seen))
     half = len(pool) // 2
     options: dict[str, Any] = {"max_length": 256, "pack": True, "batch_size": 4}
@@ -199,7 +200,9 @@ def run(
 ) -> dict[str, Any]:
     model, tokenizer, calib, selection, _ = bench_peers.bench_fidelity.data()
     if OPTIONS.get("calibration", "docstrings") == "wikipedia":
-        calib, selection = wikipedia_calibration(tokenizer, OPTIONS["skip"] + OPTIONS["limit"])
+        if OPTIONS["skip"] + OPTIONS["limit"] > WIKIPEDIA_FROM:
+            raise SystemExit(f"--calibration wikipedia scores at most {WIKIPEDIA_FROM} documents")
+        calib, selection = wikipedia_calibration(tokenizer)
     bench_peers.SIZES_ASKED[:] = sizes
     record: dict[str, Any] = {"options": dict(OPTIONS), "tasks": tasks(), "rows": []}
     if append and out.exists():
@@ -391,7 +394,7 @@ def _calibrated_on(options: dict[str, Any]) -> str:
         return "as bench_peers.py (Python's docstrings)"
     return (
         f"of Wikipedia paragraphs (`--calibration wikipedia`: BoolQ's validation passages from "
-        f"{WIKIPEDIA_FROM} on, none a scored BoolQ document reads; the papers calibrate on "
+        f"{WIKIPEDIA_FROM} on, none an earlier question reads; the papers calibrate on "
         "WikiText-2 or C4)"
     )
 
