@@ -444,6 +444,16 @@ def pooled(first: dict[str, Any], later: list[dict[str, Any]]) -> dict[str, Any]
     options = {**later[0]["options"]}
     if any(r["options"] != options for r in later):
         raise SystemExit("the later records were measured with different options")
+
+    def setting(record_options: dict[str, Any]) -> dict[str, Any]:
+        kept = {k: v for k, v in record_options.items() if k not in ("skip", "limit")}
+        return {**LATER_OPTIONS, **kept}
+
+    if setting(options) != setting(o):
+        raise SystemExit(
+            f"the later records were measured with {setting(options)}, the first with "
+            f"{setting(o)}: pool runs of the same setting (tasks, calibration, batch size)"
+        )
     if options["skip"] != o["skip"] + o["limit"]:
         raise SystemExit(
             f"the later records start at document {options['skip']}, not right after the "
