@@ -30,7 +30,12 @@ Usage: ``python benchmarks/bench_accuracy.py [--sizes 4 8] [--rows ...]
 ``--pool FIRST.json LATER.json ... --out POOLED.json`` joins runs on the
 documents right after ``FIRST``'s (the same ``--limit`` and ``--skip``,
 rows split among them) into one record of the rows both measured, scored
-on the documents of both.
+on the documents of both. ``--draw K`` calibrates on another sample of the
+same text (its sentences or paragraphs shuffled with seed K), and
+``--over-draws A.json B.json ... --out X.json`` compares records that differ
+only in their draw: each row's difference to toast's default per draw and
+over the draws, with a standard error that counts the calibration sample's
+noise beside the documents'.
 On 2 CPU cores SmolLM2 scores about 1–3 documents a second: a full table
 (every document) is for an accelerator; ``--limit`` keeps a CPU run to
 minutes per row. Results are written after every row.
@@ -78,7 +83,9 @@ SEARCH_KL_ROW = "toast.search, objective kl"
 WINDOW_ROW = "TOAST on LLM-Streamline's window"
 OPTIONS: dict[str, Any] = {"limit": 25, "skip": 10, "batch_size": 16}
 #: Options later added, with the value every earlier record was measured at.
-LATER_OPTIONS: dict[str, Any] = {"tasks": list(TASKS), "lambada": True, "calibration": "docstrings"}
+LATER_OPTIONS: dict[str, Any] = {
+    "tasks": list(TASKS), "lambada": True, "calibration": "docstrings", "draw": 0,
+}  # fmt: skip
 #: What the methods can be calibrated on: bench_peers.py's docstrings, or
 #: Wikipedia paragraphs (the papers calibrate on WikiText-2 or C4, natural
 #: text; BoolQ's validation passages are the Wikipedia text that ships).
@@ -90,13 +97,11 @@ CALIBRATIONS = ("docstrings", "wikipedia")
 WIKIPEDIA_FROM = 1600
 
 
-def wikipedia_calibration(tokenizer: Any) -> tuple[Any, Any]:
-    """32 × 256 tokens of Wikipedia paragraphs to calibrate on and 16 × 256
-    more to select on, as bench_fidelity.data() packs its docstrings; no
-    paragraph of BoolQ's first :data:`WIKIPEDIA_FROM` documents."""
+def _wikipedia_paragraphs() -> list[str]:
+    """BoolQ's validation passages from :data:`WIKIPEDIA_FROM` on, each once,
+    none that one of the earlier questions reads."""
     import pyarrow as pa
 
-    from toast.hf.data.text import TextData
     from toast.hf.evaluate.offline import INSTALL, OFFLINE_TASKS, data_root
 
     root = data_root()
@@ -106,12 +111,41 @@ def wikipedia_calibration(tokenizer: Any) -> tuple[Any, Any]:
     with pa.memory_map(str(arrow)) as source:
         passages = pa.ipc.open_stream(source).read_all().column("passage").to_pylist()
     seen = set(passages[:WIKIPEDIA_FROM])
-    pool = list(dict.fromkeys(p for p in passages[WIKIPEDIA_FROM:] if p not in seen))
-    half = len(pool) // 2
+    return list(dict.fromkeys(p for p in passages[WIKIPEDIA_FROM:] if p not in seen))
+
+
+def calibration(tokenizer: Any, kind: str = "wikipedia", draw: int = 0) -> tuple[Any, Any]:
+    """32 × 256 tokens to calibrate on and 16 × 256 more to select on, packed
+    as bench_fidelity.data() packs its docstrings: of Python's docstrings
+    (its sentences, the same halves) or of Wikipedia paragraphs (no
+    paragraph of BoolQ's first :data:`WIKIPEDIA_FROM` documents; the first
+    half calibrates, the second selects). ``draw`` 0 packs the calibration
+    half in order (every committed table but the draws'); ``draw`` k > 0
+    shuffles its sentences or paragraphs with seed k first: another sample
+    of the same text, to measure how much a row's figure owes to the sample."""
+    import random
+
+    from toast.data import stdlib_sentences
+    from toast.hf.data.text import TextData
+
+    if kind == "docstrings":
+        texts = stdlib_sentences(limit=None)
+        half, quarter = len(texts) // 2, len(texts) // 4
+        first, second = texts[:half], texts[half : half + quarter]
+    else:
+        texts = _wikipedia_paragraphs()
+        first, second = texts[: len(texts) // 2], texts[len(texts) // 2 :]
+    if draw:
+        random.Random(draw).shuffle(first)
     options: dict[str, Any] = {"max_length": 256, "pack": True, "batch_size": 4}
-    calib = TextData(pool[:half], tokenizer, num_samples=32, **options)
-    selection = TextData(pool[half:], tokenizer, num_samples=16, **options)
+    calib = TextData(first, tokenizer, num_samples=32, **options)
+    selection = TextData(second, tokenizer, num_samples=16, **options)
     return calib, selection
+
+
+def wikipedia_calibration(tokenizer: Any) -> tuple[Any, Any]:
+    """``--calibration wikipedia``'s data in order (:func:`calibration`)."""
+    return calibration(tokenizer, "wikipedia")
 
 
 def _search_by_task(model: torch.nn.Module, calib: Any, selection: Any, n: int):
@@ -203,10 +237,11 @@ def run(
     sizes: list[int], names: list[str], out: Path, append: bool, redo: bool = False
 ) -> dict[str, Any]:
     model, tokenizer, calib, selection, _ = bench_peers.bench_fidelity.data()
-    if OPTIONS.get("calibration", "docstrings") == "wikipedia":
-        if OPTIONS["skip"] + OPTIONS["limit"] > WIKIPEDIA_FROM:
-            raise SystemExit(f"--calibration wikipedia scores at most {WIKIPEDIA_FROM} documents")
-        calib, selection = wikipedia_calibration(tokenizer)
+    kind, draw = OPTIONS.get("calibration", "docstrings"), OPTIONS.get("draw", 0)
+    if kind == "wikipedia" and OPTIONS["skip"] + OPTIONS["limit"] > WIKIPEDIA_FROM:
+        raise SystemExit(f"--calibration wikipedia scores at most {WIKIPEDIA_FROM} documents")
+    if kind == "wikipedia" or draw:
+        calib, selection = calibration(tokenizer, kind, draw)
     bench_peers.SIZES_ASKED[:] = sizes
     record: dict[str, Any] = {"options": dict(OPTIONS), "tasks": tasks(), "rows": []}
     if append and out.exists():
@@ -223,7 +258,7 @@ def run(
             record["rows"] = [
                 r for r in record["rows"] if not (r["row"] in names and r["blocks"] in sizes)
             ]
-    if not bench_peers._SLEB_ORDER and OPTIONS.get("calibration", "docstrings") == "docstrings":
+    if not bench_peers._SLEB_ORDER and (kind, draw) == ("docstrings", 0):
         # SLEB's greedy order on the same calibration data, measured by bench_peers.py
         # (its 212 passes are not repeated here when it holds the largest size asked)
         peers = out.parent / "peers.json"
@@ -394,12 +429,14 @@ def _subset(options: dict[str, Any]) -> str:
 
 
 def _calibrated_on(options: dict[str, Any]) -> str:
+    draw = options.get("draw", 0)
+    sample = f", calibration draw {draw} (`--draw {draw}`)" if draw else ""
     if options.get("calibration", "docstrings") == "docstrings":
-        return "as bench_peers.py (Python's docstrings)"
+        return f"as bench_peers.py (Python's docstrings){sample}"
     return (
         f"of Wikipedia paragraphs (`--calibration wikipedia`: BoolQ's validation passages from "
         f"{WIKIPEDIA_FROM} on, none an earlier question reads; the papers calibrate on "
-        "WikiText-2 or C4)"
+        f"WikiText-2 or C4){sample}"
     )
 
 
@@ -491,6 +528,141 @@ def pooled(first: dict[str, Any], later: list[dict[str, Any]]) -> dict[str, Any]
     }  # fmt: skip
 
 
+def _mean_documents(reports: list[TaskReport]) -> dict[str, list[float]]:
+    """Each task's per-document score averaged over ``reports`` (the same documents)."""
+    return {
+        task: [
+            sum(scores) / len(scores)
+            for scores in zip(*(r.documents[task] for r in reports), strict=True)
+        ]
+        for task in reports[0].headline
+    }
+
+
+def _over_draws_of(rows_: list[TaskReport], defaults: list[TaskReport], tasks_: list[str]):
+    """A row's difference to the default over the draws: each draw's (with
+    its paired standard error), the mean, and the mean's standard error: the
+    documents' (of the per-document differences averaged over the draws)
+    and the draws' spread (their standard deviation over √draws) added in
+    quadrature, since the calibration sample is a second source of noise
+    the paired error over documents does not see."""
+    from toast.hf.evaluate.paired import paired_stderr
+
+    def avg(report: TaskReport) -> float:
+        return sum(report.accuracy[t] for t in tasks_) / len(tasks_)
+
+    pairs = list(zip(rows_, defaults, strict=True))
+    deltas = [100 * (avg(r) - avg(d)) for r, d in pairs]
+    stderrs = [100 * (r.paired_stderr(d, tasks_) or 0.0) for r, d in pairs]
+    averaged = paired_stderr(_mean_documents(rows_), _mean_documents(defaults), tasks_)
+    documents = 100 * (averaged or 0.0)
+    mean = sum(deltas) / len(deltas)
+    spread = math.sqrt(sum((x - mean) ** 2 for x in deltas) / (len(deltas) - 1) / len(deltas))
+    return {
+        "deltas": deltas, "stderrs": stderrs, "mean": mean, "se_documents": documents,
+        "se_draws": spread, "se": math.hypot(documents, spread),
+    }  # fmt: skip
+
+
+def over_draws(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Records of one setting and the same documents that differ only in the
+    calibration draw (``--draw``), as one comparison: for every row at a size
+    that every record holds beside toast's default, its difference to the
+    default in each draw and over the draws (:func:`_over_draws_of`), of the
+    seven tasks and without BoolQ."""
+    if len(records) < 2:
+        raise SystemExit("--over-draws needs the records of at least two draws")
+
+    def setting(options: dict[str, Any]) -> dict[str, Any]:
+        kept = {k: v for k, v in options.items() if k not in ("draw", "lambada")}
+        return {**LATER_OPTIONS, **kept, "draw": 0}
+
+    first = setting(records[0]["options"])
+    if any(setting(r["options"]) != first for r in records):
+        raise SystemExit("the records differ in more than their draw: " + ", ".join(
+            str(setting(r["options"])) for r in records))  # fmt: skip
+    draws = [r["options"].get("draw", 0) for r in records]
+    if len(set(draws)) < len(draws):
+        raise SystemExit(f"two records of the same draw: {draws}")
+
+    def built(record: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+        return {(r["row"], r["blocks"]): r for r in record["rows"] if "error" not in r}
+
+    found = [built(r) for r in records]
+    common = set.intersection(*(set(f) for f in found))
+    every = list(TaskReport.from_dict(records[0]["original"]["report"]).headline)
+    without = [t for t in every if t != "boolq"]
+    names = list(rows())
+    compared = []
+    for name, n in sorted(common, key=lambda key: (key[1], names.index(key[0]))):
+        if name == DEFAULT_ROW or (DEFAULT_ROW, n) not in common:
+            continue
+        mine = [TaskReport.from_dict(f[(name, n)]["report"]) for f in found]
+        defaults = [TaskReport.from_dict(f[(DEFAULT_ROW, n)]["report"]) for f in found]
+        compared.append({
+            "row": name, "blocks": n,
+            "what": [f[(name, n)]["what"] for f in found],
+            "default_what": [f[(DEFAULT_ROW, n)]["what"] for f in found],
+            "default_average": [100 * d.average for d in defaults],
+            "average": [100 * m.average for m in mine],
+            "every_task": _over_draws_of(mine, defaults, every),
+            "without_boolq": _over_draws_of(mine, defaults, without),
+        })  # fmt: skip
+    return {"options": first, "draws": draws, "compared": compared}
+
+
+def draws_table(combined: dict[str, Any]) -> str:
+    """:func:`over_draws`'s comparison as a table: the difference to toast's
+    default in each draw ± its paired standard error, and over the draws ±
+    the standard error of documents and draws together."""
+    draws = combined["draws"]
+    head = " | ".join(f"Δ draw {k}" for k in draws)
+    lines = [
+        f"| blocks | row | default's average, by draw | {head} | **mean Δ ± SE** | "
+        "w/o BoolQ: mean Δ ± SE | windows (row; default) |",
+        "|---:|---|---|" + "---:|" * (len(draws) + 2) + "---|",
+    ]
+    for c in combined["compared"]:
+        every, six = c["every_task"], c["without_boolq"]
+        cells = " | ".join(
+            f"{d:+.1f} ± {e:.1f}" for d, e in zip(every["deltas"], every["stderrs"], strict=True)
+        )
+        windows = ", ".join(c["what"]) + "; " + ", ".join(c["default_what"])
+        lines.append(
+            f"| {c['blocks']} | {c['row']} | "
+            + " / ".join(f"{a:.1f}" for a in c["default_average"])
+            + f" | {cells} | **{every['mean']:+.1f} ± {every['se']:.1f}** | "
+            f"{six['mean']:+.1f} ± {six['se']:.1f} | {windows} |"
+        )
+    return "\n".join(lines)
+
+
+def write_over_draws(paths: list[Path], out: Path) -> None:
+    """``--over-draws``: :func:`over_draws` of the records at ``paths``,
+    written to ``out`` and beside it as markdown."""
+    combined = over_draws([json.loads(path.read_text()) for path in paths])
+    combined["records"] = [path.name for path in paths]
+    out.write_text(json.dumps(combined, indent=1))
+    o = combined["options"]
+    text = (
+        "# SmolLM2-135M-Instruct: how much a row's lead owes to the calibration sample\n\n"
+        f"The same rows scored on the same documents ({o['skip']}–{o['skip'] + o['limit'] - 1} "
+        f"of each task{_subset(o)}), each time calibrated on another sample of the same text "
+        f"({_calibrated_on(o)}; `--draw k` shuffles its sentences or paragraphs with seed k, "
+        "draw 0 packs them in order as every other table). Δ: average accuracy minus toast's "
+        "default, points, ± the paired standard error over documents; the mean's standard "
+        "error adds the draws' spread (standard deviation over √draws) to the documents' "
+        "(of the per-document differences averaged over the draws), since the calibration "
+        "sample moves a row as much as the documents do. Records: "
+        f"{', '.join(combined['records'])} "
+        "(`python benchmarks/bench_accuracy.py --over-draws "
+        + " ".join(f"benchmarks/results/{name}" for name in combined["records"])
+        + f" --out benchmarks/results/{out.name}`).\n\n{draws_table(combined)}\n"
+    )
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 6, 8])
@@ -516,12 +688,26 @@ def main() -> None:
         "--pool", nargs="+", metavar="JSON",
         help="write --out from a record and runs on the documents right after its own",
     )  # fmt: skip
+    parser.add_argument(
+        "--draw", type=int, default=0,
+        help="calibrate on another sample of the same text: its sentences or paragraphs "
+        "shuffled with this seed (default 0: in order, as every table)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--over-draws", nargs="+", metavar="JSON",
+        help="write --out comparing records that differ only in --draw",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.over_draws:
+        write_over_draws([Path(path) for path in args.over_draws], Path(args.out))
+        return
     OPTIONS.update(limit=args.limit, skip=args.skip)
     if args.tasks != list(TASKS) or args.no_lambada:  # else the options stay as recorded
         OPTIONS.update(tasks=args.tasks, lambada=not args.no_lambada)
     if args.calibration != "docstrings":
         OPTIONS.update(calibration=args.calibration)
+    if args.draw:
+        OPTIONS.update(draw=args.draw)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
