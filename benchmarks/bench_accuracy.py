@@ -611,6 +611,11 @@ def over_draws(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"options": first, "draws": draws, "compared": compared}
 
 
+def _per_draw(built: list[str]) -> str:
+    """What a row built in each draw, once when every draw built the same."""
+    return f"{built[0]} (every draw)" if len(set(built)) == 1 else " / ".join(built)
+
+
 def draws_table(combined: dict[str, Any]) -> str:
     """:func:`over_draws`'s comparison as a table: the difference to toast's
     default in each draw ± its paired standard error, and over the draws ±
@@ -619,7 +624,7 @@ def draws_table(combined: dict[str, Any]) -> str:
     head = " | ".join(f"Δ draw {k}" for k in draws)
     lines = [
         f"| blocks | row | default's average, by draw | {head} | **mean Δ ± SE** | "
-        "w/o BoolQ: mean Δ ± SE | windows (row; default) |",
+        "w/o BoolQ: mean Δ ± SE | built (row; default) |",
         "|---:|---|---|" + "---:|" * (len(draws) + 2) + "---|",
     ]
     for c in combined["compared"]:
@@ -627,7 +632,7 @@ def draws_table(combined: dict[str, Any]) -> str:
         cells = " | ".join(
             f"{d:+.1f} ± {e:.1f}" for d, e in zip(every["deltas"], every["stderrs"], strict=True)
         )
-        windows = ", ".join(c["what"]) + "; " + ", ".join(c["default_what"])
+        windows = f"{_per_draw(c['what'])}; {_per_draw(c['default_what'])}"
         lines.append(
             f"| {c['blocks']} | {c['row']} | "
             + " / ".join(f"{a:.1f}" for a in c["default_average"])
