@@ -12,7 +12,7 @@ WinoGrande and BoolQ, as the harness reads them; the test splits of ARC,
 OpenBookQA and LAMBADA). Every method is calibrated on the same 32 × 256
 tokens as ``bench_peers.py`` (Python's docstrings), or with
 ``--calibration wikipedia`` on 32 × 256 tokens of Wikipedia paragraphs
-(:func:`wikipedia_calibration`), the papers' kind of calibration text.
+(:func:`calibration`), the papers' kind of calibration text.
 Every row is scored on the same documents: the ``--limit`` documents of
 each task after the first ``--skip``; the
 first ``--skip`` are what ``toast.search(objective="task:...")`` chooses
@@ -97,6 +97,13 @@ CALIBRATIONS = ("docstrings", "wikipedia")
 WIKIPEDIA_FROM = 1600
 
 
+def _setting(options: dict[str, Any], *ignored: str) -> dict[str, Any]:
+    """A record's options with the later-added ones at the value earlier
+    records were measured at, less ``ignored``: what two records must share
+    to be appended to, pooled or compared."""
+    return {k: v for k, v in {**LATER_OPTIONS, **options}.items() if k not in ignored}
+
+
 def _wikipedia_paragraphs() -> list[str]:
     """BoolQ's validation passages from :data:`WIKIPEDIA_FROM` on, each once,
     none that one of the earlier questions reads."""
@@ -141,11 +148,6 @@ def calibration(tokenizer: Any, kind: str = "wikipedia", draw: int = 0) -> tuple
     calib = TextData(first, tokenizer, num_samples=32, **options)
     selection = TextData(second, tokenizer, num_samples=16, **options)
     return calib, selection
-
-
-def wikipedia_calibration(tokenizer: Any) -> tuple[Any, Any]:
-    """``--calibration wikipedia``'s data in order (:func:`calibration`)."""
-    return calibration(tokenizer, "wikipedia")
 
 
 def _search_by_task(model: torch.nn.Module, calib: Any, selection: Any, n: int):
@@ -246,7 +248,7 @@ def run(
     record: dict[str, Any] = {"options": dict(OPTIONS), "tasks": tasks(), "rows": []}
     if append and out.exists():
         earlier = json.loads(out.read_text())
-        if {**LATER_OPTIONS, **earlier["options"]} != {**LATER_OPTIONS, **OPTIONS}:
+        if _setting(earlier["options"]) != _setting(OPTIONS):
             raise SystemExit(f"{out} was measured with {earlier['options']}: not {OPTIONS}")
         record = earlier
         bench_peers._SLEB_ORDER[:] = earlier.get("sleb_order", [])
@@ -311,7 +313,7 @@ def _no_boolq(report: TaskReport, default: TaskReport | None = None) -> str:
     mine = _without_boolq(report)
     if default is None or default.documents == report.documents:
         return _pct(mine)
-    theirs = sum(default.accuracy[t] for t in tasks) / len(tasks)
+    theirs = _average_over(default, tasks)
     se = report.paired_stderr(default, tasks)
     spread = "" if se is None else f" ± {100 * se:.1f}"
     return f"{_pct(mine)} ({100 * (mine - theirs):+.1f}{spread})"
@@ -384,9 +386,13 @@ def table(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _without_boolq(report: TaskReport) -> float:
-    tasks = [task for task in report.accuracy if task != "boolq"]
+def _average_over(report: TaskReport, tasks: list[str]) -> float:
+    """The unweighted mean accuracy over ``tasks``."""
     return sum(report.accuracy[t] for t in tasks) / len(tasks)
+
+
+def _without_boolq(report: TaskReport) -> float:
+    return _average_over(report, [task for task in report.accuracy if task != "boolq"])
 
 
 def summary(record: dict[str, Any]) -> str:
@@ -486,14 +492,11 @@ def pooled(first: dict[str, Any], later: list[dict[str, Any]]) -> dict[str, Any]
     if any(r["options"] != options for r in later):
         raise SystemExit("the later records were measured with different options")
 
-    def setting(record_options: dict[str, Any]) -> dict[str, Any]:
-        kept = {k: v for k, v in record_options.items() if k not in ("skip", "limit")}
-        return {**LATER_OPTIONS, **kept}
-
-    if setting(options) != setting(o):
+    if _setting(options, "skip", "limit") != _setting(o, "skip", "limit"):
         raise SystemExit(
-            f"the later records were measured with {setting(options)}, the first with "
-            f"{setting(o)}: pool runs of the same setting (tasks, calibration, batch size)"
+            f"the later records were measured with {_setting(options, 'skip', 'limit')}, the "
+            f"first with {_setting(o, 'skip', 'limit')}: pool runs of the same setting (tasks, "
+            "calibration, batch size)"
         )
     if options["skip"] != o["skip"] + o["limit"]:
         raise SystemExit(
@@ -548,11 +551,8 @@ def _over_draws_of(rows_: list[TaskReport], defaults: list[TaskReport], tasks_: 
     the paired error over documents does not see."""
     from toast.hf.evaluate.paired import paired_stderr
 
-    def avg(report: TaskReport) -> float:
-        return sum(report.accuracy[t] for t in tasks_) / len(tasks_)
-
     pairs = list(zip(rows_, defaults, strict=True))
-    deltas = [100 * (avg(r) - avg(d)) for r, d in pairs]
+    deltas = [100 * (_average_over(r, tasks_) - _average_over(d, tasks_)) for r, d in pairs]
     stderrs = [100 * (r.paired_stderr(d, tasks_) or 0.0) for r, d in pairs]
     averaged = paired_stderr(_mean_documents(rows_), _mean_documents(defaults), tasks_)
     documents = 100 * (averaged or 0.0)
@@ -573,14 +573,10 @@ def over_draws(records: list[dict[str, Any]]) -> dict[str, Any]:
     if len(records) < 2:
         raise SystemExit("--over-draws needs the records of at least two draws")
 
-    def setting(options: dict[str, Any]) -> dict[str, Any]:
-        kept = {k: v for k, v in options.items() if k not in ("draw", "lambada")}
-        return {**LATER_OPTIONS, **kept, "draw": 0}
-
-    first = setting(records[0]["options"])
-    if any(setting(r["options"]) != first for r in records):
-        raise SystemExit("the records differ in more than their draw: " + ", ".join(
-            str(setting(r["options"])) for r in records))  # fmt: skip
+    settings = [_setting(r["options"], "draw", "lambada") for r in records]
+    first = settings[0]
+    if any(setting != first for setting in settings):
+        raise SystemExit(f"the records differ in more than their draw: {settings}")
     draws = [r["options"].get("draw", 0) for r in records]
     if len(set(draws)) < len(draws):
         raise SystemExit(f"two records of the same draw: {draws}")
