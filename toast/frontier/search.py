@@ -237,11 +237,13 @@ def _prepare(
     calibration = Calibration.from_options(rest.pop("calibration", None), **rest)
     if data is None:
         raise ValueError("search needs calibration data (a loader of batches, or raw text)")
-    opened = open_source(model, goal, asked.max_memory, asked.sequential, calibration)
+    data, heldout = _heldout(as_batches(data, **text), heldout, text)
+    opened = open_source(
+        model, goal, asked.max_memory, asked.sequential, calibration,
+        seen=lambda: chain(data, heldout),
+    )  # fmt: skip
     if wanted is not None:
         opened.methods = [m for m in opened.methods if m.name in wanted]
-    data = as_batches(data, **text)
-    data, heldout = _heldout(data, heldout, text)
     if opened.disk is not None and opened.plan is not None:
         opened.statistics_bytes = plan_statistics(
             opened.plan, opened.disk, opened.layout, opened.methods, chain(data, heldout)

@@ -7,9 +7,10 @@ bound of the shared moments pass that ``max_memory`` leaves from disk.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -17,10 +18,17 @@ import torch
 from torch import nn
 
 from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound
-from toast.hf.capture.budget import MemoryPlan, fit_plan, plan_checkpoint
+from toast.hf.capture.budget import (
+    MemoryPlan,
+    batch_shape,
+    fit_plan,
+    in_memory_parts,
+    plan_checkpoint,
+)
 from toast.hf.capture.compute import forward_dtype, widen_loaded
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import Calibration
+from toast.hf.evaluate.resume import PREFIX_BYTES
 from toast.methods.base import Layout, Method, find_layout, staged_methods
 from toast.methods.stages import SHARED_BYTES
 
@@ -34,6 +42,7 @@ __all__ = [
     "is_path",
     "open_source",
     "plan_statistics",
+    "run_beside",
     "statistics_bytes",
     "whole_moments_bytes",
 ]
@@ -67,10 +76,13 @@ def open_source(
     max_memory: int | str | None,
     sequential: bool | None,
     calibration: Calibration,
+    seen: Callable[[], Iterable] | None = None,
 ) -> Opened:
     """The model, or a checkpoint folder on the path ``plan_checkpoint``
-    chooses (said once); a target the disk path cannot measure is refused
-    before any pass."""
+    chooses (said once: loaded only where the budget also holds what the
+    search's run keeps beside the model, :func:`run_beside`, with the
+    largest of the batches ``seen()`` gives); a target the disk path cannot
+    measure is refused before any pass."""
     methods = staged_methods()  # the registry loads every method first
     if isinstance(model, nn.Module):
         if sequential:
@@ -100,6 +112,7 @@ def open_source(
         compute=calibration.compute_dtype,
         progress=calibration.progress,
         command="toast search",
+        beside=None if seen is None else functools.partial(run_beside, seen),
     )
     if disk is None:
         from toast.io.local import load_model
@@ -175,6 +188,25 @@ def plan_statistics(
 
     fit_plan(disk, batches, plan.budget, moments, command="toast search")
     return bound[0]
+
+
+def run_beside(seen: Callable[[], Iterable], config: Any) -> list[tuple[str, int]]:
+    """What a search on the loaded model keeps beside it, by part
+    (:func:`toast.hf.capture.budget.in_memory_parts`): the shared moments
+    pass (every pair of the block states, within its bound: the larger
+    figure of :func:`statistics_bytes`), the original's recorded held-out
+    states (:data:`toast.hf.evaluate.resume.PREFIX_BYTES`), and one
+    forward and one held-out forward's logits on the largest batch."""
+    width = int(getattr(config, "hidden_size", 0) or 0)
+    blocks = int(getattr(config, "num_hidden_layers", 0) or 0)
+    parts: list[tuple[str, int]] = []
+    if width and blocks:
+        states = blocks + 1
+        whole = int(MOMENTS_PEAK_FACTOR * states * (states + 1) // 2 * width * width * 8)
+        bounded = resolve_bound(SHARED_BYTES, width, 0) + JOIN_BYTES
+        parts.append(("moments of the shared pass", min(whole, bounded)))
+    parts.append(("recorded held-out states", PREFIX_BYTES))
+    return in_memory_parts(config, batch_shape(seen(), config), parts)
 
 
 def is_path(value: Any) -> bool:

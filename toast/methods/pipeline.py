@@ -22,11 +22,12 @@ method with neither always runs in memory.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,9 @@ from toast._scratch import hidden_sibling
 from toast.hf.capture.budget import (
     OUTSIDE_LABELS,
     available_memory,
+    batch_shape,
     fit_plan,
+    in_memory_parts,
     parse_size,
     plan_checkpoint,
 )
@@ -54,6 +57,8 @@ __all__ = ["compress_folder", "plan_folder"]
 
 _log = logging.getLogger(__name__)
 _COMMAND = "toast compress"
+#: room enough for any method's statistics whole (the in-memory path's)
+_UNBOUNDED = 1 << 62
 
 
 def compress_folder(
@@ -84,11 +89,14 @@ def compress_folder(
     config = method.stages.on_either_path(config)
     cal = getattr(config, "calibration", None)
     progress = getattr(cal, "progress", True)
-    disk = _disk_path(method, source, config, max_memory, sequential, progress)
+    batches, held = prepare_data(method, data, heldout, text)
+
+    def seen() -> Iterable:
+        return chain(*(b for b in (batches, held) if b is not None))
+
+    disk = _disk_path(method, source, config, max_memory, sequential, progress, seen=seen)
     if disk is not None:
-        batches, held = prepare_data(method, data, heldout, text)
-        seen = chain(*(b for b in (batches, held) if b is not None))
-        config = _within_memory(method, config, disk, max_memory, seen)
+        config = _within_memory(method, config, disk, max_memory, seen())
         if dtype is not None or device is not None:
             _say(
                 "the block-by-block path computes on the CPU (dtype: calibration.compute_dtype)",
@@ -134,7 +142,10 @@ def plan_folder(
     plan printed after ``command``; refused before any pass when even the
     least does not fit)."""
     progress = getattr(getattr(config, "calibration", None), "progress", True)
-    disk = _disk_path(method, Path(folder), config, max_memory, sequential, progress, command)
+    disk = _disk_path(
+        method, Path(folder), config, max_memory, sequential, progress, command,
+        seen=lambda: batches,
+    )  # fmt: skip
     if disk is None:
         return None, config
     return disk, _within_memory(method, config, disk, max_memory, batches, command)
@@ -148,9 +159,15 @@ def _disk_path(
     sequential: bool | None,
     progress: bool,
     command: str = _COMMAND,
+    *,
+    seen: Callable[[], Iterable] | None = None,
 ) -> Any:
     """The checkpoint's structure when ``method`` runs block by block from
-    disk; None for the in-memory path (the choice said either way)."""
+    disk; None for the in-memory path (the choice said either way). The
+    loaded model must leave room for what its run holds beside it (the
+    method's statistics whole, one forward and the held-out logits of the
+    largest of the batches ``seen()`` gives), else the path is block by
+    block, whose plan bounds them."""
     if disk_runner_of(method) is None:
         if sequential:
             raise ValueError(
@@ -175,8 +192,22 @@ def _disk_path(
         compute=getattr(cal, "compute_dtype", "auto"),
         progress=progress,
         command=command,
+        beside=None if seen is None else functools.partial(_run_beside, method, config, seen),
     )
     return disk
+
+
+def _run_beside(
+    method: Method, config: Any, seen: Callable[[], Iterable], model_config: Any
+) -> list[tuple[str, int]]:
+    """What ``method`` with ``config`` holds beside the loaded model
+    (:func:`toast.hf.capture.budget.in_memory_parts`)."""
+    width = int(getattr(model_config, "hidden_size", 0) or 0)
+    blocks = int(getattr(model_config, "num_hidden_layers", 0) or 0)
+    statistics: list[tuple[str, int]] = []
+    if width and blocks:  # whole: no budget bounds them in memory
+        statistics = method.stages.within_memory(config, blocks + 1, width, _UNBOUNDED)[1]
+    return in_memory_parts(model_config, batch_shape(seen(), model_config), statistics)
 
 
 def _within_memory(

@@ -84,3 +84,54 @@ def test_a_row_over_the_logit_bound_is_planned_as_runs_of_positions_and_its_stat
         logit_bytes(8, 16, vocabulary, width)
         == 3 * logit_rows(8, 16, vocabulary) * 16 * vocabulary * 4
     )
+
+
+_EVALUATOR = """
+import sys, gc, torch, transformers
+from toast.hf.capture.budget import in_memory_parts
+from toast.hf.evaluate.quality import Evaluator
+rows, tokens = int(sys.argv[1]), int(sys.argv[2])
+cfg = transformers.LlamaConfig(
+    hidden_size=64, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+    num_hidden_layers=2, vocab_size=16384, architectures=["LlamaForCausalLM"],
+)
+torch.manual_seed(0)
+model = transformers.LlamaForCausalLM(cfg).eval()
+ids = torch.randint(0, 16384, (rows, tokens))
+batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+first = {"input_ids": ids[:1, :8], "attention_mask": torch.ones_like(ids[:1, :8])}
+Evaluator([first], progress=False).measure(model)  # the allocator's first growth
+evaluator, used = Evaluator([batch], progress=False), []
+for label in ("original", "compressed"):  # the reference's pass keeps its top-k too
+    gc.collect()
+    before = rss_mib()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    evaluator.measure(model, label)
+    used.append(peak_mib() - before)
+planned = sum(n for _, n in in_memory_parts(cfg, (rows, tokens))) / 2**20
+print(json.dumps({"used": used, "planned": planned}))
+"""
+
+
+def test_a_loaded_models_held_out_pass_allocates_no_more_than_its_run_parts():
+    found = run_fresh(_EVALUATOR, 8, 256)
+    assert all(0 < used <= found["planned"] for used in found["used"]), found
+
+
+def test_a_loaded_run_holds_its_statistics_a_forward_and_three_batches_of_logits():
+    from toast.hf.capture.budget import FORWARD_LABEL, forward_bytes, in_memory_parts
+
+    llm = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=256, num_attention_heads=4, num_hidden_layers=2,
+        vocab_size=1000, architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+    parts = in_memory_parts(llm, (3, 20), [("moments", 123)])
+    assert parts == [
+        ("moments", 123),
+        (FORWARD_LABEL, forward_bytes(llm, 3, 20)),
+        ("held-out logits", 3 * 3 * 20 * 1000 * 4),
+    ]
+    vit = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    assert in_memory_parts(vit, (3, 20)) == [(FORWARD_LABEL, forward_bytes(vit, 3, 20))]
+    assert in_memory_parts(llm, None, [("moments", 123)]) == [("moments", 123)]

@@ -1,9 +1,10 @@
 """Whether a checkpoint is calibrated in memory or block by block from disk.
 
-:func:`memory_plan` compares what loading the whole model takes (its
-tensor bytes, with a margin for the calibration activations) against a
-memory budget (default: the memory the machine has available now) and
-gives the bound the sequential path keeps to instead: the larger of one
+:func:`memory_plan` compares what the run on the loaded model takes (its
+tensor bytes with a margin for the activations, plus what the run holds
+beside them: :func:`in_memory_parts`) against a memory budget (default:
+the memory the machine has available now) and gives the bound the
+sequential path keeps to instead: the larger of one
 block and the embedding, twice (the tensors read and the copy the
 forward works on), plus a fixed allowance for the interpreter's working
 memory. :func:`plan_checkpoint` makes that choice for a model folder once
@@ -18,7 +19,7 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ __all__ = [
     "fit_plan",
     "forward_bytes",
     "forward_part",
+    "in_memory_parts",
     "logit_bytes",
     "logit_positions",
     "logit_rows",
@@ -87,6 +89,8 @@ class MemoryPlan:
     asked: bool = False
     #: a reason that no budget gave (the path forced, or the only one there is)
     reason_given: str = field(default="", compare=False)
+    #: what the run holds beside the loaded model, by part (in ``in_memory``)
+    beside: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
     @property
     def reason(self) -> str:
@@ -97,16 +101,16 @@ class MemoryPlan:
             what = "sequential" if self.sequential else "in-memory"
             fits = dataclasses.replace(self, sequential=self.in_memory > self.budget, asked=False)
             return f"{what} path, as asked ({fits.reason})"
+        needs = f"the model needs about {_gib(self.in_memory)}"
+        if self.beside:
+            parts = ", ".join(f"{label} {_gib(n)}" for label, n in self.beside)
+            needs += f" in memory with its run ({parts})"
         if self.sequential:
             return (
-                f"sequential path (block by block from disk): the model needs about "
-                f"{_gib(self.in_memory)} in memory, more than the budget of {_gib(self.budget)} "
-                "(its memory plan follows)"
+                f"sequential path (block by block from disk): {needs}, more than the budget "
+                f"of {_gib(self.budget)} (its memory plan follows)"
             )
-        return (
-            f"in-memory path: the model needs about {_gib(self.in_memory)}, within the budget "
-            f"of {_gib(self.budget)}"
-        )
+        return f"in-memory path: {needs}, within the budget of {_gib(self.budget)}"
 
 
 def memory_plan(
@@ -115,13 +119,15 @@ def memory_plan(
     *,
     block_bytes: Callable[[], int] | int | None = None,
     compute: str = "auto",
+    beside: Sequence[tuple[str, int]] = (),
 ) -> MemoryPlan:
     """The path for ``checkpoint`` under ``max_memory`` bytes (a size such as
     ``"16GiB"``; default :func:`available_memory`). ``block_bytes`` is the
     largest block's size (or a function giving it) when the caller knows
     it; otherwise the largest tensor stands in for it. In memory, a 16-bit
     checkpoint that ``compute`` widens (:func:`toast.hf.capture.compute.loaded_dtype`)
-    counts at float32's size."""
+    counts at float32's size, and the run needs ``beside`` too (by part:
+    :func:`in_memory_parts`), which the block-by-block path bounds."""
     budget = available_memory() if max_memory is None else parse_size(max_memory)
     if budget <= 0:
         raise ValueError(f"max_memory must be positive, got {max_memory!r}")
@@ -134,9 +140,9 @@ def memory_plan(
     largest = max((t.nbytes for t in checkpoint.tensors.values()), default=0)
     block = block_bytes() if callable(block_bytes) else block_bytes
     heaviest = max(largest, block or 0)
-    in_memory = int(total * (1 + IN_MEMORY_MARGIN))
+    in_memory = int(total * (1 + IN_MEMORY_MARGIN)) + sum(n for _, n in beside)
     bound = 2 * heaviest + SEQUENTIAL_ALLOWANCE
-    return MemoryPlan(in_memory > budget, budget, in_memory, bound)
+    return MemoryPlan(in_memory > budget, budget, in_memory, bound, beside=tuple(beside))
 
 
 def plan_checkpoint(
@@ -148,14 +154,17 @@ def plan_checkpoint(
     compute: str = "auto",
     progress: bool = True,
     command: str = "toast compress",
+    beside: Callable[[Any], Parts] | None = None,
 ) -> tuple[MemoryPlan, DiskModel | None]:
     """The path for the checkpoint in ``folder`` under ``max_memory`` and,
     for the block-by-block path, the checkpoint's structure (its blocks
     found once, on the skeleton, computing in ``compute``:
     :func:`toast.hf.capture.disk_model.compute_dtype`). ``sequential=True``/``False`` forces a
-    path. The choice and its reason are logged, and printed after
-    ``command`` for the block-by-block path (slower, fewer options) or with
-    ``progress``.
+    path. ``beside(config)``: what the run on the loaded model holds
+    beside it (:func:`in_memory_parts`), from the checkpoint's
+    ``transformers`` config. The choice and its reason are logged, and
+    printed after ``command`` for the block-by-block path (slower, fewer
+    options) or with ``progress``.
 
     Only the headers decide whether the model fits, so the in-memory path
     never builds the skeleton. A folder the block-by-block path cannot read
@@ -173,7 +182,8 @@ def plan_checkpoint(
         if (Path(folder) / "toast_plan.json").exists():
             raise ValueError(f"{folder} is a toast save, which only loads whole")
         checkpoint = Checkpoint(folder)
-        plan = memory_plan(checkpoint, max_memory, compute=compute)
+        run = () if beside is None else beside(checkpoint.config)
+        plan = memory_plan(checkpoint, max_memory, compute=compute, beside=run)
         disk = (
             DiskModel.open(checkpoint, blocks, compute) if plan.sequential or sequential else None
         )
@@ -185,7 +195,11 @@ def plan_checkpoint(
         return _said(plan, progress, command), None
     if disk is not None:  # the bound from the largest block, now that the blocks are known
         plan = memory_plan(
-            checkpoint, max_memory, block_bytes=disk.largest_block_bytes, compute=compute
+            checkpoint,
+            max_memory,
+            block_bytes=disk.largest_block_bytes,
+            compute=compute,
+            beside=run,
         )
         return_freed_memory()
     if sequential is not None:
@@ -561,3 +575,27 @@ def say_plan(
             f"{plan}: the block-by-block path needs at least {format_size(total)} "
             f"besides the interpreter; {fix}"
         )
+
+
+def in_memory_parts(
+    config: object, shape: tuple[int, int] | None, statistics: Parts | None = None
+) -> Parts:
+    """What a run on the loaded model holds beside its weights, by part:
+    the method's ``statistics`` (whole, as
+    :meth:`~toast.methods.stages.Stages.within_memory` gives them), one
+    forward on the largest batch (``shape``: rows, tokens;
+    :func:`forward_bytes`) and, for a causal language model, one held-out
+    forward's logits of that batch with their log-softmax and scores
+    (three times ``rows × tokens × vocabulary`` floats: the evaluator of a
+    loaded model scores a batch at once). The block-by-block path bounds
+    every one of these; in memory only the budget can."""
+    parts = list(statistics or [])
+    if shape is None:
+        return parts
+    rows, tokens = shape
+    parts.append((FORWARD_LABEL, forward_bytes(config, rows, tokens)))
+    vocabulary = int(getattr(config, "vocab_size", 0) or 0)
+    names = getattr(config, "architectures", None) or []
+    if vocabulary and any(str(name).endswith("ForCausalLM") for name in names):
+        parts.append(("held-out logits", 3 * rows * tokens * vocabulary * 4))
+    return parts
