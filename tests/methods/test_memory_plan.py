@@ -189,3 +189,16 @@ def test_a_search_on_a_folder_counts_its_shared_pass_before_loading_it(source):
     over, disk = plan_checkpoint(source, needs - 1, beside=beside, progress=False)
     assert not fits.sequential and fits.in_memory == needs
     assert over.sequential and disk is not None
+
+
+def test_a_budget_asked_for_hands_freed_memory_back_on_the_in_memory_path_too(
+    source, monkeypatch
+):
+    from toast.hf.capture import budget
+
+    calls = []
+    monkeypatch.setattr(budget, "return_freed_memory", lambda: calls.append(True) or True)
+    plan, _ = budget.plan_checkpoint(source, "64GiB", progress=False)
+    assert not plan.sequential and calls == [True]
+    plan, _ = budget.plan_checkpoint(source, None, progress=False)  # no budget: glibc's default
+    assert not plan.sequential and calls == [True]
