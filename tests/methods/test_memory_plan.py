@@ -191,9 +191,7 @@ def test_a_search_on_a_folder_counts_its_shared_pass_before_loading_it(source):
     assert over.sequential and disk is not None
 
 
-def test_a_budget_asked_for_hands_freed_memory_back_on_the_in_memory_path_too(
-    source, monkeypatch
-):
+def test_a_budget_asked_for_hands_freed_memory_back_on_the_in_memory_path_too(source, monkeypatch):
     from toast.hf.capture import budget
 
     calls = []
