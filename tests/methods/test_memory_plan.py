@@ -200,3 +200,23 @@ def test_a_budget_asked_for_hands_freed_memory_back_on_the_in_memory_path_too(so
     assert not plan.sequential and calls == [True]
     plan, _ = budget.plan_checkpoint(source, None, progress=False)  # no budget: glibc's default
     assert not plan.sequential and calls == [True]
+
+
+def test_a_one_shot_iterator_of_batches_reaches_the_run_unread(source, tmp_path):
+    # the path's choice reads the batches' shapes; an iterator would be spent by it
+    data = R.text_loader()
+    reports = [
+        toast.compress(
+            source,
+            given,
+            method="remove",
+            num_blocks=1,
+            output=tmp_path / name,
+            max_memory="64GiB",
+            progress=False,
+        )  # fmt: skip
+        for name, given in (("listed", data), ("iterated", iter(data)))
+    ]
+    assert [(s.start, s.error) for s in reports[0].spans] == [
+        (s.start, s.error) for s in reports[1].spans
+    ]

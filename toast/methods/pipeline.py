@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,8 +91,8 @@ def compress_folder(
     progress = getattr(cal, "progress", True)
     batches, held = prepare_data(method, data, heldout, text)
 
-    def seen() -> Iterable:
-        return chain(*(b for b in (batches, held) if b is not None))
+    def seen() -> Iterable:  # a one-shot iterator is left for the run (no shape read)
+        return chain(*(b for b in (batches, held) if b is not None and not isinstance(b, Iterator)))
 
     disk = _disk_path(method, source, config, max_memory, sequential, progress, seen=seen)
     if disk is not None:
