@@ -214,7 +214,7 @@ def test_a_one_shot_iterator_of_batches_reaches_the_run_unread(source, tmp_path)
             output=tmp_path / name,
             max_memory="64GiB",
             progress=False,
-        )  # fmt: skip
+        )
         for name, given in (("listed", data), ("iterated", iter(data)))
     ]
     assert [(s.start, s.error) for s in reports[0].spans] == [

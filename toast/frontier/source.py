@@ -150,15 +150,23 @@ def statistics_bytes(disk: DiskModel, layout: Layout, methods: list[Method]) -> 
     width = getattr(disk.model.config, "hidden_size", None)
     if not isinstance(width, int):
         return 0
-    return min(
-        whole_moments_bytes(disk, layout), resolve_bound(SHARED_BYTES, width, 0) + JOIN_BYTES
-    )
+    return _shared_moments_bytes(layout.num_blocks + 1, width)
+
+
+def _shared_moments_bytes(states: int, width: int) -> int:
+    """The shared pass's moments of ``states`` states of ``width``: whole
+    (:func:`whole_moments_bytes`) or, when less, within their bound."""
+    whole = _whole_moments_bytes(states, width)
+    return min(whole, resolve_bound(SHARED_BYTES, width, 0) + JOIN_BYTES)
 
 
 def whole_moments_bytes(disk: DiskModel, layout: Layout) -> int:
     """The peak of whole moments of every pair of the block states."""
     width = int(getattr(disk.model.config, "hidden_size", 0) or 0)
-    states = layout.num_blocks + 1
+    return _whole_moments_bytes(layout.num_blocks + 1, width)
+
+
+def _whole_moments_bytes(states: int, width: int) -> int:
     return int(MOMENTS_PEAK_FACTOR * states * (states + 1) // 2 * width * width * 8)
 
 
@@ -201,10 +209,7 @@ def run_beside(seen: Callable[[], Iterable], config: Any) -> list[tuple[str, int
     blocks = int(getattr(config, "num_hidden_layers", 0) or 0)
     parts: list[tuple[str, int]] = []
     if width and blocks:
-        states = blocks + 1
-        whole = int(MOMENTS_PEAK_FACTOR * states * (states + 1) // 2 * width * width * 8)
-        bounded = resolve_bound(SHARED_BYTES, width, 0) + JOIN_BYTES
-        parts.append(("moments of the shared pass", min(whole, bounded)))
+        parts.append(("moments of the shared pass", _shared_moments_bytes(blocks + 1, width)))
     parts.append(("recorded held-out states", PREFIX_BYTES))
     return in_memory_parts(config, batch_shape(seen(), config), parts)
 
