@@ -201,8 +201,8 @@ def plan_statistics(
 def run_beside(seen: Callable[[], Iterable], config: Any) -> list[tuple[str, int]]:
     """What a search on the loaded model keeps beside it, by part
     (:func:`toast.hf.capture.budget.in_memory_parts`): the shared moments
-    pass (every pair of the block states, within its bound: the larger
-    figure of :func:`statistics_bytes`), the original's recorded held-out
+    pass (every pair of the block states whole, or within their bound when
+    less, as :func:`statistics_bytes` counts them), the original's recorded held-out
     states (:data:`toast.hf.evaluate.resume.PREFIX_BYTES`), and one
     forward and one held-out forward's logits on the largest batch."""
     width = int(getattr(config, "hidden_size", 0) or 0)
