@@ -177,11 +177,11 @@ def test_a_search_on_a_folder_counts_its_shared_pass_before_loading_it(source):
     import functools
 
     from toast.frontier.source import run_beside
-    from toast.hf.capture.budget import plan_checkpoint
+    from toast.hf.capture.budget import ShapeOnce, plan_checkpoint
     from toast.hf.evaluate.resume import PREFIX_BYTES
 
     data = R.text_loader()
-    beside = functools.partial(run_beside, lambda: data)
+    beside = functools.partial(run_beside, ShapeOnce(lambda: data))
     parts = dict(beside(DiskModel.open(source).model.config))
     assert parts["recorded held-out states"] == PREFIX_BYTES and parts["moments of the shared pass"]
     needs = _loaded_run_needs(source, data, parts["moments of the shared pass"]) + PREFIX_BYTES

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from toast._validation import Interval, Options, Predicate, check
+from toast.hf.capture.budget import ShapeOnce
 from toast.hf.capture.distributed import broadcast_object, ranks_of
 from toast.hf.capture.sequential import DiskModel
 from toast.hf.data.calibration import BACKENDS, Calibration
@@ -238,15 +239,13 @@ def _prepare(
     if data is None:
         raise ValueError("search needs calibration data (a loader of batches, or raw text)")
     data, heldout = _heldout(as_batches(data, **text), heldout, text)
-    opened = open_source(
-        model, goal, asked.max_memory, asked.sequential, calibration,
-        seen=lambda: chain(data, heldout),
-    )  # fmt: skip
+    shape = ShapeOnce(lambda: chain(data, heldout))
+    opened = open_source(model, goal, asked.max_memory, asked.sequential, calibration, shape)
     if wanted is not None:
         opened.methods = [m for m in opened.methods if m.name in wanted]
     if opened.disk is not None and opened.plan is not None:
         opened.statistics_bytes = plan_statistics(
-            opened.plan, opened.disk, opened.layout, opened.methods, chain(data, heldout)
+            opened.plan, opened.disk, opened.layout, opened.methods, shape(opened.disk.model.config)
         )
     tokenizer = text.get("tokenizer") or getattr(data, "tokenizer", None)
     kind = "loaded" if opened.disk is None else "disk"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,7 +20,7 @@ from torch import nn
 from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound
 from toast.hf.capture.budget import (
     MemoryPlan,
-    batch_shape,
+    ShapeOnce,
     fit_plan,
     in_memory_parts,
     plan_checkpoint,
@@ -76,12 +76,12 @@ def open_source(
     max_memory: int | str | None,
     sequential: bool | None,
     calibration: Calibration,
-    seen: Callable[[], Iterable] | None = None,
+    shape: ShapeOnce | None = None,
 ) -> Opened:
     """The model, or a checkpoint folder on the path ``plan_checkpoint``
     chooses (said once: loaded only where the budget also holds what the
     search's run keeps beside the model, :func:`run_beside`, with the
-    largest of the batches ``seen()`` gives); a target the disk path cannot
+    largest batch, ``shape``); a target the disk path cannot
     measure is refused before any pass."""
     methods = staged_methods()  # the registry loads every method first
     if isinstance(model, nn.Module):
@@ -112,7 +112,7 @@ def open_source(
         compute=calibration.compute_dtype,
         progress=calibration.progress,
         command="toast search",
-        beside=None if seen is None else functools.partial(run_beside, seen),
+        beside=None if shape is None else functools.partial(run_beside, shape),
     )
     if disk is None:
         from toast.io.local import load_model
@@ -171,7 +171,11 @@ def _whole_moments_bytes(states: int, width: int) -> int:
 
 
 def plan_statistics(
-    plan: MemoryPlan, disk: DiskModel, layout: Layout, methods: list[Method], batches: Iterable
+    plan: MemoryPlan,
+    disk: DiskModel,
+    layout: Layout,
+    methods: list[Method],
+    batches: Iterable | tuple[int, int] | None,
 ) -> int | str:
     """The shared moments pass's bound: what ``plan.budget`` leaves beside
     the block-by-block path's own parts (with one forward on the largest
@@ -198,7 +202,7 @@ def plan_statistics(
     return bound[0]
 
 
-def run_beside(seen: Callable[[], Iterable], config: Any) -> list[tuple[str, int]]:
+def run_beside(shape: ShapeOnce, config: Any) -> list[tuple[str, int]]:
     """What a search on the loaded model keeps beside it, by part
     (:func:`toast.hf.capture.budget.in_memory_parts`): the shared moments
     pass (every pair of the block states whole, or within their bound when
@@ -211,7 +215,7 @@ def run_beside(seen: Callable[[], Iterable], config: Any) -> list[tuple[str, int
     if width and blocks:
         parts.append(("moments of the shared pass", _shared_moments_bytes(blocks + 1, width)))
     parts.append(("recorded held-out states", PREFIX_BYTES))
-    return in_memory_parts(config, batch_shape(seen(), config), parts)
+    return in_memory_parts(config, shape(config), parts)
 
 
 def is_path(value: Any) -> bool:

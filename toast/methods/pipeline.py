@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 from toast._scratch import hidden_sibling
 from toast.hf.capture.budget import (
     OUTSIDE_LABELS,
+    ShapeOnce,
     available_memory,
-    batch_shape,
     fit_plan,
     in_memory_parts,
     parse_size,
@@ -94,9 +94,10 @@ def compress_folder(
     def seen() -> Iterable:  # a one-shot iterator is left for the run (no shape read)
         return chain(*(b for b in (batches, held) if b is not None and not isinstance(b, Iterator)))
 
-    disk = _disk_path(method, source, config, max_memory, sequential, progress, seen=seen)
+    shape = ShapeOnce(seen)
+    disk = _disk_path(method, source, config, max_memory, sequential, progress, shape=shape)
     if disk is not None:
-        config = _within_memory(method, config, disk, max_memory, seen())
+        config = _within_memory(method, config, disk, max_memory, shape(disk.model.config))
         if dtype is not None or device is not None:
             _say(
                 "the block-by-block path computes on the CPU (dtype: calibration.compute_dtype)",
@@ -142,13 +143,13 @@ def plan_folder(
     plan printed after ``command``; refused before any pass when even the
     least does not fit)."""
     progress = getattr(getattr(config, "calibration", None), "progress", True)
+    shape = ShapeOnce(lambda: batches)
     disk = _disk_path(
-        method, Path(folder), config, max_memory, sequential, progress, command,
-        seen=lambda: batches,
-    )  # fmt: skip
+        method, Path(folder), config, max_memory, sequential, progress, command, shape=shape
+    )
     if disk is None:
         return None, config
-    return disk, _within_memory(method, config, disk, max_memory, batches, command)
+    return disk, _within_memory(method, config, disk, max_memory, shape(disk.model.config), command)
 
 
 def _disk_path(
@@ -160,13 +161,13 @@ def _disk_path(
     progress: bool,
     command: str = _COMMAND,
     *,
-    seen: Callable[[], Iterable] | None = None,
+    shape: ShapeOnce | None = None,
 ) -> Any:
     """The checkpoint's structure when ``method`` runs block by block from
     disk; None for the in-memory path (the choice said either way). The
     loaded model must leave room for what its run holds beside it (the
     method's statistics whole, one forward and the held-out logits of the
-    largest of the batches ``seen()`` gives), else the path is block by
+    largest batch, ``shape``), else the path is block by
     block, whose plan bounds them."""
     if disk_runner_of(method) is None:
         if sequential:
@@ -192,13 +193,13 @@ def _disk_path(
         compute=getattr(cal, "compute_dtype", "auto"),
         progress=progress,
         command=command,
-        beside=None if seen is None else functools.partial(_run_beside, method, config, seen),
+        beside=None if shape is None else functools.partial(_run_beside, method, config, shape),
     )
     return disk
 
 
 def _run_beside(
-    method: Method, config: Any, seen: Callable[[], Iterable], model_config: Any
+    method: Method, config: Any, shape: ShapeOnce, model_config: Any
 ) -> list[tuple[str, int]]:
     """What ``method`` with ``config`` holds beside the loaded model
     (:func:`toast.hf.capture.budget.in_memory_parts`)."""
@@ -207,7 +208,7 @@ def _run_beside(
     statistics: list[tuple[str, int]] = []
     if width and blocks:  # whole: no budget bounds them in memory
         statistics = method.stages.within_memory(config, blocks + 1, width, _UNBOUNDED)[1]
-    return in_memory_parts(model_config, batch_shape(seen(), model_config), statistics)
+    return in_memory_parts(model_config, shape(model_config), statistics)
 
 
 def _within_memory(
@@ -215,12 +216,12 @@ def _within_memory(
     config: Any,
     disk: Any,
     max_memory: int | str | None,
-    batches: Iterable,
+    shape: tuple[int, int] | None,
     command: str = _COMMAND,
 ) -> Any:
     """``config`` with the method's statistics fitted to what ``max_memory``
     leaves beside the block-by-block path's own parts (with one forward on
-    the largest of ``batches``, as few rows at a time as the plan needs:
+    the largest batch, ``shape``, as few rows at a time as the plan needs:
     :func:`toast.hf.capture.budget.fit_plan`; the embedding or head too,
     unless the method's statistics are never beside them:
     :attr:`Stages.statistics_apart`); the plan printed, and the run refused
@@ -241,7 +242,7 @@ def _within_memory(
             return parts + taken[-1:], taken[:-1]
         return parts + taken, []
 
-    fit_plan(disk, batches, budget, statistics, command=command)
+    fit_plan(disk, shape, budget, statistics, command=command)
     return fitted[0]
 
 

@@ -135,3 +135,14 @@ def test_a_loaded_run_holds_its_statistics_a_forward_and_three_batches_of_logits
     vit = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
     assert in_memory_parts(vit, (3, 20)) == [(FORWARD_LABEL, forward_bytes(vit, 3, 20))]
     assert in_memory_parts(llm, None, [("moments", 123)]) == [("moments", 123)]
+
+
+def test_the_batches_shape_is_read_once_for_the_path_and_the_plan():
+    from toast.hf.capture.budget import ShapeOnce
+
+    reads = []
+    batch = {"input_ids": torch.zeros(3, 7, dtype=torch.long)}
+    shape = ShapeOnce(lambda: reads.append(True) or [batch])
+    assert shape(None) == (3, 7) and shape(None) == (3, 7) and reads == [True]
+    nothing = ShapeOnce(lambda: reads.append(True) or [])
+    assert nothing(None) is None and nothing(None) is None and reads == [True, True]

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # torch stays unimported: the CLI parses sizes before loading
 __all__ = [
     "BudgetError",
     "MemoryPlan",
+    "ShapeOnce",
     "available_memory",
     "batch_shape",
     "fit_plan",
@@ -504,6 +505,21 @@ def batch_shape(batches: Iterable, config: object) -> tuple[int, int] | None:
         if found is not None:
             rows, tokens = max(rows, found[0]), max(tokens, found[1])
     return (rows, tokens) if rows and tokens else None
+
+
+class ShapeOnce:
+    """:func:`batch_shape` of ``batches()``, read at the first call and kept:
+    the path's choice and the block-by-block plan read the same shape, and
+    raw text is tokenized for it once."""
+
+    def __init__(self, batches: Callable[[], Iterable]) -> None:
+        self._batches = batches
+        self._shape: tuple[tuple[int, int] | None] | None = None
+
+    def __call__(self, config: object) -> tuple[int, int] | None:
+        if self._shape is None:
+            self._shape = (batch_shape(self._batches(), config),)
+        return self._shape[0]
 
 
 def _shape_of(batch: object, config: object) -> tuple[int, int] | None:
