@@ -531,6 +531,37 @@ def pooled(first: dict[str, Any], later: list[dict[str, Any]]) -> dict[str, Any]
     }  # fmt: skip
 
 
+def joined_sizes(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Records of one setting scored on the same documents (runs that split
+    the rows or sizes among them, or appended to copies of one record) as
+    one record: every row of each once, the original's scores checked equal.
+    Refuses records of another setting, other documents, or a row measured
+    twice with different results."""
+    first, *later = records
+    for rec in later:
+        if _setting(rec["options"]) != _setting(first["options"]):
+            raise SystemExit(
+                f"records of another setting: {_setting(rec['options'])}, not "
+                f"{_setting(first['options'])}"
+            )
+        if rec["original"]["report"]["documents"] != first["original"]["report"]["documents"]:
+            raise SystemExit("the records scored the original on other documents")
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for rec in records:
+        for r in rec["rows"]:
+            if "error" in r:
+                continue
+            if found.get((r["row"], r["blocks"]), r) != r:
+                raise SystemExit(f"{r['row']} at {r['blocks']} blocks is in two records")
+            found[(r["row"], r["blocks"])] = r
+    order = {name: k for k, name in enumerate(rows())}
+    ranked = sorted(found.values(), key=lambda r: (r["blocks"], order.get(r["row"], len(order))))
+    sleb = max((rec.get("sleb_order", []) for rec in records), key=len)
+    # copies appended to share rows, so their wall times overlap: the rows' own remain
+    joined = {k: v for k, v in first.items() if k != "wall_seconds"}
+    return {**joined, "rows": ranked, "sleb_order": sleb}
+
+
 def _mean_documents(reports: list[TaskReport]) -> dict[str, list[float]]:
     """Each task's per-document score averaged over ``reports`` (the same documents)."""
     return {
@@ -698,10 +729,19 @@ def main() -> None:
         "--over-draws", nargs="+", metavar="JSON",
         help="write --out comparing records that differ only in --draw",
     )  # fmt: skip
+    parser.add_argument(
+        "--join", nargs="+", metavar="JSON",
+        help="write --out from records of one setting and documents that split the rows "
+        "or sizes among them",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.over_draws:
         write_over_draws([Path(path) for path in args.over_draws], Path(args.out))
         return
+    if args.join:
+        joined = joined_sizes([json.loads(Path(path).read_text()) for path in args.join])
+        Path(args.out).write_text(json.dumps(joined, indent=1, default=str))
+        args.tables = True  # the tables of the joined record, below
     OPTIONS.update(limit=args.limit, skip=args.skip)
     if args.tasks != list(TASKS) or args.no_lambada:  # else the options stay as recorded
         OPTIONS.update(tasks=args.tasks, lambada=not args.no_lambada)

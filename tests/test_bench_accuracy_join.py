@@ -1,0 +1,90 @@
+"""benchmarks/bench_accuracy.py --join: records that split the rows or sizes
+among them become one record of every row, and only records that can be
+joined are."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")  # the benchmark imports toast's evaluation code
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # its own imports (bench_peers, _machine)
+_spec = importlib.util.spec_from_file_location(
+    "bench_accuracy", ROOT / "benchmarks/bench_accuracy.py"
+)
+assert _spec is not None and _spec.loader is not None
+bench_accuracy = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_accuracy)
+
+from toast.hf.evaluate.harness import TaskReport  # noqa: E402
+
+TASKS = ("piqa", "boolq")
+OPTIONS = {"limit": 20, "skip": 10, "batch_size": 16, "calibration": "wikipedia"}
+PEER = "Prune&Comp (paper)"
+
+
+def _report(scores: np.ndarray) -> dict:
+    documents = {t: [float(x) for x in scores[k]] for k, t in enumerate(TASKS)}
+    metrics = {t: {"acc": float(np.mean(scores[k]))} for k, t in enumerate(TASKS)}
+    return TaskReport(metrics, dict.fromkeys(TASKS, "acc"), {}, harness={},
+                      documents=documents).to_dict()  # fmt: skip
+
+
+def _row(name: str, blocks: int, seed: int) -> dict:
+    scores = np.random.default_rng(seed).integers(0, 2, (len(TASKS), 20)).astype(float)
+    return {"row": name, "blocks": blocks, "what": "[12:20]", "report": _report(scores)}
+
+
+def _record(rows: list[dict], options: dict | None = None, original_seed: int = 0) -> dict:
+    scores = np.random.default_rng(original_seed).integers(0, 2, (len(TASKS), 20)).astype(float)
+    return {
+        "options": dict(options or OPTIONS), "rows": rows, "original": {"report": _report(scores)},
+        "wall_seconds": 10.0,
+    }  # fmt: skip
+
+
+def test_joined_records_hold_every_row_of_each_once_by_size():
+    a = _record([_row(bench_accuracy.DEFAULT_ROW, 8, 1), _row(PEER, 8, 2)])
+    b = _record([_row(PEER, 4, 3), _row(bench_accuracy.DEFAULT_ROW, 4, 4)])
+    joined = bench_accuracy.joined_sizes([a, b])
+    # by size, then in the benchmark's order of rows (the peers before toast's)
+    assert [(r["row"], r["blocks"]) for r in joined["rows"]] == [
+        (PEER, 4), (bench_accuracy.DEFAULT_ROW, 4), (PEER, 8), (bench_accuracy.DEFAULT_ROW, 8),
+    ]  # fmt: skip
+    by_key = {(r["row"], r["blocks"]): r for r in [*a["rows"], *b["rows"]]}
+    assert all(r == by_key[(r["row"], r["blocks"])] for r in joined["rows"])
+
+
+def test_a_row_copied_into_two_records_is_joined_once():
+    shared = _row(PEER, 8, 1)
+    a = _record([shared, _row(bench_accuracy.DEFAULT_ROW, 8, 2)])
+    b = _record([dict(shared), _row(PEER, 4, 3)])
+    joined = bench_accuracy.joined_sizes([a, b])
+    assert [(r["row"], r["blocks"]) for r in joined["rows"]] == [
+        (PEER, 4), (PEER, 8), (bench_accuracy.DEFAULT_ROW, 8),
+    ]  # fmt: skip
+
+
+def test_join_refuses_a_row_measured_twice():
+    a = _record([_row(PEER, 8, 1)])
+    b = _record([_row(PEER, 8, 2)])
+    with pytest.raises(SystemExit, match="in two records"):
+        bench_accuracy.joined_sizes([a, b])
+
+
+def test_join_refuses_another_calibration():
+    a = _record([_row(PEER, 8, 1)])
+    b = _record([_row(PEER, 4, 2)], {**OPTIONS, "calibration": "docstrings"})
+    with pytest.raises(SystemExit, match="another setting"):
+        bench_accuracy.joined_sizes([a, b])
+
+
+def test_join_refuses_an_original_scored_on_other_documents():
+    a = _record([_row(PEER, 8, 1)])
+    b = _record([_row(PEER, 4, 2)], original_seed=5)
+    with pytest.raises(SystemExit, match="other documents"):
+        bench_accuracy.joined_sizes([a, b])
