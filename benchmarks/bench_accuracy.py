@@ -425,6 +425,83 @@ def summary(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def confirmations(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """A record that measured rows again as :func:`leads` reads it: of an
+    ``--over-draws`` record, each row's mean difference to the default over
+    the draws and its standard error (the documents' and the draws' spread);
+    of a ``--pool`` record (more documents, one draw), each row's difference
+    and paired standard error. Points, with what they were measured on."""
+    o = record["options"]
+    documents = f"{o['skip']}–{o['skip'] + o['limit'] - 1}"
+    if "compared" in record:
+        return [
+            {
+                "row": c["row"],
+                "blocks": c["blocks"],
+                "mean": c["every_task"]["mean"],
+                "se": c["every_task"]["se"],
+                "draws": len(record["draws"]),
+                "documents": documents,
+            }  # fmt: skip
+            for c in record["compared"]
+        ]
+    at = {(r["row"], r["blocks"]): TaskReport.from_dict(r["report"]) for r in record["rows"]}
+    found = []
+    for (name, n), report in at.items():
+        default = at.get((DEFAULT_ROW, n))
+        if name == DEFAULT_ROW or default is None:
+            continue
+        se = report.paired_stderr(default) or 0.0
+        found.append({
+            "row": name, "blocks": n, "mean": 100 * (report.average - default.average),
+            "se": 100 * se, "draws": 1, "documents": documents,
+        })  # fmt: skip
+    return found
+
+
+def leads(record: dict[str, Any]) -> str:
+    """Each row's difference to toast's default at every size, points of the
+    seven tasks' average ± the paired standard error (item 3 of the accuracy
+    issue: no peer ahead by more than it), and the rows that are. A row the
+    record's ``confirmed`` list measured again over calibration draws
+    (:func:`confirmations`) is judged by that figure, shown beside."""
+    again = {(c["row"], c["blocks"]): c for c in record.get("confirmed", [])}
+    good = [r for r in record["rows"] if "error" not in r]
+    sizes = sorted({r["blocks"] for r in good})
+    at = {(r["row"], r["blocks"]): TaskReport.from_dict(r["report"]) for r in good}
+    lines = [
+        "| Δ vs toast's default, points ± paired SE (blocks removed of 30) | "
+        + " | ".join(f"{n} blocks" for n in sizes)
+        + " |",
+        "|---|" + "---:|" * len(sizes),
+    ]
+    ahead = []
+    for name in rows():
+        if name == DEFAULT_ROW or not any((name, n) in at for n in sizes):
+            continue
+        cells = []
+        for n in sizes:
+            default = at.get((DEFAULT_ROW, n))
+            if (name, n) not in at or default is None:
+                cells.append("—")
+                continue
+            report = at[(name, n)]
+            diff, se = report.average - default.average, report.paired_stderr(default) or 0.0
+            cell = f"{100 * diff:+.1f} ± {100 * se:.1f}"
+            c = again.get((name, n))
+            if c is not None:  # the figure over draws (mean and se in points) decides
+                diff, se = c["mean"] / 100, c["se"] / 100
+                draws = f"over {c['draws']} draws, " if c["draws"] > 1 else ""
+                cell += f"; **{c['mean']:+.1f} ± {c['se']:.1f}** {draws}documents {c['documents']}"
+            cells.append(cell)
+            if diff > se:
+                ahead.append(f"{name} at {n}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    verdict = "none" if not ahead else ", ".join(ahead)
+    lines.append(f"\nAhead of the default by more than one paired standard error: {verdict}.")
+    return "\n".join(lines)
+
+
 def _subset(options: dict[str, Any]) -> str:
     """What a record scored when not every task (``--tasks``, ``--no-lambada``)."""
     scored = options.get("tasks", list(TASKS))
@@ -734,12 +811,21 @@ def main() -> None:
         help="write --out from records of one setting and documents that split the rows "
         "or sizes among them",
     )  # fmt: skip
+    parser.add_argument(
+        "--confirm", nargs="+", metavar="JSON",
+        help="with --join: --over-draws records whose rows are judged by their figure over "
+        "the draws",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.over_draws:
         write_over_draws([Path(path) for path in args.over_draws], Path(args.out))
         return
     if args.join:
         joined = joined_sizes([json.loads(Path(path).read_text()) for path in args.join])
+        for path in args.confirm or []:
+            joined.setdefault("confirmed", []).extend(
+                confirmations(json.loads(Path(path).read_text()))
+            )
         Path(args.out).write_text(json.dumps(joined, indent=1, default=str))
         args.tables = True  # the tables of the joined record, below
     OPTIONS.update(limit=args.limit, skip=args.skip)
@@ -778,7 +864,8 @@ def main() -> None:
         "may have shared the 2 cores, the load average below, so a row can take longer "
         "than alone).\n\n"
         f"{_pooled_from(record)}"
-        f"## Retained\n\n{summary(record)}\n\n## Every row\n\n{table(record)}\n\n"
+        f"## Retained\n\n{summary(record)}\n\n## Against the default\n\n{leads(record)}\n\n"
+        f"## Every row\n\n{table(record)}\n\n"
         f"{_machine.describe(record['machine'])}\n"
     )
     out.with_suffix(".md").write_text(text)

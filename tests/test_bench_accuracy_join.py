@@ -88,3 +88,52 @@ def test_join_refuses_an_original_scored_on_other_documents():
     b = _record([_row(PEER, 4, 2)], original_seed=5)
     with pytest.raises(SystemExit, match="other documents"):
         bench_accuracy.joined_sizes([a, b])
+
+
+def _scored(row: str, blocks: int, scores: np.ndarray) -> dict:
+    return {"row": row, "blocks": blocks, "what": "[12:20]", "report": _report(scores)}
+
+
+def test_a_row_ahead_by_more_than_its_paired_error_is_named_and_one_within_is_not():
+    rng = np.random.default_rng(0)
+    default = rng.integers(0, 2, (len(TASKS), 20)).astype(float)
+    better = default.copy()
+    better[:, :6] = 1.0  # right wherever the default is, and on six more documents a task
+    record = _record([
+        _scored(bench_accuracy.DEFAULT_ROW, 8, default), _scored(PEER, 8, better),
+        _scored(PEER, 4, default), _scored(bench_accuracy.DEFAULT_ROW, 4, default),
+    ])  # fmt: skip
+    a, b = TaskReport.from_dict(_report(better)), TaskReport.from_dict(_report(default))
+    diff, se = 100 * (a.average - b.average), 100 * a.paired_stderr(b)
+    assert diff > se > 0
+    text = bench_accuracy.leads(record)
+    assert f"| {PEER} | +0.0 ± 0.0 | {diff:+.1f} ± {se:.1f} |" in text
+    assert text.endswith(f"more than one paired standard error: {PEER} at 8.")
+
+
+def test_a_row_measured_again_is_judged_by_its_figure_over_the_draws():
+    rng = np.random.default_rng(0)
+    default = rng.integers(0, 2, (len(TASKS), 20)).astype(float)
+    better = default.copy()
+    better[:, :6] = 1.0
+    record = _record([_scored(bench_accuracy.DEFAULT_ROW, 8, default), _scored(PEER, 8, better)])
+    over = {
+        "options": {**OPTIONS, "limit": 125}, "draws": [0, 1, 2],
+        "compared": [{"row": PEER, "blocks": 8, "every_task": {"mean": 0.3, "se": 0.4}}],
+    }  # fmt: skip
+    record["confirmed"] = bench_accuracy.confirmations(over)
+    text = bench_accuracy.leads(record)
+    assert "**+0.3 ± 0.4** over 3 draws, documents 10–134" in text
+    assert text.endswith("more than one paired standard error: none.")
+
+
+def test_a_pooled_records_rows_confirm_with_their_paired_error():
+    rng = np.random.default_rng(1)
+    default, peer = (rng.integers(0, 2, (len(TASKS), 20)).astype(float) for _ in range(2))
+    pooled = _record([_scored(bench_accuracy.DEFAULT_ROW, 6, default), _scored(PEER, 6, peer)])
+    (found,) = bench_accuracy.confirmations(pooled)
+    diffs = peer - default  # per task, the variance of the per-document differences
+    se = 100 * np.sqrt(np.sum(np.var(diffs, axis=1, ddof=1) / 20)) / len(TASKS)
+    assert found["mean"] == pytest.approx(100 * (peer.mean() - default.mean()))
+    assert found["se"] == pytest.approx(se)
+    assert (found["draws"], found["documents"]) == (1, "10–29")
