@@ -90,6 +90,41 @@ def test_toast_statistics_bound_is_lowered_to_the_room_and_never_below_one_pair(
     assert small.statistics_bytes == "auto" and parts[0][0] == "moments"
 
 
+def test_toast_auto_estimator_counts_the_folds_pass_when_the_rows_are_few():
+    from toast.core import Moments
+    from toast.core.chunked import JOIN_BYTES
+    from toast.methods.translate.analysis import enough_for_gcv
+
+    config = ToastConfig(budget=2)  # estimator "auto", metric "linear", 5 folds, 10% held out
+    d, states = 1024, 9  # 192 MiB of moments, 960 MiB with the folds
+    whole, with_folds = (
+        Moments.estimate_nbytes(states, d, f, config.pairs) for f in (0, config.folds)
+    )
+    room = whole + JOIN_BYTES  # the pass without folds fits, the folds' pass does not
+    assert whole < room < with_folds
+    enough = -(-config.folds * (d + 1) // (1 - 2 * config.check_fraction))  # rows, rounded up
+    assert enough_for_gcv(int(enough * (1 - 2 * config.check_fraction)), d, config.folds)
+    planned, parts = toast_within(config, states, d, room, rows=int(enough))
+    assert planned == config and parts == [("moments", whole)]  # GCV: one pass, no folds
+    for rows in (int(enough) - 2, None):  # few rows, or rows not known: the folds count
+        planned, parts = toast_within(config, states, d, room, rows=rows)
+        assert planned.statistics_bytes == room - JOIN_BYTES
+        assert parts == [("moments, chunked from disk", room)]
+
+
+def test_the_batches_tokens_are_counted_once_without_the_held_out_or_padding():
+    from toast.hf.capture.budget import ShapeOnce
+
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    batch = {"input_ids": torch.zeros(2, 4, dtype=torch.long), "attention_mask": mask}
+    held = {"input_ids": torch.zeros(5, 6, dtype=torch.long)}
+    reads = []
+    shape = ShapeOnce(lambda: reads.append("batches") or [batch, batch], lambda: [held])
+    assert shape.rows(None) == 10 and shape(None) == (5, 6) and reads == ["batches"]
+    assert ShapeOnce(lambda: [{"input_ids": torch.zeros(3, 7)}]).rows(None) == 21
+    assert ShapeOnce(lambda: [{"text": "raw"}]).rows(None) is None
+
+
 def test_analyze_of_a_folder_from_disk_plans_and_equals_the_loaded_model(source, capsys):
     from toast.io.local import load_model
 

@@ -28,7 +28,6 @@ import os
 import shutil
 import sys
 from collections.abc import Iterable, Iterator
-from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,13 +90,16 @@ def compress_folder(
     progress = getattr(cal, "progress", True)
     batches, held = prepare_data(method, data, heldout, text)
 
-    def seen() -> Iterable:  # a one-shot iterator is left for the run (no shape read)
-        return chain(*(b for b in (batches, held) if b is not None and not isinstance(b, Iterator)))
+    def readable(b: Any) -> Iterable:  # a one-shot iterator is left for the run (not read)
+        return () if b is None or isinstance(b, Iterator) else b
 
-    shape = ShapeOnce(seen)
+    shape = ShapeOnce(lambda: readable(batches), lambda: readable(held))
     disk = _disk_path(method, source, config, max_memory, sequential, progress, shape=shape)
     if disk is not None:
-        config = _within_memory(method, config, disk, max_memory, shape(disk.model.config))
+        config = _within_memory(
+            method, config, disk, max_memory, shape(disk.model.config),
+            rows=shape.rows(disk.model.config),
+        )  # fmt: skip
         if dtype is not None or device is not None:
             _say(
                 "the block-by-block path computes on the CPU (dtype: calibration.compute_dtype)",
@@ -149,7 +151,10 @@ def plan_folder(
     )
     if disk is None:
         return None, config
-    return disk, _within_memory(method, config, disk, max_memory, shape(disk.model.config), command)
+    model_config = disk.model.config
+    return disk, _within_memory(
+        method, config, disk, max_memory, shape(model_config), command, shape.rows(model_config)
+    )
 
 
 def _disk_path(
@@ -207,7 +212,8 @@ def _run_beside(
     blocks = int(getattr(model_config, "num_hidden_layers", 0) or 0)
     statistics: list[tuple[str, int]] = []
     if width and blocks:  # whole: no budget bounds them in memory
-        statistics = method.stages.within_memory(config, blocks + 1, width, _UNBOUNDED)[1]
+        rows = shape.rows(model_config)
+        statistics = method.stages.within_memory(config, blocks + 1, width, _UNBOUNDED, rows)[1]
     return in_memory_parts(model_config, shape(model_config), statistics)
 
 
@@ -218,10 +224,12 @@ def _within_memory(
     max_memory: int | str | None,
     shape: tuple[int, int] | None,
     command: str = _COMMAND,
+    rows: int | None = None,
 ) -> Any:
     """``config`` with the method's statistics fitted to what ``max_memory``
-    leaves beside the block-by-block path's own parts (with one forward on
-    the largest batch, ``shape``, as few rows at a time as the plan needs:
+    leaves beside the block-by-block path's own parts (the statistics of
+    ``rows`` calibration tokens, when known; with one forward on the
+    largest batch, ``shape``, as few rows at a time as the plan needs:
     :func:`toast.hf.capture.budget.fit_plan`; the embedding or head too,
     unless the method's statistics are never beside them:
     :attr:`Stages.statistics_apart`); the plan printed, and the run refused
@@ -236,7 +244,7 @@ def _within_memory(
         stages = method.stages
         held = [p for p in parts if stages.statistics_apart and p[0] in OUTSIDE_LABELS]
         room = max(budget - sum(n for p, n in parts if (p, n) not in held), 0)
-        fitted[0], taken = stages.within_memory(config, disk.num_blocks + 1, width, room)
+        fitted[0], taken = stages.within_memory(config, disk.num_blocks + 1, width, room, rows)
         if held and taken:
             # what is kept to the end sits beside the head; the rest never does
             return parts + taken[-1:], taken[:-1]

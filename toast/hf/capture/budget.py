@@ -19,8 +19,9 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -508,18 +509,59 @@ def batch_shape(batches: Iterable, config: object) -> tuple[int, int] | None:
 
 
 class ShapeOnce:
-    """:func:`batch_shape` of ``batches()``, read at the first call and kept:
-    the path's choice and the block-by-block plan read the same shape, and
-    raw text is tokenized for it once."""
+    """:func:`batch_shape` of ``batches()`` and ``held()`` (the calibration
+    and the held-out batches), read at the first call and kept with the
+    calibration's tokens (:meth:`rows`): the path's choice and the
+    block-by-block plan read the same figures, and raw text is tokenized for
+    them once."""
 
-    def __init__(self, batches: Callable[[], Iterable]) -> None:
-        self._batches = batches
-        self._shape: tuple[tuple[int, int] | None] | None = None
+    def __init__(
+        self, batches: Callable[[], Iterable], held: Callable[[], Iterable] | None = None
+    ) -> None:
+        self._batches, self._held = batches, held
+        self._read: tuple[tuple[int, int] | None, int | None] | None = None
+
+    def _figures(self, config: object) -> tuple[tuple[int, int] | None, int | None]:
+        if self._read is None:
+            counted = _Counted(self._batches(), config)
+            held = () if self._held is None else self._held()
+            self._read = (batch_shape(chain(counted, held), config), counted.tokens)
+        return self._read
 
     def __call__(self, config: object) -> tuple[int, int] | None:
-        if self._shape is None:
-            self._shape = (batch_shape(self._batches(), config),)
-        return self._shape[0]
+        return self._figures(config)[0]
+
+    def rows(self, config: object) -> int | None:
+        """The calibration batches' tokens (unmasked ones where a batch has
+        an attention mask; an image's patches and class token); None when a
+        batch does not say, or there are none."""
+        return self._figures(config)[1]
+
+
+class _Counted:
+    """``batches`` passed through, their tokens added up as they go."""
+
+    def __init__(self, batches: Iterable, config: object) -> None:
+        self._batches, self._config = batches, config
+        self.tokens: int | None = None
+
+    def __iter__(self) -> Iterator:
+        total: int | None = 0
+        for batch in self._batches:
+            found = _tokens_of(batch, self._config)
+            total = None if found is None or total is None else total + found
+            yield batch
+        self.tokens = total or None
+
+
+def _tokens_of(batch: object, config: object) -> int | None:
+    shape = _shape_of(batch, config)
+    if shape is None:
+        return None
+    mask: Any = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    if mask is not None and getattr(mask, "ndim", 0) == 2 and tuple(mask.shape) == shape:
+        return int(mask.sum())
+    return shape[0] * shape[1]
 
 
 def _shape_of(batch: object, config: object) -> tuple[int, int] | None:

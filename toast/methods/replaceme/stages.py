@@ -114,7 +114,7 @@ class ReplaceMeStages(BaseStages):
         return distance_candidates_only(config)
 
     def within_memory(
-        self, config: Any, states: int, width: int, room: int
+        self, config: Any, states: int, width: int, room: int, rows: int | None = None
     ) -> tuple[Any, list[tuple[str, int]]]:
         return within_memory(config, states, width, room)
 

@@ -7,20 +7,40 @@ import dataclasses
 
 from toast.core import Moments
 from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound
+from toast.methods.translate.analysis import enough_for_gcv
 from toast.methods.translate.config import ToastConfig
 
 __all__ = ["within_memory"]
 
 
+def _with_folds(config: ToastConfig, width: int, rows: int | None) -> bool:
+    """Whether the analysis forms fold statistics: with ``"cv"``, and with
+    ``"auto"`` (a linear metric) when the rows it sees are few for GCV
+    (:func:`toast.methods.translate.analysis.enough_for_gcv`: it then passes
+    again with folds). Of ``rows`` calibration tokens it sees at least those
+    left by twice the held-out share (whole batches are held out), every
+    token with ``tokens="all"``; with another ``tokens`` or unknown rows,
+    the folds are counted."""
+    if config.estimator == "cv":
+        return True
+    if config.estimator != "auto" or config.metric not in ("linear", "affine"):
+        return False
+    if rows is None or config.tokens != "all":
+        return True
+    seen = int(rows * (1 - 2 * config.check_fraction))
+    return not enough_for_gcv(seen, width, config.folds)
+
+
 def within_memory(
-    config: ToastConfig, states: int, width: int, room: int
+    config: ToastConfig, states: int, width: int, room: int, rows: int | None = None
 ) -> tuple[ToastConfig, list[tuple[str, int]]]:
     """``config`` with ``statistics_bytes`` no larger than ``room`` leaves
     for the moments (never below one pair's: the least any error matrix
     needs, without folds, which the analysis then falls back to), and what
     they take: the whole moments when they fit, else the chunked moments'
-    bound with the rows replayed from disk at once."""
-    folds = config.folds if config.estimator == "cv" else 0
+    bound with the rows replayed from disk at once. Counted with their
+    folds where the analysis forms them (:func:`_with_folds`)."""
+    folds = config.folds if _with_folds(config, width, rows) else 0
     wanted = resolve_bound(config.statistics_bytes, width, folds)
     whole = Moments.estimate_nbytes(states, width, folds, config.pairs)
     if whole <= min(wanted, room):

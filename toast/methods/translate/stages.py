@@ -78,9 +78,9 @@ class ToastStages(BaseStages):
         return ConfiguredToast(config)
 
     def within_memory(
-        self, config: Any, states: int, width: int, room: int
+        self, config: Any, states: int, width: int, room: int, rows: int | None = None
     ) -> tuple[Any, list[tuple[str, int]]]:
-        return within_memory(config, states, width, room)
+        return within_memory(config, states, width, room, rows)
 
     def needs(self, layout: Layout) -> Needs:
         return Needs(moments=True)
