@@ -93,7 +93,6 @@ def test_toast_statistics_bound_is_lowered_to_the_room_and_never_below_one_pair(
 def test_toast_auto_estimator_counts_the_folds_pass_when_the_rows_are_few():
     from toast.core import Moments
     from toast.core.chunked import JOIN_BYTES
-    from toast.methods.translate.analysis import enough_for_gcv
 
     config = ToastConfig(budget=2)  # estimator "auto", metric "linear", 5 folds, 10% held out
     d, states = 1024, 9  # 192 MiB of moments, 960 MiB with the folds
@@ -102,12 +101,13 @@ def test_toast_auto_estimator_counts_the_folds_pass_when_the_rows_are_few():
     )
     room = whole + JOIN_BYTES  # the pass without folds fits, the folds' pass does not
     assert whole < room < with_folds
-    enough = -(-config.folds * (d + 1) // (1 - 2 * config.check_fraction))  # rows, rounded up
-    assert enough_for_gcv(int(enough * (1 - 2 * config.check_fraction)), d, config.folds)
-    planned, parts = toast_within(config, states, d, room, rows=int(enough))
+    # 20 batches, the 10th and the 20th held out: GCV wants 5 x 1,025 rows of the other 18
+    enough = [5 * 1025 // 18 + 1] * 20
+    planned, parts = toast_within(config, states, d, room, enough)
     assert planned == config and parts == [("moments", whole)]  # GCV: one pass, no folds
-    for rows in (int(enough) - 2, None):  # few rows, or rows not known: the folds count
-        planned, parts = toast_within(config, states, d, room, rows=rows)
+    few = [5 * 1025 // 18] * 20
+    for tokens in (few, None, [10**6]):  # few rows, unknown ones, one batch split by sequence
+        planned, parts = toast_within(config, states, d, room, tokens)
         assert planned.statistics_bytes == room - JOIN_BYTES
         assert parts == [("moments, chunked from disk", room)]
 
@@ -120,9 +120,9 @@ def test_the_batches_tokens_are_counted_once_without_the_held_out_or_padding():
     held = {"input_ids": torch.zeros(5, 6, dtype=torch.long)}
     reads = []
     shape = ShapeOnce(lambda: reads.append("batches") or [batch, batch], lambda: [held])
-    assert shape.rows(None) == 10 and shape(None) == (5, 6) and reads == ["batches"]
-    assert ShapeOnce(lambda: [{"input_ids": torch.zeros(3, 7)}]).rows(None) == 21
-    assert ShapeOnce(lambda: [{"text": "raw"}]).rows(None) is None
+    assert shape.tokens(None) == (5, 5) and shape(None) == (5, 6) and reads == ["batches"]
+    assert ShapeOnce(lambda: [{"input_ids": torch.zeros(3, 7)}]).tokens(None) == (21,)
+    assert ShapeOnce(lambda: [{"text": "raw"}]).tokens(None) is None
 
 
 def test_analyze_of_a_folder_from_disk_plans_and_equals_the_loaded_model(source, capsys):

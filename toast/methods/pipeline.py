@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -98,7 +98,7 @@ def compress_folder(
     if disk is not None:
         config = _within_memory(
             method, config, disk, max_memory, shape(disk.model.config),
-            rows=shape.rows(disk.model.config),
+            tokens=shape.tokens(disk.model.config),
         )  # fmt: skip
         if dtype is not None or device is not None:
             _say(
@@ -153,7 +153,7 @@ def plan_folder(
         return None, config
     model_config = disk.model.config
     return disk, _within_memory(
-        method, config, disk, max_memory, shape(model_config), command, shape.rows(model_config)
+        method, config, disk, max_memory, shape(model_config), command, shape.tokens(model_config)
     )
 
 
@@ -212,8 +212,8 @@ def _run_beside(
     blocks = int(getattr(model_config, "num_hidden_layers", 0) or 0)
     statistics: list[tuple[str, int]] = []
     if width and blocks:  # whole: no budget bounds them in memory
-        rows = shape.rows(model_config)
-        statistics = method.stages.within_memory(config, blocks + 1, width, _UNBOUNDED, rows)[1]
+        tokens = shape.tokens(model_config)
+        statistics = method.stages.within_memory(config, blocks + 1, width, _UNBOUNDED, tokens)[1]
     return in_memory_parts(model_config, shape(model_config), statistics)
 
 
@@ -224,11 +224,11 @@ def _within_memory(
     max_memory: int | str | None,
     shape: tuple[int, int] | None,
     command: str = _COMMAND,
-    rows: int | None = None,
+    tokens: Sequence[int] | None = None,
 ) -> Any:
     """``config`` with the method's statistics fitted to what ``max_memory``
     leaves beside the block-by-block path's own parts (the statistics of
-    ``rows`` calibration tokens, when known; with one forward on the
+    calibration batches of ``tokens`` tokens, when known; with one forward on the
     largest batch, ``shape``, as few rows at a time as the plan needs:
     :func:`toast.hf.capture.budget.fit_plan`; the embedding or head too,
     unless the method's statistics are never beside them:
@@ -244,7 +244,7 @@ def _within_memory(
         stages = method.stages
         held = [p for p in parts if stages.statistics_apart and p[0] in OUTSIDE_LABELS]
         room = max(budget - sum(n for p, n in parts if (p, n) not in held), 0)
-        fitted[0], taken = stages.within_memory(config, disk.num_blocks + 1, width, room, rows)
+        fitted[0], taken = stages.within_memory(config, disk.num_blocks + 1, width, room, tokens)
         if held and taken:
             # what is kept to the end sits beside the head; the rest never does
             return parts + taken[-1:], taken[:-1]

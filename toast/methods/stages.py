@@ -402,9 +402,9 @@ class Stages(Protocol):
     ``on_either_path(config)``: ``config`` as both paths run it (what only
     the in-memory path can do left out), so that the path memory chooses
     never changes the result (``config`` itself by default);
-    ``within_memory(config, states, width, room, rows)``: ``config`` with its
-    statistics fitted to ``room`` bytes for ``states`` block states of
-    width ``width`` (``rows``: the calibration's tokens, when the data
+    ``within_memory(config, states, width, room, tokens)``: ``config`` with
+    its statistics fitted to ``room`` bytes for ``states`` block states of
+    width ``width`` (``tokens``: each calibration batch's, when the data
     say), and what they then take as ``(label, bytes)`` parts
     (the least they can take when even that exceeds ``room``: the plan then
     refuses the run; ``(config, [])`` by default: nothing worth planning);
@@ -423,7 +423,7 @@ class Stages(Protocol):
     def on_either_path(self, config: Any) -> Any: ...
 
     def within_memory(
-        self, config: Any, states: int, width: int, room: int, rows: int | None = None
+        self, config: Any, states: int, width: int, room: int, tokens: Sequence[int] | None = None
     ) -> tuple[Any, list[tuple[str, int]]]: ...
 
     def request(self, config: Any) -> Request: ...
@@ -521,7 +521,7 @@ class BaseStages:
         return config
 
     def within_memory(
-        self, config: Any, states: int, width: int, room: int, rows: int | None = None
+        self, config: Any, states: int, width: int, room: int, tokens: Sequence[int] | None = None
     ) -> tuple[Any, list[tuple[str, int]]]:
         return config, []
 

@@ -519,9 +519,9 @@ class ShapeOnce:
         self, batches: Callable[[], Iterable], held: Callable[[], Iterable] | None = None
     ) -> None:
         self._batches, self._held = batches, held
-        self._read: tuple[tuple[int, int] | None, int | None] | None = None
+        self._read: tuple[tuple[int, int] | None, tuple[int, ...] | None] | None = None
 
-    def _figures(self, config: object) -> tuple[tuple[int, int] | None, int | None]:
+    def _figures(self, config: object) -> tuple[tuple[int, int] | None, tuple[int, ...] | None]:
         if self._read is None:
             counted = _Counted(self._batches(), config)
             held = () if self._held is None else self._held()
@@ -531,27 +531,27 @@ class ShapeOnce:
     def __call__(self, config: object) -> tuple[int, int] | None:
         return self._figures(config)[0]
 
-    def rows(self, config: object) -> int | None:
-        """The calibration batches' tokens (unmasked ones where a batch has
-        an attention mask; an image's patches and class token); None when a
-        batch does not say, or there are none."""
+    def tokens(self, config: object) -> tuple[int, ...] | None:
+        """Each calibration batch's tokens (the unmasked ones where a batch
+        has an attention mask; an image's patches and class token); None
+        when a batch does not say, or there are none."""
         return self._figures(config)[1]
 
 
 class _Counted:
-    """``batches`` passed through, their tokens added up as they go."""
+    """``batches`` passed through, each one's tokens kept as they go."""
 
     def __init__(self, batches: Iterable, config: object) -> None:
         self._batches, self._config = batches, config
-        self.tokens: int | None = None
+        self.tokens: tuple[int, ...] | None = None
 
     def __iter__(self) -> Iterator:
-        total: int | None = 0
+        found: list[int | None] = []
         for batch in self._batches:
-            found = _tokens_of(batch, self._config)
-            total = None if found is None or total is None else total + found
+            found.append(_tokens_of(batch, self._config))
             yield batch
-        self.tokens = total or None
+        known = [n for n in found if n is not None]
+        self.tokens = tuple(known) if known and len(known) == len(found) else None
 
 
 def _tokens_of(batch: object, config: object) -> int | None:

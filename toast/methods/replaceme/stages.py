@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,7 +114,7 @@ class ReplaceMeStages(BaseStages):
         return distance_candidates_only(config)
 
     def within_memory(
-        self, config: Any, states: int, width: int, room: int, rows: int | None = None
+        self, config: Any, states: int, width: int, room: int, tokens: Sequence[int] | None = None
     ) -> tuple[Any, list[tuple[str, int]]]:
         return within_memory(config, states, width, room)
 

@@ -4,35 +4,38 @@ plan, :meth:`toast.methods.stages.Stages.within_memory`)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from toast.core import Moments
 from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound
+from toast.hf.evaluate.check import CheckSplit
 from toast.methods.translate.analysis import enough_for_gcv
 from toast.methods.translate.config import ToastConfig
 
 __all__ = ["within_memory"]
 
 
-def _with_folds(config: ToastConfig, width: int, rows: int | None) -> bool:
+def _with_folds(config: ToastConfig, width: int, tokens: Sequence[int] | None) -> bool:
     """Whether the analysis forms fold statistics: with ``"cv"``, and with
     ``"auto"`` (a linear metric) when the rows it sees are few for GCV
     (:func:`toast.methods.translate.analysis.enough_for_gcv`: it then passes
-    again with folds). Of ``rows`` calibration tokens it sees at least those
-    left by twice the held-out share (whole batches are held out), every
-    token with ``tokens="all"``; with another ``tokens`` or unknown rows,
-    the folds are counted."""
+    again with folds). It sees every token (``tokens="all"``) of the
+    batches the held-out check leaves (:class:`CheckSplit` over each
+    batch's ``tokens``); with another ``tokens``, unknown batches, or one
+    batch split by sequence, the folds are counted."""
     if config.estimator == "cv":
         return True
     if config.estimator != "auto" or config.metric not in ("linear", "affine"):
         return False
-    if rows is None or config.tokens != "all":
+    fraction = 0.0 if config.fit == "sequential" else config.check_fraction
+    if tokens is None or config.tokens != "all" or (len(tokens) == 1 and fraction > 0):
         return True
-    seen = int(rows * (1 - 2 * config.check_fraction))
+    seen = sum(CheckSplit(list(tokens), fraction).fit)
     return not enough_for_gcv(seen, width, config.folds)
 
 
 def within_memory(
-    config: ToastConfig, states: int, width: int, room: int, rows: int | None = None
+    config: ToastConfig, states: int, width: int, room: int, tokens: Sequence[int] | None = None
 ) -> tuple[ToastConfig, list[tuple[str, int]]]:
     """``config`` with ``statistics_bytes`` no larger than ``room`` leaves
     for the moments (never below one pair's: the least any error matrix
@@ -40,7 +43,7 @@ def within_memory(
     they take: the whole moments when they fit, else the chunked moments'
     bound with the rows replayed from disk at once. Counted with their
     folds where the analysis forms them (:func:`_with_folds`)."""
-    folds = config.folds if _with_folds(config, width, rows) else 0
+    folds = config.folds if _with_folds(config, width, tokens) else 0
     wanted = resolve_bound(config.statistics_bytes, width, folds)
     whole = Moments.estimate_nbytes(states, width, folds, config.pairs)
     if whole <= min(wanted, room):

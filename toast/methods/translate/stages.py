@@ -12,7 +12,7 @@ import dataclasses
 import math
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,9 +78,9 @@ class ToastStages(BaseStages):
         return ConfiguredToast(config)
 
     def within_memory(
-        self, config: Any, states: int, width: int, room: int, rows: int | None = None
+        self, config: Any, states: int, width: int, room: int, tokens: Sequence[int] | None = None
     ) -> tuple[Any, list[tuple[str, int]]]:
-        return within_memory(config, states, width, room, rows)
+        return within_memory(config, states, width, room, tokens)
 
     def needs(self, layout: Layout) -> Needs:
         return Needs(moments=True)
