@@ -9,8 +9,12 @@ lines and is rendered from one committed results file:
   (``benchmarks/bench_first_contact.py``: both quick-start commands on fresh clones);
 - ``demo-llm``: ``benchmarks/results/demo_llm.json`` (``toast demo --llm``'s);
 - ``peers``: ``benchmarks/results/peers.json`` (``benchmarks/bench_peers.py``,
-  with the retained accuracy of ``accuracy.json``);
-- ``accuracy``: ``benchmarks/results/accuracy.json`` (``benchmarks/bench_accuracy.py``);
+  with the retained accuracy of ``accuracy_wiki.json``);
+- ``accuracy`` and ``accuracy-leads``: ``benchmarks/results/accuracy_wiki.json``
+  (``benchmarks/bench_accuracy.py --join``: every method calibrated on Wikipedia
+  paragraphs), its retained shares and each row's difference to the default;
+- ``accuracy-docstrings``: ``benchmarks/results/accuracy.json`` (calibrated on
+  Python's docstrings);
 - ``highlights``: the README's bullet list of benchmark figures, each bullet
   from the results file of the script it names: ``real_vit.json``,
   ``fidelity.json``, ``search-patch-ridge.json`` (``bench_search.py``'s rerun
@@ -170,15 +174,24 @@ def render_demo_llm(root: Path, r: dict[str, Any]) -> str:
     )
 
 
+#: The accuracy table: every method calibrated on Wikipedia paragraphs, the
+#: papers' kind of text (``bench_accuracy.py --join``; benchmarks/README.md)
+ACCURACY = "benchmarks/results/accuracy_wiki.json"
+
+
 def render_peers(root: Path, record: dict[str, Any]) -> str:
     bench = _benchmark("bench_peers")
-    accuracy = root / "benchmarks" / "results" / "accuracy.json"
+    accuracy = root / ACCURACY
     kept = bench.retained_accuracy(accuracy) if accuracy.exists() else None
     return str(bench.summary(record, kept))
 
 
 def render_accuracy(root: Path, record: dict[str, Any]) -> str:
     return str(_benchmark("bench_accuracy").summary(record))
+
+
+def render_leads(root: Path, record: dict[str, Any]) -> str:
+    return str(_benchmark("bench_accuracy").leads(record))
 
 
 # The README's bullet list of benchmark figures ("highlights"): one bullet a
@@ -383,9 +396,15 @@ QUOTES = (
         "benchmarks/results/peers.json",
         render_peers,
         ("README.md", "benchmarks/README.md"),
+        also=(ACCURACY,),
     ),
+    Quote("accuracy", ACCURACY, render_accuracy, ("benchmarks/README.md",)),
+    Quote("accuracy-leads", ACCURACY, render_leads, ("benchmarks/README.md",)),
     Quote(
-        "accuracy", "benchmarks/results/accuracy.json", render_accuracy, ("benchmarks/README.md",)
+        "accuracy-docstrings",
+        "benchmarks/results/accuracy.json",
+        render_accuracy,
+        ("benchmarks/README.md",),
     ),
     Quote(
         "highlights",
