@@ -511,7 +511,7 @@ def batch_shape(batches: Iterable, config: object) -> tuple[int, int] | None:
 class ShapeOnce:
     """:func:`batch_shape` of ``batches()`` and ``held()`` (the calibration
     and the held-out batches), read at the first call and kept with the
-    calibration's tokens (:meth:`rows`): the path's choice and the
+    calibration's tokens (:meth:`tokens`): the path's choice and the
     block-by-block plan read the same figures, and raw text is tokenized for
     them once."""
 
