@@ -35,7 +35,11 @@ same text (its sentences or paragraphs shuffled with seed K), and
 ``--over-draws A.json B.json ... --out X.json`` compares records that differ
 only in their draw: each row's difference to toast's default per draw and
 over the draws, with a standard error that counts the calibration sample's
-noise beside the documents'.
+noise beside the documents'. ``--join A.json B.json ... [--confirm
+POOLED_OR_DRAWS.json ...] --out X.json`` makes one record of runs of one
+setting and documents that split the rows or sizes among them (the
+committed table, ``results/accuracy_wiki.json``), a row measured again
+judged by that figure.
 On 2 CPU cores SmolLM2 scores about 1–3 documents a second: a full table
 (every document) is for an accelerator; ``--limit`` keeps a CPU run to
 minutes per row. Results are written after every row.
