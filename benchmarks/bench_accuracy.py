@@ -467,8 +467,9 @@ def leads(record: dict[str, Any]) -> str:
     """Each row's difference to toast's default at every size, points of the
     seven tasks' average ± the paired standard error (item 3 of the accuracy
     issue: no peer ahead by more than it), and the rows that are. A row the
-    record's ``confirmed`` list measured again over calibration draws
-    (:func:`confirmations`) is judged by that figure, shown beside."""
+    record's ``confirmed`` list measured again, on more documents or over
+    calibration draws (:func:`confirmations`), is judged by that figure,
+    shown beside."""
     again = {(c["row"], c["blocks"]): c for c in record.get("confirmed", [])}
     good = [r for r in record["rows"] if "error" not in r]
     sizes = sorted({r["blocks"] for r in good})
@@ -493,7 +494,7 @@ def leads(record: dict[str, Any]) -> str:
             diff, se = report.average - default.average, report.paired_stderr(default) or 0.0
             cell = f"{100 * diff:+.1f} ± {100 * se:.1f}"
             c = again.get((name, n))
-            if c is not None:  # the figure over draws (mean and se in points) decides
+            if c is not None:  # the figure measured again (mean and se in points) decides
                 diff, se = c["mean"] / 100, c["se"] / 100
                 draws = f"over {c['draws']} draws, " if c["draws"] > 1 else ""
                 cell += f"; **{c['mean']:+.1f} ± {c['se']:.1f}** {draws}documents {c['documents']}"
@@ -817,8 +818,8 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--confirm", nargs="+", metavar="JSON",
-        help="with --join: --over-draws records whose rows are judged by their figure over "
-        "the draws",
+        help="with --join: --pool or --over-draws records whose rows are judged by their "
+        "figure on more documents or over the draws",
     )  # fmt: skip
     args = parser.parse_args()
     if args.over_draws:
