@@ -2,8 +2,6 @@
 default over calibration draws, against NumPy on the same per-document
 scores."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,16 +9,11 @@ import pytest
 
 pytest.importorskip("torch")  # the benchmark imports toast's evaluation code
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # its own imports (bench_peers, _machine)
-_spec = importlib.util.spec_from_file_location(
-    "bench_accuracy", ROOT / "benchmarks/bench_accuracy.py"
-)
-assert _spec is not None and _spec.loader is not None
-bench_accuracy = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_accuracy)
-
+from tests._helpers import load_script  # noqa: E402
 from toast.hf.evaluate.harness import TaskReport  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+bench_accuracy = load_script(ROOT / "benchmarks/bench_accuracy.py", imports_beside=True)
 
 TASKS = ("piqa", "boolq", "arc_easy")
 DOCUMENTS = 40

@@ -1,23 +1,19 @@
 """scripts/check_docs.py: the README's quoted figures equal their results
 files, and a figure changed by hand fails the check."""
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")  # the benchmark tables are rendered by the benchmarks' code
 
+from tests._helpers import load_script  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "check_docs.py"
-_spec = importlib.util.spec_from_file_location("check_docs", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-check_docs = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = check_docs  # its dataclasses look their module up
-_spec.loader.exec_module(check_docs)
+check_docs = load_script(SCRIPT)
 
 
 @pytest.fixture

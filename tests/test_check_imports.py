@@ -1,19 +1,15 @@
 """scripts/check_imports.py: the import rules that scripts/lint.sh runs, on
 small package trees planted in a temporary folder (and on the package)."""
 
-import importlib.util
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests._helpers import load_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "check_imports.py"
-_spec = importlib.util.spec_from_file_location("check_imports", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-check_imports = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = check_imports  # its dataclasses look their module up
-_spec.loader.exec_module(check_imports)
+check_imports = load_script(SCRIPT)
 
 
 def plant(tmp_path: Path, files: dict[str, str]) -> Path:

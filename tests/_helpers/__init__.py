@@ -1,9 +1,13 @@
 """Shared helpers of the test suite: data builders and independent NumPy
 references (nothing here calls into toast except ``moments_from``, a thin
 convenience that feeds arrays into ``toast.Moments``), the network guard's
-address check, and ``run_fresh`` for peak-memory measurements."""
+address check, ``run_fresh`` for peak-memory measurements, and
+``load_script`` for the scripts and benchmarks the suite tests."""
 
+import importlib.util
 import sys
+from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -279,3 +283,18 @@ def paired_stderr_ref(mine, theirs):
     tasks = list(mine)
     variances = [np.var(np.subtract(mine[t], theirs[t]), ddof=1) / len(mine[t]) for t in tasks]
     return float(np.sqrt(sum(variances)) / len(tasks))
+
+
+def load_script(path: Path, imports_beside: bool = False) -> ModuleType:
+    """The script or benchmark at ``path`` as a module of its file's name,
+    registered in ``sys.modules`` (its dataclasses look their module up);
+    ``imports_beside``: its folder goes first on ``sys.path``, for the
+    modules it imports from there (a benchmark's ``bench_peers``, ``_machine``)."""
+    if imports_beside and str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
