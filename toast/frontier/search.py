@@ -22,7 +22,6 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any
 
 import torch
@@ -239,7 +238,7 @@ def _prepare(
     if data is None:
         raise ValueError("search needs calibration data (a loader of batches, or raw text)")
     data, heldout = _heldout(as_batches(data, **text), heldout, text)
-    shape = ShapeOnce(lambda: chain(data, heldout))
+    shape = ShapeOnce(lambda: data, lambda: heldout)
     opened = open_source(model, goal, asked.max_memory, asked.sequential, calibration, shape)
     if wanted is not None:
         opened.methods = [m for m in opened.methods if m.name in wanted]
