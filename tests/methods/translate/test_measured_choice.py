@@ -174,3 +174,119 @@ def test_a_refit_that_measures_worse_than_plain_removal_falls_back_to_it():
     ]
     fits, fell = refits_checked(["a", "b", "plain"], again, checks, "plain")
     assert fits == ["a", "plain", "plain"] and fell == [spans[1]]
+
+
+def _capture(model, counted: list[int]):
+    """The capture a configured TOAST runs in memory, counting the batches
+    it forwards."""
+    from toast.hf.capture.states import capture_moments
+
+    def capture(batches, states, observe):
+        batches = list(batches)
+        counted.append(len(batches))
+        return capture_moments(
+            model, batches, states=states, folds=0, observe=observe, progress=False
+        )[0]
+
+    return capture
+
+
+def test_fold_groups_sum_to_each_training_sets_moments():
+    from toast.hf.capture.massive import MassiveRows
+    from toast.methods.translate.rules import BatchFold, fold_groups
+
+    model, data = R.decoder("llama"), R.text_loader()  # 6 batches
+    states, counted = [1, 2, 4], []
+    capture = _capture(model, counted)
+    groups = fold_groups(data, CHOICE_FOLDS, states, capture, observed=True)
+    assert groups is not None and counted == [2, 2, 1, 1]  # each batch forwarded once
+    for k in range(CHOICE_FOLDS):
+        summed, rows = groups.training(k)
+        recorder = MassiveRows()
+        direct = capture(BatchFold(data, CHOICE_FOLDS, k, held=False), states, recorder)
+        assert summed.rows == direct.rows
+        for i in range(len(states)):
+            np.testing.assert_allclose(summed.sum(i), direct.sum(i), rtol=1e-12)
+            for j in range(i, len(states)):
+                np.testing.assert_allclose(summed.cross(i, j), direct.cross(i, j), rtol=1e-12)
+        assert rows is not None and rows.states.shape == recorder.states.shape
+        if rows.states.size:  # the same rows, in fold order rather than batch order
+            flat = rows.states.reshape(len(rows.states), -1)
+            again = recorder.states.reshape(len(recorder.states), -1)
+            np.testing.assert_array_equal(flat[np.lexsort(flat.T)], again[np.lexsort(again.T)])
+
+
+def test_cross_validation_forwards_each_batch_once_where_the_folds_fit_the_bound():
+    from toast.hf.model.blocks import find_blocks
+    from toast.methods.translate.analysis import analyze
+    from toast.methods.translate.check import measure_plans, translated
+    from toast.methods.translate.rules import cross_validated
+
+    model, data = R.decoder("llama"), R.text_loader()  # 6 batches, folds of 2, 2, 1, 1
+    analysis = analyze(model, data, estimator="gcv", progress=False)
+    stack = find_blocks(model)
+
+    def measure(plans, fits, batches):
+        return measure_plans(model, plans, fits, lambda w, f: translated(stack, w, f), batches)
+
+    figures = {}
+    for bound, expected in (("auto", [2, 2, 1, 1]), (1, [4, 4, 5, 5])):
+        config = ToastConfig(num_blocks=2, statistics_bytes=bound)
+        plans = candidate_plans(analysis, config)
+        counted: list[int] = []
+        found = cross_validated(plans, config, analysis, data, _capture(model, counted), measure)
+        assert found is not None and counted == expected
+        figures[bound] = found.values
+    # the folds' sums add up to the training sets' to rounding: the same figures
+    np.testing.assert_allclose(figures["auto"], figures[1], rtol=1e-9)
+
+
+def test_fold_groups_join_the_other_folds_moments_and_massive_rows():
+    from toast.hf.capture.massive import MassiveRows
+    from toast.methods.translate.rules import FoldGroups
+
+    rng = np.random.default_rng(0)
+    rows = [[rng.normal(size=(5 + k, 4)) for _ in range(2)] for k in range(3)]
+    moments = [toast.Moments(2, 4).update(states) for states in rows]
+    massive = [MassiveRows(rng.normal(size=(k, 2, 4)), rng.random((k, 2)) > 0.5) for k in (1, 0, 2)]
+    summed, joined = FoldGroups(moments, massive).training(1)
+    x = np.concatenate([rows[0][0], rows[2][0]])
+    y = np.concatenate([rows[0][1], rows[2][1]])
+    assert summed.rows == len(x)
+    np.testing.assert_allclose(summed.cross(0, 1), x.T @ y, rtol=1e-12)
+    np.testing.assert_allclose(summed.sum(1), y.sum(axis=0), rtol=1e-12)
+    assert joined is not None
+    np.testing.assert_array_equal(
+        joined.states, np.concatenate([massive[0].states, massive[2].states])
+    )
+    np.testing.assert_array_equal(
+        joined.flags, np.concatenate([massive[0].flags, massive[2].flags])
+    )
+
+
+def test_candidates_after_the_first_resume_past_the_blocks_they_share():
+    from toast.hf.model.blocks import find_blocks
+    from toast.methods.translate.check import measure_plans, translated
+    from toast.spans import Span
+
+    model, data = R.decoder("llama"), R.text_loader()
+    stack = find_blocks(model)
+    plans = [[Span(3, 5, 0.0)], [Span(2, 4, 0.0)], [Span(4, 6, 0.0)]]
+    fits = [[None] for _ in plans]  # plain removal: what runs is the blocks
+
+    def apply(where, chosen):
+        return translated(stack, where, chosen)
+
+    calls = [0]
+    handle = stack.blocks[0].register_forward_pre_hook(
+        lambda *_: calls.__setitem__(0, calls[0] + 1)
+    )
+    try:
+        whole = measure_plans(model, plans, fits, apply, data)
+        first = calls[0]
+        resumed = measure_plans(model, plans, fits, apply, data, stack=stack)
+    finally:
+        handle.remove()
+    assert first == 3 * len(data)
+    assert calls[0] - first == len(data)  # block 0 ran on the first pass alone
+    np.testing.assert_allclose(resumed.values, whole.values, rtol=1e-6)

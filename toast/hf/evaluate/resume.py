@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import torch
@@ -177,13 +177,18 @@ class PrefixStates:
         return hook
 
     @contextlib.contextmanager
-    def recording(self, model: nn.Module, compute: str) -> Iterator[None]:
+    def recording(
+        self, model: nn.Module, compute: str, only: Collection[int] | None = None
+    ) -> Iterator[None]:
         """Within the block, each forward of ``model`` (one per held-out
-        batch) records the states entering the chosen blocks; what was held
-        before is dropped. A pass that fails part way keeps nothing."""
+        batch) records the states entering the chosen blocks (``only``:
+        those of them alone; ``model`` may differ from the original after
+        the last of them); what was held before is dropped. A pass that
+        fails part way keeps nothing."""
         self._clear()
         blocks = find_blocks(model, self.stack).blocks
-        self.states = {i: [] for i in range(1, len(blocks))}
+        chosen = range(1, len(blocks)) if only is None else sorted(set(only))
+        self.states = {i: [] for i in chosen if 1 <= i < len(blocks)}
         usable, batch = [len(blocks) > 1 and self.bound > 0], [-1]
         handles = []
         for index, block in enumerate(blocks):

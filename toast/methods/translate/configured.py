@@ -154,7 +154,7 @@ class ConfiguredToast(BaseStages):
             return found
 
         def measure(plans: list[list[Span]], fits: list[list[Any]], batches: Iterable) -> Any:
-            return measure_plans(model, plans, fits, apply, batches)
+            return measure_plans(model, plans, fits, apply, batches, stack=stack)
 
         measured, note = self._measured(analysis, split, data, capture, measure)
         return ToastRun(

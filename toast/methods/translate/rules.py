@@ -17,7 +17,7 @@ import numpy as np
 from torch import nn
 
 from toast.core import Moments, Translator
-from toast.core.chunked import ChunkedMoments
+from toast.core.chunked import ChunkedMoments, resolve_bound
 from toast.hf.capture.massive import MassiveRows
 from toast.hf.evaluate.check import RemovalCheck, with_fallback
 from toast.hf.model.blocks import BlockStack, find_blocks
@@ -39,6 +39,8 @@ __all__ = [
     "Check",
     "Checked",
     "checked",
+    "FoldGroups",
+    "fold_groups",
     "cross_validated",
     "choose_spans",
     "fit_sequentially",
@@ -288,7 +290,9 @@ def cross_validated(
     """Each plan measured by cross-validation over the batches of ``data``
     (:data:`CHOICE_FOLDS` folds, fewer with fewer batches): for each fold,
     every plan's closed-form fits from the moments of the other folds'
-    batches (``capture(batches, states, observe)``, in memory or from disk)
+    batches (``capture(batches, states, observe)``, in memory or from disk;
+    each fold's batches captured once and the others' summed where every
+    fold's moments fit the statistics bound at once, :func:`fold_groups`)
     measured on the fold's (``measure(plans, fits, batches)``); the figures
     pooled over every measured token (perplexity) or sample (cosine). None
     with fewer than two batches."""
@@ -297,12 +301,20 @@ def cross_validated(
         return None
     folds = min(CHOICE_FOLDS, count)
     states = sorted({x for plan in plans for s in plan for x in (s.start, s.stop)})
+    observed = analysis.massive is not None
+    groups = None
+    if _groups_fit(config, analysis.moments.dim, len(states), folds):
+        groups = fold_groups(data, folds, states, capture, observed)
     totals = np.zeros(len(plans))
     measured = 0
     metric = ""
     for k in range(folds):
-        recorder = MassiveRows() if analysis.massive is not None else None
-        moments = capture(BatchFold(data, folds, k, held=False), states, recorder)
+        moments: Moments | ChunkedMoments
+        if groups is not None:
+            moments, recorder = groups.training(k)
+        else:
+            recorder = MassiveRows() if observed else None
+            moments = capture(BatchFold(data, folds, k, held=False), states, recorder)
         fitter = Fitter(config)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the kept plan's fits say it, once, in apply
@@ -317,6 +329,69 @@ def cross_validated(
     if metric == "perplexity":
         pooled = np.exp(pooled)
     return MeasuredPlans(plans, [float(v) for v in pooled], metric, measured, folds)
+
+
+@dataclass
+class FoldGroups:
+    """The moments (and massive rows) of each fold's batches alone, from
+    which every fold's training set is summed (:meth:`training`): one
+    forward per batch where capturing each training set makes ``folds - 1``."""
+
+    moments: list[Moments]
+    rows: list[MassiveRows | None]
+
+    def training(self, k: int) -> tuple[Moments, MassiveRows | None]:
+        """The moments and massive rows of every fold's batches but fold ``k``'s."""
+        others = [j for j in range(len(self.moments)) if j != k]
+        first = self.moments[others[0]]
+        mixed = first.precision == "mixed"
+        total = Moments(
+            first.num_states,
+            first.dim,
+            pairs=first.pairs,
+            precision="mixed" if mixed else "float64",
+        )
+        for j in others:
+            total.merge(self.moments[j])
+        rows = self.rows[others[0]]
+        for j in others[1:]:
+            more = self.rows[j]
+            rows = more if rows is None else rows if more is None else rows.joined(more)
+        return total, rows
+
+
+def _groups_fit(config: ToastConfig, dim: int, num_states: int, folds: int) -> bool:
+    """Whether every fold's moments and one training sum fit the config's
+    statistics bound at once (else each training set is captured whole,
+    within it); never under ``torch.distributed``, whose ranks shard each
+    pass's batches, so that a fold of few batches may leave a rank none."""
+    if config.calibration.is_distributed:
+        return False
+    need = (folds + 1) * Moments.estimate_nbytes(num_states, dim)
+    bound = config.statistics_bytes
+    return need <= resolve_bound(bound, dim, 0)
+
+
+def fold_groups(
+    data: Iterable, folds: int, states: list[int], capture: Capture, observed: bool
+) -> FoldGroups | None:
+    """Each fold's batches captured alone at ``states`` (``observed``: with
+    their massive rows); None if a capture came back as anything but
+    in-memory :class:`~toast.core.Moments`."""
+    moments: list[Moments] = []
+    rows: list[MassiveRows | None] = []
+    for k in range(folds):
+        recorder = MassiveRows() if observed else None
+        with warnings.catch_warnings():
+            # a fold alone has a quarter of the rows: its sums warn of few rows
+            # for the width, the training sets they add up to do not
+            warnings.simplefilter("ignore")
+            found = capture(BatchFold(data, folds, k, held=True), states, recorder)
+        if type(found) is not Moments:
+            return None
+        moments.append(found)
+        rows.append(recorder)
+    return FoldGroups(moments, rows)
 
 
 def fit_sequentially(
