@@ -139,3 +139,32 @@ def test_plain_removal_of_the_same_cut_is_measured_once_across_checks():
     assert first[0].plain == second[0].plain
     fresh = check_against_plain(model, cut, fits[1:], apply, split.check, False)
     assert fresh[0].plain == second[0].plain and fresh[0].fitted == second[0].fitted
+
+
+@pytest.mark.parametrize("placement", ["fold", "block"])
+def test_checks_resume_past_the_blocks_before_the_cut_and_measure_the_same(placement):
+    from toast.hf.evaluate.check import check_against_plain
+
+    model, data = R.decoder("llama"), R.text_loader()
+    stack = find_blocks(model)
+    spans = [Span(2, 4, 0.0), Span(3, 5, 0.0)]
+    rng = np.random.default_rng(0)
+    transforms = [np.eye(R.HIDDEN) + 0.05 * rng.normal(size=(R.HIDDEN, R.HIDDEN)) for _ in spans]
+
+    def apply(where, fits):  # the transform sits on the block before the cut
+        return applied(stack, where, fits, placement)
+
+    calls = [0]
+    counting = stack.blocks[0].register_forward_pre_hook(
+        lambda *_: calls.__setitem__(0, calls[0] + 1)
+    )
+    try:
+        checks = [
+            check_against_plain(model, spans, transforms, apply, data, False, True, stack=where)
+            for where in (None, stack)
+        ]
+    finally:
+        counting.remove()
+    assert calls[0] == 4 * len(data) + len(data)  # four passes whole, then block 0 once
+    for a, b in zip(*checks, strict=True):
+        assert (a.fitted, a.plain) == pytest.approx((b.fitted, b.plain), rel=1e-9)

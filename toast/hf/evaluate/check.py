@@ -24,6 +24,8 @@ import torch
 from torch import nn
 
 from toast.hf.evaluate.quality import Evaluator, quality_metric
+from toast.hf.evaluate.resume import Resuming
+from toast.hf.model.blocks import BlockStack
 from toast.spans import Span
 
 __all__ = [
@@ -208,6 +210,7 @@ def check_against_plain(
     alone: bool = False,
     evaluator: Evaluator | None = None,
     removed: dict[Any, Any] | None = None,
+    stack: BlockStack | None = None,
 ) -> list[RemovalCheck | None]:
     """Each span's fit against plain removal on ``heldout``, the other spans
     as decided so far (none with ``alone``: candidates that may overlap);
@@ -219,12 +222,21 @@ def check_against_plain(
     checkpoint's skeleton and ``apply`` setting its edits). ``removed``
     keeps what plain removal of spans measured on ``heldout`` (the other
     spans kept), across calls on the same model: a caller checking several
-    fits of the same cuts measures their plain removal once."""
+    fits of the same cuts measures their plain removal once. With ``stack``
+    (in memory) the passes after the first resume at the block before
+    their first span (a fit may sit on that block's output, as ReplaceMe's
+    transform does), past the blocks every pass shares
+    (:class:`~toast.hf.evaluate.resume.Resuming`)."""
     if evaluator is None:  # one figure compared: perplexity without a report's fidelity
         evaluator = Evaluator(heldout, progress=False, fidelity=False)
+
+    def changes(where: Sequence[Span]) -> int:
+        return max(min(s.start for s in where) - 1, 0)
+
+    passes = Resuming(evaluator, stack, [changes([s] if alone else spans) for s in spans])
     first = next(iter(heldout))
     if quality_metric(model, first) == "cosine":
-        evaluator.measure(model, "original")  # the reference the cosine compares with
+        passes.measure(model, "original")  # the reference the cosine compares with
     current = list(fits)
     checks: list[RemovalCheck | None] = []
     for k, span in enumerate(spans):
@@ -236,13 +248,13 @@ def check_against_plain(
         if alone:
             where, fitted_t, plain_t = [span], [current[k]], [None]
         with apply(where, fitted_t):
-            fitted = evaluator.measure(model, "fitted")
+            fitted = passes.measure(model, "fitted", changes(where))
         key = _removal_key(heldout, where) if all(t is None for t in plain_t) else None
         if removed is not None and key in removed:
             plain = removed[key][1]
         else:
             with apply(where, plain_t):
-                plain = evaluator.measure(model, "plain removal")
+                plain = passes.measure(model, "plain removal", changes(where))
             if removed is not None and key is not None:
                 removed[key] = (heldout, plain)  # the data kept: an id is not reused meanwhile
         assert evaluator.metric is not None  # set by the first measurement

@@ -28,15 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
+from toast.hf.evaluate.quality import Evaluator
 from toast.hf.model.blocks import BlockStack, find_blocks
 
-__all__ = ["PREFIX_BYTES", "PrefixMismatch", "PrefixStates", "unchanged_blocks"]
+__all__ = ["PREFIX_BYTES", "PrefixMismatch", "PrefixStates", "Resuming", "unchanged_blocks"]
 
 #: Default bound on the recorded states (bytes, all batches and blocks
 #: together): at 512 MiB a 135M-parameter LM's 64 x 512 held-out tokens of
@@ -264,6 +265,44 @@ class PrefixStates:
             # torch.distributed, their collectives), so no whole pass may follow;
             # the held-out data must give the same batches on every pass
             raise ValueError("the held-out data gave fewer batches than on the recorded pass")
+
+
+class Resuming:
+    """Held-out passes of models that are the original before a known
+    block, on ``evaluator``'s data: the first pass records the states
+    entering the blocks the others start at (those at or before its own
+    start), each later pass resumes at the nearest recorded block at or
+    before its start. ``stack`` None (a checkpoint measured from disk):
+    every pass runs whole. For a caller that knows where each model it
+    measures first differs from the original (the candidates of a
+    measured choice, fits checked against plain removal), so that no block
+    before that runs twice on a batch."""
+
+    def __init__(self, evaluator: Evaluator, stack: BlockStack | None, starts: Iterable[int]):
+        self.evaluator, self.starts = evaluator, sorted(set(starts))
+        self.prefix = PrefixStates(stack) if stack is not None and self.starts else None
+
+    def measure(self, model: nn.Module, label: str, start: int | None = None) -> float:
+        """``evaluator.measure(model, label)`` of a model whose blocks
+        before ``start`` (None: all of them) are the original's, resumed
+        where a block at or before ``start`` was recorded."""
+        evaluator, prefix = self.evaluator, self.prefix
+        if prefix is None:
+            return evaluator.measure(model, label)
+        if prefix.batches == 0:  # nothing recorded yet (or a recording was unusable)
+            first = self.starts[0] if start is None else start
+            only = {min(s, first) for s in self.starts}
+            with prefix.recording(model, evaluator.compute, only=only):
+                return evaluator.measure(model, label)
+        at = prefix.resume_point(0 if start is None else start, evaluator.compute)
+        if at == 0:
+            return evaluator.measure(model, label)
+        try:
+            with prefix.resumed(model, at):
+                return evaluator.measure(model, label)
+        except PrefixMismatch:
+            # raised before the pass's scores were formed: measured whole instead
+            return evaluator.measure(model, label)
 
 
 class _StandIn(nn.Module):

@@ -83,5 +83,5 @@ def check_fits(
         return applied(stack, where, fits, placement)
 
     return check_against_plain(
-        model, spans, transforms, apply, heldout, fallback, alone, removed=removed
+        model, spans, transforms, apply, heldout, fallback, alone, removed=removed, stack=stack
     )

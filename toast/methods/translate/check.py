@@ -17,7 +17,7 @@ from torch import nn
 from toast.core import Translator
 from toast.hf.evaluate.check import Applier, RemovalCheck, best_measured, check_against_plain
 from toast.hf.evaluate.quality import Evaluator, quality_metric, skipped_blocks
-from toast.hf.evaluate.resume import PrefixMismatch, PrefixStates
+from toast.hf.evaluate.resume import Resuming
 from toast.hf.model.blocks import BlockStack
 from toast.hf.model.surgery import translator_like
 from toast.spans import Span
@@ -73,7 +73,9 @@ def check_translators(
         return translated(stack, where, chosen)
 
     with torch.no_grad():
-        return check_against_plain(model, spans, fits, apply, heldout, fallback, removed=removed)
+        return check_against_plain(
+            model, spans, fits, apply, heldout, fallback, removed=removed, stack=stack
+        )
 
 
 @dataclass(frozen=True)
@@ -139,45 +141,13 @@ def measure_plans(
     if evaluator is None:
         evaluator = Evaluator(heldout, progress=False, fidelity=False)
     starts = [min(s.start for s in plan) for plan in plans]
-    prefix = PrefixStates(stack) if stack is not None and len(plans) > 1 else None
+    passes = Resuming(evaluator, stack, starts)
     if quality_metric(model, next(iter(heldout))) == "cosine":
-        # the reference the cosine compares with, recorded for every plan
-        _measured(evaluator, model, "original", prefix, None, starts)
+        passes.measure(model, "original")  # the reference the cosine compares with
     values = []
     with torch.no_grad():
         for k, (plan, fitted) in enumerate(zip(plans, fits, strict=True)):
             with apply(plan, fitted):
-                label = f"candidate {k + 1}"
-                values.append(_measured(evaluator, model, label, prefix, starts[k], starts))
+                values.append(passes.measure(model, f"candidate {k + 1}", starts[k]))
     assert evaluator.metric is not None  # set by the first measurement
     return MeasuredPlans([list(p) for p in plans], values, evaluator.metric, evaluator.count)
-
-
-def _measured(
-    evaluator: Evaluator,
-    model: nn.Module,
-    label: str,
-    prefix: PrefixStates | None,
-    start: int | None,
-    starts: list[int],
-) -> float:
-    """``evaluator.measure(model, label)`` of a model that is the original
-    before block ``start`` (None: everywhere): resumed where ``prefix``
-    holds a block at or before it, else whole, recording the blocks the
-    other ``starts`` resume at (those before ``start``)."""
-    if prefix is None:
-        return evaluator.measure(model, label)
-    compute = evaluator.compute
-    if prefix.batches == 0:  # nothing recorded yet
-        first = min(starts) if start is None else start
-        with prefix.recording(model, compute, only={min(s, first) for s in starts}):
-            return evaluator.measure(model, label)
-    at = prefix.resume_point(0 if start is None else start, compute)
-    if at == 0:
-        return evaluator.measure(model, label)
-    try:
-        with prefix.resumed(model, at):
-            return evaluator.measure(model, label)
-    except PrefixMismatch:
-        # raised before the pass's scores were formed: measured whole instead
-        return evaluator.measure(model, label)
