@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import math
 import os
@@ -276,6 +277,13 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS))
     parser.add_argument("--dtypes", nargs="+", choices=DTYPES, default=["float32"])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runs of every row, interleaved (round 1 of every row, then round 2...); the "
+        "table gives each row's medians and the range of its ratios",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "floor.json"))
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
@@ -298,30 +306,31 @@ def main() -> None:
 
     load = os.getloadavg()
     rows = []
-    for dtype in args.dtypes:
-        for name in args.runs:
-            if name in ("search", "linearpatch") and dtype.startswith("disk-"):
-                continue  # no disk path (LinearPatch), or not run from disk here (the search)
-            with tempfile.TemporaryDirectory() as scratch:
-                record = Path(scratch) / "record.json"
-                cmd = [sys.executable, __file__, "--one", name, "--size", str(args.size)]
-                cmd += ["--dtype", dtype, "--threads", str(args.threads), "--record", str(record)]
-                env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-                polled = run_polled(cmd, env=env, log=Path(scratch) / "log")
-                if polled.returncode != 0 or not record.exists():
-                    tail = (Path(scratch) / "log").read_text()[-2000:]
-                    raise SystemExit(f"{name} ({dtype}) failed ({polled.returncode}):\n{tail}")
-                row = json.loads(record.read_text())
-            row["peak_rss_anon_mib"] = round(polled.peak_mib)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    for _, dtype, name in itertools.product(range(args.rounds), args.dtypes, args.runs):
+        if name in ("search", "linearpatch") and dtype.startswith("disk-"):
+            continue  # no disk path (LinearPatch), or not run from disk here (the search)
+        with tempfile.TemporaryDirectory() as scratch:
+            record = Path(scratch) / "record.json"
+            cmd = [sys.executable, __file__, "--one", name, "--size", str(args.size)]
+            cmd += ["--dtype", dtype, "--threads", str(args.threads), "--record", str(record)]
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+            polled = run_polled(cmd, env=env, log=Path(scratch) / "log")
+            if polled.returncode != 0 or not record.exists():
+                tail = (Path(scratch) / "log").read_text()[-2000:]
+                raise SystemExit(f"{name} ({dtype}) failed ({polled.returncode}):\n{tail}")
+            row = json.loads(record.read_text())
+        row["peak_rss_anon_mib"] = round(polled.peak_mib)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     import torch
 
     from toast.hf.capture.compute import native_matmul
 
     torch.set_num_threads(args.threads)
     result = {
-        "rows": rows,
+        "rows": _medians(rows) if args.rounds > 1 else rows,
+        "rounds": args.rounds,
+        "every_round": rows,
         "machine": _machine.machine(load),
         "bf16_native": native_matmul(torch.bfloat16),
         "threads": args.threads,
@@ -330,6 +339,37 @@ def main() -> None:
     out = Path(args.out)
     out.write_text(json.dumps(result, indent=1))
     out.with_suffix(".md").write_text(_table(result))
+
+
+def _medians(rows: list[dict]) -> list[dict]:
+    """One row per run and dtype: the medians of its rounds' times, the
+    ratios' medians and ranges (each round's ratio against its own floor)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["run"], r["dtype"]), []).append(r)
+    out = []
+    for same in groups.values():
+        row = dict(same[0])
+        for key in ("wall_s", "floor_s", "block_floor_s", "head_floor_s", "in_run_s"):
+            if key in row:
+                row[key] = statistics.median(r[key] for r in same)
+        row["peak_rss_anon_mib"] = max(r["peak_rss_anon_mib"] for r in same)
+        for key, over in (("floor_ratios", "floor_s"), ("run_ratios", "in_run_s")):
+            if over in row:
+                row[key] = [r["wall_s"] / r[over] for r in same]
+        row["test_perplexities"] = [r["test_perplexity"] for r in same]
+        row["rounds"] = len(same)
+        out.append(row)
+    return out
+
+
+def _ratio(r: dict, key: str, over: str) -> str:
+    """``wall / over`` of a row: its rounds' median ratio and range, or the one ratio."""
+    ratios = r.get(key)
+    if not ratios:
+        return f"{r['wall_s'] / r[over]:.2f}x"
+    low, high = min(ratios), max(ratios)
+    return f"{statistics.median(ratios):.2f}x ({low:.2f}–{high:.2f})"
 
 
 def _table(result: dict) -> str:
@@ -349,9 +389,9 @@ def _table(result: dict) -> str:
     ]
     for r in result["rows"]:
         if "floor_s" in r:
-            floor = f"{r['floor_s']:.1f} s | {r['wall_s'] / r['floor_s']:.2f}x"
+            floor = f"{r['floor_s']:.1f} s | {_ratio(r, 'floor_ratios', 'floor_s')}"
             spent = r.get("in_run_s")
-            ran = f"{spent:.1f} s | {r['wall_s'] / spent:.2f}x" if spent else "— | —"
+            ran = f"{spent:.1f} s | {_ratio(r, 'run_ratios', 'in_run_s')}" if spent else "— | —"
             floor += f" | {ran}"
             calls = f"{r['block_calls']:,} | {r['head_calls']:,}"
         else:
@@ -360,6 +400,14 @@ def _table(result: dict) -> str:
             f"| {LABELS[r['run']]} | {r['dtype']} | {r['size']} | {r['wall_s']:.1f} s "
             f"| {floor} | {calls} | {r['peak_rss_anon_mib']:,} MiB | {r['test_perplexity']:.3f} |"
         )
+    rounds = result.get("rounds", 1)
+    if rounds > 1:
+        lines += [
+            "",
+            f"{rounds} rounds, interleaved (every row once, then again): times are medians, "
+            "each ratio the median of the rounds' ratios (each round against its own floor) "
+            "with their range; peak memory the largest.",
+        ]
     lines += ["", *_ratios(result["rows"])]
     native = result.get("bf16_native")
     if native is not None:
