@@ -292,7 +292,8 @@ def cross_validated(
     every plan's closed-form fits from the moments of the other folds'
     batches (``capture(batches, states, observe)``, in memory or from disk;
     each fold's batches captured once and the others' summed where every
-    fold's moments fit the statistics bound at once, :func:`fold_groups`)
+    fold's moments fit the statistics bound beside the analysis's,
+    :func:`fold_groups`)
     measured on the fold's (``measure(plans, fits, batches)``); the figures
     pooled over every measured token (perplexity) or sample (cosine). None
     with fewer than two batches."""
@@ -303,7 +304,7 @@ def cross_validated(
     states = sorted({x for plan in plans for s in plan for x in (s.start, s.stop)})
     observed = analysis.massive is not None
     groups = None
-    if _groups_fit(config, analysis.moments.dim, len(states), folds):
+    if _groups_fit(config, analysis, len(states), folds):
         groups = fold_groups(data, folds, states, capture, observed)
     totals = np.zeros(len(plans))
     measured = 0
@@ -360,16 +361,17 @@ class FoldGroups:
         return total, rows
 
 
-def _groups_fit(config: ToastConfig, dim: int, num_states: int, folds: int) -> bool:
+def _groups_fit(config: ToastConfig, analysis: Analysis, num_states: int, folds: int) -> bool:
     """Whether every fold's moments and one training sum fit the config's
-    statistics bound at once (else each training set is captured whole,
-    within it); never under ``torch.distributed``, whose ranks shard each
+    statistics bound beside the analysis's moments, which stay held (else
+    each training set is captured whole, one at a time, as a memory plan
+    counts it); never under ``torch.distributed``, whose ranks shard each
     pass's batches, so that a fold of few batches may leave a rank none."""
-    if config.calibration.is_distributed:
+    if config.calibration.is_distributed or type(analysis.moments) is not Moments:
         return False
-    need = (folds + 1) * Moments.estimate_nbytes(num_states, dim)
-    bound = config.statistics_bytes
-    return need <= resolve_bound(bound, dim, 0)
+    dim = analysis.moments.dim
+    need = (folds + 1) * Moments.estimate_nbytes(num_states, dim) + analysis.moments.nbytes
+    return need <= resolve_bound(config.statistics_bytes, dim, 0)
 
 
 def fold_groups(
