@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 from typing import Any
 
@@ -20,15 +21,22 @@ MMAP_THRESHOLD = 1 << 20
 _M_MMAP_THRESHOLD = -3  # <malloc.h>
 
 
+@functools.cache
 def _glibc() -> Any | None:
     """The C library when it is glibc's (it has ``mallopt`` and
-    ``malloc_trim``), else None."""
+    ``malloc_trim``), else None. Found once: ``find_library`` runs
+    ``ldconfig`` in a child process, a fork of this one, whose resident
+    memory a watcher from outside counts again (the heap is trimmed after
+    every block). glibc's own name first, which needs no search."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL("libc.so.6")
     except OSError:
-        return None
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        except OSError:
+            return None
     return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
 
 

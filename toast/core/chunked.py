@@ -414,6 +414,22 @@ class PairMoments:
         self._pairs = {(int(i), int(j)): chunked.pair(i, j) for i, j in sorted(set(pairs))}
         self._traces = traces
 
+    @classmethod
+    def from_moments(cls, moments: Moments, pairs: Iterable[tuple[int, int]]) -> PairMoments:
+        """The chosen pairs of in-memory ``moments`` in :meth:`ChunkedMoments.pair`'s
+        form (each a copy of the source's Gram and its cross block, with the
+        sums), with every state's trace: what the closed-form fits of those
+        spans read, where the whole moments hold every pair within their
+        span. Every pair must be kept by ``moments``."""
+        out = cls.__new__(cls)
+        out.num_states, out.dim, out.rows = moments.num_states, moments.dim, moments.rows
+        out.folds = 0
+        chosen = sorted({(int(i), int(j)) for i, j in pairs})
+        out._pairs = {(i, j): moments.select([i, j], sources=1) for i, j in chosen}
+        diagonal = [float(np.trace(moments.cross(j, j))) for j in range(moments.num_states)]
+        out._traces = np.asarray(diagonal)
+        return out
+
     def traces(self) -> np.ndarray:
         """``tr(X_jᵀ X_j)`` of every state, when the buffer's were given
         (what a fit that scores its own residuals reads)."""

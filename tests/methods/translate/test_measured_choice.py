@@ -181,7 +181,8 @@ def _capture(model, counted: list[int]):
     it forwards."""
     from toast.hf.capture.states import capture_moments
 
-    def capture(batches, states, observe):
+    def capture(batches, states, observe, bound=None):
+        # the bound is configured TOAST's (rows on disk above it); these moments are small
         batches = list(batches)
         counted.append(len(batches))
         return capture_moments(
@@ -198,7 +199,7 @@ def test_fold_groups_sum_to_each_training_sets_moments():
     model, data = R.decoder("llama"), R.text_loader()  # 6 batches
     states, counted = [1, 2, 4], []
     capture = _capture(model, counted)
-    groups = fold_groups(data, CHOICE_FOLDS, states, capture, observed=True)
+    groups = fold_groups(data, CHOICE_FOLDS, states, capture, True, 1 << 30)
     assert groups is not None and counted == [2, 2, 1, 1]  # each batch forwarded once
     for k in range(CHOICE_FOLDS):
         summed, rows = groups.training(k)

@@ -17,7 +17,6 @@ inputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -40,14 +39,47 @@ def massive(rows: torch.Tensor) -> torch.Tensor:
     return norms > MASSIVE_RATIO * norms.median()
 
 
-@dataclass
 class MassiveRows:
     """The rows of a capture pass that are massive in some state, with all
     their states: ``states[r, k]`` is row ``r`` in state ``k`` and
     ``flags[r, k]`` whether it is massive there (float64, host)."""
 
-    states: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
-    flags: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
+    def __init__(self, states: np.ndarray | None = None, flags: np.ndarray | None = None) -> None:
+        self._states = np.zeros((0, 0, 0)) if states is None else states
+        self._flags = np.zeros((0, 0), dtype=bool) if flags is None else flags
+        # each batch's rows, joined once when read: joining them batch by batch
+        # would copy every row recorded so far on each batch
+        self._parts: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def _joined(self) -> None:
+        if self._parts:
+            held = [(self._states, self._flags)] if self._flags.size else []
+            parts, self._parts = held + self._parts, []
+            self._states = np.concatenate([p[0] for p in parts])
+            self._flags = np.concatenate([p[1] for p in parts])
+
+    @property
+    def states(self) -> np.ndarray:
+        self._joined()
+        return self._states
+
+    @states.setter
+    def states(self, value: np.ndarray) -> None:
+        self._joined()
+        self._states = value
+
+    @property
+    def flags(self) -> np.ndarray:
+        self._joined()
+        return self._flags
+
+    @flags.setter
+    def flags(self, value: np.ndarray) -> None:
+        self._joined()
+        self._flags = value
+
+    def __repr__(self) -> str:
+        return f"MassiveRows(rows={len(self.flags)}, states={self.flags.shape[1:]})"
 
     def __call__(self, rows: list[torch.Tensor], mask: torch.Tensor | None) -> None:
         """Adds one batch (``rows[k]``: state ``k``, ``(batch, tokens, d)``;
@@ -65,12 +97,7 @@ class MassiveRows:
         if not bool(any_state.any()):
             return
         picked = torch.stack([x[any_state] for x in flat], dim=1).double().cpu().numpy()
-        new_flags = flags[any_state].cpu().numpy()
-        if self.states.size == 0:
-            self.states, self.flags = picked, new_flags
-        else:
-            self.states = np.concatenate([self.states, picked])
-            self.flags = np.concatenate([self.flags, new_flags])
+        self._parts.append((picked, flags[any_state].cpu().numpy()))
 
     def reduce_over(self, ranks: Any) -> None:
         """Every rank's recorded rows, in rank order (collective; after a pass

@@ -146,8 +146,10 @@ class ConfiguredToast(BaseStages):
         def apply(where: Sequence[Span], fits: Sequence[Any]) -> Any:
             return translated(stack, where, fits)
 
-        def capture(batches: Iterable, states: list[int], observe: MassiveRows | None) -> Any:
-            options = refit_options(config, states, observe)
+        def capture(
+            batches: Iterable, states: list[int], observe: MassiveRows | None, bound: int
+        ) -> Any:
+            options = {**refit_options(config, states, observe), "statistics_bytes": bound}
             found, _ = capture_moments(
                 model, batches, backend=config.backend, stack=stack, **options
             )
@@ -319,8 +321,10 @@ class ConfiguredToast(BaseStages):
         analysis = analyze_from_disk(disk, split.fit, buffer_dir=self.buffer_dir, **options)
         buffer_dir, progress = self.buffer_dir, config.calibration.progress
 
-        def capture(batches: Iterable, states: list[int], observe: MassiveRows | None) -> Any:
-            options = refit_options(config, states, observe)
+        def capture(
+            batches: Iterable, states: list[int], observe: MassiveRows | None, bound: int
+        ) -> Any:
+            options = {**refit_options(config, states, observe), "statistics_bytes": bound}
             return capture_moments_from_disk(disk, batches, buffer_dir=buffer_dir, **options)[0]
 
         def measure(plans: list[list[Span]], fits: list[list[Any]], batches: Iterable) -> Any:

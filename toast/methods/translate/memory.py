@@ -38,7 +38,8 @@ def within_memory(
     config: ToastConfig, states: int, width: int, room: int, tokens: Sequence[int] | None = None
 ) -> tuple[ToastConfig, list[tuple[str, int]]]:
     """``config`` with ``statistics_bytes`` no larger than ``room`` leaves
-    for the moments (never below one pair's: the least any error matrix
+    for the moments (the bound of every capture of the run, those beside
+    the analysis's included; never below one pair's: the least any error matrix
     needs, without folds, which the analysis then falls back to), and what
     they take: the whole moments when they fit, else the chunked moments'
     bound with the rows replayed from disk at once. Counted with their
@@ -47,6 +48,9 @@ def within_memory(
     wanted = resolve_bound(config.statistics_bytes, width, folds)
     whole = Moments.estimate_nbytes(states, width, folds, config.pairs)
     if whole <= min(wanted, room):
+        if room < wanted:
+            # what the measured choice captures beside the analysis is bounded by it too
+            config = dataclasses.replace(config, statistics_bytes=room)
         return config, [("moments", whole)]
     least = pair_nbytes(width, 0)
     bound = max(min(wanted, room - JOIN_BYTES), least)

@@ -17,7 +17,7 @@ import numpy as np
 from torch import nn
 
 from toast.core import Moments, Translator
-from toast.core.chunked import ChunkedMoments, resolve_bound
+from toast.core.chunked import ChunkedMoments, PairMoments, pair_nbytes, resolve_bound
 from toast.hf.capture.massive import MassiveRows
 from toast.hf.evaluate.check import RemovalCheck, with_fallback
 from toast.hf.model.blocks import BlockStack, find_blocks
@@ -275,7 +275,10 @@ class BatchFold:
                 yield batch
 
 
-Capture = Callable[[Iterable, list[int], MassiveRows | None], "Moments | ChunkedMoments"]
+#: ``capture(batches, states, observe, bound)``: the moments of ``batches`` at
+#: ``states`` (their massive rows into ``observe``), in memory up to ``bound``
+#: bytes (else rows on disk)
+Capture = Callable[[Iterable, list[int], MassiveRows | None, int], "Moments | ChunkedMoments"]
 Measure = Callable[[list[list[Span]], list[list[Translator]], Iterable], MeasuredPlans]
 
 
@@ -303,9 +306,10 @@ def cross_validated(
     folds = min(CHOICE_FOLDS, count)
     states = sorted({x for plan in plans for s in plan for x in (s.start, s.stop)})
     observed = analysis.massive is not None
+    bound = room_beside(config, analysis, plans)
     groups = None
-    if _groups_fit(config, analysis, len(states), folds):
-        groups = fold_groups(data, folds, states, capture, observed)
+    if _groups_fit(config, analysis, len(states), folds, bound):
+        groups = fold_groups(data, folds, states, capture, observed, bound)
     totals = np.zeros(len(plans))
     measured = 0
     metric = ""
@@ -315,7 +319,7 @@ def cross_validated(
             moments, recorder = groups.training(k)
         else:
             recorder = MassiveRows() if observed else None
-            moments = capture(BatchFold(data, folds, k, held=False), states, recorder)
+            moments = capture(BatchFold(data, folds, k, held=False), states, recorder, bound)
         fitter = Fitter(config)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the kept plan's fits say it, once, in apply
@@ -361,21 +365,41 @@ class FoldGroups:
         return total, rows
 
 
-def _groups_fit(config: ToastConfig, analysis: Analysis, num_states: int, folds: int) -> bool:
-    """Whether every fold's moments and one training sum fit the config's
-    statistics bound beside the analysis's moments, which stay held (else
-    each training set is captured whole, one at a time, as a memory plan
-    counts it); never under ``torch.distributed``, whose ranks shard each
-    pass's batches, so that a fold of few batches may leave a rank none."""
-    if config.calibration.is_distributed or type(analysis.moments) is not Moments:
+def room_beside(config: ToastConfig, analysis: Analysis, plans: list[list[Span]]) -> int:
+    """The bytes each capture of a measured choice among ``plans`` may hold
+    beside the analysis's moments: ``config.statistics_bytes`` (which a
+    memory plan lowers to its room) less what those hold. Where the
+    analysis's whole moments and one capture at the candidates' states
+    would not fit it together, the analysis keeps only the pairs of states
+    the candidates' fits read (:meth:`PairMoments.from_moments`: the same
+    fits), so that the bound holds for the whole run."""
+    moments = analysis.moments
+    bound = resolve_bound(config.statistics_bytes, moments.dim, 0)
+    if type(moments) is Moments:
+        states = {x for plan in plans for s in plan for x in (s.start, s.stop)}
+        if moments.nbytes + Moments.estimate_nbytes(len(states), moments.dim) > bound:
+            spans = {(s.start, s.stop) for plan in plans for s in plan}
+            analysis.moments = PairMoments.from_moments(moments, spans)
+    # rows on disk hold no memory beside the capture
+    held = 0 if isinstance(analysis.moments, ChunkedMoments) else analysis.moments.nbytes
+    return max(bound - held, pair_nbytes(moments.dim, 0))
+
+
+def _groups_fit(
+    config: ToastConfig, analysis: Analysis, num_states: int, folds: int, bound: int
+) -> bool:
+    """Whether every fold's moments and one training sum fit ``bound``, the
+    room beside the analysis's moments (:func:`room_beside`; else each
+    training set is captured whole, one at a time); never under
+    ``torch.distributed``, whose ranks shard each pass's batches, so that a
+    fold of few batches may leave a rank none, nor beside rows on disk."""
+    if config.calibration.is_distributed or isinstance(analysis.moments, ChunkedMoments):
         return False
-    dim = analysis.moments.dim
-    need = (folds + 1) * Moments.estimate_nbytes(num_states, dim) + analysis.moments.nbytes
-    return need <= resolve_bound(config.statistics_bytes, dim, 0)
+    return (folds + 1) * Moments.estimate_nbytes(num_states, analysis.moments.dim) <= bound
 
 
 def fold_groups(
-    data: Iterable, folds: int, states: list[int], capture: Capture, observed: bool
+    data: Iterable, folds: int, states: list[int], capture: Capture, observed: bool, bound: int
 ) -> FoldGroups | None:
     """Each fold's batches captured alone at ``states`` (``observed``: with
     their massive rows); None if a capture came back as anything but
@@ -388,7 +412,7 @@ def fold_groups(
             # a fold alone has a quarter of the rows: its sums warn of few rows
             # for the width, the training sets they add up to do not
             warnings.simplefilter("ignore")
-            found = capture(BatchFold(data, folds, k, held=True), states, recorder)
+            found = capture(BatchFold(data, folds, k, held=True), states, recorder, bound)
         if type(found) is not Moments:
             return None
         moments.append(found)
