@@ -73,3 +73,32 @@ def test_no_plain_fit_without_rows_to_create():
     moments = Moments(2, D, folds=0)
     moments.update([xi, xj])
     assert _recorded(xi, xi).plain_fit(moments, 0, 1, True, 0.0, False) is None
+
+
+def test_rows_recorded_batch_by_batch_equal_one_recording_of_them_all():
+    xi, xj = _states()
+    whole = _recorded(xi, xj)
+    parts = MassiveRows()
+    for lo in range(0, N, 50):  # a sink per batch
+        parts(
+            [torch.from_numpy(xi[lo : lo + 50])[None], torch.from_numpy(xj[lo : lo + 50])[None]],
+            None,
+        )
+    np.testing.assert_array_equal(parts.states, whole.states)
+    np.testing.assert_array_equal(parts.flags, whole.flags)
+
+
+def test_narrow_states_are_kept_in_float32_and_give_the_float64_recordings_fits():
+    xi, xj = _states()
+    narrow = [torch.from_numpy(x).to(torch.bfloat16)[None] for x in (xi, xj)]
+    kept, wide = MassiveRows(), MassiveRows()
+    kept(narrow, None)
+    wide([x.double() for x in narrow], None)
+    assert kept.states.dtype == np.float32 and wide.states.dtype == np.float64
+    np.testing.assert_array_equal(kept.states.astype(np.float64), wide.states)
+    rows = [x.double().numpy()[0] for x in narrow]
+    moments = Moments(2, D).update(rows)
+    for a, b in zip(
+        kept.plain_moments(moments, 0, 1, 1.0), wide.plain_moments(moments, 0, 1, 1.0), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)

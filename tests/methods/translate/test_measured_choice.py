@@ -291,3 +291,30 @@ def test_candidates_after_the_first_resume_past_the_blocks_they_share():
     assert first == 3 * len(data)
     assert calls[0] - first == len(data)  # block 0 ran on the first pass alone
     np.testing.assert_allclose(resumed.values, whole.values, rtol=1e-6)
+
+
+def test_a_bound_too_small_for_the_analysis_and_a_capture_keeps_the_candidates_pairs_alone():
+    from toast.core.chunked import PairMoments, resolve_bound
+    from toast.methods.translate.analysis import analyze
+    from toast.methods.translate.fitting import Fitter
+    from toast.methods.translate.rules import room_beside
+
+    model, data = R.decoder("llama"), R.text_loader()
+    analysis = analyze(model, data, estimator="gcv", progress=False)
+    config = ToastConfig(num_blocks=2)
+    plans = candidate_plans(analysis, config)
+    whole = analysis.moments
+    before = [Fitter(config).closed_forms(plan, analysis) for plan in plans]
+    room = room_beside(config, analysis, plans)  # the default bound: both fit
+    bound = resolve_bound(config.statistics_bytes, whole.dim, 0)
+    assert analysis.moments is whole and room == bound - whole.nbytes
+    tight = ToastConfig(num_blocks=2, statistics_bytes=whole.nbytes + 1)
+    room = room_beside(tight, analysis, plans)
+    assert isinstance(analysis.moments, PairMoments) and analysis.moments.nbytes < whole.nbytes
+    assert room == whole.nbytes + 1 - analysis.moments.nbytes
+    assert sorted(analysis.moments.spans) == sorted({(s.start, s.stop) for p in plans for s in p})
+    after = [Fitter(config).closed_forms(plan, analysis) for plan in plans]
+    for old, new in zip(before, after, strict=True):
+        for a, b in zip(old, new, strict=True):
+            np.testing.assert_allclose(b.weight, a.weight, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(b.bias, a.bias, rtol=1e-9, atol=1e-12)

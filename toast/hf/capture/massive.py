@@ -42,7 +42,10 @@ def massive(rows: torch.Tensor) -> torch.Tensor:
 class MassiveRows:
     """The rows of a capture pass that are massive in some state, with all
     their states: ``states[r, k]`` is row ``r`` in state ``k`` and
-    ``flags[r, k]`` whether it is massive there (float64, host)."""
+    ``flags[r, k]`` whether it is massive there (host arrays; the states
+    float32 where the pass's are float32 or narrower, which holds them
+    exactly in half float64's bytes, else float64; the fits read them in
+    float64)."""
 
     def __init__(self, states: np.ndarray | None = None, flags: np.ndarray | None = None) -> None:
         self._states = np.zeros((0, 0, 0)) if states is None else states
@@ -96,7 +99,8 @@ class MassiveRows:
         any_state = flags.any(dim=1)
         if not bool(any_state.any()):
             return
-        picked = torch.stack([x[any_state] for x in flat], dim=1).double().cpu().numpy()
+        wide = torch.float64 if flat[0].dtype == torch.float64 else torch.float32
+        picked = torch.stack([x[any_state] for x in flat], dim=1).to(wide).cpu().numpy()
         self._parts.append((picked, flags[any_state].cpu().numpy()))
 
     def reduce_over(self, ranks: Any) -> None:
@@ -115,7 +119,8 @@ class MassiveRows:
         if self.flags.size == 0:
             self.states = np.zeros((0, num_states, dim))
             self.flags = np.zeros((0, num_states), dtype=bool)
-        self.states = all_gather_rows(self.states, ranks)
+        # float64 on every rank: one that recorded nothing knows no dtype either
+        self.states = all_gather_rows(self.states.astype(np.float64), ranks)
         self.flags = all_gather_rows(self.flags, ranks)
 
     def of(self, i: int, j: int) -> MassiveRows:
@@ -143,6 +148,11 @@ class MassiveRows:
             return np.zeros(0, dtype=bool)
         return self.flags[:, j] & ~self.flags[:, i]
 
+    def _pair(self, sel: np.ndarray, i: int, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """The chosen rows in states ``i`` and ``j``, float64."""
+        states = self.states
+        return states[sel, i].astype(np.float64), states[sel, j].astype(np.float64)
+
     def plain_moments(
         self, moments: Moments, i: int, j: int, target_sq: float
     ) -> tuple[np.ndarray, np.ndarray, float]:
@@ -154,7 +164,7 @@ class MassiveRows:
         sel = self.created(i, j)
         if not sel.any():
             return gram, cross, target_sq
-        xi, xj = self.states[sel, i], self.states[sel, j]
+        xi, xj = self._pair(sel, i, j)
         return gram, cross + xi.T @ (xi - xj), target_sq + float((xi**2).sum() - (xj**2).sum())
 
     def plain_fit(
@@ -174,7 +184,7 @@ class MassiveRows:
         sel = self.created(i, j)
         if not sel.any():
             return None
-        xi, xj = self.states[sel, i], self.states[sel, j]
+        xi, xj = self._pair(sel, i, j)
         n = moments.rows
         sum_i = moments.sum(i)
         sum_j = moments.sum(j) + (xi - xj).sum(axis=0)
