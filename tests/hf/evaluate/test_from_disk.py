@@ -234,3 +234,16 @@ def test_the_plans_logit_bound_scores_what_the_default_bound_does(tmp_path):
     assert max(shape[0] for shape in seen if len(shape) == 2) == 3
     for key, expected in memory.last.items():
         assert on_disk.last[key] == pytest.approx(expected, rel=1e-5, abs=1e-6), key
+
+
+def test_perplexity_alone_from_disk_equals_the_fidelity_passes_perplexity(tmp_path):
+    # what the methods' checks and measured choices measure on disk, as in memory
+    model, data, disk = _both("llama", tmp_path)
+    full = SequentialEvaluator(disk, data, progress=False, top_k=8)
+    alone = SequentialEvaluator(disk, data, progress=False, fidelity=False)
+    edits = BlockEdits(skip=frozenset({1, 2}))
+    for evaluator in (full, alone):
+        evaluator.measure(disk.model)
+        evaluator.measure_edited(edits)
+    assert set(alone.last) == {"perplexity"} and "kl" in full.last
+    assert alone.last["perplexity"] == full.last["perplexity"]

@@ -49,7 +49,9 @@ class SequentialEvaluator(Evaluator):
     ``measure(disk.model, label)`` runs one sweep over the blocks;
     :meth:`editing` sets the edits within a ``with`` block (so the
     in-memory held-out checks, which apply each candidate by a context,
-    run unchanged on disk)."""
+    run unchanged on disk). ``fidelity=False``: perplexity alone, as those
+    checks measure in memory (none of the first pass's top tokens kept: 32
+    KiB a predicted token at the default ``top_k``)."""
 
     def __init__(
         self,
@@ -59,8 +61,9 @@ class SequentialEvaluator(Evaluator):
         progress: bool = True,
         buffer_dir: str | os.PathLike | None = None,
         top_k: int = DEFAULT_TOP_K,
+        fidelity: bool = True,
     ) -> None:
-        super().__init__(_RowChunks(heldout, disk), metric, progress, top_k)
+        super().__init__(_RowChunks(heldout, disk), metric, progress, top_k, fidelity=fidelity)
         # block by block from disk every rank measures every batch (not sharded)
         self.ranks = None
         self.disk, self.buffer_dir = disk, buffer_dir

@@ -284,8 +284,9 @@ class DiskEstimation:
         config = self.config
         # each sweep reads every block from disk (minutes on a large model): counted
         evaluator = SequentialEvaluator(
-            self.disk, heldout, progress=config.calibration.progress, buffer_dir=config.buffer_dir
-        )
+            self.disk, heldout, progress=config.calibration.progress,
+            buffer_dir=config.buffer_dir, fidelity=False,
+        )  # fmt: skip
 
         def apply(where: Sequence[Span], fits: Sequence[Any]) -> AbstractContextManager:
             return evaluator.editing(cut_edits(where, fits, config, self.disk.dtype))

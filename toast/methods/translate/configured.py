@@ -329,7 +329,9 @@ class ConfiguredToast(BaseStages):
 
         def measure(plans: list[list[Span]], fits: list[list[Any]], batches: Iterable) -> Any:
             # each candidate is one sweep over the checkpoint's blocks: counted
-            evaluator = SequentialEvaluator(disk, batches, progress=progress, buffer_dir=buffer_dir)
+            evaluator = SequentialEvaluator(
+                disk, batches, progress=progress, buffer_dir=buffer_dir, fidelity=False
+            )
 
             def apply(where: Sequence[Span], chosen: Sequence[Any]) -> Any:
                 return evaluator.editing(translated_edits(disk, where, chosen))

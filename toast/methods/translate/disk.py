@@ -44,7 +44,9 @@ def check_from_disk(
     (:func:`toast.hf.evaluate.check.check_against_plain`), block by block;
     ``removed`` keeps plain removal's figures across calls (a sweep each)."""
     # each sweep reads every block from disk (minutes on a large model): counted
-    evaluator = SequentialEvaluator(disk, heldout, progress=progress, buffer_dir=buffer_dir)
+    evaluator = SequentialEvaluator(
+        disk, heldout, progress=progress, buffer_dir=buffer_dir, fidelity=False
+    )
 
     def apply(where: Sequence[Span], fits: Sequence[Any]) -> AbstractContextManager:
         return evaluator.editing(translated_edits(disk, where, fits))
