@@ -94,7 +94,7 @@ def test_toast_statistics_bound_is_lowered_to_the_room_and_never_below_one_pair(
 
 def test_toast_auto_estimator_counts_the_folds_pass_when_the_rows_are_few():
     from toast.core import Moments
-    from toast.core.chunked import JOIN_BYTES
+    from toast.core.chunked import JOIN_BYTES, workspace_nbytes
 
     config = ToastConfig(budget=2)  # estimator "auto", metric "linear", 5 folds, 10% held out
     d, states = 1024, 9  # 192 MiB of moments, 960 MiB with the folds
@@ -106,9 +106,10 @@ def test_toast_auto_estimator_counts_the_folds_pass_when_the_rows_are_few():
     # 20 batches, the 10th and the 20th held out: GCV wants 5 x 1,025 rows of the other 18
     enough = [5 * 1025 // 18 + 1] * 20
     planned, parts = toast_within(config, states, d, room, enough)
-    assert parts == [("moments", whole)]  # GCV: one pass, no folds
-    # every capture of the run (the measured choice's too) is bounded by the room
-    assert planned == dataclasses.replace(config, statistics_bytes=room)
+    solve = workspace_nbytes(d)  # the errors' solves, beside the whole moments
+    assert parts == [("moments", whole + solve)]  # GCV: one pass, no folds
+    # every capture of the run (the measured choice's too) is bounded by what the solves leave
+    assert planned == dataclasses.replace(config, statistics_bytes=room - solve)
     few = [5 * 1025 // 18] * 20
     for tokens in (few, None, [10**6]):  # few rows, unknown ones, one batch split by sequence
         planned, parts = toast_within(config, states, d, room, tokens)
@@ -190,13 +191,14 @@ def _loaded_run_needs(folder, data, moments: int) -> int:
 
 def test_a_model_that_fits_but_whose_run_does_not_goes_block_by_block(source, tmp_path, capsys):
     from toast.core import Moments
+    from toast.core.chunked import workspace_nbytes
     from toast.hf.model.checkpoint import Checkpoint
 
     data = R.text_loader()
     config = Checkpoint(source).config
     states, width = config.num_hidden_layers + 1, config.hidden_size
     moments = Moments.estimate_nbytes(states, width, 0, ToastConfig(num_blocks=1).pairs)
-    needs = _loaded_run_needs(source, data, moments)
+    needs = _loaded_run_needs(source, data, moments + workspace_nbytes(width))  # with the solves
     assert Checkpoint(source).nbytes * 2 < needs  # the model alone would fit either budget
     said = {}
     for budget, out in ((needs, "memory"), (needs - 1, "disk")):

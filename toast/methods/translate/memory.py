@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from toast.core import Moments
-from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound
+from toast.core.chunked import JOIN_BYTES, pair_nbytes, resolve_bound, workspace_nbytes
 from toast.hf.evaluate.check import CheckSplit
 from toast.methods.translate.analysis import enough_for_gcv
 from toast.methods.translate.config import ToastConfig
@@ -39,7 +39,8 @@ def within_memory(
 ) -> tuple[ToastConfig, list[tuple[str, int]]]:
     """``config`` with ``statistics_bytes`` no larger than ``room`` leaves
     for the moments (the bound of every capture of the run, those beside
-    the analysis's included; never below one pair's: the least any error matrix
+    the analysis's included; the whole moments counted with the workspace
+    of the errors' solves; never below one pair's: the least any error matrix
     needs, without folds, which the analysis then falls back to), and what
     they take: the whole moments when they fit, else the chunked moments'
     bound with the rows replayed from disk at once. Counted with their
@@ -47,11 +48,13 @@ def within_memory(
     folds = config.folds if _with_folds(config, width, tokens) else 0
     wanted = resolve_bound(config.statistics_bytes, width, folds)
     whole = Moments.estimate_nbytes(states, width, folds, config.pairs)
-    if whole <= min(wanted, room):
+    # the errors' solves run beside the whole moments (the chunked bound counts them)
+    solve = workspace_nbytes(width)
+    if whole <= wanted and whole + solve <= room:
         if room < wanted:
             # what the measured choice captures beside the analysis is bounded by it too
-            config = dataclasses.replace(config, statistics_bytes=room)
-        return config, [("moments", whole)]
+            config = dataclasses.replace(config, statistics_bytes=room - solve)
+        return config, [("moments", whole + solve)]
     least = pair_nbytes(width, 0)
     bound = max(min(wanted, room - JOIN_BYTES), least)
     if bound != config.statistics_bytes:
