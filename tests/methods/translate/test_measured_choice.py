@@ -305,11 +305,12 @@ def test_a_bound_too_small_for_the_analysis_and_a_capture_keeps_the_candidates_p
     plans = candidate_plans(analysis, config)
     whole = analysis.moments
     before = [Fitter(config).closed_forms(plan, analysis) for plan in plans]
-    room = room_beside(config, analysis, plans)  # the default bound: both fit
+    states = sorted({x for p in plans for s in p for x in (s.start, s.stop)})
+    room = room_beside(config, analysis, plans, states)  # the default bound: both fit
     bound = resolve_bound(config.statistics_bytes, whole.dim, 0)
     assert analysis.moments is whole and room == bound - whole.nbytes
     tight = ToastConfig(num_blocks=2, statistics_bytes=whole.nbytes + 1)
-    room = room_beside(tight, analysis, plans)
+    room = room_beside(tight, analysis, plans, states)
     assert isinstance(analysis.moments, PairMoments) and analysis.moments.nbytes < whole.nbytes
     assert room == whole.nbytes + 1 - analysis.moments.nbytes
     assert sorted(analysis.moments.spans) == sorted({(s.start, s.stop) for p in plans for s in p})

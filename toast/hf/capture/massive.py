@@ -66,20 +66,10 @@ class MassiveRows:
         self._joined()
         return self._states
 
-    @states.setter
-    def states(self, value: np.ndarray) -> None:
-        self._joined()
-        self._states = value
-
     @property
     def flags(self) -> np.ndarray:
         self._joined()
         return self._flags
-
-    @flags.setter
-    def flags(self, value: np.ndarray) -> None:
-        self._joined()
-        self._flags = value
 
     def __repr__(self) -> str:
         return f"MassiveRows(rows={len(self.flags)}, states={self.flags.shape[1:]})"
@@ -116,12 +106,12 @@ class MassiveRows:
         if has == 0:
             return
         num_states, dim = round(states / has), round(dim / has)
-        if self.flags.size == 0:
-            self.states = np.zeros((0, num_states, dim))
-            self.flags = np.zeros((0, num_states), dtype=bool)
+        states, flags = self.states, self.flags
+        if flags.size == 0:
+            states, flags = np.zeros((0, num_states, dim)), np.zeros((0, num_states), dtype=bool)
         # float64 on every rank: one that recorded nothing knows no dtype either
-        self.states = all_gather_rows(self.states.astype(np.float64), ranks)
-        self.flags = all_gather_rows(self.flags, ranks)
+        self._states = all_gather_rows(states.astype(np.float64), ranks)
+        self._flags = all_gather_rows(flags, ranks)
 
     def of(self, i: int, j: int) -> MassiveRows:
         """The rows of states ``i`` and ``j`` alone (as states 0 and 1), for

@@ -149,7 +149,7 @@ class ConfiguredToast(BaseStages):
         def capture(
             batches: Iterable, states: list[int], observe: MassiveRows | None, bound: int
         ) -> Any:
-            options = {**refit_options(config, states, observe), "statistics_bytes": bound}
+            options = refit_options(config, states, observe, bound)
             found, _ = capture_moments(
                 model, batches, backend=config.backend, stack=stack, **options
             )
@@ -324,7 +324,7 @@ class ConfiguredToast(BaseStages):
         def capture(
             batches: Iterable, states: list[int], observe: MassiveRows | None, bound: int
         ) -> Any:
-            options = {**refit_options(config, states, observe), "statistics_bytes": bound}
+            options = refit_options(config, states, observe, bound)
             return capture_moments_from_disk(disk, batches, buffer_dir=buffer_dir, **options)[0]
 
         def measure(plans: list[list[Span]], fits: list[list[Any]], batches: Iterable) -> Any:

@@ -150,18 +150,25 @@ def refits_checked(
 
 
 def refit_options(
-    config: ToastConfig, states: list[int], observe: MassiveRows | None
+    config: ToastConfig,
+    states: list[int],
+    observe: MassiveRows | None,
+    statistics_bytes: int | str | None = None,
 ) -> dict[str, Any]:
     """The options of the held-out batches' capture at ``states`` that
     :func:`refit_kept` fits again from, in memory or from disk
-    (:func:`capture_moments`, :func:`capture_moments_from_disk`)."""
+    (:func:`capture_moments`, :func:`capture_moments_from_disk`);
+    ``statistics_bytes`` the bound in memory where not the config's (a
+    measured choice's, :func:`room_beside`)."""
+    if statistics_bytes is None:
+        statistics_bytes = config.statistics_bytes
     return {
         "states": states,
         "tokens": config.tokens,
         "folds": 0,
         "calibration": config.calibration,
         "observe": observe,
-        "statistics_bytes": config.statistics_bytes,
+        "statistics_bytes": statistics_bytes,
     }
 
 
@@ -306,7 +313,7 @@ def cross_validated(
     folds = min(CHOICE_FOLDS, count)
     states = sorted({x for plan in plans for s in plan for x in (s.start, s.stop)})
     observed = analysis.massive is not None
-    bound = room_beside(config, analysis, plans)
+    bound = room_beside(config, analysis, plans, states)
     groups = None
     if _groups_fit(config, analysis, len(states), folds, bound):
         groups = fold_groups(data, folds, states, capture, observed, bound)
@@ -365,10 +372,13 @@ class FoldGroups:
         return total, rows
 
 
-def room_beside(config: ToastConfig, analysis: Analysis, plans: list[list[Span]]) -> int:
-    """The bytes each capture of a measured choice among ``plans`` may hold
-    beside the analysis's moments: ``config.statistics_bytes`` (which a
-    memory plan lowers to its room) less what those hold. Where the
+def room_beside(
+    config: ToastConfig, analysis: Analysis, plans: list[list[Span]], states: list[int]
+) -> int:
+    """The bytes each capture of a measured choice among ``plans`` (at
+    ``states``, their spans' ends) may hold beside the analysis's moments:
+    ``config.statistics_bytes`` (which a memory plan lowers to its room)
+    less what those hold. Where the
     analysis's whole moments and one capture at the candidates' states
     would not fit it together, the analysis keeps only the pairs of states
     the candidates' fits read (:meth:`PairMoments.from_moments`: the same
@@ -376,7 +386,6 @@ def room_beside(config: ToastConfig, analysis: Analysis, plans: list[list[Span]]
     moments = analysis.moments
     bound = resolve_bound(config.statistics_bytes, moments.dim, 0)
     if type(moments) is Moments:
-        states = {x for plan in plans for s in plan for x in (s.start, s.stop)}
         if moments.nbytes + Moments.estimate_nbytes(len(states), moments.dim) > bound:
             spans = {(s.start, s.stop) for plan in plans for s in plan}
             analysis.moments = PairMoments.from_moments(moments, spans)
